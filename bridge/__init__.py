@@ -1,0 +1,1 @@
+"""The rollbridge model bridge: an OpenAI-compatible endpoint for rollouts."""

@@ -1,0 +1,1 @@
+"""The rollbridge supervisor: ``rollbridge eval run`` and its pieces."""

@@ -1,0 +1,1 @@
+"""The rollout SDK and the long-poll rollout server."""

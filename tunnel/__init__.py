@@ -1,0 +1,1 @@
+"""Public reachability for the bridge: cloudflared quick tunnels and advertised URLs."""
