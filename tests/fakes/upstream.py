@@ -1,0 +1,272 @@
+"""A fake OpenAI-compatible upstream: a real HTTP server on 127.0.0.1, port 0.
+
+It answers ``POST /v1/chat/completions`` (and ``/chat/completions``) deterministically:
+the reply is ``"echo: " + <last user message text>`` and ``usage`` counts whitespace-separated
+words (prompt = words in all message contents, completion = words in the reply). With
+``stream: true`` it sends one SSE chunk per word and, when ``stream_options.include_usage`` is
+set, a final chunk with ``usage``.
+
+Faults are injected by setting attributes on the :class:`FakeUpstream` between requests:
+``delay`` (seconds before the answer), ``chunk_delay`` (seconds between streamed chunks),
+``fail_statuses`` (a queue of statuses answered before normal service resumes),
+``fail_body`` (the body sent with those statuses). Every request is recorded in ``requests``;
+``disconnects`` counts requests whose client went away before the answer was sent.
+
+It is a raw ASGI app on hypercorn's trio worker (no framework), so it has none of the
+framework hazards our own servers must guard against, and trio sockets set TCP_NODELAY.
+"""
+
+from __future__ import annotations
+
+import json
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Any
+
+import trio
+from hypercorn.config import Config
+from hypercorn.trio import serve
+
+
+@dataclass
+class RecordedRequest:
+    method: str
+    path: str
+    headers: dict[str, str]
+    body: Any
+
+
+@dataclass
+class FakeUpstream:
+    """State and knobs of one fake upstream server."""
+
+    base_url: str = ""
+    delay: float = 0.0
+    chunk_delay: float = 0.0
+    fail_statuses: deque[int] = field(default_factory=deque)
+    fail_body: str = '{"error": {"message": "injected failure", "type": "server_error"}}'
+    requests: list[RecordedRequest] = field(default_factory=list)
+    disconnects: int = 0
+    completed: int = 0
+    in_flight: int = 0
+    reply_prefix: str = "echo: "
+    usage: bool = True
+    _shutdown: trio.Event = field(default_factory=trio.Event)
+
+    @property
+    def v1(self) -> str:
+        """The OpenAI-style base URL (``.../v1``)."""
+        return self.base_url + "/v1"
+
+    def stop(self) -> None:
+        self._shutdown.set()
+
+    async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
+        if scope["type"] == "lifespan":
+            while True:
+                message = await receive()
+                if message["type"] == "lifespan.startup":
+                    await send({"type": "lifespan.startup.complete"})
+                elif message["type"] == "lifespan.shutdown":
+                    await send({"type": "lifespan.shutdown.complete"})
+                    return
+        if scope["type"] != "http":
+            return
+        body = b""
+        while True:
+            message = await receive()
+            if message["type"] == "http.disconnect":
+                self.disconnects += 1
+                return
+            body += message.get("body", b"")
+            if not message.get("more_body"):
+                break
+        headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope["headers"]}
+        path: str = scope["path"]
+        try:
+            parsed: Any = json.loads(body) if body else None
+        except ValueError:
+            parsed = body.decode("utf-8", "replace")
+        self.requests.append(RecordedRequest(scope["method"], path, headers, parsed))
+
+        if path.endswith("/models") and scope["method"] == "GET":
+            await _send_json(send, 200, {"object": "list", "data": [{"id": "fake-model", "object": "model"}]})
+            return
+        if not path.endswith("/chat/completions") or scope["method"] != "POST":
+            await _send_json(send, 404, {"error": {"message": "not found"}})
+            return
+        if not isinstance(parsed, dict):
+            await _send_json(send, 400, {"error": {"message": "body must be a JSON object"}})
+            return
+
+        self.in_flight += 1
+        try:
+            with trio.CancelScope() as scope_guard:
+                async with trio.open_nursery() as nursery:
+                    nursery.start_soon(self._watch_disconnect, receive, scope_guard)
+                    await self._answer(parsed, send)
+                    nursery.cancel_scope.cancel()
+            if scope_guard.cancelled_caught:
+                self.disconnects += 1
+            else:
+                self.completed += 1
+        finally:
+            self.in_flight -= 1
+
+    async def _watch_disconnect(self, receive: Any, scope_guard: trio.CancelScope) -> None:
+        while True:
+            message = await receive()
+            if message["type"] == "http.disconnect":
+                scope_guard.cancel()
+                return
+
+    async def _answer(self, request: dict[str, Any], send: Any) -> None:
+        if self.delay:
+            await trio.sleep(self.delay)
+        if self.fail_statuses:
+            status = self.fail_statuses.popleft()
+            await _send_raw(send, status, self.fail_body.encode(), b"application/json")
+            return
+        text = self.reply_prefix + _last_user_text(request.get("messages"))
+        model = str(request.get("model", "fake-model"))
+        prompt_tokens = _count_words(request.get("messages"))
+        completion_tokens = len(text.split())
+        usage = {
+            "prompt_tokens": prompt_tokens,
+            "completion_tokens": completion_tokens,
+            "total_tokens": prompt_tokens + completion_tokens,
+        }
+        if request.get("stream"):
+            await self._stream(send, model, text, usage, request)
+            return
+        payload: dict[str, Any] = {
+            "id": "chatcmpl-fake",
+            "object": "chat.completion",
+            "created": 1_700_000_000,
+            "model": model,
+            "choices": [
+                {
+                    "index": 0,
+                    "message": {"role": "assistant", "content": text},
+                    "finish_reason": "stop",
+                }
+            ],
+        }
+        if self.usage:
+            payload["usage"] = usage
+        await _send_json(send, 200, payload)
+
+    async def _stream(
+        self, send: Any, model: str, text: str, usage: dict[str, int], request: dict[str, Any]
+    ) -> None:
+        await send(
+            {
+                "type": "http.response.start",
+                "status": 200,
+                "headers": [(b"content-type", b"text/event-stream"), (b"cache-control", b"no-cache")],
+            }
+        )
+        words = text.split(" ")
+        for i, word in enumerate(words):
+            piece = word if i == 0 else " " + word
+            delta: dict[str, Any] = {"content": piece}
+            if i == 0:
+                delta["role"] = "assistant"
+            chunk = _chunk(model, delta, None)
+            await send({"type": "http.response.body", "body": _sse(chunk), "more_body": True})
+            if self.chunk_delay:
+                await trio.sleep(self.chunk_delay)
+        await send(
+            {"type": "http.response.body", "body": _sse(_chunk(model, {}, "stop")), "more_body": True}
+        )
+        options = request.get("stream_options")
+        if self.usage and isinstance(options, dict) and options.get("include_usage"):
+            final = {
+                "id": "chatcmpl-fake",
+                "object": "chat.completion.chunk",
+                "created": 1_700_000_000,
+                "model": model,
+                "choices": [],
+                "usage": usage,
+            }
+            await send({"type": "http.response.body", "body": _sse(final), "more_body": True})
+        await send({"type": "http.response.body", "body": b"data: [DONE]\n\n", "more_body": False})
+
+
+def _chunk(model: str, delta: dict[str, Any], finish: str | None) -> dict[str, Any]:
+    return {
+        "id": "chatcmpl-fake",
+        "object": "chat.completion.chunk",
+        "created": 1_700_000_000,
+        "model": model,
+        "choices": [{"index": 0, "delta": delta, "finish_reason": finish}],
+    }
+
+
+def _sse(obj: dict[str, Any]) -> bytes:
+    return b"data: " + json.dumps(obj).encode() + b"\n\n"
+
+
+def _content_text(content: Any) -> str:
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        return " ".join(
+            str(part.get("text", "")) for part in content if isinstance(part, dict)
+        )
+    return ""
+
+
+def _last_user_text(messages: Any) -> str:
+    if isinstance(messages, list):
+        for message in reversed(messages):
+            if isinstance(message, dict) and message.get("role") == "user":
+                return _content_text(message.get("content"))
+    return ""
+
+
+def _count_words(messages: Any) -> int:
+    if not isinstance(messages, list):
+        return 0
+    total = 0
+    for message in messages:
+        if isinstance(message, dict):
+            total += len(_content_text(message.get("content")).split())
+    return max(total, 1)
+
+
+async def _send_json(send: Any, status: int, payload: Any) -> None:
+    await _send_raw(send, status, json.dumps(payload).encode(), b"application/json")
+
+
+async def _send_raw(send: Any, status: int, body: bytes, content_type: bytes) -> None:
+    await send(
+        {
+            "type": "http.response.start",
+            "status": status,
+            "headers": [(b"content-type", content_type), (b"content-length", str(len(body)).encode())],
+        }
+    )
+    await send({"type": "http.response.body", "body": body, "more_body": False})
+
+
+async def run_fake_upstream(
+    upstream: FakeUpstream | None = None,
+    *,
+    task_status: trio.TaskStatus[FakeUpstream] = trio.TASK_STATUS_IGNORED,
+) -> None:
+    """Serve a fake upstream on 127.0.0.1:0 until ``upstream.stop()`` or cancellation."""
+    upstream = upstream or FakeUpstream()
+    config = Config()
+    config.bind = ["127.0.0.1:0"]
+    config.accesslog = None
+    config.errorlog = None
+    config.keep_alive_timeout = 600
+    async with trio.open_nursery() as nursery:
+        binds = await nursery.start(
+            lambda task_status: serve(
+                upstream, config, shutdown_trigger=upstream._shutdown.wait, task_status=task_status
+            )
+        )
+        upstream.base_url = binds[0]
+        task_status.started(upstream)
