@@ -6,12 +6,12 @@ import os
 
 os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
 
-from collections.abc import AsyncIterator  # noqa: E402
+from collections.abc import AsyncIterator
 
-import pytest  # noqa: E402
-import trio  # noqa: E402
+import pytest
+import trio
 
-from tests.fakes.upstream import FakeUpstream, run_fake_upstream  # noqa: E402
+from tests.fakes.upstream import FakeUpstream, run_fake_upstream
 
 
 @pytest.fixture

@@ -90,7 +90,9 @@ class FakeUpstream:
         self.requests.append(RecordedRequest(scope["method"], path, headers, parsed))
 
         if path.endswith("/models") and scope["method"] == "GET":
-            await _send_json(send, 200, {"object": "list", "data": [{"id": "fake-model", "object": "model"}]})
+            await _send_json(
+                send, 200, {"object": "list", "data": [{"id": "fake-model", "object": "model"}]}
+            )
             return
         if not path.endswith("/chat/completions") or scope["method"] != "POST":
             await _send_json(send, 404, {"error": {"message": "not found"}})
@@ -163,7 +165,10 @@ class FakeUpstream:
             {
                 "type": "http.response.start",
                 "status": 200,
-                "headers": [(b"content-type", b"text/event-stream"), (b"cache-control", b"no-cache")],
+                "headers": [
+                    (b"content-type", b"text/event-stream"),
+                    (b"cache-control", b"no-cache"),
+                ],
             }
         )
         words = text.split(" ")
@@ -177,7 +182,11 @@ class FakeUpstream:
             if self.chunk_delay:
                 await trio.sleep(self.chunk_delay)
         await send(
-            {"type": "http.response.body", "body": _sse(_chunk(model, {}, "stop")), "more_body": True}
+            {
+                "type": "http.response.body",
+                "body": _sse(_chunk(model, {}, "stop")),
+                "more_body": True,
+            }
         )
         options = request.get("stream_options")
         if self.usage and isinstance(options, dict) and options.get("include_usage"):
@@ -211,9 +220,7 @@ def _content_text(content: Any) -> str:
     if isinstance(content, str):
         return content
     if isinstance(content, list):
-        return " ".join(
-            str(part.get("text", "")) for part in content if isinstance(part, dict)
-        )
+        return " ".join(str(part.get("text", "")) for part in content if isinstance(part, dict))
     return ""
 
 
@@ -244,7 +251,10 @@ async def _send_raw(send: Any, status: int, body: bytes, content_type: bytes) ->
         {
             "type": "http.response.start",
             "status": status,
-            "headers": [(b"content-type", content_type), (b"content-length", str(len(body)).encode())],
+            "headers": [
+                (b"content-type", content_type),
+                (b"content-length", str(len(body)).encode()),
+            ],
         }
     )
     await send({"type": "http.response.body", "body": body, "more_body": False})

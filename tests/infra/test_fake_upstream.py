@@ -27,8 +27,9 @@ async def test_non_streaming_answer_has_usage(fake_upstream: FakeUpstream) -> No
 async def test_streaming_sends_chunks_then_usage(fake_upstream: FakeUpstream) -> None:
     events: list[str] = []
     with trio.fail_after(10):
-        async with httpx.AsyncClient() as client:
-            async with client.stream(
+        async with (
+            httpx.AsyncClient() as client,
+            client.stream(
                 "POST",
                 fake_upstream.v1 + "/chat/completions",
                 json={
@@ -37,10 +38,11 @@ async def test_streaming_sends_chunks_then_usage(fake_upstream: FakeUpstream) ->
                     "stream_options": {"include_usage": True},
                     "messages": [{"role": "user", "content": "a b"}],
                 },
-            ) as response:
-                async for line in response.aiter_lines():
-                    if line.startswith("data: "):
-                        events.append(line[6:])
+            ) as response,
+        ):
+            async for line in response.aiter_lines():
+                if line.startswith("data: "):
+                    events.append(line[6:])
     assert events[-1] == "[DONE]"
     chunks = [json.loads(e) for e in events[:-1]]
     text = "".join(c["choices"][0]["delta"].get("content", "") for c in chunks if c["choices"])
