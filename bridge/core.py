@@ -1,0 +1,286 @@
+"""The bridge's request handling, independent of the HTTP framework.
+
+``Bridge.complete`` answers a non-streaming request; ``Bridge.sse`` and
+``Bridge.keepalive`` produce response bodies for streaming and for slow calls behind a public
+URL. Every provider failure becomes the JSON error object of bridge.md §12, redacted.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+import trio
+
+from bridge.errors import BridgeError, UpstreamError, error_body, final_status
+from bridge.policy import PreparedRequest, prepare, response_model
+from bridge.reasoning import ReasoningMemory, StreamedMessage
+from bridge.redact import Redactor
+from bridge.shaping import (
+    NO_CHOICES_MESSAGE,
+    completion_to_chunk,
+    shape_chunk,
+    shape_completion,
+)
+from bridge.usage import CallUsage, UsageLedger
+
+PING = b": ping\n\n"
+DONE = b"data: [DONE]\n\n"
+
+
+class Upstream(Protocol):
+    """One way of reaching the configured model."""
+
+    model: str
+
+    def secrets(self) -> list[str]: ...
+
+    async def complete(
+        self, prepared: PreparedRequest, record: Callable[[Any], None]
+    ) -> dict[str, Any]: ...
+
+    def stream(self, prepared: PreparedRequest) -> AsyncIterator[dict[str, Any]]: ...
+
+
+def dumps(obj: Any) -> bytes:
+    """Compact UTF-8 JSON, as the bridge sends it."""
+    return json.dumps(obj, ensure_ascii=False, separators=(",", ":")).encode("utf-8")
+
+
+def _sse(obj: Any) -> bytes:
+    return b"data: " + dumps(obj) + b"\n\n"
+
+
+def _sse_error(payload: dict[str, Any]) -> bytes:
+    return b"event: error\ndata: " + dumps(payload) + b"\n\n"
+
+
+@dataclass
+class Timing:
+    """Intervals of the bridge's keep-the-connection-alive behaviour (seconds)."""
+
+    heartbeat: float = 15.0
+    """Between ``: ping`` comments while a stream's provider is silent."""
+    keepalive_grace: float = 90.0
+    """How long a slow non-streaming call may take before the bridge commits a 200."""
+    keepalive_interval: float = 30.0
+    """Between the spaces trickled after that commit."""
+
+
+class Bridge:
+    """Serves chat completions for rollouts through one upstream."""
+
+    def __init__(
+        self,
+        upstream: Upstream,
+        *,
+        token: str,
+        nursery: trio.Nursery,
+        redact: Callable[[str], str] | None = None,
+        log: Callable[[str, str], None] | None = None,
+        timing: Timing | None = None,
+    ) -> None:
+        self.upstream = upstream
+        self.model = upstream.model
+        self.memory = ReasoningMemory()
+        self.ledger = UsageLedger(on_forget=self.memory.forget)
+        self.redactor = Redactor([token, *upstream.secrets()], extra=redact)
+        self.timing = timing or Timing()
+        self._nursery = nursery
+        self._log = log
+
+    def log(self, level: str, message: str) -> None:
+        """Send a redacted line to the log sink, if there is one."""
+        if self._log is not None:
+            self._log(level, self.redactor.scrub(message))
+
+    def error(self, exc: BaseException) -> tuple[int, dict[str, Any]]:
+        """The status and JSON body a failure is answered with (bridge.md §12)."""
+        if isinstance(exc, BridgeError):
+            status, message = exc.status, exc.message
+        else:
+            status, message = 500, f"{type(exc).__name__}: {exc}"
+        status = final_status(status)
+        message = self.redactor(message)
+        self.log("warning", f"LLM bridge error: {message}")
+        return status, error_body(status, message)
+
+    def _recorder(self, rollout_id: str) -> Callable[[Any], None]:
+        def record(usage: Any) -> None:
+            self.ledger.record(rollout_id, CallUsage.from_json(usage))
+
+        return record
+
+    async def complete(self, rollout_id: str, body: dict[str, Any]) -> dict[str, Any]:
+        """Answer one non-streaming request; raises on any failure (see :meth:`error`)."""
+        prepared = self.memory.replay(rollout_id, prepare(body))
+        data = await self.upstream.complete(prepared, self._recorder(rollout_id))
+        if not data.get("choices"):
+            raise UpstreamError(502, NO_CHOICES_MESSAGE)
+        out = shape_completion(
+            data, response_model(body, self.model), CallUsage.from_json(data.get("usage"))
+        )
+        for choice in out["choices"]:
+            self.memory.remember(rollout_id, choice["message"])
+        return out
+
+    async def answer(self, rollout_id: str, body: dict[str, Any]) -> tuple[int, bytes]:
+        """:meth:`complete` as a status and a JSON body, errors included."""
+        try:
+            return 200, dumps(await self.complete(rollout_id, body))
+        except Exception as exc:
+            status, payload = self.error(exc)
+            return status, dumps(payload)
+
+    # Streaming -------------------------------------------------------------------------
+
+    async def sse(self, rollout_id: str, body: dict[str, Any]) -> AsyncIterator[bytes]:
+        """The SSE body of a streaming request: relayed chunks, heartbeats, errors, ``[DONE]``.
+
+        The provider is read by a task in the bridge's nursery so that heartbeats can be sent
+        while it is silent; closing this iterator (the client went away) cancels that task.
+        """
+        send, receive = trio.open_memory_channel[bytes](64)
+        scope = trio.CancelScope()
+        self._nursery.start_soon(self._produce, rollout_id, body, send, scope)
+        try:
+            yield PING
+            while True:
+                with trio.move_on_after(self.timing.heartbeat) as waited:
+                    try:
+                        frame = await receive.receive()
+                    except trio.EndOfChannel:
+                        return
+                if waited.cancelled_caught:
+                    yield PING
+                else:
+                    yield frame
+        finally:
+            scope.cancel()
+            receive.close()
+
+    async def _produce(
+        self,
+        rollout_id: str,
+        body: dict[str, Any],
+        send: trio.MemorySendChannel[bytes],
+        scope: trio.CancelScope,
+    ) -> None:
+        with scope, send:
+            try:
+                await self._relay(rollout_id, body, send)
+            except Exception as exc:
+                _, payload = self.error(exc)
+                await send.send(_sse_error(payload))
+            await send.send(DONE)
+
+    async def _relay(
+        self, rollout_id: str, body: dict[str, Any], send: trio.MemorySendChannel[bytes]
+    ) -> None:
+        prepared = self.memory.replay(rollout_id, prepare(body))
+        model = response_model(body, self.model)
+        streamed = StreamedMessage()
+        usage: Any = None
+        started = False
+        any_choices = False
+        held: dict[str, Any] | None = None
+        chunks = self.upstream.stream(prepared)
+        try:
+            async for raw in chunks:
+                started = True
+                if _is_completion(raw):
+                    usage = raw.get("usage")
+                    if not raw.get("choices"):
+                        break
+                    any_choices = True
+                    whole = shape_completion(raw, model, CallUsage.from_json(usage))
+                    for choice in whole["choices"]:
+                        self.memory.remember(rollout_id, choice["message"])
+                    await send.send(_sse(completion_to_chunk(whole)))
+                    continue
+                if raw.get("usage") is not None:
+                    usage = raw["usage"]
+                chunk = shape_chunk(raw, model)
+                streamed.add(chunk)
+                if not chunk["choices"]:
+                    if held is None and raw.get("usage") is not None:
+                        chunk["usage"] = CallUsage.from_json(usage).to_json()
+                        await send.send(_sse(chunk))
+                    continue
+                any_choices = True
+                if held is not None:
+                    await send.send(_sse(held))
+                    held = None
+                if any(c["finish_reason"] for c in chunk["choices"]):
+                    # Held back so the usage chunk that follows can ride with it (bridge.md §7).
+                    held = chunk
+                else:
+                    await send.send(_sse(chunk))
+        finally:
+            await chunks.aclose()
+            # Synchronous, so it happens even when this task is being cancelled: a call the
+            # provider started serving is counted (with whatever usage it reported).
+            if started:
+                self.ledger.record(rollout_id, CallUsage.from_json(usage))
+        if not any_choices:
+            raise UpstreamError(502, NO_CHOICES_MESSAGE)
+        if held is not None:
+            held["usage"] = CallUsage.from_json(usage).to_json()
+            await send.send(_sse(held))
+        self.memory.remember(rollout_id, streamed.message())
+
+    # Keepalive mode (public URLs) ------------------------------------------------------
+
+    async def keepalive(
+        self, rollout_id: str, body: dict[str, Any]
+    ) -> tuple[int, bytes] | AsyncIterator[bytes]:
+        """A non-streaming answer that survives proxies with idle timeouts (bridge.md §9).
+
+        Returns ``(status, body)`` when the call ends within the grace period; otherwise an
+        iterator for a 200 body of spaces (one at once, one per interval) then the JSON.
+        """
+        result: list[tuple[int, bytes]] = []
+        done = trio.Event()
+        scope = trio.CancelScope()
+
+        async def call() -> None:
+            with scope:
+                result.append(await self.answer(rollout_id, body))
+            done.set()
+
+        self._nursery.start_soon(call)
+        try:
+            with trio.move_on_after(self.timing.keepalive_grace):
+                await done.wait()
+        except BaseException:
+            scope.cancel()
+            raise
+        if result:
+            return result[0]
+        return self._trickle(result, done, scope)
+
+    async def _trickle(
+        self, result: list[tuple[int, bytes]], done: trio.Event, scope: trio.CancelScope
+    ) -> AsyncIterator[bytes]:
+        try:
+            yield b" "
+            while not done.is_set():
+                with trio.move_on_after(self.timing.keepalive_interval):
+                    await done.wait()
+                if not done.is_set():
+                    yield b" "
+            if result:
+                yield result[0][1]
+        finally:
+            scope.cancel()
+
+
+def _is_completion(raw: dict[str, Any]) -> bool:
+    if raw.get("object") == "chat.completion":
+        return True
+    choices = raw.get("choices")
+    return isinstance(choices, list) and any(
+        isinstance(c, dict) and "message" in c for c in choices
+    )

@@ -1,0 +1,74 @@
+"""Exceptions the bridge raises or maps to HTTP answers (bridge.md §12)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+#: Messages sent back to a rollout are cut to this many characters (bridge.md §12).
+MAX_ERROR_MESSAGE = 1000
+
+
+class BridgeError(Exception):
+    """A failure that already knows the HTTP status the rollout should see."""
+
+    def __init__(self, status: int, message: str) -> None:
+        super().__init__(message)
+        self.status = status
+        self.message = message
+
+
+class BridgeRequestError(BridgeError):
+    """The request breaks the bridge's request policy (always a 400)."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(400, message)
+
+
+# LiteLLM exception class names by upstream status, so that preflight (which matches on the
+# class name, bridge.md §13) treats a direct-path failure exactly like a LiteLLM one.
+_KIND_BY_STATUS = {
+    400: "BadRequestError",
+    401: "AuthenticationError",
+    403: "PermissionDeniedError",
+    404: "NotFoundError",
+    408: "Timeout",
+    422: "UnprocessableEntityError",
+    429: "RateLimitError",
+    500: "InternalServerError",
+    502: "APIConnectionError",
+    503: "ServiceUnavailableError",
+}
+
+
+class UpstreamError(BridgeError):
+    """The provider answered with an error, or could not be reached.
+
+    ``status`` is the provider's own status (or 408 for a timeout, 502 for a connection
+    failure); :func:`final_status` turns it into what the rollout sees. ``kind`` is the name
+    LiteLLM would give the same failure.
+    """
+
+    def __init__(self, status: int, message: str, *, kind: str | None = None) -> None:
+        super().__init__(status, message)
+        self.kind = kind or _KIND_BY_STATUS.get(status, "APIError")
+
+
+class BridgeBindError(OSError):
+    """The bridge's listening socket could not be bound."""
+
+
+class PreflightError(RuntimeError):
+    """The model preflight failed in a way that must abort the run (runner.md §2.8)."""
+
+
+def final_status(status: int | None) -> int:
+    """A 4xx status is kept; everything else (5xx, unknown) becomes 502."""
+    if isinstance(status, int) and not isinstance(status, bool) and 400 <= status <= 499:
+        return status
+    return 502
+
+
+def error_body(status: int, message: str) -> dict[str, Any]:
+    """The JSON error object the rollout receives, for plain JSON and SSE error events."""
+    kind = "invalid_request_error" if status == 400 else "bridge_error"
+    return {"error": {"message": message, "type": kind, "code": status}, "detail": message}

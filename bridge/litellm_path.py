@@ -1,0 +1,193 @@
+"""The LiteLLM upstream path, for providers that need translation (bridge.md §6.2, §6.3)."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass
+from types import ModuleType
+from typing import Any
+
+import httpx
+
+from bridge._litellm import LiteLLMWorker, worker
+from bridge.errors import BridgeRequestError, UpstreamError
+from bridge.policy import PreparedRequest
+
+_OFFICIAL_OPENAI_BASE = "https://api.openai.com/v1"
+
+
+@dataclass(frozen=True)
+class Classification:
+    """How LiteLLM sees the configured model."""
+
+    provider: str
+    resolved_model: str
+    wire: bool
+    """True when the upstream speaks the OpenAI chat API: parameters travel verbatim in
+    ``extra_body`` instead of being translated."""
+    native_claude: bool
+
+
+class InvalidModel(ValueError):
+    """LiteLLM cannot tell which provider a model string names."""
+
+
+def _classify(litellm: ModuleType, model: str) -> Classification:
+    try:
+        resolved, provider, _, _ = litellm.get_llm_provider(model=model)
+    except Exception as exc:
+        raise InvalidModel(getattr(exc, "message", None) or str(exc)) from exc
+    native_claude = provider in ("azure_ai", "vertex_ai") and "claude" in resolved
+    base = (os.environ.get("OPENAI_BASE_URL") or os.environ.get("OPENAI_API_BASE") or "").rstrip(
+        "/"
+    ) or _OFFICIAL_OPENAI_BASE
+    wire = not native_claude and (
+        provider == "openrouter"
+        or provider in litellm.constants.openai_compatible_providers
+        or (provider == "openai" and base != _OFFICIAL_OPENAI_BASE)
+    )
+    return Classification(provider, resolved, wire, native_claude)
+
+
+def _kwargs(
+    model: str, how: Classification, prepared: PreparedRequest, stream: bool
+) -> dict[str, Any]:
+    # max_retries=0: the OpenAI SDK under LiteLLM would otherwise retry 429/5xx twice; the
+    # bridge never retries on a rollout's behalf.
+    kw: dict[str, Any] = {
+        "model": model,
+        "messages": prepared.messages,
+        "drop_params": False,
+        "max_retries": 0,
+    }
+    params = dict(prepared.params)
+    if how.wire:
+        if params:
+            kw["extra_body"] = params
+    else:
+        if "metadata" in params:
+            metadata = params.pop("metadata")
+            if how.provider in ("openai", "azure"):
+                kw["extra_body"] = {"metadata": metadata}
+            elif how.provider == "anthropic" or how.native_claude:
+                if not isinstance(metadata, dict) or set(metadata) - {"user_id"}:
+                    raise BridgeRequestError("Anthropic metadata supports only user_id")
+                kw["metadata"] = metadata
+            else:
+                raise BridgeRequestError(
+                    f"LiteLLM cannot forward metadata to {how.provider}; "
+                    "use its provider-specific parameter"
+                )
+        kw.update(params)
+    if stream:
+        kw["stream"] = True
+        kw["stream_options"] = {"include_usage": True}
+    return kw
+
+
+def _dump(obj: Any) -> Any:
+    if hasattr(obj, "model_dump"):
+        return obj.model_dump(mode="json", exclude_none=False)
+    if hasattr(obj, "json") and callable(obj.json):
+        return obj.json()
+    return obj
+
+
+def to_upstream_error(exc: BaseException) -> UpstreamError | BridgeRequestError:
+    """Map a LiteLLM (or SDK) exception onto the bridge's errors (bridge.md §12)."""
+    if isinstance(exc, UpstreamError | BridgeRequestError):
+        return exc
+    status = getattr(exc, "status_code", None)
+    message = getattr(exc, "message", None) or str(exc) or type(exc).__name__
+    seen: set[int] = set()
+    cause: BaseException | None = exc
+    while cause is not None and id(cause) not in seen:
+        seen.add(id(cause))
+        if isinstance(cause, httpx.HTTPStatusError):
+            status = cause.response.status_code
+            try:
+                text = cause.response.text
+            except httpx.ResponseNotRead:
+                text = ""
+            if text.strip():
+                message = text
+            break
+        cause = cause.__cause__ or cause.__context__
+    if type(exc).__name__ == "Timeout":
+        status = 408
+    if not isinstance(status, int) or isinstance(status, bool):
+        status = 500
+    return UpstreamError(status, str(message), kind=type(exc).__name__)
+
+
+class LiteLLMUpstream:
+    """Calls the configured model through ``litellm.acompletion`` on the worker loop."""
+
+    def __init__(self, model: str, litellm_worker: LiteLLMWorker | None = None) -> None:
+        self.model = model
+        self._worker = litellm_worker or worker()
+        self._how: Classification | None = None
+
+    def warm(self) -> None:
+        """Start importing LiteLLM in the background."""
+        self._worker.start()
+
+    def secrets(self) -> list[str]:
+        """LiteLLM reads its credentials from secret-named environment variables, which the
+        redactor scrubs anyway."""
+        return []
+
+    async def classify(self) -> Classification:
+        """LiteLLM's view of the model (cached). Raises :class:`InvalidModel`."""
+        if self._how is None:
+            self._how = await self._worker.call(lambda litellm: _classify(litellm, self.model))
+        return self._how
+
+    async def _how_or_400(self) -> Classification:
+        try:
+            return await self.classify()
+        except InvalidModel as exc:
+            raise UpstreamError(400, str(exc), kind="BadRequestError") from exc
+
+    async def complete(
+        self, prepared: PreparedRequest, record: Callable[[Any], None]
+    ) -> dict[str, Any]:
+        """One non-streaming call. ``record`` runs on the loop thread as soon as it returns."""
+        kw = _kwargs(self.model, await self._how_or_400(), prepared, stream=False)
+
+        async def call(litellm: ModuleType) -> Any:
+            response = _dump(await litellm.acompletion(**kw))
+            record(response.get("usage") if isinstance(response, dict) else None)
+            return response
+
+        try:
+            data = await self._worker.run(call)
+        except Exception as exc:
+            raise to_upstream_error(exc) from exc
+        if not isinstance(data, dict):
+            raise UpstreamError(502, "LiteLLM returned something that is not a completion")
+        return data
+
+    async def stream(self, prepared: PreparedRequest) -> AsyncIterator[dict[str, Any]]:
+        """Relay LiteLLM's stream chunks as plain dicts."""
+        kw = _kwargs(self.model, await self._how_or_400(), prepared, stream=True)
+
+        async def open_stream(litellm: ModuleType) -> AsyncIterator[Any]:
+            response = await litellm.acompletion(**kw)
+
+            async def items() -> AsyncIterator[Any]:
+                async for chunk in response:
+                    yield _dump(chunk)
+
+            return items()
+
+        chunks = self._worker.stream(open_stream)
+        try:
+            async for chunk in chunks:
+                if isinstance(chunk, dict):
+                    yield chunk
+        except Exception as exc:
+            raise to_upstream_error(exc) from exc
+        finally:
+            await chunks.aclose()

@@ -1,0 +1,194 @@
+"""Running the bridge as a trio service: ``run_bridge`` and its handle."""
+
+from __future__ import annotations
+
+import socket
+from collections.abc import Callable
+from dataclasses import dataclass
+from functools import partial
+from typing import Any
+
+import trio
+
+from bridge.errors import BridgeBindError
+from bridge.policy import MAX_BODY_BYTES
+from bridge.routing import OFFLINE_MODEL, path_kind
+from bridge.usage import UsageLedger
+
+
+@dataclass(frozen=True)
+class BridgeConfig:
+    """Everything the bridge needs to serve one run (or one daemon)."""
+
+    model: str
+    """``[experiment].model_path``: ``openai/gpt-4o-mini``, ``openrouter/…``, ``rollbridge/echo``…"""
+    token: str
+    """The per-run bearer every request must carry."""
+    host: str = "127.0.0.1"
+    port: int = 0
+    """``--listener-port``, or 0 for an ephemeral port."""
+    keepalive: bool = False
+    """Public-URL mode (bridge.md §9); can also be toggled on the handle."""
+    redact: Callable[[str], str] | None = None
+    """The run's redactor, applied to every error message and log line after the bridge's own."""
+    log: Callable[[str, str], None] | None = None
+    """``(level, message)`` sink for the bridge's log lines."""
+    plain_chat_route: bool = False
+    """Daemon mode: also serve ``POST /v1/chat/completions`` (usage id from a header)."""
+    via_litellm: bool = False
+    """Send every call through LiteLLM even when a direct path exists (diagnostics, benchmarks)."""
+    heartbeat_interval: float = 15.0
+    """Seconds between ``: ping`` comments while a streamed answer is silent."""
+    keepalive_grace: float = 90.0
+    """Keepalive mode: seconds a non-streaming call may take before a 200 is committed."""
+    keepalive_interval: float = 30.0
+    """Keepalive mode: seconds between trickled spaces after that."""
+    max_body_bytes: int = MAX_BODY_BYTES
+    """Largest accepted request body; larger ones get 413."""
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.token, str) or not self.token.strip():
+            raise ValueError("bridge auth_token must be a non-empty string")
+        if not self.model:
+            raise ValueError("bridge model must be a non-empty string")
+
+
+class BridgeHandle:
+    """What a running bridge reports to whoever started it."""
+
+    def __init__(
+        self, base_url: str, port: int, ledger: UsageLedger, keepalive: list[bool]
+    ) -> None:
+        self.base_url = base_url
+        """``http://127.0.0.1:<port>``, no trailing slash."""
+        self.port = port
+        self.ledger = ledger
+        """Usage per rollout id; pop a rollout's totals when its result arrives."""
+        self._keepalive = keepalive
+
+    def set_keepalive(self, on: bool) -> None:
+        """Switch keepalive mode (public URL) on or off for requests that start from now."""
+        self._keepalive[0] = on
+
+    @property
+    def keepalive(self) -> bool:
+        """Whether keepalive mode is on."""
+        return self._keepalive[0]
+
+    def rollout_url(self, rollout_id: str, advertised_base: str | None = None) -> str:
+        """The ``chat_completions_url`` handed to a rollout (the client appends ``/chat/completions``)."""
+        from urllib.parse import quote
+
+        base = (advertised_base or self.base_url).rstrip("/")
+        return f"{base}/v1/rollouts/{quote(rollout_id, safe='')}"
+
+
+def _bind(host: str, port: int) -> socket.socket:
+    where = f"{host}:{port}" if port else host
+    try:
+        infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
+        family, kind, proto, _, address = infos[0]
+        sock = socket.socket(family, kind, proto)
+    except OSError as exc:
+        raise BridgeBindError(f"could not bind the LLM bridge on {where}: {exc}") from exc
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind(address)
+        sock.listen(1024)
+        sock.setblocking(False)
+    except OSError as exc:
+        sock.close()
+        raise BridgeBindError(f"could not bind the LLM bridge on {where}: {exc}") from exc
+    return sock
+
+
+def _base_url(sock: socket.socket) -> tuple[str, int]:
+    host, port = sock.getsockname()[:2]
+    shown = f"[{host}]" if ":" in host else host
+    return f"http://{shown}:{port}", port
+
+
+def make_upstream(config: BridgeConfig, client: Any) -> Any:
+    """The upstream path for ``config.model``."""
+    from bridge.direct import DirectUpstream
+    from bridge.echo import EchoUpstream
+    from bridge.litellm_path import LiteLLMUpstream
+
+    kind = path_kind(config.model)
+    if kind == "echo":
+        return EchoUpstream(config.model)
+    if kind == "direct" and not config.via_litellm:
+        return DirectUpstream(config.model, client)
+    upstream = LiteLLMUpstream(config.model)
+    upstream.warm()
+    return upstream
+
+
+async def run_bridge(
+    config: BridgeConfig, *, task_status: trio.TaskStatus[BridgeHandle] = trio.TASK_STATUS_IGNORED
+) -> None:
+    """Serve the bridge until cancelled. Use with ``nursery.start``, which returns the handle.
+
+    The socket is bound first, so a bind failure raises :class:`BridgeBindError` before
+    anything is reported as started.
+    """
+    sock = _bind(config.host, config.port)
+    try:
+        # Imported here: quart and httpx cost half a second, which ``import bridge`` (and so
+        # the CLI) should not pay.
+        from hypercorn.config import Config as HyperConfig
+        from hypercorn.config import Sockets
+        from hypercorn.trio.run import worker_serve
+        from hypercorn.utils import wrap_app
+
+        from bridge.app import create_app
+        from bridge.core import Bridge, Timing
+        from bridge.direct import new_client
+
+        client = new_client()
+        try:
+            async with trio.open_nursery() as nursery:
+                bridge = Bridge(
+                    make_upstream(config, client),
+                    token=config.token,
+                    nursery=nursery,
+                    redact=config.redact,
+                    log=config.log,
+                    timing=Timing(
+                        heartbeat=config.heartbeat_interval,
+                        keepalive_grace=config.keepalive_grace,
+                        keepalive_interval=config.keepalive_interval,
+                    ),
+                )
+                keepalive = [config.keepalive]
+                app = create_app(
+                    bridge,
+                    token=config.token,
+                    keepalive=keepalive,
+                    plain_chat_route=config.plain_chat_route,
+                    max_body=config.max_body_bytes,
+                )
+                hyper = HyperConfig()
+                hyper.accesslog = None
+                hyper.errorlog = None
+                hyper.keep_alive_timeout = 75.0
+                hyper.graceful_timeout = 1.0
+                await nursery.start(
+                    partial(
+                        worker_serve,
+                        wrap_app(app, hyper.wsgi_max_body_size, "asgi"),
+                        hyper,
+                        sockets=Sockets([], [sock], []),
+                    )
+                )
+                base_url, port = _base_url(sock)
+                bridge.log("info", f"LLM bridge listening on {base_url} for model {config.model}")
+                task_status.started(BridgeHandle(base_url, port, bridge.ledger, keepalive))
+        finally:
+            with trio.CancelScope(shield=True):
+                await client.aclose()
+    finally:
+        sock.close()
+
+
+__all__ = ["OFFLINE_MODEL", "BridgeConfig", "BridgeHandle", "run_bridge"]

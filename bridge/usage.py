@@ -1,0 +1,169 @@
+"""Per-rollout token accounting (bridge.md §11, plus ``max_context_tokens`` from the seed doc)."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+
+def _int(value: Any) -> int | None:
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, int):
+        return value
+    if isinstance(value, float) and value.is_integer():
+        return int(value)
+    return None
+
+
+def _first_int(*values: Any) -> int | None:
+    for value in values:
+        number = _int(value)
+        if number is not None:
+            return number
+    return None
+
+
+@dataclass(frozen=True)
+class CallUsage:
+    """The usage one provider call reported, normalized."""
+
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    total_tokens: int = 0
+    cached_tokens: int | None = None
+    reasoning_tokens: int | None = None
+
+    @classmethod
+    def from_json(cls, usage: Any) -> CallUsage:
+        """Normalize a provider ``usage`` object; anything that is not an object counts as zero.
+
+        ``prompt_tokens`` falls back to ``input_tokens``, ``completion_tokens`` to
+        ``output_tokens``, ``total_tokens`` to their sum (a reported total is kept as is).
+        """
+        if not isinstance(usage, dict):
+            return cls()
+        prompt = _first_int(usage.get("prompt_tokens"), usage.get("input_tokens")) or 0
+        completion = _first_int(usage.get("completion_tokens"), usage.get("output_tokens")) or 0
+        total = _int(usage.get("total_tokens"))
+        prompt_details = usage.get("prompt_tokens_details") or usage.get("input_tokens_details")
+        completion_details = usage.get("completion_tokens_details") or usage.get(
+            "output_tokens_details"
+        )
+        cached = _first_int(
+            prompt_details.get("cached_tokens") if isinstance(prompt_details, dict) else None,
+            usage.get("cache_read_input_tokens"),
+        )
+        reasoning = _first_int(
+            completion_details.get("reasoning_tokens")
+            if isinstance(completion_details, dict)
+            else None,
+            usage.get("reasoning_tokens"),
+        )
+        return cls(
+            prompt_tokens=prompt,
+            completion_tokens=completion,
+            total_tokens=total if total is not None else prompt + completion,
+            cached_tokens=cached,
+            reasoning_tokens=reasoning,
+        )
+
+    def to_json(self) -> dict[str, int]:
+        """The ``usage`` object the rollout receives: prompt, completion and total only."""
+        return {
+            "prompt_tokens": self.prompt_tokens,
+            "completion_tokens": self.completion_tokens,
+            "total_tokens": self.total_tokens,
+        }
+
+
+def _add(a: int | None, b: int | None) -> int | None:
+    if a is None:
+        return b
+    if b is None:
+        return a
+    return a + b
+
+
+@dataclass(frozen=True)
+class RolloutUsage:
+    """Everything one rollout spent through the bridge."""
+
+    calls: int
+    prompt_tokens: int
+    completion_tokens: int
+    total_tokens: int
+    cached_tokens: int | None
+    reasoning_tokens: int | None
+    max_context_tokens: int
+    """The largest single call's prompt + completion tokens."""
+
+    def plus(self, call: CallUsage) -> RolloutUsage:
+        """This total with one more call added."""
+        return RolloutUsage(
+            calls=self.calls + 1,
+            prompt_tokens=self.prompt_tokens + call.prompt_tokens,
+            completion_tokens=self.completion_tokens + call.completion_tokens,
+            total_tokens=self.total_tokens + call.total_tokens,
+            cached_tokens=_add(self.cached_tokens, call.cached_tokens),
+            reasoning_tokens=_add(self.reasoning_tokens, call.reasoning_tokens),
+            max_context_tokens=max(
+                self.max_context_tokens, call.prompt_tokens + call.completion_tokens
+            ),
+        )
+
+    def to_json(self) -> dict[str, int]:
+        """A compact dict for the journal; token kinds the provider never reported are left out."""
+        out = {
+            "calls": self.calls,
+            "prompt_tokens": self.prompt_tokens,
+            "completion_tokens": self.completion_tokens,
+            "total_tokens": self.total_tokens,
+            "max_context_tokens": self.max_context_tokens,
+        }
+        if self.cached_tokens is not None:
+            out["cached_tokens"] = self.cached_tokens
+        if self.reasoning_tokens is not None:
+            out["reasoning_tokens"] = self.reasoning_tokens
+        return out
+
+
+_EMPTY = RolloutUsage(0, 0, 0, 0, None, None, 0)
+
+
+class UsageLedger:
+    """Usage per rollout id.
+
+    Thread-safe: calls that go through LiteLLM record from the LiteLLM loop thread the moment
+    the provider answers, so the usage is kept even if the rollout's request is cancelled
+    before the answer reaches it.
+    """
+
+    def __init__(self, on_forget: Callable[[str], None] | None = None) -> None:
+        self._lock = threading.Lock()
+        self._usage: dict[str, RolloutUsage] = {}
+        self._on_forget = on_forget
+
+    def record(self, rollout_id: str, call: CallUsage) -> None:
+        """Add one provider call's usage to ``rollout_id``."""
+        with self._lock:
+            self._usage[rollout_id] = self._usage.get(rollout_id, _EMPTY).plus(call)
+
+    def get(self, rollout_id: str) -> RolloutUsage | None:
+        """The usage so far, without removing it."""
+        with self._lock:
+            return self._usage.get(rollout_id)
+
+    def pop(self, rollout_id: str) -> RolloutUsage | None:
+        """Remove and return a rollout's usage; None when the bridge never recorded any."""
+        with self._lock:
+            usage = self._usage.pop(rollout_id, None)
+        if self._on_forget is not None:
+            self._on_forget(rollout_id)
+        return usage
+
+    def discard(self, rollout_id: str) -> None:
+        """Forget a rollout's usage (and anything else the bridge kept for it)."""
+        self.pop(rollout_id)

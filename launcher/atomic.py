@@ -1,0 +1,123 @@
+"""Durable file writes (runner.md §3.1): temp file + fsync + rename + directory fsync.
+
+Every file written here gets mode 0600 (``mkstemp``); directories created here get 0700.
+``durable=False`` keeps the atomic rename but skips both fsyncs: used for projection copies
+that are rebuilt from the fsync'd journal anyway, so a crash can never leave a torn file but
+may leave an older one.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import json
+import os
+import tempfile
+from pathlib import Path
+from typing import Any
+
+__all__ = [
+    "DIR_MODE",
+    "FILE_MODE",
+    "atomic_copy_file",
+    "atomic_write_bytes",
+    "atomic_write_json",
+    "canonical_json",
+    "ensure_dir",
+    "fsync_dir",
+    "pretty_json_bytes",
+]
+
+FILE_MODE = 0o600
+DIR_MODE = 0o700
+
+
+def canonical_json(obj: Any) -> str:
+    """Canonical JSON: sorted keys, compact separators, UTF-8 text kept, NaN/Infinity refused."""
+    return json.dumps(
+        obj, sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False
+    )
+
+
+def pretty_json_bytes(obj: Any) -> bytes:
+    """The JSON file format of §3.1: ``indent=2``, UTF-8 text kept, NaN refused, trailing newline."""
+    return (json.dumps(obj, ensure_ascii=False, indent=2, allow_nan=False) + "\n").encode("utf-8")
+
+
+def ensure_dir(path: Path) -> None:
+    """Create ``path`` and any missing parents, each with mode 0700 (subject to the umask)."""
+    path = Path(path)
+    missing = []
+    while not path.exists() and path != path.parent:
+        missing.append(path)
+        path = path.parent
+    for directory in reversed(missing):
+        directory.mkdir(mode=DIR_MODE, exist_ok=True)
+
+
+def fsync_dir(path: Path) -> None:
+    """fsync a directory so a rename or create inside it is durable.
+
+    Filesystems that cannot fsync a directory answer EINVAL or EACCES; that is ignored.
+    """
+    try:
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
+    except OSError as exc:
+        if exc.errno in (errno.EINVAL, errno.EACCES):
+            return
+        raise
+    try:
+        os.fsync(fd)
+    except OSError as exc:
+        if exc.errno not in (errno.EINVAL, errno.EACCES):
+            raise
+    finally:
+        os.close(fd)
+
+
+def atomic_write_bytes(path: Path, data: bytes, *, durable: bool = True) -> None:
+    """Replace ``path`` with ``data`` atomically (mode 0600); readers see old or new, never half."""
+    path = Path(path)
+    ensure_dir(path.parent)
+    fd, tmp_name = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        view = memoryview(data)
+        while view:
+            written = os.write(fd, view)
+            view = view[written:]
+        if durable:
+            os.fsync(fd)
+        os.close(fd)
+        fd = -1
+        os.replace(tmp_name, path)
+    except BaseException:
+        if fd >= 0:
+            os.close(fd)
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(tmp_name)
+        raise
+    if durable:
+        fsync_dir(path.parent)
+
+
+def atomic_write_json(path: Path, obj: Any, *, durable: bool = True) -> None:
+    """Atomically write ``obj`` as the §3.1 JSON file format (indent 2, trailing newline)."""
+    atomic_write_bytes(path, pretty_json_bytes(obj), durable=durable)
+
+
+def atomic_copy_file(src: Path, dst: Path, *, durable: bool = True) -> None:
+    """Copy the bytes of regular file ``src`` to ``dst`` atomically, never as a link.
+
+    ``src`` is opened with ``O_NOFOLLOW`` so a symlink swapped in after the caller's checks
+    is refused (``OSError``). The copy keeps the source's mtime, which lets callers skip an
+    identical re-copy cheaply (see :func:`launcher.projections.copy_if_changed`).
+    """
+    fd = os.open(src, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0))
+    try:
+        st = os.fstat(fd)
+        with os.fdopen(fd, "rb", closefd=False) as fh:
+            data = fh.read()
+    finally:
+        os.close(fd)
+    atomic_write_bytes(dst, data, durable=durable)
+    os.utime(dst, ns=(st.st_atime_ns, st.st_mtime_ns))

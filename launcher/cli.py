@@ -1,0 +1,148 @@
+"""The ``rollbridge`` command line: ``rollbridge eval run CONFIG`` and ``rollbridge bridge serve``.
+
+Every error a user can cause ends as one redacted ``Error: ...`` line (or a JSON error envelope
+with ``--json``) and exit code 1, never a traceback. ``ROLLBRIDGE_DEBUG=1`` adds the (redacted)
+traceback of unexpected errors on stderr.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import traceback
+
+import click
+
+from launcher.errors import CLIError
+from launcher.ui import UI, OutputMode
+
+__all__ = ["EXIT_INTERRUPTED", "cli", "main"]
+
+EXIT_INTERRUPTED = 130
+
+
+def _mode(json_flag: bool, plain_flag: bool) -> OutputMode:
+    if json_flag:
+        return "json"
+    if plain_flag:
+        return "plain"
+    return "rich"
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.option("--json", "json_output", is_flag=True, help="Print one JSON result envelope.")
+@click.option("--plain", is_flag=True, help="Plain text output: result and next steps only.")
+@click.pass_context
+def cli(ctx: click.Context, json_output: bool, plain: bool) -> None:
+    """rollbridge: run evaluations of LLM agent rollouts on your own machine."""
+    ctx.ensure_object(dict)
+    ctx.obj["json"] = json_output
+    ctx.obj["plain"] = plain
+
+
+@cli.group("eval")
+def eval_group() -> None:
+    """Local evaluations."""
+
+
+@eval_group.command("run")
+@click.argument("config", type=str)
+@click.option("--name", default=None, help="Run name; re-using a name resumes its pending work.")
+@click.option(
+    "-o", "--output", default=None, help="Output root (default <workspace>/.osmosis/evals)."
+)
+@click.option("--dataset-file", default=None, help="A local dataset file (jsonl, csv or parquet).")
+@click.option("--secrets-file", default=None, help="Dotenv file for [secrets] names ('-' = stdin).")
+@click.option("--rows", default=None, help="Source rows to run, for example '3,7,10-20'.")
+@click.option(
+    "--limit", type=int, default=None, help="Run only the first N rows (overrides limit)."
+)
+@click.option("--fresh", is_flag=True, help="Archive the existing results under this name first.")
+@click.option("--retry-failed", is_flag=True, help="Also re-run failed and skipped items.")
+@click.option("--max-in-flight", type=int, default=None, help="Concurrent rollouts.")
+@click.option("-y", "--yes", is_flag=True, help="Skip confirmations.")
+@click.option("--tunnel", default=None, help="Force a managed tunnel (only 'cloudflared').")
+@click.option(
+    "--cloudflared",
+    "--cloudflared-path",
+    "cloudflared",
+    default=None,
+    help="Path of the cloudflared binary to use (default: PATH, then pycloudflared's cache).",
+)
+@click.option(
+    "--download-cloudflared",
+    is_flag=True,
+    help="Allow a one-time download of cloudflared through pycloudflared when none is found.",
+)
+@click.option("--rollout-port", type=int, default=None, help="Fixed rollout-server port.")
+@click.option("--listener-port", type=int, default=None, help="Fixed model-bridge port.")
+@click.option("--advertise-url", default=None, help="Public base URL reaching the bridge listener.")
+@click.option("--verbose", is_flag=True, help="Stream every logs.txt line to the terminal.")
+@click.option("--json", "json_output", is_flag=True, help="Print one JSON result envelope.")
+@click.option("--plain", is_flag=True, help="Plain text output: result and next steps only.")
+@click.pass_context
+def eval_run(ctx: click.Context, config: str, **flags: object) -> None:
+    """Evaluate the rollout of CONFIG (a TOML file under configs/eval/) on its dataset."""
+    from launcher.app import EvalOptions, run_eval
+
+    obj = ctx.obj or {}
+    mode = _mode(
+        bool(flags.pop("json_output")) or obj.get("json", False),
+        bool(flags.pop("plain")) or obj.get("plain", False),
+    )
+    options = EvalOptions(config=config, **flags)  # type: ignore[arg-type]
+    ui = UI(mode, verbose=options.verbose)
+    ctx.obj["ui"] = ui
+    ctx.exit(run_eval(options, ui))
+
+
+def _register_bridge() -> None:
+    try:
+        from bridge.cli import bridge as bridge_group
+    except ImportError:
+        return
+    cli.add_command(bridge_group, "bridge")
+
+
+_register_bridge()
+
+
+def _fallback_ui() -> UI:
+    argv = sys.argv[1:]
+    return UI("json" if "--json" in argv else "plain" if "--plain" in argv else "rich")
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Console entry point (``rollbridge``)."""
+    obj: dict[str, object] = {}
+    try:
+        cli.main(args=argv, prog_name="rollbridge", standalone_mode=False, obj=obj)
+    except click.exceptions.Exit as exc:
+        sys.exit(exc.exit_code)
+    except click.exceptions.Abort:
+        sys.exit(EXIT_INTERRUPTED)
+    except click.UsageError as exc:
+        ui = obj.get("ui") or _fallback_ui()
+        assert isinstance(ui, UI)
+        ui.error(exc.format_message(), code="VALIDATION")
+        sys.exit(1)
+    except click.ClickException as exc:
+        ui = obj.get("ui") or _fallback_ui()
+        assert isinstance(ui, UI)
+        ui.error(exc.format_message())
+        sys.exit(1)
+    except CLIError as exc:
+        ui = obj.get("ui") or _fallback_ui()
+        assert isinstance(ui, UI)
+        ui.error(exc.message, code=exc.code, details=exc.details)
+        sys.exit(1)
+    except KeyboardInterrupt:
+        sys.exit(EXIT_INTERRUPTED)
+    except Exception as exc:  # the last line of defence: never a raw traceback
+        ui = obj.get("ui") or _fallback_ui()
+        assert isinstance(ui, UI)
+        if os.environ.get("ROLLBRIDGE_DEBUG"):
+            ui.err_console.print(ui.redact("".join(traceback.format_exception(exc))), markup=False)
+        ui.error(f"{type(exc).__name__}: {exc}", code="INTERNAL")
+        sys.exit(1)
+    sys.exit(0)

@@ -1,0 +1,326 @@
+"""Datasets (runner.md §5, seed): JSONL/CSV/Parquet readers, row normalization, row selection
+(``--rows``, ``limit``) and the deterministic ``dataset_rows.jsonl`` bytes.
+
+All problems raise :class:`~launcher.errors.ValidationError` before any run directory exists.
+"""
+
+from __future__ import annotations
+
+import csv
+import hashlib
+import json
+import re
+from collections.abc import Iterable, Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from launcher.errors import DependencyError, ValidationError
+
+__all__ = [
+    "DatasetSelection",
+    "NormalizedRow",
+    "SelectedRow",
+    "compact_selector",
+    "dataset_rows_jsonl",
+    "file_sha256",
+    "iter_raw_rows",
+    "normalize_row",
+    "parse_rows_selector",
+    "select_rows",
+]
+
+PROMPT_MAX_CHARS = 2000
+LABEL_MAX_CHARS = 500
+_CSV_FIELD_LIMIT = 16 * 1024 * 1024
+_ROWS_SYNTAX = re.compile(r"^\d+(?:-\d+)?(?:,\d+(?:-\d+)?)*$")
+
+
+@dataclass(frozen=True)
+class NormalizedRow:
+    """The columns of one dataset row that a rollout uses (§5.3)."""
+
+    system_prompt: str | None
+    user_prompt: str | None
+    label: str | None
+    metadata: dict[str, Any] | None
+
+    @property
+    def initial_messages(self) -> list[dict[str, str]]:
+        """``[system?, user?]`` chat messages sent to the rollout."""
+        messages = []
+        if self.system_prompt is not None:
+            messages.append({"role": "system", "content": self.system_prompt})
+        if self.user_prompt is not None:
+            messages.append({"role": "user", "content": self.user_prompt})
+        return messages
+
+
+@dataclass(frozen=True)
+class SelectedRow:
+    """One selected row: ``row_index`` in the selected set, ``source_row_index`` in the file."""
+
+    row_index: int
+    source_row_index: int
+    initial_messages: list[dict[str, str]]
+    label: str | None
+    metadata: dict[str, Any] | None
+
+
+@dataclass(frozen=True)
+class DatasetSelection:
+    """The result of reading and selecting a dataset file."""
+
+    path: Path
+    name: str
+    sha256: str
+    total_dataset_rows: int
+    rows: list[SelectedRow]
+
+    @property
+    def selected_source_rows(self) -> str:
+        """The compact selector of the selected source offsets (manifest input lock, §4.3)."""
+        return compact_selector(row.source_row_index for row in self.rows)
+
+
+def file_sha256(path: Path) -> str:
+    """Lowercase hex SHA-256 of a file's bytes."""
+    digest = hashlib.sha256()
+    with open(path, "rb") as fh:
+        while chunk := fh.read(1 << 20):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def parse_rows_selector(text: str) -> list[int]:
+    """Parse ``--rows`` (``"3,7,10-20"``, inclusive ranges) into sorted unique source offsets."""
+    value = text.strip()
+    if not _ROWS_SYNTAX.match(value):
+        raise ValidationError(
+            f"--rows must be comma-separated indices or ranges, for example '3,7,10-20': got '{text}'"
+        )
+    offsets: set[int] = set()
+    for part in value.split(","):
+        if "-" in part:
+            lo_text, hi_text = part.split("-", 1)
+            lo, hi = int(lo_text), int(hi_text)
+            if lo > hi:
+                raise ValidationError(f"--rows range '{part}' is inverted; write it as {hi}-{lo}")
+            offsets.update(range(lo, hi + 1))
+        else:
+            offsets.add(int(part))
+    return sorted(offsets)
+
+
+def compact_selector(offsets: Iterable[int]) -> str:
+    """Sorted unique offsets with consecutive runs as ``a-b``: ``[0,1,2,5]`` -> ``"0-2,5"``."""
+    ordered = sorted(set(offsets))
+    parts: list[str] = []
+    i = 0
+    while i < len(ordered):
+        j = i
+        while j + 1 < len(ordered) and ordered[j + 1] == ordered[j] + 1:
+            j += 1
+        parts.append(str(ordered[i]) if i == j else f"{ordered[i]}-{ordered[j]}")
+        i = j + 1
+    return ",".join(parts)
+
+
+def _iter_jsonl(path: Path) -> Iterator[dict[str, Any]]:
+    with open(path, encoding="utf-8") as fh:
+        for lineno, line in enumerate(fh, start=1):
+            if not line.strip():
+                continue
+            try:
+                obj = json.loads(line)
+            except json.JSONDecodeError as exc:
+                raise ValidationError(f"{path}:{lineno}: invalid JSON ({exc})") from None
+            if not isinstance(obj, dict):
+                raise ValidationError(f"{path}:{lineno}: each line must be a JSON object")
+            yield obj
+
+
+def _iter_csv(path: Path) -> Iterator[dict[str, Any]]:
+    csv.field_size_limit(max(csv.field_size_limit(), _CSV_FIELD_LIMIT))
+    with open(path, encoding="utf-8", newline="") as fh:
+        reader = csv.DictReader(fh)
+        if reader.fieldnames is None:
+            raise ValidationError(f"{path} has no CSV header row")
+        for row in reader:
+            row.pop(None, None)  # type: ignore[call-overload]
+            yield row
+
+
+def _iter_parquet(path: Path) -> Iterator[dict[str, Any]]:
+    try:
+        import pyarrow.parquet as pq
+    except ImportError:
+        raise DependencyError(
+            'Reading Parquet datasets requires: pip install "rollbridge[parquet]"',
+            details={"missing_module": "pyarrow", "extra": "parquet"},
+        ) from None
+    try:
+        parquet = pq.ParquetFile(path)
+        for batch in parquet.iter_batches():
+            yield from batch.to_pylist()
+    except (OSError, ValueError) as exc:
+        # pyarrow raises ArrowInvalid (a ValueError) / OSError for files it cannot parse.
+        raise ValidationError(f"{path} is not a readable Parquet file: {exc}") from None
+
+
+def iter_raw_rows(path: Path, extension: str | None = None) -> Iterator[dict[str, Any]]:
+    """Stream raw rows (dicts) of a ``jsonl``, ``csv`` or ``parquet`` file (§5.2).
+
+    Blank JSONL lines are skipped and not counted. ``extension`` defaults to the file suffix.
+    """
+    ext = (extension or path.suffix.lstrip(".")).lower()
+    try:
+        if ext == "jsonl":
+            yield from _iter_jsonl(path)
+        elif ext == "csv":
+            yield from _iter_csv(path)
+        elif ext == "parquet":
+            yield from _iter_parquet(path)
+        else:
+            raise ValidationError(
+                f"{path} has extension '{ext or '(none)'}' ; expected one of ['csv', 'jsonl', 'parquet']"
+            )
+    except UnicodeDecodeError as exc:
+        raise ValidationError(f"{path} is not valid UTF-8: {exc}") from None
+
+
+def _text(value: Any) -> str | None:
+    if value is None:
+        return None
+    if isinstance(value, str):
+        return value or None
+    return str(value)
+
+
+def _metadata(value: Any, source_index: int) -> dict[str, Any] | None:
+    if value is None:
+        return None
+    if isinstance(value, dict):
+        return dict(value) or None
+    if isinstance(value, str):
+        stripped = value.strip()
+        if not stripped:
+            return None
+        try:
+            parsed = json.loads(stripped)
+        except json.JSONDecodeError as exc:
+            raise ValidationError(
+                f"row {source_index}: metadata is not valid JSON ({exc})"
+            ) from None
+        if not isinstance(parsed, dict):
+            raise ValidationError(f"row {source_index}: metadata must be a JSON object")
+        return parsed or None
+    raise ValidationError(f"row {source_index}: metadata must be a JSON object")
+
+
+def normalize_row(raw: dict[str, Any], source_index: int) -> NormalizedRow:
+    """Extract ``system_prompt``, ``user_prompt``, ``ground_truth``/``label`` and ``metadata`` (§5.3)."""
+    system_prompt = _text(raw.get("system_prompt"))
+    user_prompt = _text(raw.get("user_prompt"))
+    label = _text(raw.get("ground_truth"))
+    if label is None:
+        label = _text(raw.get("label"))
+    if "metadata" in raw:
+        metadata = _metadata(raw["metadata"], source_index)
+        if user_prompt is None and metadata is None:
+            raise ValidationError(
+                f"row {source_index}: has no prompt and no metadata; a row needs at least a "
+                "user_prompt or a non-empty 'metadata' object"
+            )
+    else:
+        metadata = None
+        if user_prompt is None:
+            raise ValidationError(
+                f"row {source_index}: user_prompt is required for a dataset with no 'metadata' column"
+            )
+        if label is None:
+            raise ValidationError(
+                f"row {source_index}: ground_truth (or label) is required for a dataset with no "
+                "'metadata' column"
+            )
+    return NormalizedRow(
+        system_prompt=system_prompt, user_prompt=user_prompt, label=label, metadata=metadata
+    )
+
+
+def select_rows(
+    path: Path,
+    *,
+    rows: str | None = None,
+    limit: int | None = None,
+    name: str | None = None,
+    extension: str | None = None,
+) -> DatasetSelection:
+    """Read ``path`` and select rows (§5.4): ``rows`` (``--rows``) wins over a positive ``limit``.
+
+    ``row_index`` numbers the selected rows 0..S-1 in file order; ``source_row_index`` is the
+    0-based offset among rows actually read.
+    """
+    path = Path(path)
+    wanted = parse_rows_selector(rows) if rows is not None else None
+    wanted_set = set(wanted) if wanted is not None else None
+    take = limit if (wanted is None and limit is not None and limit > 0) else None
+    chosen: list[tuple[int, dict[str, Any]]] = []
+    total = 0
+    for offset, raw in enumerate(iter_raw_rows(path, extension)):
+        total = offset + 1
+        if wanted_set is not None:
+            if offset in wanted_set:
+                chosen.append((offset, raw))
+        elif take is None or offset < take:
+            chosen.append((offset, raw))
+    display_name = name or path.name
+    if wanted is not None:
+        out_of_range = [o for o in wanted if o >= total]
+        if out_of_range:
+            raise ValidationError(
+                f"--rows selects {out_of_range} but {display_name} has {total} rows "
+                f"(valid indices are 0-{max(total - 1, 0)})"
+            )
+    if not chosen:
+        raise ValidationError(f"{path} selected no rows")
+    selected: list[SelectedRow] = []
+    for row_index, (offset, raw) in enumerate(chosen):
+        norm = normalize_row(raw, offset)
+        selected.append(
+            SelectedRow(
+                row_index=row_index,
+                source_row_index=offset,
+                initial_messages=norm.initial_messages,
+                label=norm.label,
+                metadata=norm.metadata,
+            )
+        )
+    return DatasetSelection(
+        path=path,
+        name=display_name,
+        sha256=file_sha256(path),
+        total_dataset_rows=total,
+        rows=selected,
+    )
+
+
+def dataset_rows_jsonl(selected: Sequence[SelectedRow]) -> bytes:
+    """The bytes of ``dataset_rows.jsonl`` (seed): one line per selected row, deterministic.
+
+    ``prompt`` is the text of the non-system messages (joined by a blank line), or the
+    sorted-keys JSON of ``metadata`` when there is none, cut to 2000 characters; ``label`` is
+    cut to 500 characters and omitted when absent. Lines use the index.jsonl JSON style.
+    """
+    lines: list[str] = []
+    for row in selected:
+        texts = [m["content"] for m in row.initial_messages if m.get("role") != "system"]
+        if texts:
+            prompt = "\n\n".join(texts)
+        else:
+            prompt = json.dumps(row.metadata or {}, sort_keys=True, ensure_ascii=False)
+        line: dict[str, Any] = {"row_index": row.row_index, "prompt": prompt[:PROMPT_MAX_CHARS]}
+        if row.label is not None:
+            line["label"] = row.label[:LABEL_MAX_CHARS]
+        lines.append(json.dumps(line, ensure_ascii=False, allow_nan=False) + "\n")
+    return "".join(lines).encode("utf-8")

@@ -1,0 +1,333 @@
+"""Dispatch of work items to the rollout server (runner.md §6.1, §7).
+
+A fixed pool of workers pulls pending items in selection order. Each item gets a fresh rollout
+id, is admitted (``POST /rollout``, retrying 429 within the admission timeout), then awaited by
+long-poll within the per-item deadline. Its terminal result becomes one journal record
+(success / failed / skipped); a ``cancelled`` result writes nothing, so the item stays pending.
+
+Process-wide faults (the server died, the tunnel failed, a transport or protocol failure, the
+item deadline) *halt* dispatch: the first reason is kept, no new item starts, and the items
+that never ran stay pending for a resume. A cancelled worker (Ctrl-C, or a halt that cancels
+everyone) first asks the server to cancel its rollout and waits for the rollout's cleanup in a
+shielded settle scope, which the second Ctrl-C cuts short.
+"""
+
+from __future__ import annotations
+
+import math
+import uuid
+from collections import deque
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+from urllib.parse import quote
+
+import trio
+
+from launcher.dataset import SelectedRow
+from launcher.journal import TerminalRecord
+from launcher.signals import Interrupts
+from rollout_server.protocol import RolloutInitRequest, RolloutResultResponse, RolloutStatus
+
+__all__ = [
+    "CANCEL_SETTLE_S",
+    "AdmissionRefused",
+    "DispatchReport",
+    "Dispatcher",
+    "RolloutHandleLike",
+    "RolloutTransport",
+    "WorkItem",
+    "classify",
+    "resolve_concurrency",
+]
+
+CANCEL_SETTLE_S = 120.0
+
+#: ``log(level, step, message, details)``.
+LogFn = Callable[[str, str, str, "dict[str, Any] | None"], None]
+
+
+class AdmissionRefused(Exception):
+    """``POST /rollout`` answered a 4xx other than 429: the item is recorded as failed."""
+
+    def __init__(self, status_code: int, message: str) -> None:
+        super().__init__(message)
+        self.status_code = status_code
+
+
+class RolloutHandleLike(Protocol):
+    """An admitted rollout being polled."""
+
+    async def wait(self) -> RolloutResultResponse:
+        """The final result (keeps long-polling until a terminal status)."""
+        ...
+
+
+class RolloutTransport(Protocol):
+    """The calls dispatch makes on the rollout server (see :mod:`launcher.app` for the real
+    one, built on :mod:`rollout_server.client`)."""
+
+    async def admit(
+        self, request: RolloutInitRequest, admission_timeout_s: float
+    ) -> RolloutHandleLike:
+        """Admit a rollout; raise :class:`AdmissionRefused` for a 4xx refusal."""
+        ...
+
+    async def cancel(self, rollout_id: str) -> None:
+        """Ask the server to cancel a rollout (best effort, bounded)."""
+        ...
+
+
+@dataclass(frozen=True)
+class WorkItem:
+    """One (row, run) pair to evaluate."""
+
+    row: SelectedRow
+    run_index: int
+
+    @property
+    def key(self) -> tuple[int, int]:
+        """``(row_index, run_index)``."""
+        return (self.row.row_index, self.run_index)
+
+
+@dataclass
+class DispatchReport:
+    """What one dispatch pass did."""
+
+    dispatched: int = 0
+    recorded: int = 0
+    halted: str | None = None
+
+
+def resolve_concurrency(
+    max_in_flight: int | None, batch_size: int | None, capacity: int | None
+) -> int:
+    """§7.1: the first positive of ``--max-in-flight`` and ``batch_size``, capped by the
+    server's capacity; without either, the capacity; else 1."""
+    for value in (max_in_flight, batch_size):
+        if isinstance(value, int) and not isinstance(value, bool) and value > 0:
+            return min(value, capacity) if capacity else value
+    return capacity or 1
+
+
+def classify(
+    item: WorkItem, rollout_id: str, result: RolloutResultResponse, duration_ms: float
+) -> TerminalRecord | None:
+    """The journal record for a terminal result, or None for ``cancelled`` (stays pending)."""
+    base: dict[str, Any] = {
+        "row_index": item.row.row_index,
+        "run_index": item.run_index,
+        "source_row_index": item.row.source_row_index,
+        "rollout_id": rollout_id,
+        "duration_ms": duration_ms,
+    }
+    sample = result.sample
+    reward = sample.reward if sample is not None else None
+    if reward is not None and not math.isfinite(reward):
+        reward = None
+    if result.status == RolloutStatus.CANCELLED:
+        return None
+    if result.status != RolloutStatus.SUCCESS:
+        error_type = (
+            (str(result.err_category) if result.err_category else None)
+            or result.err_message
+            or "rollout_failed"
+        )
+        return TerminalRecord(status="failed", reward=reward, error_type=error_type, **base)
+    if sample is not None and sample.remove_sample:
+        return TerminalRecord(status="skipped", **base)
+    return TerminalRecord(status="success", reward=reward, **base)
+
+
+@dataclass
+class _Slot:
+    rollout_id: str
+    admitted: RolloutHandleLike | None = None
+
+
+@dataclass
+class Dispatcher:
+    """Runs the pending items with a bounded worker pool.
+
+    ``record(record, has_sample)`` must make the record durable (journal fsync) before it
+    returns; ``usage(rollout_id)`` pops the bridge's token counts ``(tokens, max_context)``;
+    ``chat_base()`` is read at each dispatch (a tunnel may change it).
+    """
+
+    items: Sequence[WorkItem]
+    concurrency: int
+    transport: RolloutTransport
+    chat_base: Callable[[], str]
+    bearer: str
+    agent_timeout_sec: float | None
+    grader_timeout_sec: float | None
+    item_deadline_s: float
+    record: Callable[[TerminalRecord, bool], Awaitable[None]]
+    usage: Callable[[str], tuple[int | None, int | None]]
+    forget: Callable[[str], None]
+    interrupts: Interrupts
+    log: LogFn
+    on_halt: Callable[[str], None] = lambda reason: None
+    report: DispatchReport = field(default_factory=DispatchReport)
+    _queue: deque[WorkItem] = field(default_factory=deque)
+    _scope: trio.CancelScope | None = None
+
+    def halt(self, reason: str, *, cancel_all: bool = False, **details: Any) -> None:
+        """Stop dispatching (first reason wins); ``cancel_all`` also cancels running items."""
+        if self.report.halted is None:
+            self.report.halted = reason
+            self.log("ERROR", "dispatch", "halting dispatch", {"reason": reason, **details})
+            self.on_halt(reason)
+        self._queue.clear()
+        if cancel_all and self._scope is not None:
+            self._scope.cancel()
+
+    async def run(self) -> DispatchReport:
+        """Dispatch every item (or until halted/interrupted); returns the report."""
+        self._queue = deque(self.items)
+        workers = max(1, min(self.concurrency, len(self._queue)))
+        with self.interrupts.work_scope() as scope:
+            self._scope = scope
+            async with trio.open_nursery() as nursery:
+                for _ in range(workers):
+                    nursery.start_soon(self._worker)
+        self._scope = None
+        return self.report
+
+    async def _worker(self) -> None:
+        while self._queue and self.report.halted is None:
+            item = self._queue.popleft()
+            try:
+                await self._run_item(item)
+            except trio.Cancelled:
+                raise
+            except Exception as exc:
+                self.halt(
+                    f"{type(exc).__name__}: {exc}",
+                    row_index=item.row.row_index,
+                    run_index=item.run_index,
+                )
+                return
+
+    def _request(self, item: WorkItem, rollout_id: str) -> RolloutInitRequest:
+        base = self.chat_base().rstrip("/")
+        return RolloutInitRequest(
+            initial_messages=list(item.row.initial_messages),
+            label=item.row.label,
+            metadata=item.row.metadata,
+            rollout_id=rollout_id,
+            chat_completions_url=f"{base}/v1/rollouts/{quote(rollout_id, safe='')}",
+            llm_api_key=self.bearer,
+            grade=True,
+            agent_timeout_sec=self.agent_timeout_sec,
+            grader_timeout_sec=self.grader_timeout_sec,
+            extra_fields={"row_index": item.row.row_index, "run_index": item.run_index},
+        )
+
+    async def _run_item(self, item: WorkItem) -> None:
+        slot = _Slot(uuid.uuid4().hex)
+        started = trio.current_time()
+        self.report.dispatched += 1
+        self.log(
+            "INFO",
+            "dispatch",
+            "dispatching rollout",
+            {
+                "rollout_id": slot.rollout_id,
+                "row_index": item.row.row_index,
+                "run_index": item.run_index,
+            },
+        )
+        try:
+            result = await self._admit_and_wait(item, slot)
+        except AdmissionRefused as exc:
+            tokens, max_ctx = self.usage(slot.rollout_id)
+            record = TerminalRecord(
+                row_index=item.row.row_index,
+                run_index=item.run_index,
+                source_row_index=item.row.source_row_index,
+                rollout_id=slot.rollout_id,
+                status="failed",
+                error_type="rollout_protocol_error",
+                duration_ms=(trio.current_time() - started) * 1000.0,
+                tokens=tokens,
+                max_context_tokens=max_ctx,
+            )
+            self.log(
+                "ERROR",
+                "result",
+                "work item failed before a terminal result",
+                {
+                    "error": str(exc),
+                    "rollout_id": slot.rollout_id,
+                    "row_index": item.row.row_index,
+                    "run_index": item.run_index,
+                },
+            )
+            await self.record(record, False)
+            self.report.recorded += 1
+            return
+        except BaseException:
+            self.forget(slot.rollout_id)
+            raise
+        duration_ms = (trio.current_time() - started) * 1000.0
+        record = classify(item, slot.rollout_id, result, duration_ms)
+        if record is None:
+            self.forget(slot.rollout_id)
+            self.log("WARNING", "cancel", "rollout cancelled", {"rollout_id": slot.rollout_id})
+            return
+        tokens, max_ctx = self.usage(slot.rollout_id)
+        record.tokens = tokens
+        record.max_context_tokens = max_ctx
+        await self.record(record, result.sample is not None)
+        self.report.recorded += 1
+        self.log(
+            "INFO",
+            "result",
+            "work item finished",
+            {
+                "reward": record.reward,
+                "rollout_id": slot.rollout_id,
+                "row_index": item.row.row_index,
+                "run_index": item.run_index,
+                "status": record.status,
+            },
+        )
+
+    async def _admit_and_wait(self, item: WorkItem, slot: _Slot) -> RolloutResultResponse:
+        request = self._request(item, slot.rollout_id)
+        try:
+            slot.admitted = await self.transport.admit(
+                request, self.item_deadline_s * max(1, self.concurrency)
+            )
+            with trio.move_on_after(self.item_deadline_s) as deadline:
+                return await slot.admitted.wait()
+        except trio.Cancelled:
+            await self._settle(slot)
+            raise
+        assert deadline.cancelled_caught
+        await self._settle(slot)
+        raise TimeoutError(
+            f"work item row {item.row.row_index} run {item.run_index} had no result within "
+            f"its {self.item_deadline_s:g}s deadline"
+        )
+
+    async def _settle(self, slot: _Slot) -> None:
+        """Cancel the rollout on the server and wait (bounded) for its cleanup to finish."""
+        with self.interrupts.settle_scope(CANCEL_SETTLE_S):
+            with trio.move_on_after(5.0):
+                try:
+                    await self.transport.cancel(slot.rollout_id)
+                except Exception as exc:  # the server may be gone; nothing more to do
+                    self.log(
+                        "WARNING",
+                        "cancel",
+                        "cancel request failed",
+                        {"rollout_id": slot.rollout_id, "error": str(exc)},
+                    )
+            if slot.admitted is not None:
+                try:
+                    await slot.admitted.wait()
+                except Exception:
+                    return

@@ -1,0 +1,87 @@
+"""Typed errors a user can cause, each printed by the CLI as one ``Error: <message>`` line.
+
+The CLI catches :class:`CLIError` (and its subclasses), passes ``message`` and ``details``
+through the run's redactor, prints ``Error: <message>`` (or a JSON error envelope) and exits 1.
+Messages never contain secret values: code that handles secrets names them, never echoes them.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+__all__ = [
+    "CLIError",
+    "ConflictError",
+    "DependencyError",
+    "InteractiveRequiredError",
+    "JournalCorruptError",
+    "LocalEvalError",
+    "NotFoundError",
+    "ValidationError",
+]
+
+
+class CLIError(Exception):
+    """An error whose message is meant for the user, printed as ``Error: <message>``.
+
+    ``code`` is a short machine-readable category used by the ``--json`` error envelope:
+    ``VALIDATION`` (bad config, flags or dataset), ``NOT_FOUND``, ``CONFLICT`` (lock held,
+    changed inputs), ``LOCAL_EVAL`` (a run-time failure of the local evaluation),
+    ``DEPENDENCY`` (``uv sync`` or a missing optional module), ``INTERACTIVE_REQUIRED``.
+    ``details`` is optional structured context for the JSON envelope (redacted by the CLI too).
+    """
+
+    default_code = "VALIDATION"
+
+    def __init__(
+        self, message: str, *, code: str | None = None, details: dict[str, Any] | None = None
+    ) -> None:
+        super().__init__(message)
+        self.message = message
+        self.code = code or self.default_code
+        self.details = details
+
+    def __str__(self) -> str:
+        return self.message
+
+
+class ValidationError(CLIError):
+    """Invalid user input: config, flags, dataset rows (code ``VALIDATION``)."""
+
+    default_code = "VALIDATION"
+
+
+class NotFoundError(CLIError):
+    """A named file or directory does not exist (code ``NOT_FOUND``)."""
+
+    default_code = "NOT_FOUND"
+
+
+class ConflictError(CLIError):
+    """The run directory is busy or was created with other inputs (code ``CONFLICT``)."""
+
+    default_code = "CONFLICT"
+
+
+class JournalCorruptError(CLIError):
+    """A committed ``events.jsonl`` line is unreadable; the run refuses to resume over it."""
+
+    default_code = "CONFLICT"
+
+
+class LocalEvalError(CLIError):
+    """A run-time failure of the local evaluation (server start, health, I/O)."""
+
+    default_code = "LOCAL_EVAL"
+
+
+class DependencyError(CLIError):
+    """A dependency could not be provided (``uv sync`` failed, optional module missing)."""
+
+    default_code = "DEPENDENCY"
+
+
+class InteractiveRequiredError(CLIError):
+    """The run needs an answer or a value that only an interactive session could give."""
+
+    default_code = "INTERACTIVE_REQUIRED"

@@ -1,0 +1,263 @@
+"""The terminal-result journal ``events.jsonl`` (runner.md §3.3): the resume authority.
+
+One canonical JSON line per terminal attempt. A result counts only once its line is written
+in full and fsync'd; the last line for a ``(row_index, run_index)`` wins. Replay discards a
+torn final fragment (no trailing newline) and refuses any corrupt committed line.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import msgspec
+import trio
+
+from launcher.atomic import canonical_json, fsync_dir
+from launcher.errors import JournalCorruptError, LocalEvalError
+
+__all__ = [
+    "STATUSES",
+    "Journal",
+    "JournalReplay",
+    "TerminalRecord",
+    "WorkKey",
+    "replay_journal",
+]
+
+STATUSES = ("failed", "skipped", "success")
+WorkKey = tuple[int, int]
+_INT_FIELDS = ("row_index", "run_index", "source_row_index", "tokens", "max_context_tokens")
+_FLOAT_FIELDS = ("reward", "duration_ms")
+_STR_FIELDS = ("rollout_id", "error_type")
+_REQUIRED = ("row_index", "run_index", "rollout_id", "status")
+
+
+class TerminalRecord(msgspec.Struct, kw_only=True):
+    """One terminal attempt of a work item, as journaled.
+
+    ``tokens`` is the sum of the rollout's model-call usage and ``max_context_tokens`` the
+    largest single call (prompt + completion), both from the bridge; None when unknown.
+    ``duration_ms`` is wall time from dispatch start. ``error_type`` is set for failures.
+    """
+
+    row_index: int
+    run_index: int
+    rollout_id: str
+    status: str
+    source_row_index: int | None = None
+    reward: float | None = None
+    tokens: int | None = None
+    max_context_tokens: int | None = None
+    duration_ms: float | None = None
+    error_type: str | None = None
+
+    @property
+    def key(self) -> WorkKey:
+        """``(row_index, run_index)``."""
+        return (self.row_index, self.run_index)
+
+    def to_dict(self) -> dict[str, Any]:
+        """The journal fields with None omitted (``duration_ms`` always present, default 0.0)."""
+        out: dict[str, Any] = {}
+        for name in self.__struct_fields__:
+            value = getattr(self, name)
+            if value is not None:
+                out[name] = value
+        out["duration_ms"] = float(self.duration_ms or 0.0)
+        if self.reward is not None:
+            out["reward"] = float(self.reward)
+        return out
+
+    def to_line(self) -> bytes:
+        """The canonical JSON line (sorted keys, compact, UTF-8, NaN refused) with ``\\n``."""
+        validate_record(self)
+        return (canonical_json(self.to_dict()) + "\n").encode("utf-8")
+
+
+def _is_single_segment(value: str) -> bool:
+    return bool(value) and value not in (".", "..") and not any(c in value for c in "/\\\x00")
+
+
+def validate_record(record: TerminalRecord) -> None:
+    """Raise ValueError when ``record`` could not be replayed (used before appending)."""
+    if record.status not in STATUSES:
+        raise ValueError(f"status must be one of {list(STATUSES)}")
+    if not _is_single_segment(record.rollout_id):
+        raise ValueError("rollout_id must be a single path segment")
+
+
+def _field_problem(obj: dict[str, Any]) -> str | None:
+    """The §3.3 message for a decoded line that is not a valid record, else None."""
+    for name in _REQUIRED:
+        if obj.get(name) is None:
+            return f"{name} is missing"
+    for name in _INT_FIELDS:
+        value = obj.get(name)
+        if value is not None and (isinstance(value, bool) or not isinstance(value, int)):
+            return f"{name} must be an integer"
+    for name in (*_STR_FIELDS, "status"):
+        value = obj.get(name)
+        if value is not None and not isinstance(value, str):
+            return f"{name} must be a string"
+    for name in _FLOAT_FIELDS:
+        value = obj.get(name)
+        if value is not None and (isinstance(value, bool) or not isinstance(value, int | float)):
+            return f"{name} must be a number"
+    if not _is_single_segment(obj["rollout_id"]):
+        return "rollout_id must be a single path segment (no '/', '\\\\', '.' or '..')"
+    if obj["status"] not in STATUSES:
+        return f"status must be one of {list(STATUSES)}"
+    return None
+
+
+@dataclass
+class JournalReplay:
+    """What replay found: every committed record in order, and the latest per work key."""
+
+    records: list[TerminalRecord] = field(default_factory=list)
+    latest: dict[WorkKey, TerminalRecord] = field(default_factory=dict)
+    committed_bytes: int = 0
+    torn_bytes: int = 0
+
+
+_DECODER = msgspec.json.Decoder(TerminalRecord)
+
+
+def _slow_parse(path: Path, committed: bytes) -> list[TerminalRecord]:
+    """Line-by-line parse that names the first bad line exactly (§3.3 messages)."""
+    records: list[TerminalRecord] = []
+    for lineno, raw in enumerate(committed.split(b"\n")[:-1], start=1):
+        where = f"{path}:{lineno}"
+        if not raw.strip():
+            raise JournalCorruptError(f"{where}: blank journal record")
+        try:
+            obj = json.loads(raw.decode("utf-8"))
+        except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+            raise JournalCorruptError(f"{where}: invalid JSON ({exc})") from None
+        if not isinstance(obj, dict):
+            raise JournalCorruptError(f"{where}: record must be a JSON object")
+        problem = _field_problem(obj)
+        if problem is not None:
+            raise JournalCorruptError(f"{where}: {problem}")
+        known = {k: obj[k] for k in TerminalRecord.__struct_fields__ if obj.get(k) is not None}
+        records.append(msgspec.convert(known, TerminalRecord))
+    return records
+
+
+def replay_journal(path: Path) -> JournalReplay:
+    """Read ``events.jsonl``: committed records and the torn tail size (nothing is modified).
+
+    A missing file is an empty replay. A final fragment without ``\\n`` is torn (discarded,
+    even if it parses). Any committed line that is blank, not JSON, not an object, or has a
+    missing/mistyped field raises :class:`JournalCorruptError` naming ``<path>:<line>``.
+    """
+    try:
+        data = Path(path).read_bytes()
+    except FileNotFoundError:
+        return JournalReplay()
+    except OSError as exc:
+        raise LocalEvalError(f"cannot read {path}: {exc}") from None
+    end = data.rfind(b"\n") + 1
+    committed = data[:end]
+    replay = JournalReplay(committed_bytes=end, torn_bytes=len(data) - end)
+    records: list[TerminalRecord] | None = None
+    try:
+        decoded = _DECODER.decode_lines(committed)
+        # decode_lines skips blank lines, so a count mismatch means a blank line (corruption).
+        if len(decoded) == committed.count(b"\n") and all(
+            r.status in STATUSES and _is_single_segment(r.rollout_id) for r in decoded
+        ):
+            records = decoded
+    except (msgspec.DecodeError, msgspec.ValidationError):
+        records = None
+    if records is None:
+        records = _slow_parse(path, committed)
+    replay.records = records
+    latest = replay.latest
+    for record in records:
+        latest[(record.row_index, record.run_index)] = record
+    return replay
+
+
+class Journal:
+    """An open ``events.jsonl``: durable appends and the in-memory latest-record map.
+
+    Open it with :meth:`open` while holding the run lock (single writer). Use
+    :meth:`append` from trio code (the write and fsync run on a worker thread, serialized by a
+    trio lock); :meth:`append_sync` is the blocking core. A record is added to :attr:`latest`
+    only after its fsync returned. After a failed append the journal refuses further appends,
+    because a half-written line could otherwise be followed by good ones.
+    """
+
+    def __init__(self, path: Path, fd: int, replay: JournalReplay) -> None:
+        self.path = path
+        self._fd = fd
+        self.records: list[TerminalRecord] = replay.records
+        self.latest: dict[WorkKey, TerminalRecord] = replay.latest
+        self.torn_bytes = replay.torn_bytes
+        self._lock = trio.Lock()
+        self._broken: str | None = None
+
+    @classmethod
+    def open(cls, path: Path, *, on_torn: Callable[[int], None] | None = None) -> Journal:
+        """Replay ``path``, cut a torn tail (calling ``on_torn(bytes)``), open it for append."""
+        path = Path(path)
+        replay = replay_journal(path)
+        existed = path.exists()
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_APPEND, 0o600)
+        try:
+            if replay.torn_bytes:
+                os.ftruncate(fd, replay.committed_bytes)
+                os.fsync(fd)
+                if on_torn is not None:
+                    on_torn(replay.torn_bytes)
+            if not existed:
+                fsync_dir(path.parent)
+        except BaseException:
+            os.close(fd)
+            raise
+        return cls(path, fd, replay)
+
+    def append_sync(self, record: TerminalRecord) -> None:
+        """Write ``record``'s line in full, fsync, then count it (blocking)."""
+        if self._broken is not None:
+            raise LocalEvalError(
+                f"journal {self.path} is unusable after an earlier error: {self._broken}"
+            )
+        line = record.to_line()
+        size_before = os.fstat(self._fd).st_size
+        try:
+            view = memoryview(line)
+            while view:
+                view = view[os.write(self._fd, view) :]
+            os.fsync(self._fd)
+        except OSError as exc:
+            self._broken = str(exc)
+            # Best effort: drop the partial line so the file stays replayable.
+            try:
+                os.ftruncate(self._fd, size_before)
+                os.fsync(self._fd)
+            except OSError:
+                pass
+            raise LocalEvalError(f"could not write journal {self.path}: {exc}") from exc
+        self.records.append(record)
+        self.latest[record.key] = record
+
+    async def append(self, record: TerminalRecord) -> None:
+        """:meth:`append_sync` on a worker thread; returns once the record is durable and counted.
+
+        The thread is not abandoned on cancellation, so a record is never half-counted.
+        """
+        async with self._lock:
+            await trio.to_thread.run_sync(self.append_sync, record)
+
+    def close(self) -> None:
+        """Close the file descriptor (idempotent)."""
+        if self._fd >= 0:
+            os.close(self._fd)
+            self._fd = -1

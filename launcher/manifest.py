@@ -1,0 +1,246 @@
+"""``manifest.json`` (runner.md §3.2, §4.2-§4.5): the resolved-input lock and provenance,
+the manifest gate (create, open or archive) and the ``--fresh`` archive.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import uuid
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+from launcher.atomic import atomic_write_json, ensure_dir, fsync_dir
+from launcher.config import EvalConfig, RunSpec
+from launcher.dataset import DatasetSelection
+from launcher.errors import ConflictError, LocalEvalError
+from launcher.logs import utc_now_iso
+from launcher.workspace import GitState, Workspace
+
+__all__ = [
+    "INPUT_GROUPS",
+    "MANIFEST_NAME",
+    "STATE_SCHEMA",
+    "GateOutcome",
+    "Manifest",
+    "archive_run_dir",
+    "build_inputs",
+    "build_provenance",
+    "changed_groups",
+    "changed_inputs_message",
+    "manifest_gate",
+    "new_manifest",
+    "read_manifest",
+]
+
+MANIFEST_NAME = "manifest.json"
+STATE_SCHEMA = 1
+ROLLOUT_PROTOCOL = "0.4"
+DATASET_NORMALIZATION = 1
+_MISSING = object()
+INPUT_GROUPS = (
+    "dataset",
+    "env",
+    "model_path",
+    "n",
+    "rollout",
+    "secret_names",
+    "timeouts",
+    "versions",
+)
+
+
+@dataclass(frozen=True)
+class Manifest:
+    """The parsed ``manifest.json``."""
+
+    local_run_id: str
+    run_name: str
+    created_at: str
+    inputs: dict[str, Any]
+    provenance: dict[str, Any]
+    schema_version: int = STATE_SCHEMA
+
+    def to_dict(self) -> dict[str, Any]:
+        """The JSON object written to disk (key order of §3.2)."""
+        return {
+            "schema_version": self.schema_version,
+            "local_run_id": self.local_run_id,
+            "run_name": self.run_name,
+            "created_at": self.created_at,
+            "inputs": self.inputs,
+            "provenance": self.provenance,
+        }
+
+
+def build_inputs(
+    config: EvalConfig, spec: RunSpec, selection: DatasetSelection, source_digest: str
+) -> dict[str, Any]:
+    """The resolved-input lock (§4.3). Excludes names, paths, concurrency, thresholds, UI flags."""
+    return {
+        "model_path": config.experiment.model_path,
+        "dataset": {
+            "sha256": selection.sha256,
+            "selected_source_rows": selection.selected_source_rows,
+        },
+        "n": spec.n,
+        "rollout": {
+            "name": config.experiment.rollout,
+            "entrypoint": config.experiment.entrypoint,
+            "source_digest": source_digest,
+        },
+        "env": dict(sorted(config.env.items())),
+        "secret_names": sorted(config.secrets_required),
+        "timeouts": {
+            "agent_timeout_sec": spec.agent_timeout_sec,
+            "grader_timeout_sec": spec.grader_timeout_sec,
+        },
+        "versions": {
+            "rollout_protocol": ROLLOUT_PROTOCOL,
+            "dataset_normalization": DATASET_NORMALIZATION,
+            "state_schema": STATE_SCHEMA,
+        },
+    }
+
+
+def build_provenance(
+    config: EvalConfig, workspace: Workspace | None, git: GitState | None, sdk_version: str
+) -> dict[str, Any]:
+    """Provenance (§3.2): versions, config pins, config path, ``[advanced]``, git state."""
+    prov: dict[str, Any] = {
+        "sdk_version": sdk_version,
+        "config_branch": config.experiment.branch,
+        "config_commit_sha": config.experiment.commit_sha,
+    }
+    if workspace is not None:
+        with contextlib.suppress(ValueError):
+            prov["config_path"] = workspace.config_relpath
+    if config.advanced:
+        prov["advanced"] = config.advanced
+    if git is not None:
+        prov["git_head"] = git.head
+        prov["git_branch"] = git.branch
+        prov["git_dirty"] = git.dirty
+    return {k: v for k, v in prov.items() if v is not None}
+
+
+def new_manifest(run_name: str, inputs: dict[str, Any], provenance: dict[str, Any]) -> Manifest:
+    """A manifest for a new run: fresh ``local_run_id`` (uuid4 hex) and ``created_at`` now."""
+    return Manifest(
+        local_run_id=uuid.uuid4().hex,
+        run_name=run_name,
+        created_at=utc_now_iso(),
+        inputs=inputs,
+        provenance=provenance,
+    )
+
+
+def read_manifest(path: Path) -> Manifest:
+    """Read and check ``manifest.json`` (schema version, object shapes)."""
+    try:
+        data = json.loads(Path(path).read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise LocalEvalError(
+            f"{path} is unreadable: {exc}. Start a new run with --fresh."
+        ) from None
+    if not isinstance(data, dict):
+        raise LocalEvalError(
+            f"{path} is unreadable: not a JSON object. Start a new run with --fresh."
+        )
+    version = data.get("schema_version")
+    if version != STATE_SCHEMA:
+        raise LocalEvalError(
+            f"{path} was written by state schema version {version}; this SDK writes version "
+            f"{STATE_SCHEMA}. Start a new run with --fresh."
+        )
+    inputs = data.get("inputs")
+    if not isinstance(inputs, dict):
+        raise LocalEvalError(
+            f"{path} is unreadable: inputs must be an object. Start a new run with --fresh."
+        )
+    provenance = data.get("provenance")
+    return Manifest(
+        local_run_id=str(data.get("local_run_id", "")),
+        run_name=str(data.get("run_name", "")),
+        created_at=str(data.get("created_at", "")),
+        inputs=inputs,
+        provenance=provenance if isinstance(provenance, dict) else {},
+    )
+
+
+def changed_groups(old: dict[str, Any], new: dict[str, Any]) -> list[str]:
+    """Sorted top-level input keys whose values differ (added or removed keys included)."""
+    return sorted(k for k in set(old) | set(new) if old.get(k, _MISSING) != new.get(k, _MISSING))
+
+
+def changed_inputs_message(name: str, groups: list[str]) -> str:
+    """The exact refusal text of §4.2."""
+    return (
+        f"run '{name}' was created with different resolved inputs, so resuming it would mix "
+        f"versions inside one set of metrics. Changed: {', '.join(groups)}. Restart under the "
+        "same name with --fresh (the previous results are archived, never deleted)."
+    )
+
+
+def archive_run_dir(run_dir: Path, now: datetime | None = None) -> Path:
+    """Rename ``run_dir`` to ``<name>.archive-<UTC YYYYMMDDTHHMMSSZ>[-k]`` and fsync the parent."""
+    stamp = (now or datetime.now(UTC)).astimezone(UTC).strftime("%Y%m%dT%H%M%SZ")
+    base = run_dir.parent / f"{run_dir.name}.archive-{stamp}"
+    target = base
+    suffix = 0
+    while target.exists() or target.is_symlink():
+        suffix += 1
+        target = base.with_name(f"{base.name}-{suffix}")
+    os.replace(run_dir, target)
+    fsync_dir(run_dir.parent)
+    return target
+
+
+@dataclass(frozen=True)
+class GateOutcome:
+    """What the manifest gate did: the manifest in force, whether it was created, any archive."""
+
+    manifest: Manifest
+    created: bool
+    archived_to: Path | None = None
+
+
+def manifest_gate(
+    run_dir: Path,
+    run_name: str,
+    inputs: dict[str, Any],
+    provenance: dict[str, Any],
+    *,
+    fresh: bool,
+) -> GateOutcome:
+    """Open, archive-then-create, or create the run's manifest (§4.2). Call under the run lock.
+
+    With an existing manifest and no ``fresh``: inputs must match (else ConflictError with the
+    ``Changed: ...`` message; nothing is written). With ``fresh``: the directory is archived
+    first. A directory without a manifest is reused.
+    """
+    if run_dir.is_symlink():
+        raise ConflictError(
+            f"run directory {run_dir} is a symbolic link; refusing to use it. Remove the link "
+            "or choose a different --name."
+        )
+    manifest_path = run_dir / MANIFEST_NAME
+    archived: Path | None = None
+    if manifest_path.exists():
+        if fresh:
+            archived = archive_run_dir(run_dir)
+        else:
+            existing = read_manifest(manifest_path)
+            groups = changed_groups(existing.inputs, inputs)
+            if groups:
+                raise ConflictError(
+                    changed_inputs_message(run_name, groups), details={"changed": groups}
+                )
+            return GateOutcome(manifest=existing, created=False)
+    ensure_dir(run_dir / "rollout_trials")
+    manifest = new_manifest(run_name, inputs, provenance)
+    atomic_write_json(manifest_path, manifest.to_dict())
+    return GateOutcome(manifest=manifest, created=True, archived_to=archived)

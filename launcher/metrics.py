@@ -1,0 +1,150 @@
+"""Metrics (runner.md §6.2, §3.6): pure functions over index rows, plus O(1) live counters.
+
+Skipped rows are counted and otherwise excluded; failed rows are scored non-passing attempts
+unless they carry a reward meeting the threshold.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+__all__ = ["LiveCounters", "aggregate_metrics", "pass_at_k", "pass_at_k_estimate", "reward_stats"]
+
+
+def _numeric(value: Any) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def reward_stats(rewards: list[float]) -> dict[str, float] | None:
+    """``{mean, median, std (population), min, max}`` or None when there is no reward."""
+    if not rewards:
+        return None
+    return {
+        "mean": statistics.fmean(rewards),
+        "median": float(statistics.median(rewards)),
+        "std": statistics.pstdev(rewards) if len(rewards) > 1 else 0.0,
+        "min": float(min(rewards)),
+        "max": float(max(rewards)),
+    }
+
+
+def pass_at_k_estimate(attempts: int, passes: int, k: int) -> float:
+    """The unbiased pass@k estimator for one row: 1 - C(a-p, k) / C(a, k)."""
+    if attempts - passes < k:
+        return 1.0
+    product = 1.0
+    for i in range(k):
+        product *= (attempts - passes - i) / (attempts - i)
+    return 1.0 - product
+
+
+def pass_at_k(per_row: Mapping[int, tuple[int, int]], n_runs: int) -> list[dict[str, Any]]:
+    """Mean pass@k over rows with ``attempts >= k`` for k = 1, 2, 4, ... <= ``n_runs``.
+
+    ``per_row`` maps a row index to ``(attempts, passes)`` (skipped attempts excluded).
+    A k with no eligible row is dropped.
+    """
+    points: list[dict[str, Any]] = []
+    k = 1
+    while k <= n_runs:
+        values = [pass_at_k_estimate(a, p, k) for a, p in per_row.values() if a >= k]
+        if values:
+            points.append({"k": k, "value": sum(values) / len(values)})
+        k *= 2
+    return points
+
+
+def aggregate_metrics(rows: Iterable[Mapping[str, Any]], pass_threshold: float) -> dict[str, Any]:
+    """``metrics.json.summary`` from index rows (one per work item with a record), key order §6.2."""
+    total = skipped = failed = graded = passed = tokens_used = 0
+    rewards: list[float] = []
+    per_row: dict[int, list[int]] = {}
+    max_run = -1
+    for row in rows:
+        total += 1
+        tokens = row.get("tokens")
+        if isinstance(tokens, int) and not isinstance(tokens, bool):
+            tokens_used += tokens
+        run_index = row.get("run_index", 0)
+        max_run = max(max_run, run_index)
+        status = row.get("status")
+        if status == "skipped":
+            skipped += 1
+            continue
+        if status == "failed":
+            failed += 1
+        counts = per_row.setdefault(row["row_index"], [0, 0])
+        counts[0] += 1
+        reward = row.get("reward")
+        if _numeric(reward):
+            graded += 1
+            rewards.append(float(reward))
+            if reward >= pass_threshold:
+                passed += 1
+                counts[1] += 1
+    completed = total - skipped
+    summary: dict[str, Any] = {
+        "total_samples": total,
+        "completed_samples": completed,
+        "graded": graded,
+        "passed": passed,
+        "failed": failed,
+        "skipped": skipped,
+        "pass_rate": passed / completed if completed else 0,
+        "pass_threshold": float(pass_threshold),
+        "tokens_used": tokens_used,
+    }
+    stats = reward_stats(rewards)
+    if stats is not None:
+        summary["reward_stats"] = stats
+    n_runs = max_run + 1
+    if n_runs >= 2:
+        summary["n_runs"] = n_runs
+        points = pass_at_k({r: (a, p) for r, (a, p) in per_row.items()}, n_runs)
+        if len(points) >= 2:
+            summary["pass_at_k"] = points
+    return summary
+
+
+@dataclass
+class LiveCounters:
+    """Counts over the latest record per work item, updated in O(1) per result (§6.2 live rate).
+
+    Call :meth:`apply` with the new record's fields and the fields of the record it supersedes
+    (None for a first record), so ``--retry-failed`` replacements are counted once.
+    """
+
+    pass_threshold: float = 1.0
+    completed: int = 0
+    skipped: int = 0
+    failed: int = 0
+    succeeded: int = 0
+    passed: int = 0
+
+    def _delta(self, status: str, reward: Any, sign: int) -> None:
+        self.completed += sign
+        if status == "skipped":
+            self.skipped += sign
+            return
+        if status == "failed":
+            self.failed += sign
+        elif status == "success":
+            self.succeeded += sign
+        if _numeric(reward) and reward >= self.pass_threshold:
+            self.passed += sign
+
+    def apply(self, status: str, reward: Any, previous: tuple[str, Any] | None = None) -> None:
+        """Count a new latest record, removing the superseded ``(status, reward)`` if any."""
+        if previous is not None:
+            self._delta(previous[0], previous[1], -1)
+        self._delta(status, reward, +1)
+
+    @property
+    def pass_rate(self) -> float:
+        """``passed / (completed - skipped)``, or 0.0 when nothing was scored."""
+        scored = self.completed - self.skipped
+        return self.passed / scored if scored else 0.0

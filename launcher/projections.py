@@ -1,0 +1,283 @@
+"""Projections of the journal (runner.md §3.4, §3.7; seed): index/summary rows, trajectory
+checks with token fallbacks, and the safe ``trajectories/`` and ``artifacts/`` copies.
+
+Everything here is derived from the journal plus ``rollout_trials/``, so it can be rebuilt at
+any time; per finished item only that item's files are touched.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from launcher.atomic import atomic_copy_file
+from launcher.journal import TerminalRecord
+
+__all__ = [
+    "ARTIFACT_MAX_BYTES",
+    "INDEX_KEYS",
+    "TRAJECTORY_FILENAME",
+    "SafeArtifacts",
+    "index_line",
+    "index_row",
+    "load_valid_trajectory",
+    "project_item",
+    "projection_stem",
+    "safe_artifacts",
+    "trajectory_identity",
+    "trajectory_usage",
+]
+
+TRAJECTORY_FILENAME = "trajectory.json"
+# Per-file cap for projection copies: a runaway artifact must not double its disk use here.
+# The canonical copy under rollout_trials/ is untouched.
+ARTIFACT_MAX_BYTES = 64 * 1024 * 1024
+INDEX_KEYS = (
+    "row_index",
+    "run_index",
+    "rollout_id",
+    "trajectory_filename",
+    "status",
+    "reward",
+    "tokens",
+    "max_context_tokens",
+    "duration_ms",
+    "error_type",
+    "resumed",
+)
+
+Warn = Callable[[str, dict[str, Any]], None]
+
+
+def projection_stem(row_index: int, run_index: int) -> str:
+    """``row_<r>_run_<k>``: the name of an item's projection files."""
+    return f"row_{row_index}_run_{run_index}"
+
+
+def trajectory_identity(doc: dict[str, Any]) -> str | None:
+    """The ATIF rollout identity: ``extra.osmosis.rollout_id``, else ``session_id``, else the
+    part of ``trajectory_id`` before its first ``/`` (an id without ``/`` does not count)."""
+    extra = doc.get("extra")
+    if isinstance(extra, dict):
+        osmosis = extra.get("osmosis")
+        if isinstance(osmosis, dict) and isinstance(osmosis.get("rollout_id"), str):
+            return osmosis["rollout_id"]
+    if isinstance(doc.get("session_id"), str):
+        return doc["session_id"]
+    trajectory_id = doc.get("trajectory_id")
+    if isinstance(trajectory_id, str) and "/" in trajectory_id:
+        return trajectory_id.split("/", 1)[0]
+    return None
+
+
+def load_valid_trajectory(trials_dir: Path, rollout_id: str) -> dict[str, Any] | None:
+    """The parsed ``rollout_trials/<id>/trajectory.json`` if it is a real file holding a JSON
+    object whose identity is ``rollout_id``; None otherwise (symlinks are never followed)."""
+    trial = trials_dir / rollout_id
+    if trial.is_symlink() or not trial.is_dir():
+        return None
+    try:
+        fd = os.open(trial / TRAJECTORY_FILENAME, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0))
+    except OSError:
+        return None
+    try:
+        with os.fdopen(fd, "rb") as fh:
+            doc = json.loads(fh.read())
+    except (OSError, ValueError):
+        return None
+    if not isinstance(doc, dict) or trajectory_identity(doc) != rollout_id:
+        return None
+    return doc
+
+
+def _int(value: Any) -> int | None:
+    return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+
+def trajectory_usage(doc: dict[str, Any]) -> tuple[int | None, int | None]:
+    """Fallback ``(tokens, max_context_tokens)`` from ATIF metrics.
+
+    tokens = ``final_metrics.total_prompt_tokens + total_completion_tokens`` (whichever are
+    ints); max_context_tokens = the largest ``prompt_tokens + completion_tokens`` of a step's
+    ``metrics``. Each is None when the document reports nothing usable.
+    """
+    tokens: int | None = None
+    final = doc.get("final_metrics")
+    if isinstance(final, dict):
+        parts = [_int(final.get("total_prompt_tokens")), _int(final.get("total_completion_tokens"))]
+        present = [p for p in parts if p is not None]
+        if present:
+            tokens = sum(present)
+    max_context: int | None = None
+    steps = doc.get("steps")
+    if isinstance(steps, list):
+        for step in steps:
+            metrics = step.get("metrics") if isinstance(step, dict) else None
+            if not isinstance(metrics, dict):
+                continue
+            parts = [_int(metrics.get("prompt_tokens")), _int(metrics.get("completion_tokens"))]
+            present = [p for p in parts if p is not None]
+            if present:
+                value = sum(present)
+                max_context = value if max_context is None else max(max_context, value)
+    return tokens, max_context
+
+
+def index_row(
+    record: TerminalRecord, trajectory: dict[str, Any] | None, *, resumed: bool
+) -> dict[str, Any]:
+    """One index.jsonl row in §3.4 key order, None values left out.
+
+    ``tokens``/``max_context_tokens`` come from the journal record, falling back to the valid
+    trajectory's metrics when the bridge saw no usage.
+    """
+    tokens, max_context = record.tokens, record.max_context_tokens
+    if trajectory is not None and (tokens is None or max_context is None):
+        fallback_tokens, fallback_max = trajectory_usage(trajectory)
+        tokens = fallback_tokens if tokens is None else tokens
+        max_context = fallback_max if max_context is None else max_context
+    values: dict[str, Any] = {
+        "row_index": record.row_index,
+        "run_index": record.run_index,
+        "rollout_id": record.rollout_id,
+        "trajectory_filename": TRAJECTORY_FILENAME if trajectory is not None else None,
+        "status": record.status,
+        "reward": float(record.reward) if record.reward is not None else None,
+        "tokens": tokens,
+        "max_context_tokens": max_context,
+        "duration_ms": float(record.duration_ms or 0.0),
+        "error_type": record.error_type,
+        "resumed": True if resumed else None,
+    }
+    return {k: values[k] for k in INDEX_KEYS if values[k] is not None}
+
+
+def index_line(row: dict[str, Any]) -> bytes:
+    """An index.jsonl line: default separators, UTF-8 text kept, NaN refused, newline."""
+    return (json.dumps(row, ensure_ascii=False, allow_nan=False) + "\n").encode("utf-8")
+
+
+@dataclass
+class SafeArtifacts:
+    """Artifact files that may be copied (relative POSIX path -> source) and why others were not."""
+
+    files: dict[str, Path]
+    skipped: list[tuple[str, str]]
+
+
+def safe_artifacts(root: Path) -> SafeArtifacts:
+    """List the safe regular files under an ``artifacts/`` root (§3.7), sorted.
+
+    Skipped (with a reason): a symlinked root (everything), symlinks, non-files, odd path parts,
+    a top-level ``manifest.json``, anything resolving outside the root, files over
+    :data:`ARTIFACT_MAX_BYTES`.
+    """
+    result = SafeArtifacts(files={}, skipped=[])
+    if root.is_symlink():
+        result.skipped.append((".", "artifacts root is a symbolic link"))
+        return result
+    if not root.is_dir():
+        return result
+    real_root = root.resolve()
+    for dirpath, dirnames, filenames in os.walk(root):
+        current = Path(dirpath)
+        kept = []
+        for name in sorted(dirnames):
+            rel = (current / name).relative_to(root).as_posix()
+            if (current / name).is_symlink():
+                result.skipped.append((rel, "symbolic link"))
+            else:
+                kept.append(name)
+        dirnames[:] = kept
+        for name in sorted(filenames):
+            path = current / name
+            rel_path = path.relative_to(root)
+            rel = rel_path.as_posix()
+            if any(part in ("", ".", "..") for part in rel_path.parts):
+                result.skipped.append((rel, "unsafe path"))
+            elif path.is_symlink():
+                result.skipped.append((rel, "symbolic link"))
+            elif not path.is_file():
+                result.skipped.append((rel, "not a regular file"))
+            elif rel == "manifest.json":
+                result.skipped.append((rel, "reserved name"))
+            elif not path.resolve().is_relative_to(real_root):
+                result.skipped.append((rel, "outside the artifacts root"))
+            elif path.stat().st_size > ARTIFACT_MAX_BYTES:
+                result.skipped.append((rel, f"larger than {ARTIFACT_MAX_BYTES} bytes"))
+            else:
+                result.files[rel] = path
+    result.files = dict(sorted(result.files.items()))
+    return result
+
+
+def _same_file(src: Path, dst: Path) -> bool:
+    try:
+        a, b = src.stat(), dst.lstat()
+    except OSError:
+        return False
+    return a.st_size == b.st_size and a.st_mtime_ns == b.st_mtime_ns and not dst.is_symlink()
+
+
+def _copy_if_changed(src: Path, dst: Path, *, durable: bool) -> None:
+    if not _same_file(src, dst):
+        atomic_copy_file(src, dst, durable=durable)
+
+
+def project_item(
+    run_dir: Path,
+    record: TerminalRecord,
+    *,
+    trajectory_valid: bool,
+    warn: Warn | None = None,
+    durable: bool = False,
+) -> None:
+    """Make ``trajectories/<stem>.json`` and ``artifacts/<stem>/`` mirror this record's attempt.
+
+    Files already identical (size and mtime) are left alone, stale files are removed, so the
+    same call serves the per-item update and the full refresh at start and finalize. Unsafe
+    artifacts are skipped with ``warn(message, details)``; nothing here is fatal for the run
+    except I/O errors on the run directory itself.
+    """
+    stem = projection_stem(record.row_index, record.run_index)
+    trial = run_dir / "rollout_trials" / record.rollout_id
+    traj_dst = run_dir / "trajectories" / f"{stem}.json"
+    if trajectory_valid:
+        _copy_if_changed(trial / TRAJECTORY_FILENAME, traj_dst, durable=durable)
+    elif traj_dst.exists() or traj_dst.is_symlink():
+        traj_dst.unlink()
+
+    art_dst = run_dir / "artifacts" / stem
+    safe = (
+        safe_artifacts(trial / "artifacts")
+        if not trial.is_symlink()
+        else SafeArtifacts(files={}, skipped=[(".", "trial directory is a symbolic link")])
+    )
+    if warn is not None:
+        for rel, reason in safe.skipped:
+            warn(
+                "skipped an unsafe artifact",
+                {"rollout_id": record.rollout_id, "path": rel, "reason": reason},
+            )
+    if art_dst.is_symlink():
+        art_dst.unlink()
+    if art_dst.is_dir():
+        for dirpath, _dirnames, filenames in os.walk(art_dst, topdown=False):
+            current = Path(dirpath)
+            for name in filenames:
+                rel = (current / name).relative_to(art_dst).as_posix()
+                if rel not in safe.files:
+                    (current / name).unlink()
+            if current != art_dst and not any(current.iterdir()):
+                current.rmdir()
+    elif art_dst.exists():
+        art_dst.unlink()
+    for rel, src in safe.files.items():
+        _copy_if_changed(src, art_dst / rel, durable=durable)
+    if art_dst.is_dir() and not safe.files:
+        shutil.rmtree(art_dst)

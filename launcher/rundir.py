@@ -1,0 +1,543 @@
+"""The run directory (runner.md §3, §4; seed): lock, manifest gate, journal, projections.
+
+Typical use by the supervisor::
+
+    lock = RunLock.acquire(output_root, name)          # held for the whole named run
+    ... reap orphans of output_root / name ...
+    rd = RunDirectory.open(output_root=..., name=..., inputs=..., provenance=..., fresh=...,
+                           meta=RunMeta(...), selected_rows=selection.rows, redactor=...)
+    items = rd.pending_items(selection.rows, meta.n, retry_failed)
+    ... for each finished item: await rd.record_result(record, wait_for_trajectory=...) ...
+    result = rd.finalize(cancelled=...)
+    rd.close(); lock.release()
+
+The journal is the only authority: ``index.jsonl``/``summary.jsonl`` get one appended line per
+finished item (O(1)), ``metrics.json`` is refreshed at most every ``metrics_interval_s``, and
+every projection is rebuilt from the journal in one pass at open and at finalize.
+"""
+
+from __future__ import annotations
+
+import errno
+import fcntl
+import os
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+from types import TracebackType
+from typing import Any
+
+import msgspec
+import trio
+
+from launcher.atomic import atomic_write_bytes, atomic_write_json, ensure_dir
+from launcher.dataset import SelectedRow, dataset_rows_jsonl
+from launcher.errors import ConflictError
+from launcher.journal import Journal, TerminalRecord, WorkKey
+from launcher.logs import RunLog, utc_now_iso
+from launcher.manifest import GateOutcome, Manifest, manifest_gate
+from launcher.metrics import LiveCounters, aggregate_metrics
+from launcher.names import validate_run_name
+from launcher.projections import index_line, index_row, load_valid_trajectory, project_item
+from launcher.redact import Redactor
+
+__all__ = [
+    "FailedRow",
+    "FinalizeResult",
+    "RunDirectory",
+    "RunLock",
+    "RunMeta",
+    "WorkItem",
+    "compute_pending",
+    "lock_path",
+]
+
+TRAJECTORY_GRACE_S = 30.0
+TRAJECTORY_POLL_S = 0.2
+
+
+@dataclass(frozen=True)
+class WorkItem:
+    """One unit of work: run ``run_index`` of selected row ``row_index``."""
+
+    row_index: int
+    run_index: int
+    source_row_index: int
+
+
+@dataclass(frozen=True)
+class RunMeta:
+    """Facts about this invocation that projections and metrics need (not all are locked)."""
+
+    n: int
+    pass_threshold: float
+    sampled_rows: int
+    total_dataset_rows: int
+    dataset_name: str
+    model_name: str
+    rollout_name: str
+
+    @property
+    def total_work_items(self) -> int:
+        """``sampled_rows × n``."""
+        return self.sampled_rows * self.n
+
+
+@dataclass(frozen=True)
+class FailedRow:
+    """A work item whose latest record is not ``success`` (failed or skipped), for §10.4."""
+
+    row_index: int
+    source_row_index: int | None
+    run_index: int
+    rollout_id: str
+    status: str
+    error_type: str | None
+    rollout_dir: Path
+
+
+@dataclass
+class FinalizeResult:
+    """What :meth:`RunDirectory.finalize` wrote, for the results table and the envelope."""
+
+    metrics: dict[str, Any]
+    complete: bool
+    total_work_items: int
+    recorded: int
+    succeeded: int
+    failed: int
+    skipped: int
+    resumed: int
+    duration_ms: float
+    failed_rows: list[FailedRow] = field(default_factory=list)
+
+    @property
+    def summary(self) -> dict[str, Any]:
+        """``metrics.json.summary``."""
+        return self.metrics["summary"]
+
+
+def lock_path(output_root: Path, name: str) -> Path:
+    """``<output_root>/.locks/<name>.lock`` (outside the run directory, §3.10)."""
+    return Path(output_root) / ".locks" / f"{name}.lock"
+
+
+class RunLock:
+    """The exclusive, non-blocking ``flock`` of a named run. Never deleted; released on close."""
+
+    def __init__(self, path: Path, fd: int) -> None:
+        self.path = path
+        self._fd = fd
+
+    @classmethod
+    def try_acquire(cls, output_root: Path, name: str) -> RunLock | None:
+        """Take the lock, or return None when another holder has it."""
+        path = lock_path(output_root, name)
+        ensure_dir(path.parent)
+        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError as exc:
+            os.close(fd)
+            if exc.errno in (errno.EAGAIN, errno.EACCES, errno.EWOULDBLOCK):
+                return None
+            raise
+        return cls(path, fd)
+
+    @classmethod
+    def acquire(
+        cls, output_root: Path, name: str, *, command: str = "rollbridge eval run"
+    ) -> RunLock:
+        """Take the lock or raise ConflictError naming the lock file."""
+        lock = cls.try_acquire(output_root, name)
+        if lock is None:
+            raise ConflictError(
+                f"another `{command}` already holds {lock_path(output_root, name)}. "
+                "Wait for it to finish, or use a different --name."
+            )
+        return lock
+
+    def release(self) -> None:
+        """Unlock and close (idempotent)."""
+        if self._fd >= 0:
+            try:
+                fcntl.flock(self._fd, fcntl.LOCK_UN)
+            finally:
+                os.close(self._fd)
+                self._fd = -1
+
+    def __enter__(self) -> RunLock:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.release()
+
+
+def compute_pending(
+    latest: dict[WorkKey, TerminalRecord],
+    selected_rows: Sequence[SelectedRow],
+    n: int,
+    retry_failed: bool,
+) -> list[WorkItem]:
+    """Items without a terminal record (plus failed/skipped ones with ``retry_failed``), in
+    selection order, row-major then run_index (§4.6)."""
+    pending: list[WorkItem] = []
+    for row in selected_rows:
+        for run_index in range(n):
+            record = latest.get((row.row_index, run_index))
+            if record is None or (retry_failed and record.status in ("failed", "skipped")):
+                pending.append(WorkItem(row.row_index, run_index, row.source_row_index))
+    return pending
+
+
+class RunDirectory:
+    """An open run directory. Create it with :meth:`open` while holding the :class:`RunLock`."""
+
+    def __init__(
+        self,
+        *,
+        path: Path,
+        name: str,
+        gate: GateOutcome,
+        log: RunLog,
+        journal: Journal,
+        meta: RunMeta,
+        metrics_interval_s: float,
+    ) -> None:
+        self.path = path
+        self.name = name
+        self.gate = gate
+        self.log = log
+        self.journal = journal
+        self.meta = meta
+        self.started_at = utc_now_iso()
+        self._t0 = time.monotonic()
+        self._metrics_interval_s = metrics_interval_s
+        self._last_metrics = -float("inf")
+        self._fresh: set[WorkKey] = set()
+        self._rows: dict[WorkKey, dict[str, Any]] = {}
+        self._expected = frozenset((r, k) for r in range(meta.sampled_rows) for k in range(meta.n))
+        self.counters = LiveCounters(pass_threshold=meta.pass_threshold)
+        for key, record in journal.latest.items():
+            if key in self._expected:
+                self.counters.apply(record.status, record.reward)
+        self._projection_lock = trio.Lock()
+
+    @classmethod
+    def open(
+        cls,
+        *,
+        output_root: Path,
+        name: str,
+        inputs: dict[str, Any],
+        provenance: dict[str, Any],
+        fresh: bool,
+        meta: RunMeta,
+        selected_rows: Sequence[SelectedRow],
+        redactor: Redactor,
+        echo: Callable[[str], None] | None = None,
+        metrics_interval_s: float = 1.0,
+    ) -> RunDirectory:
+        """Gate, open the log and journal, write ``dataset_rows.jsonl``, refresh projections.
+
+        Blocking (file I/O); call it before dispatch or via ``trio.to_thread.run_sync``.
+        A ``Changed: ...`` refusal or a corrupt journal raises before anything is modified.
+        ``self.gate.archived_to`` tells whether ``--fresh`` archived a previous directory.
+        """
+        validate_run_name(name)
+        run_dir = Path(output_root) / name
+        gate = manifest_gate(run_dir, name, inputs, provenance, fresh=fresh)
+        # A corrupt journal must refuse the run before the log or projections are touched.
+        journal = Journal.open(run_dir / "events.jsonl")
+        redactor.add_known_env(os.environ)
+        log = RunLog(run_dir / "logs.txt", redactor, echo)
+        if journal.torn_bytes:
+            log.warning(
+                "resume",
+                "discarded a partial trailing journal record",
+                {"bytes": journal.torn_bytes},
+            )
+        rd = cls(
+            path=run_dir,
+            name=name,
+            gate=gate,
+            log=log,
+            journal=journal,
+            meta=meta,
+            metrics_interval_s=metrics_interval_s,
+        )
+        try:
+            rd._write_dataset_rows(selected_rows)
+            rd._write_progress()
+            rd._rebuild(status="running")
+        except BaseException:
+            rd.close()
+            raise
+        return rd
+
+    # -- facts -----------------------------------------------------------------------------
+
+    @property
+    def manifest(self) -> Manifest:
+        """The manifest in force (created now or read from disk)."""
+        return self.gate.manifest
+
+    @property
+    def trials_dir(self) -> Path:
+        """``<run_dir>/rollout_trials``: the rollout server's artifact root."""
+        return self.path / "rollout_trials"
+
+    @property
+    def logs_path(self) -> Path:
+        """``<run_dir>/logs.txt``."""
+        return self.path / "logs.txt"
+
+    def trial_dir(self, rollout_id: str) -> Path:
+        """``rollout_trials/<rollout_id>``."""
+        return self.trials_dir / rollout_id
+
+    @property
+    def recorded_count(self) -> int:
+        """Work items (of this selection) that have any terminal record."""
+        return sum(1 for key in self.journal.latest if key in self._expected)
+
+    @property
+    def resumed_count(self) -> int:
+        """Recorded items whose latest record was not produced by this invocation."""
+        return sum(
+            1 for key in self.journal.latest if key in self._expected and key not in self._fresh
+        )
+
+    def pending_items(
+        self, selected_rows: Sequence[SelectedRow], n: int, retry_failed: bool
+    ) -> list[WorkItem]:
+        """See :func:`compute_pending` (uses the replayed journal)."""
+        return compute_pending(self.journal.latest, selected_rows, n, retry_failed)
+
+    def is_complete(self) -> bool:
+        """Every expected work item has a terminal record."""
+        return self.recorded_count == len(self._expected)
+
+    # -- per item ----------------------------------------------------------------------------
+
+    async def record_result(
+        self,
+        record: TerminalRecord,
+        *,
+        wait_for_trajectory: bool = False,
+        trajectory_grace_s: float = TRAJECTORY_GRACE_S,
+    ) -> None:
+        """Commit one terminal result, then update projections for this item only.
+
+        Order: journal append + fsync (the result counts from here), live counters, optional
+        wait (up to ``trajectory_grace_s``) for the rollout's trajectory when its outcome
+        carried a sample, this item's index/summary line and projection copies, a throttled
+        ``metrics.json`` refresh, and the ``work item finished`` log line. Only the journal
+        step can raise; projection problems are logged, since a rebuild repairs them.
+        ``error_type`` is redacted before it is journaled.
+        """
+        if record.error_type:
+            # error_type may carry the rollout's own error text; secrets never reach a file.
+            record = msgspec.structs.replace(
+                record, error_type=self.log.redactor(record.error_type)
+            )
+        previous = self.journal.latest.get(record.key)
+        await self.journal.append(record)
+        self._fresh.add(record.key)
+        if record.key in self._expected:
+            prev = (previous.status, previous.reward) if previous is not None else None
+            self.counters.apply(record.status, record.reward, prev)
+        if wait_for_trajectory:
+            await self._wait_for_trajectory(record.rollout_id, trajectory_grace_s)
+        async with self._projection_lock:
+            try:
+                await trio.to_thread.run_sync(self._project_one, record)
+            except OSError as exc:
+                self.log.error(
+                    "result",
+                    "could not update projections; they are rebuilt at finalize",
+                    {"error": f"{type(exc).__name__}: {exc}", "rollout_id": record.rollout_id},
+                )
+        self.log.info(
+            "result",
+            "work item finished",
+            {
+                "reward": record.reward,
+                "rollout_id": record.rollout_id,
+                "row_index": record.row_index,
+                "run_index": record.run_index,
+                "status": record.status,
+            },
+        )
+
+    async def _wait_for_trajectory(self, rollout_id: str, grace_s: float) -> None:
+        with trio.move_on_after(grace_s):
+            while True:
+                found = await trio.to_thread.run_sync(
+                    load_valid_trajectory, self.trials_dir, rollout_id
+                )
+                if found is not None:
+                    return
+                await trio.sleep(TRAJECTORY_POLL_S)
+        self.log.warning(
+            "trajectory",
+            "no parseable trajectory within the archive grace period",
+            {"rollout_dir": str(self.trial_dir(rollout_id)), "rollout_id": rollout_id},
+        )
+
+    def _project_one(self, record: TerminalRecord) -> None:
+        if record.key not in self._expected:
+            return
+        trajectory = load_valid_trajectory(self.trials_dir, record.rollout_id)
+        row = index_row(record, trajectory, resumed=False)
+        self._rows[record.key] = row
+        line = index_line(row)
+        for name in ("index.jsonl", "summary.jsonl"):
+            fd = os.open(self.path / name, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+            try:
+                os.write(fd, line)
+            finally:
+                os.close(fd)
+        project_item(self.path, record, trajectory_valid=trajectory is not None, warn=self._warn)
+        now = time.monotonic()
+        if now - self._last_metrics >= self._metrics_interval_s:
+            self._last_metrics = now
+            self._write_metrics("running", durable=False)
+
+    def _warn(self, message: str, details: dict[str, Any]) -> None:
+        self.log.warning("trajectory", message, details)
+
+    # -- whole-run snapshots -------------------------------------------------------------
+
+    def _write_dataset_rows(self, selected_rows: Sequence[SelectedRow]) -> None:
+        data = dataset_rows_jsonl(selected_rows)
+        target = self.path / "dataset_rows.jsonl"
+        try:
+            existing = target.read_bytes()
+        except FileNotFoundError:
+            existing = None
+        if existing == data:
+            return
+        if existing is not None:
+            self.log.warning(
+                "resume", "dataset_rows.jsonl did not match the selected rows; rewrote it"
+            )
+        atomic_write_bytes(target, data)
+
+    def _write_progress(self) -> None:
+        atomic_write_json(
+            self.path / "progress.json",
+            {
+                "total_runs": self.meta.total_work_items,
+                "sampled_rows": self.meta.sampled_rows,
+                "total_dataset_rows": self.meta.total_dataset_rows,
+            },
+        )
+
+    def _latest_expected(self) -> list[TerminalRecord]:
+        return [self.journal.latest[k] for k in sorted(self.journal.latest) if k in self._expected]
+
+    def _metrics_doc(
+        self, status: str, duration_ms: float, completed_at: str | None
+    ) -> dict[str, Any]:
+        rows = [self._rows[k] for k in sorted(self._rows)]
+        eval_run: dict[str, Any] = {
+            "id": self.manifest.local_run_id,
+            "status": status,
+            "name": self.name,
+            "dataset_name": self.meta.dataset_name,
+            "model_name": self.meta.model_name,
+            "rollout_name": self.meta.rollout_name,
+            "duration_ms": duration_ms,
+            "started_at": self.started_at,
+        }
+        if completed_at is not None:
+            eval_run["completed_at"] = completed_at
+        return {"eval_run": eval_run, "summary": aggregate_metrics(rows, self.meta.pass_threshold)}
+
+    def _write_metrics(
+        self,
+        status: str,
+        *,
+        duration_ms: float = 0.0,
+        completed_at: str | None = None,
+        durable: bool = True,
+    ) -> dict[str, Any]:
+        doc = self._metrics_doc(status, duration_ms, completed_at)
+        atomic_write_json(self.path / "metrics.json", doc, durable=durable)
+        return doc
+
+    def _rebuild(
+        self, *, status: str, duration_ms: float = 0.0, completed_at: str | None = None
+    ) -> dict[str, Any]:
+        """One pass over the journal: index/summary, every item's projection, metrics.json."""
+        rows: dict[WorkKey, dict[str, Any]] = {}
+        for record in self._latest_expected():
+            trajectory = load_valid_trajectory(self.trials_dir, record.rollout_id)
+            rows[record.key] = index_row(record, trajectory, resumed=record.key not in self._fresh)
+            project_item(
+                self.path, record, trajectory_valid=trajectory is not None, warn=self._warn
+            )
+        self._rows = rows
+        data = b"".join(index_line(rows[k]) for k in sorted(rows))
+        atomic_write_bytes(self.path / "index.jsonl", data)
+        atomic_write_bytes(self.path / "summary.jsonl", data)
+        self._last_metrics = time.monotonic()
+        return self._write_metrics(status, duration_ms=duration_ms, completed_at=completed_at)
+
+    def failed_rows(self) -> list[FailedRow]:
+        """Latest records that are not ``success``, sorted by ``(row_index, run_index)``."""
+        return [
+            FailedRow(
+                row_index=r.row_index,
+                source_row_index=r.source_row_index,
+                run_index=r.run_index,
+                rollout_id=r.rollout_id,
+                status=r.status,
+                error_type=r.error_type,
+                rollout_dir=self.trial_dir(r.rollout_id),
+            )
+            for r in self._latest_expected()
+            if r.status != "success"
+        ]
+
+    def finalize(self, *, cancelled: bool) -> FinalizeResult:
+        """Rebuild every projection from the journal and write the final ``metrics.json``.
+
+        Status is ``finished`` (with ``completed_at``) when every item has a record and the run
+        was not cancelled or halted, else ``incomplete``. Blocking; safe to call more than once.
+        """
+        duration_ms = (time.monotonic() - self._t0) * 1000.0
+        complete = self.is_complete() and not cancelled
+        completed_at = utc_now_iso(datetime.now(UTC)) if complete else None
+        self._write_progress()
+        doc = self._rebuild(
+            status="finished" if complete else "incomplete",
+            duration_ms=duration_ms,
+            completed_at=completed_at,
+        )
+        latest = self._latest_expected()
+        return FinalizeResult(
+            metrics=doc,
+            complete=complete,
+            total_work_items=self.meta.total_work_items,
+            recorded=len(latest),
+            succeeded=sum(1 for r in latest if r.status == "success"),
+            failed=sum(1 for r in latest if r.status == "failed"),
+            skipped=sum(1 for r in latest if r.status == "skipped"),
+            resumed=sum(1 for r in latest if r.key not in self._fresh),
+            duration_ms=duration_ms,
+            failed_rows=self.failed_rows(),
+        )
+
+    def close(self) -> None:
+        """Close the journal and the log (the lock is the caller's)."""
+        self.journal.close()
+        self.log.close()

@@ -1,0 +1,148 @@
+"""The execution backend interface the server runs rollouts through."""
+
+from __future__ import annotations
+
+import abc
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import trio
+
+from .protocol import (
+    CancelDisposition,
+    RolloutErrorCategory,
+    RolloutStatus,
+    is_single_path_segment,
+)
+from .sdk import RolloutSample
+
+__all__ = [
+    "ExecutionBackend",
+    "ExecutionOutcome",
+    "ExecutionRequest",
+    "ExecutionResult",
+    "categorize_exception",
+]
+
+_HTTP_ERROR_CLASSES = frozenset(
+    {
+        "SandboxConnectionException",
+        "SandboxRateLimitException",
+        "PoolStateStoreUnavailableException",
+    }
+)
+_HTTP_STATUS_CLASSES = frozenset({"SandboxApiException", "SandboxAPIError"})
+_HTTP_STATUSES = frozenset({401, 402, 403, 429, 500, 502, 503, 504})
+
+
+def categorize_exception(exc: BaseException) -> RolloutErrorCategory:
+    """The ``err_category`` for an exception raised by user or backend code."""
+    for cls in type(exc).__mro__:
+        if cls.__name__ in _HTTP_ERROR_CLASSES:
+            return RolloutErrorCategory.HTTP_ERROR
+        if cls.__name__ in _HTTP_STATUS_CLASSES:
+            status = getattr(exc, "status_code", None)
+            if isinstance(status, int) and status in _HTTP_STATUSES:
+                return RolloutErrorCategory.HTTP_ERROR
+    if isinstance(exc, TimeoutError | trio.TooSlowError):
+        return RolloutErrorCategory.TIMEOUT
+    if isinstance(exc, ValueError | TypeError | AssertionError):
+        return RolloutErrorCategory.VALIDATION_ERROR
+    return RolloutErrorCategory.AGENT_ERROR
+
+
+@dataclass
+class ExecutionRequest:
+    """One admitted rollout, as handed to :meth:`ExecutionBackend.execute`."""
+
+    id: str
+    prompt: list[dict[str, Any]]
+    label: str | None = None
+    metadata: dict[str, Any] | None = None
+    agent_timeout_sec: float | None = None
+    grader_timeout_sec: float | None = None
+    grade: bool = True
+    rollout_dir: Path | None = None
+    """``<artifact root>/<id>``: where the backend keeps this rollout's files."""
+
+    def __post_init__(self) -> None:
+        if not is_single_path_segment(self.id):
+            raise ValueError("rollout id must be a single path segment")
+
+
+@dataclass
+class ExecutionResult:
+    """The result of one phase (workflow or grader).
+
+    ``extra_fields`` are backend diagnostics: written to ``diagnostics.json``, never sent.
+    """
+
+    status: RolloutStatus
+    sample: RolloutSample | None = None
+    err_message: str | None = None
+    err_category: RolloutErrorCategory | None = None
+    extra_fields: dict[str, Any] | None = None
+
+
+@dataclass
+class ExecutionOutcome:
+    """What :meth:`ExecutionBackend.execute` returns: the workflow result and, if it ran, the
+    grader result."""
+
+    workflow: ExecutionResult
+    grader: ExecutionResult | None = None
+
+    def reported(self) -> ExecutionResult:
+        """The result reported to pollers (protocol.md §9.1)."""
+        if self.workflow.status != RolloutStatus.SUCCESS:
+            if self.workflow.sample is None and self.grader is not None and self.grader.sample:
+                return ExecutionResult(
+                    status=self.workflow.status,
+                    sample=self.grader.sample,
+                    err_message=self.workflow.err_message,
+                    err_category=self.workflow.err_category,
+                    extra_fields=self.workflow.extra_fields,
+                )
+            return self.workflow
+        return self.grader if self.grader is not None else self.workflow
+
+    def saved(self) -> ExecutionResult:
+        """The result the trajectory is saved from: the grader's if it has a sample."""
+        if self.grader is not None and self.grader.sample is not None:
+            return self.grader
+        return self.workflow
+
+
+class ExecutionBackend(abc.ABC):
+    """Runs rollouts for the server. Subclass and implement :meth:`execute`.
+
+    The server sets the ambient :class:`~rollout_server.RolloutContext` before calling
+    :meth:`execute` and cancels the calling task to cancel a rollout (unless
+    :meth:`cancel_rollouts` claims the rollout by returning a disposition for it).
+    """
+
+    @abc.abstractmethod
+    async def execute(self, request: ExecutionRequest) -> ExecutionOutcome:
+        """Run one rollout to its outcome."""
+
+    def has_capacity(self) -> bool:
+        """False makes admission answer 429 with ``Retry-After``."""
+        return True
+
+    def rollout_status(self, rollout_id: str) -> dict[str, Any] | None:
+        """The backend's own view of a rollout, if it tracks one (``{"status": ...}``)."""
+        return None
+
+    def cancel_rollouts(
+        self, ids: list[str] | None = None, prefix: str | None = None, all: bool = False
+    ) -> dict[str, CancelDisposition | str]:
+        """Cancel rollouts the backend manages itself; ``{}`` lets the server cancel its task."""
+        return {}
+
+    def health(self) -> dict[str, Any]:
+        """Fields merged into ``/health`` (capacity, ``chat_endpoint``, ...)."""
+        return {"status": "ok"}
+
+    async def shutdown(self) -> None:  # noqa: B027 - optional hook, empty by default
+        """Release backend resources when the server stops."""

@@ -1,0 +1,504 @@
+"""Async (trio + httpx) client of the long-poll rollout protocol (protocol.md §11).
+
+One :class:`RolloutClient` per server; it shares one pooled :class:`httpx.AsyncClient` across
+all calls (no connection limit, so every in-flight long-poll gets its own connection) and uses
+an explicit timeout per call kind::
+
+    async with RolloutClient("http://127.0.0.1:8000") as client:
+        health = await client.health()                  # Health: body, headers, capacity, ...
+        admission = await client.admit(request)         # retries 429 per Retry-After
+        result = await client.wait_for_result(admission, on_status=print)
+        dispositions = await client.cancel(ids=[request.rollout_id])
+
+Outcomes are typed:
+
+* :class:`RolloutServerUnreachable` — transport failures (connection refused/reset, timeouts)
+  after the protocol's retries: the server is gone or hung, not a protocol answer.
+* :class:`RolloutProtocolError` (``status_code``, ``detail``) — the server answered something
+  the protocol does not accept. Admission refusals are subclasses, one per status:
+  :class:`RolloutIdConflict` (409), :class:`InvalidRolloutRequest` (422),
+  :class:`ServerShuttingDown` (503), :class:`CapacityExhausted` (429, ``retry_after``; only from
+  :meth:`RolloutClient.admit_once`), :class:`AdmissionRejected` for any other code.
+* :class:`RolloutAdmissionTimeout` (a ``TimeoutError``) — 429s did not clear in time.
+
+Retry rules follow the reference client: admission retries only 429 (sleeping ``Retry-After``
+clamped to [0.05, 60] s, 1 s when absent); a result read retries transport errors twice
+(0.1 s, 0.5 s) and 502/503/504 six times (0.25 … 8 s), never past the client's lease deadline.
+"""
+
+from __future__ import annotations
+
+import inspect
+import math
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import Any
+
+import httpx
+import msgspec
+import trio
+
+from .protocol import (
+    INSTANCE_ID_HEADER,
+    LEASE_HEADER,
+    CancelDisposition,
+    RolloutInitRequest,
+    RolloutResultResponse,
+    decode_cancel_response,
+    decode_init_response,
+    decode_result_response,
+)
+
+__all__ = [
+    "Admission",
+    "AdmissionRejected",
+    "CapacityExhausted",
+    "Health",
+    "InvalidRolloutRequest",
+    "RolloutAdmissionTimeout",
+    "RolloutClient",
+    "RolloutClientError",
+    "RolloutIdConflict",
+    "RolloutProtocolError",
+    "RolloutServerUnreachable",
+    "ServerShuttingDown",
+    "health_capacity",
+]
+
+_TRANSPORT_RETRY_DELAYS = (0.1, 0.5)
+_GATEWAY_RETRY_DELAYS = (0.25, 0.5, 1.0, 2.0, 4.0, 8.0)
+_GATEWAY_STATUSES = frozenset({502, 503, 504})
+_RETRIED_TRANSPORT = (httpx.RemoteProtocolError, httpx.NetworkError, httpx.ReadTimeout)
+_encode = msgspec.json.Encoder().encode
+
+
+class RolloutClientError(Exception):
+    """Base of every error this client raises."""
+
+
+class RolloutServerUnreachable(RolloutClientError):
+    """Transport failure (after retries where the protocol allows them)."""
+
+
+class RolloutProtocolError(RolloutClientError):
+    """The server's answer is not one the protocol accepts here."""
+
+    def __init__(self, message: str, *, status_code: int | None = None, detail: Any = None):
+        super().__init__(message)
+        self.status_code = status_code
+        self.detail = detail
+
+
+class AdmissionRejected(RolloutProtocolError):
+    """``POST /rollout`` answered neither 202 nor 429."""
+
+
+class RolloutIdConflict(AdmissionRejected):
+    """409: the id is in flight or still retained on the server."""
+
+
+class InvalidRolloutRequest(AdmissionRejected):
+    """422: the server rejected the request body."""
+
+
+class ServerShuttingDown(AdmissionRejected):
+    """503: the server no longer admits rollouts."""
+
+
+class CapacityExhausted(RolloutProtocolError):
+    """429: the server's queue is full; ``retry_after`` is the clamped delay in seconds."""
+
+    def __init__(self, message: str, *, retry_after: float, detail: Any = None):
+        super().__init__(message, status_code=429, detail=detail)
+        self.retry_after = retry_after
+
+
+class RolloutAdmissionTimeout(RolloutClientError, TimeoutError):
+    """Admission did not succeed in time. ``maybe_admitted`` is true when a POST was in
+    flight when time ran out (the rollout may exist; its lease will expire unpolled)."""
+
+    def __init__(self, message: str, *, maybe_admitted: bool):
+        super().__init__(message)
+        self.maybe_admitted = maybe_admitted
+
+
+_ADMISSION_ERRORS: dict[int, type[AdmissionRejected]] = {
+    409: RolloutIdConflict,
+    422: InvalidRolloutRequest,
+    503: ServerShuttingDown,
+}
+
+
+@dataclass
+class Admission:
+    """An admitted rollout: what polling needs."""
+
+    rollout_id: str
+    token: str
+    result_wait_timeout_sec: float
+    polling_lease_timeout_sec: float
+    lease_deadline: float
+    """``trio.current_time()`` by which the next poll must arrive (client's view)."""
+
+
+def health_capacity(body: dict[str, Any]) -> int | None:
+    """``max_queue_depth`` or ``concurrency.max_concurrent`` if a positive int (not bool)."""
+    value = body.get("max_queue_depth")
+    if value is None:
+        concurrency = body.get("concurrency")
+        value = concurrency.get("max_concurrent") if isinstance(concurrency, dict) else None
+    if isinstance(value, int) and not isinstance(value, bool) and value > 0:
+        return value
+    return None
+
+
+@dataclass
+class Health:
+    """A ``/health`` answer."""
+
+    status_code: int
+    body: dict[str, Any]
+    headers: httpx.Headers
+
+    @property
+    def instance_id(self) -> str | None:
+        """From the ``x-osmosis-rollout-instance-id`` header, else the body."""
+        value = self.headers.get(INSTANCE_ID_HEADER) or self.body.get("instance_id")
+        return value if isinstance(value, str) else None
+
+    @property
+    def process_id(self) -> str | None:
+        value = self.body.get("process_id")
+        return value if isinstance(value, str) and value else None
+
+    @property
+    def accepting_rollouts(self) -> bool | None:
+        lifecycle = self.body.get("lifecycle")
+        value = lifecycle.get("accepting_rollouts") if isinstance(lifecycle, dict) else None
+        return value if isinstance(value, bool) else None
+
+    @property
+    def active_rollouts(self) -> int | None:
+        lifecycle = self.body.get("lifecycle")
+        value = lifecycle.get("active_rollouts") if isinstance(lifecycle, dict) else None
+        ok = isinstance(value, int) and not isinstance(value, bool) and value >= 0
+        return value if ok else None
+
+    @property
+    def capacity(self) -> int | None:
+        """The server's advertised capacity (see :func:`health_capacity`)."""
+        return health_capacity(self.body)
+
+    @property
+    def chat_endpoint(self) -> dict[str, Any] | None:
+        value = self.body.get("chat_endpoint")
+        return value if isinstance(value, dict) else None
+
+    @property
+    def requires_public_url(self) -> bool:
+        """True only when ``chat_endpoint.requires_public_url`` is exactly ``true``."""
+        endpoint = self.chat_endpoint
+        return endpoint is not None and endpoint.get("requires_public_url") is True
+
+
+def _detail(response: httpx.Response) -> Any:
+    try:
+        body = response.json()
+    except ValueError:
+        return response.text[:500]
+    return body.get("detail") if isinstance(body, dict) else body
+
+
+def _retry_after(value: str | None) -> float:
+    try:
+        seconds = float(value) if value is not None else 1.0
+    except ValueError:
+        seconds = 1.0
+    if not math.isfinite(seconds):
+        seconds = 1.0
+    return min(max(seconds, 0.05), 60.0)
+
+
+StatusCallback = Callable[[RolloutResultResponse], Awaitable[None] | None]
+
+
+class RolloutClient:
+    """Client of one rollout server at ``url``.
+
+    ``http_client`` lets callers share a pool (then :meth:`aclose` leaves it open).
+    ``admission_timeout_sec`` bounds :meth:`admit` (``None``: wait forever).
+    """
+
+    def __init__(
+        self,
+        url: str,
+        *,
+        api_key: str | None = None,
+        http_client: httpx.AsyncClient | None = None,
+        admission_timeout_sec: float | None = None,
+        connect_timeout_sec: float = 5.0,
+        health_timeout_sec: float = 5.0,
+        admission_request_timeout_sec: float = 30.0,
+        cancel_timeout_sec: float = 5.0,
+    ) -> None:
+        if api_key is not None and not api_key.strip():
+            raise ValueError("api_key must be a non-blank string")
+        if admission_timeout_sec is not None and not math.isfinite(admission_timeout_sec):
+            raise ValueError("admission_timeout_sec must be finite")
+        self.url = url.rstrip("/")
+        self._headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+        self._owns_client = http_client is None
+        self._http = http_client or httpx.AsyncClient(
+            limits=httpx.Limits(max_connections=None, max_keepalive_connections=None),
+            follow_redirects=False,
+        )
+        self.admission_timeout_sec = admission_timeout_sec
+        self._connect = connect_timeout_sec
+        self._health_timeout = httpx.Timeout(health_timeout_sec)
+        self._admission_timeout = httpx.Timeout(
+            admission_request_timeout_sec, connect=connect_timeout_sec
+        )
+        self._cancel_timeout_sec = cancel_timeout_sec
+
+    async def aclose(self) -> None:
+        """Close the pool (when this client created it)."""
+        if self._owns_client:
+            await self._http.aclose()
+
+    async def __aenter__(self) -> RolloutClient:
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        await self.aclose()
+
+    async def _request(self, method: str, path: str, **kwargs: Any) -> httpx.Response:
+        headers = {**self._headers, **kwargs.pop("headers", {})}
+        try:
+            return await self._http.request(method, self.url + path, headers=headers, **kwargs)
+        except httpx.TransportError as exc:
+            raise RolloutServerUnreachable(
+                f"{method} {path}: {type(exc).__name__}: {exc or 'no details'}"
+            ) from exc
+
+    # -- health -------------------------------------------------------------------------
+
+    async def health(self) -> Health:
+        """``GET /health``; raises unless 200 with a JSON object."""
+        response = await self._request("GET", "/health", timeout=self._health_timeout)
+        if response.status_code != 200:
+            raise RolloutProtocolError(
+                f"GET /health returned {response.status_code}",
+                status_code=response.status_code,
+                detail=_detail(response),
+            )
+        try:
+            body = response.json()
+        except ValueError:
+            body = None
+        if not isinstance(body, dict):
+            raise RolloutProtocolError("GET /health did not return a JSON object", status_code=200)
+        return Health(response.status_code, body, response.headers)
+
+    # -- admission ----------------------------------------------------------------------
+
+    async def admit_once(self, request: RolloutInitRequest) -> Admission:
+        """One ``POST /rollout``. 429 raises :class:`CapacityExhausted`."""
+        body = _encode(request)
+        sent_at = trio.current_time()
+        response = await self._request(
+            "POST",
+            "/rollout",
+            content=body,
+            headers={"Content-Type": "application/json"},
+            timeout=self._admission_timeout,
+        )
+        status = response.status_code
+        if status == 429:
+            raise CapacityExhausted(
+                "POST /rollout returned 429",
+                retry_after=_retry_after(response.headers.get("retry-after")),
+                detail=_detail(response),
+            )
+        if status != 202:
+            error = _ADMISSION_ERRORS.get(status, AdmissionRejected)
+            raise error(
+                f"POST /rollout returned {status}; only 202 and 429 are accepted",
+                status_code=status,
+                detail=_detail(response),
+            )
+        try:
+            accepted = decode_init_response(response.content)
+        except msgspec.MsgspecError as exc:
+            raise RolloutProtocolError(
+                f"POST /rollout: invalid 202 body: {exc}", status_code=202
+            ) from exc
+        if accepted.rollout_id != request.rollout_id:
+            raise RolloutProtocolError(
+                f"POST /rollout: server echoed rollout_id {accepted.rollout_id!r}, "
+                f"expected {request.rollout_id!r}",
+                status_code=202,
+            )
+        return Admission(
+            rollout_id=accepted.rollout_id,
+            token=accepted.polling_lease_token,
+            result_wait_timeout_sec=accepted.result_wait_timeout_sec,
+            polling_lease_timeout_sec=accepted.polling_lease_timeout_sec,
+            lease_deadline=sent_at + accepted.polling_lease_timeout_sec,
+        )
+
+    async def admit(
+        self, request: RolloutInitRequest, *, admission_timeout_sec: float | None = None
+    ) -> Admission:
+        """Admit ``request``, retrying 429 per ``Retry-After`` until admitted or timed out."""
+        limit = admission_timeout_sec if admission_timeout_sec is not None else None
+        if limit is None:
+            limit = self.admission_timeout_sec
+        in_flight = False
+        try:
+            with trio.fail_after(math.inf if limit is None else limit):
+                while True:
+                    in_flight = True
+                    try:
+                        return await self.admit_once(request)
+                    except CapacityExhausted as exc:
+                        in_flight = False
+                        await trio.sleep(exc.retry_after)
+        except trio.TooSlowError:
+            note = (
+                " (a POST was in flight: the rollout may have been admitted)" if in_flight else ""
+            )
+            raise RolloutAdmissionTimeout(
+                f"admission of {request.rollout_id} timed out after {limit}s{note}",
+                maybe_admitted=in_flight,
+            ) from None
+
+    # -- results ------------------------------------------------------------------------
+
+    async def poll_once(self, admission: Admission) -> RolloutResultResponse:
+        """One result read (a long-poll), with the protocol's retries; renews the lease."""
+        path = f"/rollout/{admission.rollout_id}/result"
+        request_timeout = admission.result_wait_timeout_sec + 10.0
+        timeout = httpx.Timeout(request_timeout, connect=self._connect)
+        transport_delays = list(_TRANSPORT_RETRY_DELAYS)
+        gateway_delays = list(_GATEWAY_RETRY_DELAYS)
+        first_failure = True
+        while True:
+            sent_at = trio.current_time()
+            cap = math.inf if first_failure else admission.lease_deadline
+            error: BaseException
+            try:
+                with trio.fail_at(cap):
+                    response = await self._http.get(
+                        self.url + path,
+                        headers={**self._headers, LEASE_HEADER: admission.token},
+                        timeout=timeout,
+                    )
+            except _RETRIED_TRANSPORT as exc:
+                error, delays = exc, transport_delays
+            except httpx.TransportError as exc:
+                raise RolloutServerUnreachable(f"GET {path}: {type(exc).__name__}") from exc
+            except trio.TooSlowError as exc:
+                raise RolloutServerUnreachable(
+                    f"GET {path}: no answer before the polling lease deadline"
+                ) from exc
+            else:
+                if response.status_code == 200:
+                    return self._parse_result(response, admission, sent_at)
+                if response.status_code not in _GATEWAY_STATUSES:
+                    raise RolloutProtocolError(
+                        f"GET {path} returned {response.status_code}",
+                        status_code=response.status_code,
+                        detail=_detail(response),
+                    )
+                error = RolloutProtocolError(
+                    f"GET {path} returned {response.status_code}",
+                    status_code=response.status_code,
+                    detail=_detail(response),
+                )
+                delays = gateway_delays
+            first_failure = False
+            now = trio.current_time()
+            if not delays or now + delays[0] + request_timeout >= admission.lease_deadline:
+                raise _as_client_error(error, path) from error
+            await trio.sleep(delays.pop(0))
+            if trio.current_time() + request_timeout >= admission.lease_deadline:
+                raise _as_client_error(error, path) from error
+
+    def _parse_result(
+        self, response: httpx.Response, admission: Admission, sent_at: float
+    ) -> RolloutResultResponse:
+        try:
+            result = decode_result_response(response.content)
+        except msgspec.MsgspecError as exc:
+            raise RolloutProtocolError(
+                f"GET /rollout/{admission.rollout_id}/result: invalid body: {exc}", status_code=200
+            ) from exc
+        if result.rollout_id != admission.rollout_id:
+            raise RolloutProtocolError(
+                f"result for {result.rollout_id!r} returned for {admission.rollout_id!r}",
+                status_code=200,
+            )
+        admission.lease_deadline = sent_at + admission.polling_lease_timeout_sec
+        return result
+
+    async def wait_for_result(
+        self, admission: Admission, *, on_status: StatusCallback | None = None
+    ) -> RolloutResultResponse:
+        """Long-poll until terminal. ``on_status`` (sync or async) sees every status change."""
+        last = None
+        while True:
+            result = await self.poll_once(admission)
+            if result.status != last:
+                last = result.status
+                if on_status is not None:
+                    outcome = on_status(result)
+                    if inspect.isawaitable(outcome):
+                        await outcome
+            if result.is_terminal:
+                return result
+
+    async def run_rollout(
+        self, request: RolloutInitRequest, *, on_status: StatusCallback | None = None
+    ) -> RolloutResultResponse:
+        """Admit, then wait for the terminal result."""
+        admission = await self.admit(request)
+        return await self.wait_for_result(admission, on_status=on_status)
+
+    # -- cancel -------------------------------------------------------------------------
+
+    async def cancel(
+        self, ids: list[str] | None = None, *, prefix: str | None = None, all: bool = False
+    ) -> dict[str, CancelDisposition]:
+        """``POST /rollout/cancel`` with exactly one selector; dispositions by id (≤ 5 s)."""
+        if (ids is not None) + (prefix is not None) + bool(all) != 1:
+            raise ValueError("pass exactly one selector: ids, prefix, or all")
+        body = {"ids": ids, "prefix": prefix, "all": all}
+        try:
+            with trio.fail_after(self._cancel_timeout_sec):
+                response = await self._request(
+                    "POST",
+                    "/rollout/cancel",
+                    content=_encode(body),
+                    headers={"Content-Type": "application/json"},
+                    timeout=httpx.Timeout(self._cancel_timeout_sec),
+                )
+        except trio.TooSlowError as exc:
+            raise RolloutServerUnreachable("POST /rollout/cancel timed out") from exc
+        if response.status_code != 200:
+            raise RolloutProtocolError(
+                f"POST /rollout/cancel returned {response.status_code}",
+                status_code=response.status_code,
+                detail=_detail(response),
+            )
+        try:
+            return dict(decode_cancel_response(response.content).dispositions)
+        except msgspec.MsgspecError as exc:
+            raise RolloutProtocolError(
+                f"POST /rollout/cancel: invalid body: {exc}", status_code=200
+            ) from exc
+
+
+def _as_client_error(error: BaseException, path: str) -> RolloutClientError:
+    if isinstance(error, RolloutClientError):
+        return error
+    return RolloutServerUnreachable(f"GET {path}: {type(error).__name__}: {error or 'no details'}")

@@ -1,0 +1,237 @@
+"""Serving: :func:`serve` (blocking, for ``main.py``), :func:`serve_async` (for trio code and tests)
+and :func:`create_app` (an ASGI app for any ASGI server).
+
+Environment (set by the supervisor): ``_OSMOSIS_ROLLOUT_PORT`` (listen port, default 8000),
+``_OSMOSIS_ROLLOUT_ARTIFACT_ROOT`` (per-rollout files, default ``~/.osmosis``),
+``_OSMOSIS_ROLLOUT_INSTANCE_ID`` (reported by ``/health``). The default host is ``127.0.0.1``
+(where the supervisor probes); pass ``host="0.0.0.0"`` to accept connections from elsewhere.
+
+Stopping: SIGINT/SIGTERM (in :func:`serve`) or :meth:`RunningServer.request_shutdown` start a
+graceful shutdown: admissions get 503, in-flight rollouts drain (10 s), are cancelled (120 s),
+then force-cancelled (10 s); the HTTP server keeps answering polls meanwhile and stops last.
+A second signal skips the waits.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+from dataclasses import dataclass, field
+from functools import partial
+from importlib import metadata
+from pathlib import Path
+from typing import Any
+
+import httpx
+import trio
+from hypercorn.config import Config
+from hypercorn.trio import serve as hypercorn_serve
+
+from .app import DEFAULT_MAX_BODY_BYTES, RolloutApp
+from .backend import ExecutionBackend
+from .protocol import (
+    DEFAULT_POLLING_LEASE_TIMEOUT_SEC,
+    DEFAULT_RESULT_RETENTION_SEC,
+    DEFAULT_RESULT_WAIT_TIMEOUT_SEC,
+    ENV_PORT,
+)
+from .service import RolloutService
+
+__all__ = ["KEEP_ALIVE_TIMEOUT_SEC", "RunningServer", "create_app", "serve", "serve_async"]
+
+logger = logging.getLogger("rollout_server")
+
+KEEP_ALIVE_TIMEOUT_SEC = 2160.0
+"""Idle keep-alive lifetime; outlives common load balancers' 2100 s idle timeout."""
+_HTTP_GRACE_SEC = 5.0
+
+
+def sdk_version() -> str:
+    """The installed rollbridge version, or ``"unknown"``."""
+    try:
+        return metadata.version("rollbridge")
+    except metadata.PackageNotFoundError:
+        return "unknown"
+
+
+def _env_port() -> int:
+    raw = os.environ.get(ENV_PORT, "").strip()
+    if not raw:
+        return 8000
+    try:
+        port = int(raw)
+    except ValueError:
+        raise ValueError(f"{ENV_PORT} must be a port number, got {raw!r}") from None
+    if not 0 <= port <= 65535:
+        raise ValueError(f"{ENV_PORT} must be between 0 and 65535, got {port}")
+    return port
+
+
+@dataclass
+class RunningServer:
+    """A server started by :func:`serve_async` (what ``nursery.start`` returns)."""
+
+    url: str
+    """Base URL, e.g. ``http://127.0.0.1:43121`` (loopback even when bound to 0.0.0.0)."""
+    host: str
+    port: int
+    service: RolloutService
+    _shutdown: trio.Event = field(default_factory=trio.Event, repr=False)
+
+    def request_shutdown(self) -> None:
+        """Start the graceful shutdown; :func:`serve_async` returns when it is complete."""
+        self._shutdown.set()
+
+    def force_stop(self) -> None:
+        """Stop at once: cancel every rollout and answer open polls."""
+        self.service.close()
+        self._shutdown.set()
+
+
+def _configure_logging() -> None:
+    root = logging.getLogger()
+    if not root.handlers:
+        logging.basicConfig(
+            level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s"
+        )
+
+
+def _hypercorn_config(host: str, port: int) -> Config:
+    config = Config()
+    config.bind = [f"[{host}]:{port}" if ":" in host else f"{host}:{port}"]
+    config.keep_alive_timeout = KEEP_ALIVE_TIMEOUT_SEC
+    config.graceful_timeout = _HTTP_GRACE_SEC
+    config.accesslog = None
+    config.errorlog = logging.getLogger("hypercorn.error")
+    return config
+
+
+def _service(backend: ExecutionBackend, http_client: Any, **options: Any) -> RolloutService:
+    return RolloutService(backend, sdk_version=sdk_version(), http_client=http_client, **options)
+
+
+async def serve_async(
+    backend: ExecutionBackend,
+    *,
+    host: str | None = None,
+    port: int | None = None,
+    api_key: str | None = None,
+    result_wait_timeout_sec: float = DEFAULT_RESULT_WAIT_TIMEOUT_SEC,
+    polling_lease_timeout_sec: float = DEFAULT_POLLING_LEASE_TIMEOUT_SEC,
+    result_retention_sec: float = DEFAULT_RESULT_RETENTION_SEC,
+    artifact_root: Path | str | None = None,
+    instance_id: str | None = None,
+    max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
+    drain_timeout_sec: float = 10.0,
+    cancel_timeout_sec: float = 120.0,
+    force_timeout_sec: float = 10.0,
+    handle_signals: bool = False,
+    task_status: trio.TaskStatus[RunningServer] = trio.TASK_STATUS_IGNORED,
+) -> None:
+    """Serve ``backend`` until shut down; reports a :class:`RunningServer` via ``nursery.start``.
+
+    ``port=None`` reads ``_OSMOSIS_ROLLOUT_PORT`` (default 8000); ``port=0`` picks a free port.
+    ``artifact_root=None`` reads ``_OSMOSIS_ROLLOUT_ARTIFACT_ROOT`` at each save.
+    ``instance_id=None`` reads ``_OSMOSIS_ROLLOUT_INSTANCE_ID``.
+    """
+    host = host or "127.0.0.1"
+    port = _env_port() if port is None else port
+    config = _hypercorn_config(host, port)
+    async with httpx.AsyncClient(timeout=httpx.Timeout(600.0, connect=10.0)) as http_client:
+        service = _service(
+            backend,
+            http_client,
+            result_wait_timeout_sec=result_wait_timeout_sec,
+            polling_lease_timeout_sec=polling_lease_timeout_sec,
+            result_retention_sec=result_retention_sec,
+            artifact_root=artifact_root,
+            instance_id=instance_id,
+            drain_timeout_sec=drain_timeout_sec,
+            cancel_timeout_sec=cancel_timeout_sec,
+            force_timeout_sec=force_timeout_sec,
+        )
+        app = RolloutApp(service, api_key=api_key, max_body_bytes=max_body_bytes)
+        http_stop = trio.Event()
+        async with trio.open_nursery() as nursery:
+            await nursery.start(service.run)
+            binds: list[str] = await nursery.start(
+                partial(hypercorn_serve, app, config, shutdown_trigger=http_stop.wait)
+            )
+            bound_port = int(binds[0].rsplit(":", 1)[1])
+            url_host = "127.0.0.1" if host in ("0.0.0.0", "") else host
+            url_host = f"[{url_host}]" if ":" in url_host and host != "::" else url_host
+            if host == "::":
+                url_host = "[::1]"
+            running = RunningServer(
+                url=f"http://{url_host}:{bound_port}", host=host, port=bound_port, service=service
+            )
+            signal_scope = trio.CancelScope()
+            if handle_signals:
+                await nursery.start(_watch_signals, running, signal_scope)
+            task_status.started(running)
+            await running._shutdown.wait()
+            await service.shutdown()
+            signal_scope.cancel()
+            http_stop.set()
+
+
+async def _watch_signals(
+    running: RunningServer,
+    scope: trio.CancelScope,
+    *,
+    task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED,
+) -> None:
+    with scope, trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
+        task_status.started()
+        first = True
+        async for signum in signals:
+            if first:
+                logger.info("signal %s: shutting down gracefully", signal.Signals(signum).name)
+                running.request_shutdown()
+                first = False
+            else:
+                logger.info("second signal: stopping now")
+                running.force_stop()
+
+
+def serve(
+    backend: ExecutionBackend,
+    *,
+    host: str | None = None,
+    port: int | None = None,
+    configure_logging: bool = True,
+    **options: Any,
+) -> None:
+    """Serve ``backend`` in the foreground (blocking) until SIGINT/SIGTERM.
+
+    This is what a rollout's ``main.py`` calls. ``options`` are :func:`serve_async`'s
+    keyword arguments (``api_key``, ``result_wait_timeout_sec``, ...).
+    """
+    if configure_logging:
+        _configure_logging()
+
+    async def main() -> None:
+        async with trio.open_nursery() as nursery:
+            running: RunningServer = await nursery.start(
+                partial(serve_async, backend, host=host, port=port, handle_signals=True, **options)
+            )
+            logger.info("rollout server listening on %s", running.url)
+
+    trio.run(main)
+
+
+def create_app(
+    backend: ExecutionBackend,
+    *,
+    api_key: str | None = None,
+    max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
+    **service_options: Any,
+) -> RolloutApp:
+    """An ASGI app (trio; e.g. for ``hypercorn --worker-class trio``) serving ``backend``.
+
+    The rollout service starts with the ASGI lifespan and drains when it ends.
+    ``service_options`` are :class:`~rollout_server.service.RolloutService` keyword arguments.
+    """
+    service = _service(backend, None, **service_options)
+    return RolloutApp(service, api_key=api_key, max_body_bytes=max_body_bytes, manage_service=True)

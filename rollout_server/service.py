@@ -1,0 +1,580 @@
+"""The rollout registry: admission, execution, leases, retention, cancellation, shutdown.
+
+This is pure trio with no HTTP in it, so every timing rule (lease expiry, retention, drain) is
+testable in virtual time. :mod:`rollout_server.app` is the thin HTTP shell around it.
+
+Timers are two sweeper tasks instead of one task per rollout: lease deadlines and retention
+deadlines are both "now + a constant", so they arrive in (nearly) sorted order and one sleeping
+task per kind serves every rollout. A retained result is then only a small ``_Entry`` holding
+its pre-encoded response bytes.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import heapq
+import hmac
+import logging
+import math
+import os
+import secrets
+import uuid
+from collections import deque
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import msgspec
+import trio
+
+from .backend import ExecutionBackend, ExecutionOutcome, ExecutionRequest, categorize_exception
+from .jsonsafe import clean_text, wire_sample
+from .protocol import (
+    DEFAULT_POLLING_LEASE_TIMEOUT_SEC,
+    DEFAULT_RESULT_RETENTION_SEC,
+    DEFAULT_RESULT_WAIT_TIMEOUT_SEC,
+    ENV_ARTIFACT_ROOT,
+    ENV_INSTANCE_ID,
+    CancelDisposition,
+    CancelRolloutsRequest,
+    RolloutErrorCategory,
+    RolloutInitRequest,
+    RolloutStatus,
+)
+from .sdk import RolloutContext, set_rollout_context
+from .trajectory import build_trajectory, write_rollout_files
+
+__all__ = [
+    "AdmissionRefused",
+    "LeaseMismatch",
+    "RolloutService",
+    "UnknownRollout",
+    "default_artifact_root",
+]
+
+logger = logging.getLogger("rollout_server")
+
+_encode = msgspec.json.Encoder().encode
+
+
+def default_artifact_root() -> Path:
+    """``$_OSMOSIS_ROLLOUT_ARTIFACT_ROOT`` if set and non-empty, else ``~/.osmosis``."""
+    root = os.environ.get(ENV_ARTIFACT_ROOT)
+    return Path(root) if root else Path.home() / ".osmosis"
+
+
+class AdmissionRefused(Exception):
+    """Admission said no: ``status`` is 503, 429 or 409; ``headers`` extra response headers."""
+
+    def __init__(self, status: int, detail: str, headers: dict[str, str] | None = None):
+        super().__init__(detail)
+        self.status = status
+        self.detail = detail
+        self.headers = headers or {}
+
+
+class UnknownRollout(LookupError):
+    """No registry entry for the id (404)."""
+
+
+class LeaseMismatch(PermissionError):
+    """The lease token does not match the entry (403)."""
+
+
+class _Entry:
+    __slots__ = (
+        "cancel_requested",
+        "changed",
+        "disposition",
+        "final",
+        "id",
+        "lease_deadline",
+        "remove_when_done",
+        "scope",
+        "status",
+        "task_done",
+        "token_digest",
+    )
+
+    def __init__(self, rollout_id: str, token_digest: bytes, lease_deadline: float):
+        self.id = rollout_id
+        self.token_digest = token_digest
+        self.status = RolloutStatus.QUEUED
+        self.final: bytes | None = None
+        self.lease_deadline = lease_deadline
+        self.changed = trio.Event()
+        self.scope = trio.CancelScope()
+        self.cancel_requested = False
+        self.disposition: CancelDisposition | None = None
+        self.task_done = False
+        self.remove_when_done = False
+
+
+def _digest(token: str) -> bytes:
+    return hashlib.sha256(token.encode("utf-8", "surrogatepass")).digest()
+
+
+def _check_positive(name: str, value: float, *, allow_zero: bool = False) -> float:
+    value = float(value)
+    if not math.isfinite(value) or value < 0 or (value == 0 and not allow_zero):
+        raise ValueError(f"{name} must be finite and {'>= 0' if allow_zero else '> 0'}")
+    return value
+
+
+class RolloutService:
+    """Runs admitted rollouts through ``backend`` and keeps their results for pollers.
+
+    Start it with ``await nursery.start(service.run)``; stop it with :meth:`shutdown` (graceful,
+    protocol.md §13) or :meth:`close` (immediate). All methods are called from trio tasks of the
+    same run; the non-async ones never block, which makes each of them atomic.
+    """
+
+    def __init__(
+        self,
+        backend: ExecutionBackend,
+        *,
+        result_wait_timeout_sec: float = DEFAULT_RESULT_WAIT_TIMEOUT_SEC,
+        polling_lease_timeout_sec: float = DEFAULT_POLLING_LEASE_TIMEOUT_SEC,
+        result_retention_sec: float = DEFAULT_RESULT_RETENTION_SEC,
+        artifact_root: Path | str | None = None,
+        instance_id: str | None = None,
+        drain_timeout_sec: float = 10.0,
+        cancel_timeout_sec: float = 120.0,
+        force_timeout_sec: float = 10.0,
+        sdk_version: str = "unknown",
+        http_client: Any = None,
+    ) -> None:
+        self.backend = backend
+        self.hold = _check_positive("result_wait_timeout_sec", result_wait_timeout_sec)
+        self.lease = _check_positive("polling_lease_timeout_sec", polling_lease_timeout_sec)
+        if self.lease <= self.hold:
+            raise ValueError("polling_lease_timeout_sec must be > result_wait_timeout_sec")
+        self.retention = _check_positive(
+            "result_retention_sec", result_retention_sec, allow_zero=True
+        )
+        self._artifact_root = Path(artifact_root) if artifact_root is not None else None
+        self.process_id = str(uuid.uuid4())
+        self.instance_id = instance_id or os.environ.get(ENV_INSTANCE_ID) or self.process_id
+        self.drain_timeout = drain_timeout_sec
+        self.cancel_timeout = cancel_timeout_sec
+        self.force_timeout = force_timeout_sec
+        self.sdk_version = sdk_version
+        self.http_client = http_client
+        self.accepting = False
+        self.stopping = False
+        self.active = 0
+        self._entries: dict[str, _Entry] = {}
+        self._nursery: trio.Nursery | None = None
+        self._lease_heap: list[tuple[float, int, _Entry]] = []
+        self._lease_seq = 0
+        self._lease_wakeup = trio.Event()
+        self._retention_queue: deque[tuple[float, _Entry]] = deque()
+        self._retention_wakeup = trio.Event()
+        self._idle = trio.Event()
+        self._closed = trio.Event()
+
+    # -- lifecycle -----------------------------------------------------------------------
+
+    @property
+    def artifact_root(self) -> Path:
+        """Where per-rollout directories go (read from the environment when not fixed)."""
+        return self._artifact_root or default_artifact_root()
+
+    async def run(self, *, task_status: trio.TaskStatus[RolloutService]) -> None:
+        """Serve until :meth:`close`; reports itself once admissions are open."""
+        async with trio.open_nursery() as nursery:
+            self._nursery = nursery
+            nursery.start_soon(self._lease_sweeper)
+            nursery.start_soon(self._retention_sweeper)
+            self.accepting = True
+            task_status.started(self)
+            await self._closed.wait()
+            self.accepting = False
+            nursery.cancel_scope.cancel()
+        self._nursery = None
+
+    def close(self) -> None:
+        """Stop at once: execution tasks are cancelled with the service's nursery."""
+        self.accepting = False
+        self._stop_polls()
+        self._closed.set()
+
+    async def shutdown(self) -> None:
+        """Graceful stop: refuse admissions, drain, cancel, force-cancel, then close."""
+        self.accepting = False
+        with trio.move_on_after(self.drain_timeout):
+            await self.wait_idle()
+        if self.active:
+            self.cancel(CancelRolloutsRequest(all=True))
+            with trio.move_on_after(self.cancel_timeout):
+                await self.wait_idle()
+        if self.active:
+            for entry in list(self._entries.values()):
+                if not entry.task_done:
+                    entry.scope.cancel()
+            with trio.move_on_after(self.force_timeout):
+                await self.wait_idle()
+            if self.active:
+                print(
+                    f"rollout server: {self.active} rollout(s) did not confirm cleanup",
+                    flush=True,
+                )
+        try:
+            await self.backend.shutdown()
+        except Exception:
+            logger.exception("backend shutdown failed")
+        self.close()
+
+    async def wait_idle(self) -> None:
+        """Return once no execution task is running."""
+        while self.active:
+            await self._idle.wait()
+
+    def _stop_polls(self) -> None:
+        # Hazard 6: open long-polls must answer before the HTTP server gives up on them.
+        self.stopping = True
+        for entry in self._entries.values():
+            self._wake(entry)
+
+    # -- health -------------------------------------------------------------------------
+
+    def health(self) -> dict[str, Any]:
+        """The ``/health`` body: backend fields, then identity and lifecycle."""
+        try:
+            payload = dict(self.backend.health())
+        except Exception:
+            logger.exception("backend health() failed")
+            payload = {"status": "ok"}
+        payload["instance_id"] = self.instance_id
+        payload["process_id"] = self.process_id
+        payload["lifecycle"] = {
+            "accepting_rollouts": self.accepting,
+            "active_rollouts": self.active,
+        }
+        return payload
+
+    # -- admission ----------------------------------------------------------------------
+
+    def admit(self, request: RolloutInitRequest) -> dict[str, Any]:
+        """Register and start a rollout; the 202 body. Raises :class:`AdmissionRefused`."""
+        if not self.accepting or self._nursery is None:
+            raise AdmissionRefused(503, "rollout server is shutting down")
+        try:
+            has_capacity = self.backend.has_capacity()
+        except Exception:
+            logger.exception("backend has_capacity() failed")
+            has_capacity = False
+        if not has_capacity:
+            raise AdmissionRefused(429, "rollout queue is full; retry later", {"retry-after": "5"})
+        if request.rollout_id in self._entries:
+            raise AdmissionRefused(409, "rollout_id is already registered")
+        token = secrets.token_urlsafe(32)
+        deadline = trio.current_time() + self.lease
+        entry = _Entry(request.rollout_id, _digest(token), deadline)
+        self._entries[entry.id] = entry
+        self._push_lease(deadline, entry)
+        self.active += 1
+        if self._idle.is_set():
+            self._idle = trio.Event()
+        self._nursery.start_soon(self._execute, entry, request)
+        return {
+            "rollout_id": entry.id,
+            "status": RolloutStatus.QUEUED.value,
+            "polling_lease_token": token,
+            "result_wait_timeout_sec": self.hold,
+            "polling_lease_timeout_sec": self.lease,
+        }
+
+    # -- polling ------------------------------------------------------------------------
+
+    def _authenticated(self, rollout_id: str, token: str) -> _Entry:
+        entry = self._entries.get(rollout_id)
+        if entry is None:
+            raise UnknownRollout(rollout_id)
+        if not hmac.compare_digest(entry.token_digest, _digest(token)):
+            raise LeaseMismatch(rollout_id)
+        return entry
+
+    async def poll(self, rollout_id: str, token: str) -> bytes:
+        """One long-poll: the encoded result body. Raises UnknownRollout / LeaseMismatch."""
+        entry = self._authenticated(rollout_id, token)
+        if entry.final is None:
+            now = trio.current_time()
+            if now >= entry.lease_deadline:
+                self._expire(entry)
+            else:
+                entry.lease_deadline = now + self.lease
+        if entry.final is not None:
+            return entry.final
+        if not self.stopping:
+            changed = entry.changed
+            with trio.move_on_after(self.hold):
+                await changed.wait()
+        entry = self._authenticated(rollout_id, token)
+        return entry.final if entry.final is not None else self._snapshot(entry)
+
+    def _snapshot(self, entry: _Entry) -> bytes:
+        return _encode(
+            {
+                "rollout_id": entry.id,
+                "status": entry.status.value,
+                "sample": None,
+                "err_message": None,
+                "err_category": None,
+            }
+        )
+
+    def status_of(self, rollout_id: str) -> RolloutStatus | None:
+        """The registry's current status for an id (``None`` when unknown)."""
+        entry = self._entries.get(rollout_id)
+        return entry.status if entry is not None else None
+
+    # -- transitions --------------------------------------------------------------------
+
+    def _wake(self, entry: _Entry) -> None:
+        entry.changed.set()
+        entry.changed = trio.Event()
+
+    def _set_status(self, entry: _Entry, status: RolloutStatus) -> None:
+        if entry.final is not None or status == entry.status or status.is_terminal:
+            return
+        entry.status = status
+        self._wake(entry)
+
+    def _finalize(
+        self,
+        entry: _Entry,
+        status: RolloutStatus,
+        sample: dict[str, Any] | None = None,
+        err_message: str | None = None,
+        err_category: RolloutErrorCategory | None = None,
+    ) -> None:
+        if entry.final is not None:
+            return
+        if trio.current_time() >= entry.lease_deadline:
+            # Completion after the lease deadline loses to the lease (protocol.md §6).
+            status, sample = RolloutStatus.FAILURE, None
+            err_message, err_category = "polling lease expired", RolloutErrorCategory.LEASE_EXPIRED
+        if not status.is_terminal:
+            status, sample = RolloutStatus.FAILURE, None
+            err_message = f"backend returned non-terminal status {status.value!r}"
+            err_category = RolloutErrorCategory.INTERNAL_ERROR
+        entry.status = status
+        entry.final = _encode(
+            {
+                "rollout_id": entry.id,
+                "status": status.value,
+                "sample": sample,
+                "err_message": clean_text(err_message) if err_message is not None else None,
+                "err_category": err_category.value if err_category is not None else None,
+            }
+        )
+        self._wake(entry)
+        self._retention_queue.append((trio.current_time() + self.retention, entry))
+        if len(self._retention_queue) == 1:
+            self._retention_wakeup.set()
+
+    def _expire(self, entry: _Entry) -> None:
+        if entry.final is not None:
+            return
+        self._finalize(entry, RolloutStatus.FAILURE)  # replaced by the lease failure
+        provisional = (
+            CancelDisposition.CANCELLED_QUEUED
+            if entry.status == RolloutStatus.QUEUED
+            else CancelDisposition.CANCELLED_RUNNING
+        )
+        self._cancel_execution(entry, provisional)
+
+    # -- cancellation -------------------------------------------------------------------
+
+    def cancel(self, request: CancelRolloutsRequest) -> dict[str, str]:
+        """Dispositions for the selected ids (protocol.md §8)."""
+        if request.ids is not None:
+            selected = list(dict.fromkeys(request.ids))
+        elif request.prefix is not None:
+            selected = [i for i in self._entries if i.startswith(request.prefix)]
+        else:
+            selected = list(self._entries)
+        out: dict[str, str] = {}
+        for rollout_id in selected:
+            entry = self._entries.get(rollout_id)
+            if entry is None or entry.final is not None:
+                out[rollout_id] = CancelDisposition.NOT_FOUND.value
+            elif entry.disposition is not None:
+                out[rollout_id] = entry.disposition.value
+            else:
+                provisional = (
+                    CancelDisposition.CANCELLED_QUEUED
+                    if entry.status == RolloutStatus.QUEUED
+                    else CancelDisposition.CANCELLED_RUNNING
+                )
+                out[rollout_id] = self._cancel_execution(entry, provisional).value
+        return out
+
+    def _cancel_execution(self, entry: _Entry, provisional: CancelDisposition) -> CancelDisposition:
+        answer: Any = None
+        try:
+            answer = self.backend.cancel_rollouts(ids=[entry.id]).get(entry.id)
+        except Exception:
+            logger.exception("backend cancel_rollouts() failed for %s", entry.id)
+        if answer == CancelDisposition.NOT_FOUND:
+            try:
+                backend_view = self.backend.rollout_status(entry.id) or {}
+            except Exception:
+                backend_view = {}
+            status = backend_view.get("status") if isinstance(backend_view, dict) else None
+            if status in {s.value for s in RolloutStatus if s.is_terminal}:
+                return CancelDisposition.NOT_FOUND
+        elif answer in (CancelDisposition.CANCELLED_QUEUED, CancelDisposition.CANCELLED_RUNNING):
+            entry.disposition = CancelDisposition(answer)
+            return entry.disposition
+        entry.cancel_requested = True
+        entry.disposition = provisional
+        entry.scope.cancel()
+        return provisional
+
+    # -- execution ----------------------------------------------------------------------
+
+    async def _execute(self, entry: _Entry, request: RolloutInitRequest) -> None:
+        try:
+            with entry.scope:
+                self._set_status(entry, RolloutStatus.RUNNING)
+                set_rollout_context(
+                    RolloutContext(
+                        chat_completions_url=request.chat_completions_url,
+                        api_key=request.llm_api_key,
+                        rollout_id=entry.id,
+                        process_id=self.process_id,
+                        http_client=self.http_client,
+                        status_callback=self._status_callback(entry),
+                    )
+                )
+                rollout_dir = self.artifact_root / entry.id
+                try:
+                    outcome = await self.backend.execute(
+                        ExecutionRequest(
+                            id=entry.id,
+                            prompt=request.initial_messages,
+                            label=request.label,
+                            metadata=request.metadata,
+                            agent_timeout_sec=request.agent_timeout_sec,
+                            grader_timeout_sec=request.grader_timeout_sec,
+                            grade=request.grade,
+                            rollout_dir=rollout_dir,
+                        )
+                    )
+                except Exception as exc:
+                    self._finalize(
+                        entry,
+                        RolloutStatus.FAILURE,
+                        err_message=str(exc) or "Internal server error",
+                        err_category=categorize_exception(exc),
+                    )
+                else:
+                    await self._publish(entry, request, rollout_dir, outcome)
+        except Exception:
+            logger.exception("rollout %s: execution task crashed", entry.id)
+            self._finalize(
+                entry,
+                RolloutStatus.FAILURE,
+                err_message="rollout task crashed",
+                err_category=RolloutErrorCategory.INTERNAL_ERROR,
+            )
+        finally:
+            self._finalize(entry, RolloutStatus.CANCELLED, err_message="cancelled")
+            entry.task_done = True
+            self.active -= 1
+            if not self.active:
+                self._idle.set()
+            if entry.remove_when_done:
+                self._remove(entry)
+
+    def _status_callback(self, entry: _Entry) -> Callable[[RolloutStatus], Any]:
+        async def report(status: RolloutStatus) -> None:
+            self._set_status(entry, status)
+
+        return report
+
+    async def _publish(
+        self,
+        entry: _Entry,
+        request: RolloutInitRequest,
+        rollout_dir: Path,
+        outcome: ExecutionOutcome,
+    ) -> None:
+        reported = outcome.reported()
+        saved = outcome.saved()
+        sample = saved.sample
+        wants_trajectory = sample is not None and sample.trajectory_messages is not None
+        if wants_trajectory or saved.extra_fields is not None:
+
+            def write() -> None:
+                trajectory = None
+                if wants_trajectory and sample is not None:
+                    trajectory = build_trajectory(
+                        entry.id,
+                        sample,
+                        sdk_version=self.sdk_version,
+                        request_label=request.label,
+                        request_metadata=request.metadata,
+                        request_extra_fields=request.extra_fields,
+                    )
+                write_rollout_files(
+                    rollout_dir, trajectory=trajectory, diagnostics=saved.extra_fields
+                )
+
+            try:
+                await trio.to_thread.run_sync(write)
+            except Exception:
+                logger.exception("rollout %s: could not write trajectory files", entry.id)
+        status = RolloutStatus(reported.status)
+        self._finalize(
+            entry,
+            status,
+            wire_sample(reported.sample, status) if reported.sample is not None else None,
+            reported.err_message,
+            RolloutErrorCategory(reported.err_category) if reported.err_category else None,
+        )
+
+    # -- timers -------------------------------------------------------------------------
+
+    def _push_lease(self, deadline: float, entry: _Entry) -> None:
+        self._lease_seq += 1
+        heapq.heappush(self._lease_heap, (deadline, self._lease_seq, entry))
+        if len(self._lease_heap) == 1:
+            self._lease_wakeup.set()
+
+    async def _lease_sweeper(self) -> None:
+        # Deadlines are pushed as "now + lease", so a new one never precedes the head we sleep on.
+        while True:
+            if not self._lease_heap:
+                self._lease_wakeup = trio.Event()
+                await self._lease_wakeup.wait()
+                continue
+            deadline, _, entry = self._lease_heap[0]
+            await trio.sleep_until(deadline)
+            heapq.heappop(self._lease_heap)
+            if entry.final is not None or self._entries.get(entry.id) is not entry:
+                continue
+            if trio.current_time() >= entry.lease_deadline:
+                self._expire(entry)
+            else:
+                self._push_lease(entry.lease_deadline, entry)
+
+    async def _retention_sweeper(self) -> None:
+        while True:
+            if not self._retention_queue:
+                self._retention_wakeup = trio.Event()
+                await self._retention_wakeup.wait()
+                continue
+            due, entry = self._retention_queue[0]
+            await trio.sleep_until(due)
+            self._retention_queue.popleft()
+            if entry.task_done:
+                self._remove(entry)
+            else:
+                entry.remove_when_done = True
+
+    def _remove(self, entry: _Entry) -> None:
+        if self._entries.get(entry.id) is entry:
+            del self._entries[entry.id]

@@ -1,0 +1,141 @@
+"""``trajectory.json`` (ATIF v1.7) and ``diagnostics.json`` for one rollout (protocol.md §14)."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+from .jsonsafe import json_safe
+from .sdk import RolloutSample
+
+__all__ = ["ATIF_SCHEMA_VERSION", "SDK_NAME", "build_trajectory", "write_rollout_files"]
+
+ATIF_SCHEMA_VERSION = "ATIF-v1.7"
+SDK_NAME = "osmosis-rollout-sdk"
+_SOURCES = {"system": "system", "developer": "system", "user": "user", "assistant": "agent"}
+
+
+def _text(content: Any) -> str:
+    """Flatten OpenAI message content (string or list of parts) to text."""
+    if content is None:
+        return ""
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        parts = []
+        for part in content:
+            if isinstance(part, dict):
+                text = part.get("text")
+                if isinstance(text, str):
+                    parts.append(text)
+            elif isinstance(part, str):
+                parts.append(part)
+        return "\n".join(parts)
+    return json.dumps(content, default=str)
+
+
+def _tool_calls(calls: Any) -> list[dict[str, Any]]:
+    out = []
+    for call in calls if isinstance(calls, list) else []:
+        if not isinstance(call, dict):
+            continue
+        function = call.get("function") if isinstance(call.get("function"), dict) else {}
+        arguments: Any = function.get("arguments")
+        if isinstance(arguments, str):
+            try:
+                arguments = json.loads(arguments)
+            except ValueError:
+                arguments = {"raw": arguments}
+        out.append(
+            {
+                "tool_call_id": call.get("id"),
+                "function_name": function.get("name"),
+                "arguments": arguments if arguments is not None else {},
+            }
+        )
+    return out
+
+
+def build_trajectory(
+    rollout_id: str,
+    sample: RolloutSample,
+    *,
+    sdk_version: str,
+    request_label: str | None = None,
+    request_metadata: dict[str, Any] | None = None,
+    request_extra_fields: dict[str, Any] | None = None,
+) -> dict[str, Any]:
+    """The ATIF document for a sample (its ``trajectory_messages``)."""
+    steps: list[dict[str, Any]] = []
+    for message in sample.trajectory_messages or []:
+        if not isinstance(message, dict):
+            continue
+        role = message.get("role")
+        if role in ("tool", "function") and steps and steps[-1]["source"] == "agent":
+            observation = steps[-1].setdefault("observation", {"results": []})
+            observation["results"].append(
+                {
+                    "source_call_id": message.get("tool_call_id"),
+                    "content": _text(message.get("content")),
+                }
+            )
+            continue
+        step: dict[str, Any] = {
+            "step_id": len(steps) + 1,
+            "source": _SOURCES.get(role, "user") if isinstance(role, str) else "user",
+            "message": _text(message.get("content")),
+        }
+        if role not in _SOURCES:
+            step["extra"] = {"original_role": role}
+        calls = _tool_calls(message.get("tool_calls"))
+        if calls:
+            step["tool_calls"] = calls
+        steps.append(step)
+    osmosis: dict[str, Any] = {
+        "rollout_id": rollout_id,
+        "label": sample.label if sample.label is not None else request_label,
+        "reward": sample.reward,
+        "sample_metrics": json_safe(sample.metrics) if sample.metrics else None,
+        "sample_extra_fields": json_safe(sample.extra_fields) if sample.extra_fields else None,
+        "request_metadata": json_safe(request_metadata) if request_metadata else None,
+        "request_extra_fields": json_safe(request_extra_fields) if request_extra_fields else None,
+    }
+    return {
+        "schema_version": ATIF_SCHEMA_VERSION,
+        "session_id": rollout_id,
+        "trajectory_id": rollout_id,
+        "agent": {"name": SDK_NAME, "version": sdk_version},
+        "steps": steps,
+        "final_metrics": {"total_steps": len(steps)},
+        "extra": {"osmosis": {k: v for k, v in osmosis.items() if v is not None}},
+    }
+
+
+def _atomic_write(path: Path, text: str) -> None:
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text(text, encoding="utf-8")
+    os.replace(tmp, path)
+
+
+def write_rollout_files(
+    rollout_dir: Path,
+    *,
+    trajectory: dict[str, Any] | None,
+    diagnostics: dict[str, Any] | None,
+) -> None:
+    """Write ``trajectory.json`` / ``diagnostics.json`` (atomically) and ``artifacts/``."""
+    rollout_dir.mkdir(parents=True, exist_ok=True)
+    (rollout_dir / "artifacts").mkdir(exist_ok=True)
+    if trajectory is not None:
+        try:
+            text = json.dumps(trajectory, indent=2, allow_nan=False)
+        except (TypeError, ValueError):
+            text = json.dumps(json_safe(trajectory), indent=2)
+        _atomic_write(rollout_dir / "trajectory.json", text)
+    if diagnostics is not None:
+        _atomic_write(
+            rollout_dir / "diagnostics.json",
+            json.dumps(diagnostics, indent=2, sort_keys=True, ensure_ascii=False, default=str),
+        )

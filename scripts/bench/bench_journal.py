@@ -1,0 +1,189 @@
+"""Benchmark the run directory's data layer.
+
+1. Resume replay of a 100,000-record ``events.jsonl`` (target <= 0.5 s), against a naive
+   ``json.loads`` per line replay measured in the same run.
+2. Per-item cost of ``RunDirectory.record_result`` (journal append + fsync, counters, index
+   line, projections, throttled metrics) for a 200-item run and inside a 10,000-item run
+   (first and last 200 items), to show the cost does not grow with the run. As a contrast,
+   the reference's strategy (rewrite index/summary/metrics in full after every item) is
+   measured at 200 and 2,000 items.
+
+Run: .venv/bin/python scripts/bench/bench_journal.py [--items 10000]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import trio
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+
+from launcher.atomic import atomic_write_bytes, atomic_write_json
+from launcher.dataset import select_rows
+from launcher.journal import Journal, TerminalRecord, replay_journal
+from launcher.metrics import aggregate_metrics
+from launcher.projections import index_line, index_row
+from launcher.redact import Redactor
+from launcher.rundir import RunDirectory, RunMeta
+
+
+def make_record(i: int, n: int = 1) -> TerminalRecord:
+    return TerminalRecord(
+        row_index=i // n,
+        run_index=i % n,
+        rollout_id=f"{i:032x}",
+        status=("success", "failed", "skipped")[i % 3],
+        source_row_index=i // n,
+        reward=(i % 5) / 4,
+        tokens=100 + i % 50,
+        max_context_tokens=60 + i % 20,
+        duration_ms=12.5 + i % 7,
+        error_type="timeout" if i % 3 == 1 else None,
+    )
+
+
+def naive_replay(path: Path) -> int:
+    latest = {}
+    with open(path, encoding="utf-8") as fh:
+        for line in fh:
+            obj = json.loads(line)
+            latest[(obj["row_index"], obj["run_index"])] = obj
+    return len(latest)
+
+
+def best_of(fn, repeat: int = 5) -> float:  # type: ignore[no-untyped-def]
+    times = []
+    for _ in range(repeat):
+        t0 = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t0)
+    return min(times)
+
+
+def bench_replay(tmp: Path, count: int) -> None:
+    path = tmp / "events.jsonl"
+    path.write_bytes(b"".join(make_record(i).to_line() for i in range(count)))
+    size_mb = path.stat().st_size / 1e6
+    ours = best_of(lambda: replay_journal(path))
+    naive = best_of(lambda: naive_replay(path))
+
+    def open_close() -> None:
+        Journal.open(path).close()
+
+    opened = best_of(open_close)
+    print(f"replay of {count:,} records ({size_mb:.1f} MB)")
+    print(f"  baseline json.loads per line : {naive * 1000:8.1f} ms")
+    print(
+        f"  replay_journal (validated)   : {ours * 1000:8.1f} ms   ratio {ours / naive:.2f}x baseline"
+        f"   target <= 500 ms: {'OK' if ours <= 0.5 else 'MISSED'}"
+    )
+    print(f"  Journal.open (replay + open) : {opened * 1000:8.1f} ms")
+
+
+def make_dataset(tmp: Path, rows: int) -> Path:
+    data = tmp / f"data-{rows}.jsonl"
+    data.write_text(
+        "".join(
+            json.dumps({"user_prompt": f"q{i}", "ground_truth": "a"}) + "\n" for i in range(rows)
+        )
+    )
+    return data
+
+
+async def run_items(tmp: Path, name: str, rows: int) -> list[float]:
+    sel = select_rows(make_dataset(tmp, rows))
+    meta = RunMeta(
+        n=1,
+        pass_threshold=1.0,
+        sampled_rows=rows,
+        total_dataset_rows=rows,
+        dataset_name="d",
+        model_name="m",
+        rollout_name="r",
+    )
+    rd = RunDirectory.open(
+        output_root=tmp / "out",
+        name=name,
+        inputs={"x": rows},
+        provenance={},
+        fresh=False,
+        meta=meta,
+        selected_rows=sel.rows,
+        redactor=Redactor(["s3cret"]),
+    )
+    costs = []
+    for i in range(rows):
+        t0 = time.perf_counter()
+        await rd.record_result(make_record(i))
+        costs.append(time.perf_counter() - t0)
+    t0 = time.perf_counter()
+    rd.finalize(cancelled=False)
+    final = time.perf_counter() - t0
+    rd.close()
+    print(f"  {name}: {rows:,} items, finalize (full rebuild) {final * 1000:.0f} ms")
+    return costs
+
+
+def full_rewrite_costs(tmp: Path, rows: int) -> list[float]:
+    """The reference's per-item strategy: append + fsync, then rewrite every snapshot in full."""
+    run = tmp / f"full-{rows}"
+    run.mkdir()
+    journal = Journal.open(run / "events.jsonl")
+    costs = []
+    for i in range(rows):
+        t0 = time.perf_counter()
+        journal.append_sync(make_record(i))
+        index = [index_row(r, None, resumed=False) for _, r in sorted(journal.latest.items())]
+        data = b"".join(index_line(r) for r in index)
+        atomic_write_bytes(run / "index.jsonl", data)
+        atomic_write_bytes(run / "summary.jsonl", data)
+        atomic_write_json(run / "progress.json", {"total_runs": rows})
+        atomic_write_json(run / "metrics.json", {"summary": aggregate_metrics(index, 1.0)})
+        costs.append(time.perf_counter() - t0)
+    journal.close()
+    return costs
+
+
+def ms(values: list[float]) -> str:
+    return f"mean {statistics.fmean(values) * 1000:6.2f} ms  median {statistics.median(values) * 1000:6.2f} ms"
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--records", type=int, default=100_000)
+    parser.add_argument("--items", type=int, default=10_000)
+    args = parser.parse_args()
+    with tempfile.TemporaryDirectory(dir=os.environ.get("BENCH_TMP")) as tmp_name:
+        tmp = Path(tmp_name)
+        bench_replay(tmp, args.records)
+        print()
+        print(
+            "per-item record_result cost (journal append+fsync, counters, index line, projections)"
+        )
+        small = trio.run(run_items, tmp, "small", 200)
+        large = trio.run(run_items, tmp, "large", args.items)
+        first, last = large[:200], large[-200:]
+        print(f"  200-item run            : {ms(small)}")
+        print(f"  {args.items:,}-item run, first 200: {ms(first)}")
+        print(f"  {args.items:,}-item run, last 200 : {ms(last)}")
+        ratio = statistics.fmean(last) / statistics.fmean(small)
+        print(f"  last-200 of {args.items:,} / 200-item run: {ratio:.2f}x (flat = ~1.0)")
+        print()
+        print("contrast: full rewrite of index/summary/progress/metrics after every item")
+        ref_small = full_rewrite_costs(tmp, 200)
+        ref_large = full_rewrite_costs(tmp, 2000)
+        print(f"  200-item run            : {ms(ref_small)}")
+        print(f"  2,000-item run, last 200: {ms(ref_large[-200:])}")
+        print(f"  ratio: {statistics.fmean(ref_large[-200:]) / statistics.fmean(ref_small):.2f}x")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,191 @@
+"""events.jsonl: canonical lines, durable append, torn-tail repair, corruption refusal (§3.3)."""
+
+from __future__ import annotations
+
+import json
+import os
+import stat
+from pathlib import Path
+
+import pytest
+import trio
+
+from launcher.errors import CLIError
+from launcher.journal import Journal, TerminalRecord, replay_journal
+
+
+def rec(row: int = 0, run: int = 0, status: str = "success", **kw: object) -> TerminalRecord:
+    return TerminalRecord(
+        row_index=row,
+        run_index=run,
+        rollout_id=kw.pop("rollout_id", f"r{row}x{run}"),
+        status=status,
+        **kw,  # type: ignore[arg-type]
+    )
+
+
+def test_line_is_canonical_and_omits_none() -> None:
+    line = rec(
+        source_row_index=7, reward=1, tokens=812, error_type=None, duration_ms=None
+    ).to_line()
+    assert line == (
+        b'{"duration_ms":0.0,"reward":1.0,"rollout_id":"r0x0","row_index":0,"run_index":0,'
+        b'"source_row_index":7,"status":"success","tokens":812}\n'
+    )
+    unicode_line = rec(error_type="é").to_line()
+    assert "é".encode() in unicode_line
+
+
+def test_invalid_records_are_refused_before_writing() -> None:
+    with pytest.raises(ValueError):
+        rec(status="weird").to_line()
+    with pytest.raises(ValueError):
+        rec(rollout_id="a/b").to_line()
+    with pytest.raises(ValueError):
+        rec(reward=float("nan")).to_line()
+
+
+async def test_append_is_durable_and_replayed(tmp_path: Path) -> None:
+    path = tmp_path / "events.jsonl"
+    journal = Journal.open(path)
+    assert stat.S_IMODE(path.stat().st_mode) == 0o600
+    with trio.fail_after(10):
+        await journal.append(rec(0, 0, "failed", error_type="timeout", max_context_tokens=9))
+        await journal.append(rec(0, 0, "success", rollout_id="newer", reward=0.5))
+        await journal.append(rec(1, 0, "skipped"))
+    journal.close()
+    replay = replay_journal(path)
+    assert len(replay.records) == 3
+    assert replay.latest[(0, 0)].rollout_id == "newer"
+    assert replay.records[0].max_context_tokens == 9
+    assert replay.latest[(1, 0)].status == "skipped"
+
+
+def test_missing_file_is_empty(tmp_path: Path) -> None:
+    replay = replay_journal(tmp_path / "none.jsonl")
+    assert replay.records == [] and replay.torn_bytes == 0
+
+
+def test_torn_tail_is_discarded_even_if_it_parses(tmp_path: Path) -> None:
+    path = tmp_path / "events.jsonl"
+    good = rec(0, 0).to_line()
+    torn = rec(1, 0).to_line().rstrip(b"\n")
+    path.write_bytes(good + torn)
+    seen: list[int] = []
+    journal = Journal.open(path, on_torn=seen.append)
+    assert seen == [len(torn)]
+    assert list(journal.latest) == [(0, 0)]
+    assert path.read_bytes() == good
+    journal.append_sync(rec(2, 0))
+    journal.close()
+    assert [r.row_index for r in replay_journal(path).records] == [0, 2]
+
+
+@pytest.mark.parametrize(
+    ("line", "message"),
+    [
+        (b"\n", "blank journal record"),
+        (b"   \n", "blank journal record"),
+        (b"{nope\n", "invalid JSON ("),
+        (b"[1]\n", "record must be a JSON object"),
+        (b'{"run_index":0,"rollout_id":"a","status":"success"}\n', "row_index is missing"),
+        (
+            b'{"row_index":null,"run_index":0,"rollout_id":"a","status":"success"}\n',
+            "row_index is missing",
+        ),
+        (
+            b'{"row_index":true,"run_index":0,"rollout_id":"a","status":"success"}\n',
+            "row_index must be an integer",
+        ),
+        (
+            b'{"row_index":0,"run_index":0,"rollout_id":5,"status":"success"}\n',
+            "rollout_id must be a string",
+        ),
+        (
+            b'{"row_index":0,"run_index":0,"rollout_id":"a","status":"success","reward":"1"}\n',
+            "reward must be a number",
+        ),
+        (
+            b'{"row_index":0,"run_index":0,"rollout_id":"a","status":"success","tokens":1.5}\n',
+            "tokens must be an integer",
+        ),
+        (
+            b'{"row_index":0,"run_index":0,"rollout_id":"../x","status":"success"}\n',
+            "rollout_id must be a single path segment",
+        ),
+        (
+            b'{"row_index":0,"run_index":0,"rollout_id":"a","status":"done"}\n',
+            "status must be one of ['failed', 'skipped', 'success']",
+        ),
+    ],
+)
+def test_corruption_in_committed_lines_is_refused(
+    tmp_path: Path, line: bytes, message: str
+) -> None:
+    path = tmp_path / "events.jsonl"
+    original = rec(0, 0).to_line() + line + rec(1, 0).to_line()
+    path.write_bytes(original)
+    with pytest.raises(CLIError) as info:
+        Journal.open(path)
+    assert info.value.message.startswith(f"{path}:2: {message}")
+    assert path.read_bytes() == original  # nothing repaired or truncated
+
+
+def test_replay_tolerates_unknown_keys_and_nulls(tmp_path: Path) -> None:
+    path = tmp_path / "events.jsonl"
+    path.write_bytes(
+        b'{"row_index":0,"run_index":1,"rollout_id":"a","status":"failed","reward":null,'
+        b'"future":{"x":1},"duration_ms":3}\n'
+    )
+    (record,) = replay_journal(path).records
+    assert record.reward is None and record.duration_ms == 3.0 and record.run_index == 1
+
+
+def test_replay_returns_exactly_what_was_written(tmp_path: Path) -> None:
+    path = tmp_path / "events.jsonl"
+    lines = [rec(i, i % 3, "success", reward=i / 10, tokens=i).to_line() for i in range(50)]
+    path.write_bytes(b"".join(lines))
+    fast = replay_journal(path).records
+    assert [r.to_dict() for r in fast] == [json.loads(line) for line in lines]
+
+
+async def test_a_record_whose_fsync_fails_is_not_counted(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    path = tmp_path / "events.jsonl"
+    journal = Journal.open(path)
+    journal.append_sync(rec(0, 0))
+
+    def failing_fsync(fd: int) -> None:
+        raise OSError(5, "Input/output error")
+
+    monkeypatch.setattr(os, "fsync", failing_fsync)
+    with pytest.raises(CLIError, match="could not write journal"), trio.fail_after(10):
+        await journal.append(rec(1, 0))
+    assert (1, 0) not in journal.latest
+    # The journal refuses further appends rather than risk a line after a partial one.
+    with pytest.raises(CLIError, match="unusable"):
+        journal.append_sync(rec(2, 0))
+    monkeypatch.undo()
+    journal.close()
+    # The partially written line was cut away, so a re-open only counts the durable record.
+    reopened = Journal.open(path)
+    assert list(reopened.latest) == [(0, 0)]
+    reopened.close()
+
+
+def test_append_writes_before_counting(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    path = tmp_path / "events.jsonl"
+    journal = Journal.open(path)
+    order: list[str] = []
+    real_fsync = os.fsync
+
+    def spy_fsync(fd: int) -> None:
+        order.append(f"fsync latest={len(journal.latest)}")
+        real_fsync(fd)
+
+    monkeypatch.setattr(os, "fsync", spy_fsync)
+    journal.append_sync(rec(0, 0))
+    assert order == ["fsync latest=0"]
+    assert len(journal.latest) == 1
+    journal.close()

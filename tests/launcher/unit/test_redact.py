@@ -1,0 +1,101 @@
+"""Redaction of secret values and their spellings (runner.md §8.3, seed)."""
+
+from __future__ import annotations
+
+import json
+import traceback
+
+from launcher.redact import KNOWN_SECRET_ENV_NAMES, REDACTED, Redactor
+
+
+def test_plain_value_any_length_for_configured_secrets() -> None:
+    r = Redactor()
+    r.add("k9")
+    assert r("token=k9; again k9") == f"token={REDACTED}; again {REDACTED}"
+    assert r("nothing here") == "nothing here"
+
+
+def test_empty_values_are_ignored() -> None:
+    r = Redactor(["", None])  # type: ignore[list-item]
+    assert r("abc") == "abc"
+    assert r.patterns == frozenset()
+
+
+def test_longest_value_wins() -> None:
+    r = Redactor(["abc", "abcdef-long-secret"])
+    assert r("x abcdef-long-secret y abc") == f"x {REDACTED} y {REDACTED}"
+    assert "-long-secret" not in r("abcdef-long-secret")
+
+
+def test_whitespace_stripped_form() -> None:
+    r = Redactor(["  padded-secret-value\n"])
+    assert r("got padded-secret-value!") == f"got {REDACTED}!"
+
+
+def test_json_escaped_form() -> None:
+    secret = 'sk"quote\\back\nline\u00e9'
+    r = Redactor([secret])
+    ascii_json = json.dumps({"key": secret})
+    utf8_json = json.dumps({"key": secret}, ensure_ascii=False)
+    assert secret not in r(ascii_json) and REDACTED in r(ascii_json)
+    assert r(ascii_json) == json.dumps({"key": "X"}).replace("X", REDACTED)
+    assert r(utf8_json) == json.dumps({"key": "X"}).replace("X", REDACTED)
+
+
+def test_python_repr_form_in_tracebacks() -> None:
+    secret = "it's\tsecret"
+    r = Redactor([secret])
+    try:
+        raise ValueError({"password": secret})
+    except ValueError:
+        text = traceback.format_exc()
+    assert repr(secret)[1:-1] in text
+    out = r(text)
+    assert repr(secret)[1:-1] not in out and "secret" not in out.split("ValueError")[-1]
+    assert REDACTED in out
+
+
+def test_known_env_values_need_eight_characters() -> None:
+    env = {
+        "OPENAI_API_KEY": "sk-12345678",
+        "HF_TOKEN": "short",
+        "UNRELATED_KEY": "unrelated-long-value",
+        "OSMOSIS_TOKEN": "  osm-long-token  ",
+    }
+    r = Redactor()
+    r.add_known_env(env)
+    text = "sk-12345678 short unrelated-long-value osm-long-token"
+    assert r(text) == f"{REDACTED} short unrelated-long-value {REDACTED}"
+    # A short known value is still redacted when it is also a configured secret.
+    r.add("short")
+    assert r("short") == REDACTED
+
+
+def test_known_env_name_list_is_the_spec_list() -> None:
+    assert len(KNOWN_SECRET_ENV_NAMES) == 25
+    assert "GOOGLE_APPLICATION_CREDENTIALS" not in KNOWN_SECRET_ENV_NAMES
+    assert {"OPENAI_API_KEY", "OSMOSIS_TOKEN", "AWS_SECRET_ACCESS_KEY", "MSWEA_API_KEY"} <= set(
+        KNOWN_SECRET_ENV_NAMES
+    )
+
+
+def test_regex_metacharacters_are_literal() -> None:
+    r = Redactor(["a.b*c"])
+    assert r("aXbbbc a.b*c") == f"aXbbbc {REDACTED}"
+
+
+def test_values_added_later_take_effect() -> None:
+    r = Redactor(["first-secret"])
+    assert r("second-secret") == "second-secret"
+    r.add("second-secret")
+    assert r("first-secret second-secret") == f"{REDACTED} {REDACTED}"
+
+
+def test_redact_obj() -> None:
+    r = Redactor(["hunter22"])
+    obj = {"msg": "pw hunter22", "hunter22": [1, "x hunter22", {"n": None}], "t": ("hunter22",)}
+    assert r.redact_obj(obj) == {
+        "msg": f"pw {REDACTED}",
+        REDACTED: [1, f"x {REDACTED}", {"n": None}],
+        "t": [REDACTED],
+    }

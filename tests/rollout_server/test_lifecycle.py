@@ -1,0 +1,196 @@
+"""Lease expiry, graceful shutdown and the process entry point, over real HTTP."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+from functools import partial
+from pathlib import Path
+
+import httpx
+import trio
+from hypercorn.config import Config
+from hypercorn.trio import serve as hypercorn_serve
+
+from rollout_server import LocalBackend, create_app
+from rollout_server.client import RolloutClient, ServerShuttingDown
+from rollout_server.protocol import LEASE_HEADER, RolloutStatus
+
+from .helpers import CANCELLED, ScriptedGrader, ScriptedWorkflow, gate, request, start, started
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+async def test_unpolled_rollout_expires_and_is_cancelled(
+    nursery: trio.Nursery, tmp_path: Path
+) -> None:
+    with trio.fail_after(20):
+        running, client = await start(
+            nursery, tmp_path, result_wait_timeout_sec=0.1, polling_lease_timeout_sec=0.3
+        )
+        admission = await client.admit(request("lx", label="L", metadata={"gate": "lx-never"}))
+        await started("lx").wait()
+        while "lx" not in CANCELLED:
+            await trio.sleep(0.05)
+        result = await client.poll_once(admission)
+        assert (result.status, result.err_message, result.err_category) == (
+            RolloutStatus.FAILURE,
+            "polling lease expired",
+            "lease_expired",
+        )
+        await client.aclose()
+        running.force_stop()
+
+
+async def test_graceful_shutdown_drains_and_refuses(nursery: trio.Nursery, tmp_path: Path) -> None:
+    with trio.fail_after(30):
+        done = trio.Event()
+        running, client = await start(
+            nursery,
+            tmp_path,
+            result_wait_timeout_sec=30.0,
+            polling_lease_timeout_sec=60.0,
+            drain_timeout_sec=0.5,
+            cancel_timeout_sec=5.0,
+        )
+
+        async def serve_until_done() -> None:
+            await done.wait()
+
+        finishing = await client.admit(request("sd1", label="L", metadata={"gate": "sd1"}))
+        stuck = await client.admit(request("sd2", label="L", metadata={"gate": "sd2-never"}))
+        await started("sd1").wait()
+        await started("sd2").wait()
+        results: dict[str, object] = {}
+
+        async def wait(name: str, admission: object) -> None:
+            results[name] = await client.wait_for_result(admission)  # type: ignore[arg-type]
+
+        async with trio.open_nursery() as waiters:
+            waiters.start_soon(wait, "sd1", finishing)
+            waiters.start_soon(wait, "sd2", stuck)
+            await trio.sleep(0.05)
+            running.request_shutdown()
+            while running.service.accepting:
+                await trio.sleep(0.01)
+            try:
+                await client.admit(request("late"))
+            except ServerShuttingDown as exc:
+                assert exc.status_code == 503
+            else:
+                raise AssertionError("admission during shutdown must be refused")
+            health = await client.health()
+            assert health.accepting_rollouts is False
+            gate("sd1").set()
+        # sd1 drained to success; sd2 was cancelled after the drain window; the long-polls
+        # were answered although their hold is 30 s.
+        assert results["sd1"].status == RolloutStatus.SUCCESS  # type: ignore[attr-defined]
+        assert results["sd2"].status == RolloutStatus.CANCELLED  # type: ignore[attr-defined]
+        done.set()
+        await client.aclose()
+
+
+async def test_open_long_poll_answers_on_force_stop(nursery: trio.Nursery, tmp_path: Path) -> None:
+    with trio.fail_after(20):
+        running, client = await start(
+            nursery, tmp_path, result_wait_timeout_sec=60.0, polling_lease_timeout_sec=120.0
+        )
+        admission = await client.admit(request("fs", label="L", metadata={"gate": "fs-never"}))
+        await started("fs").wait()
+        async with trio.open_nursery() as inner:
+
+            async def poll() -> None:
+                async with httpx.AsyncClient(base_url=running.url, timeout=30) as http:
+                    r = await http.get(
+                        "/rollout/fs/result", headers={LEASE_HEADER: admission.token}
+                    )
+                    assert r.status_code == 200
+                    assert r.json()["status"] in ("running", "cancelled")
+
+            inner.start_soon(poll)
+            await trio.sleep(0.2)
+            running.force_stop()
+        await client.aclose()
+
+
+async def test_create_app_runs_under_any_asgi_server(nursery: trio.Nursery, tmp_path: Path) -> None:
+    with trio.fail_after(20):
+        app = create_app(
+            LocalBackend(ScriptedWorkflow, ScriptedGrader),
+            artifact_root=tmp_path,
+            result_wait_timeout_sec=5.0,
+            polling_lease_timeout_sec=10.0,
+        )
+        config = Config()
+        config.bind = ["127.0.0.1:0"]
+        stop = trio.Event()
+        binds = await nursery.start(
+            partial(hypercorn_serve, app, config, shutdown_trigger=stop.wait)
+        )
+        async with RolloutClient(binds[0]) as client:
+            result = await client.run_rollout(request("asgi", label="L"))
+            assert result.status == RolloutStatus.SUCCESS
+        assert (tmp_path / "asgi" / "trajectory.json").exists()
+        stop.set()
+
+
+async def test_serve_entrypoint_reads_environment_and_stops_on_sigterm(tmp_path: Path) -> None:
+    main = tmp_path / "main.py"
+    main.write_text(
+        textwrap.dedent(
+            """
+            from rollout_server import AgentWorkflow, Grader, LocalBackend, serve
+
+            class Echo(AgentWorkflow):
+                async def run(self, ctx):
+                    return [*ctx.prompt, {"role": "assistant", "content": "ok"}]
+
+            class Exact(Grader):
+                async def grade(self, ctx):
+                    ctx.set_reward(1.0 if ctx.label == "L" else 0.0)
+
+            if __name__ == "__main__":
+                serve(LocalBackend(Echo, Exact))
+            """
+        )
+    )
+    with trio.socket.socket() as probe:
+        await probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    env = {
+        **os.environ,
+        "_OSMOSIS_ROLLOUT_PORT": str(port),
+        "_OSMOSIS_ROLLOUT_ARTIFACT_ROOT": str(tmp_path / "trials"),
+        "_OSMOSIS_ROLLOUT_INSTANCE_ID": "abc123",
+        "PYTHONPATH": str(REPO),
+    }
+    with trio.fail_after(60):
+        async with trio.open_nursery() as nursery:
+            process = await nursery.start(
+                partial(
+                    trio.run_process,
+                    [sys.executable, str(main)],
+                    env=env,
+                    stdout=subprocess.DEVNULL,
+                    stderr=subprocess.PIPE,
+                    check=False,
+                )
+            )
+            url = f"http://127.0.0.1:{port}"
+            async with RolloutClient(url) as client:
+                while True:
+                    try:
+                        health = await client.health()
+                        break
+                    except Exception:
+                        await trio.sleep(0.1)
+                assert health.instance_id == "abc123"
+                assert health.headers["x-osmosis-rollout-instance-id"] == "abc123"
+                result = await client.run_rollout(request("env1", label="L"))
+                assert result.sample is not None and result.sample.reward == 1.0
+            assert (tmp_path / "trials" / "env1" / "trajectory.json").exists()
+            process.send_signal(signal.SIGTERM)
+        assert process.returncode == 0, process.stderr
