@@ -14,6 +14,7 @@ import contextlib
 import math
 import os
 import threading
+import warnings
 from collections.abc import AsyncIterator, Awaitable, Callable
 from types import ModuleType
 from typing import Any, TypeVar
@@ -53,6 +54,9 @@ class LiteLLMWorker:
     def _import(self) -> None:
         # Without this LiteLLM fetches a price table from the internet at import.
         os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
+        # Pydantic complains about LiteLLM's own typed dicts the first time a stream is built;
+        # that is noise for our users, not something they can act on.
+        warnings.filterwarnings("ignore", message=r".*using the `ReadOnly` qualifier")
         try:
             import litellm
 

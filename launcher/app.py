@@ -368,6 +368,8 @@ class Supervisor:
         self.ui.stage(message)
 
     def _interrupt_note(self, message: str) -> None:
+        if self.interrupts is not None and self.interrupts.count == 1:
+            self.log("WARNING", "cancel", "supervisor cancellation requested")
         self.log("WARNING", "cancel", message)
         self.ui.note(message)
 

@@ -116,7 +116,7 @@ def main(argv: list[str] | None = None) -> None:
     """Console entry point (``rollbridge``)."""
     obj: dict[str, object] = {}
     try:
-        cli.main(args=argv, prog_name="rollbridge", standalone_mode=False, obj=obj)
+        code = cli.main(args=argv, prog_name="rollbridge", standalone_mode=False, obj=obj)
     except click.exceptions.Exit as exc:
         sys.exit(exc.exit_code)
     except click.exceptions.Abort:
@@ -145,4 +145,4 @@ def main(argv: list[str] | None = None) -> None:
             ui.err_console.print(ui.redact("".join(traceback.format_exception(exc))), markup=False)
         ui.error(f"{type(exc).__name__}: {exc}", code="INTERNAL")
         sys.exit(1)
-    sys.exit(0)
+    sys.exit(code if isinstance(code, int) else 0)

@@ -127,7 +127,7 @@ def compact_selector(offsets: Iterable[int]) -> str:
 
 
 def _iter_jsonl(path: Path) -> Iterator[dict[str, Any]]:
-    with open(path, encoding="utf-8") as fh:
+    with open(path, encoding="utf-8-sig") as fh:
         for lineno, line in enumerate(fh, start=1):
             if not line.strip():
                 continue
@@ -142,7 +142,7 @@ def _iter_jsonl(path: Path) -> Iterator[dict[str, Any]]:
 
 def _iter_csv(path: Path) -> Iterator[dict[str, Any]]:
     csv.field_size_limit(max(csv.field_size_limit(), _CSV_FIELD_LIMIT))
-    with open(path, encoding="utf-8", newline="") as fh:
+    with open(path, encoding="utf-8-sig", newline="") as fh:
         reader = csv.DictReader(fh)
         if reader.fieldnames is None:
             raise ValidationError(f"{path} has no CSV header row")

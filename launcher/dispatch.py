@@ -282,18 +282,6 @@ class Dispatcher:
         record.max_context_tokens = max_ctx
         await self.record(record, result.sample is not None)
         self.report.recorded += 1
-        self.log(
-            "INFO",
-            "result",
-            "work item finished",
-            {
-                "reward": record.reward,
-                "rollout_id": slot.rollout_id,
-                "row_index": item.row.row_index,
-                "run_index": item.run_index,
-                "status": record.status,
-            },
-        )
 
     async def _admit_and_wait(self, item: WorkItem, slot: _Slot) -> RolloutResultResponse:
         request = self._request(item, slot.rollout_id)
@@ -328,6 +316,10 @@ class Dispatcher:
                     )
             if slot.admitted is not None:
                 try:
-                    await slot.admitted.wait()
+                    final = await slot.admitted.wait()
                 except Exception:
                     return
+                if final.status == RolloutStatus.CANCELLED:
+                    self.log(
+                        "WARNING", "cancel", "rollout cancelled", {"rollout_id": slot.rollout_id}
+                    )

@@ -8,6 +8,7 @@ torn final fragment (no trailing newline) and refuses any corrupt committed line
 from __future__ import annotations
 
 import json
+import math
 import os
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -62,14 +63,20 @@ class TerminalRecord(msgspec.Struct, kw_only=True):
         return (self.row_index, self.run_index)
 
     def to_dict(self) -> dict[str, Any]:
-        """The journal fields with None omitted (``duration_ms`` always present, default 0.0)."""
+        """The journal fields with None omitted (``duration_ms`` always present, default 0.0).
+
+        A non-finite reward (NaN, infinity) is left out: JSON cannot hold it, and losing the
+        whole result over it would be worse than recording the attempt as ungraded.
+        """
         out: dict[str, Any] = {}
         for name in self.__struct_fields__:
             value = getattr(self, name)
             if value is not None:
                 out[name] = value
-        out["duration_ms"] = float(self.duration_ms or 0.0)
-        if self.reward is not None:
+        duration = float(self.duration_ms or 0.0)
+        out["duration_ms"] = duration if math.isfinite(duration) else 0.0
+        out.pop("reward", None)
+        if self.reward is not None and math.isfinite(float(self.reward)):
             out["reward"] = float(self.reward)
         return out
 

@@ -83,12 +83,13 @@ class Redactor:
             self.add(value)
 
     def add(self, value: str | None, *, min_length: int = 1) -> None:
-        """Know ``value`` (a configured secret or the per-run bearer): any non-empty length.
+        """Know ``value`` (a configured secret or the per-run bearer): any non-blank length.
 
         ``min_length`` drops variants shorter than it (used for ambient values, so that a
         long value padded with whitespace does not turn a short stripped form into a pattern).
         """
-        if not value:
+        if not value or not value.strip():
+            # A whitespace-only "secret" would turn every space in the output into [REDACTED].
             return
         for variant in value_variants(value):
             if len(variant) >= min_length and variant not in self._patterns:

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import errno
 import fcntl
+import math
 import os
 import time
 from collections.abc import Callable, Sequence
@@ -250,6 +251,7 @@ class RunDirectory:
         Blocking (file I/O); call it before dispatch or via ``trio.to_thread.run_sync``.
         A ``Changed: ...`` refusal or a corrupt journal raises before anything is modified.
         ``self.gate.archived_to`` tells whether ``--fresh`` archived a previous directory.
+        Log lines written here (and in :meth:`finalize`) reach ``echo`` on the calling thread.
         """
         validate_run_name(name)
         run_dir = Path(output_root) / name
@@ -257,7 +259,11 @@ class RunDirectory:
         # A corrupt journal must refuse the run before the log or projections are touched.
         journal = Journal.open(run_dir / "events.jsonl")
         redactor.add_known_env(os.environ)
-        log = RunLog(run_dir / "logs.txt", redactor, echo)
+        try:
+            log = RunLog(run_dir / "logs.txt", redactor, echo)
+        except BaseException:
+            journal.close()
+            raise
         if journal.torn_bytes:
             log.warning(
                 "resume",
@@ -274,6 +280,7 @@ class RunDirectory:
             metrics_interval_s=metrics_interval_s,
         )
         try:
+            rd._remove_stale_temps()
             rd._write_dataset_rows(selected_rows)
             rd._write_progress()
             rd._rebuild(status="running")
@@ -341,13 +348,16 @@ class RunDirectory:
         carried a sample, this item's index/summary line and projection copies, a throttled
         ``metrics.json`` refresh, and the ``work item finished`` log line. Only the journal
         step can raise; projection problems are logged, since a rebuild repairs them.
-        ``error_type`` is redacted before it is journaled.
+        ``error_type`` is redacted and a non-finite reward dropped before it is journaled.
         """
         if record.error_type:
             # error_type may carry the rollout's own error text; secrets never reach a file.
             record = msgspec.structs.replace(
                 record, error_type=self.log.redactor(record.error_type)
             )
+        if record.reward is not None and not math.isfinite(float(record.reward)):
+            # JSON cannot hold NaN/inf; the journal, index and metrics all treat it as ungraded.
+            record = msgspec.structs.replace(record, reward=None)
         previous = self.journal.latest.get(record.key)
         await self.journal.append(record)
         self._fresh.add(record.key)
@@ -356,15 +366,19 @@ class RunDirectory:
             self.counters.apply(record.status, record.reward, prev)
         if wait_for_trajectory:
             await self._wait_for_trajectory(record.rollout_id, trajectory_grace_s)
+        warnings: list[tuple[str, dict[str, Any]]] = []
         async with self._projection_lock:
             try:
-                await trio.to_thread.run_sync(self._project_one, record)
+                await trio.to_thread.run_sync(self._project_one, record, warnings)
             except OSError as exc:
                 self.log.error(
                     "result",
                     "could not update projections; they are rebuilt at finalize",
                     {"error": f"{type(exc).__name__}: {exc}", "rollout_id": record.rollout_id},
                 )
+        # Logged here rather than in the worker thread, so the --verbose echo stays on trio.
+        for message, details in warnings:
+            self._warn(message, details)
         self.log.info(
             "result",
             "work item finished",
@@ -392,7 +406,9 @@ class RunDirectory:
             {"rollout_dir": str(self.trial_dir(rollout_id)), "rollout_id": rollout_id},
         )
 
-    def _project_one(self, record: TerminalRecord) -> None:
+    def _project_one(
+        self, record: TerminalRecord, warnings: list[tuple[str, dict[str, Any]]]
+    ) -> None:
         if record.key not in self._expected:
             return
         trajectory = load_valid_trajectory(self.trials_dir, record.rollout_id)
@@ -405,7 +421,12 @@ class RunDirectory:
                 os.write(fd, line)
             finally:
                 os.close(fd)
-        project_item(self.path, record, trajectory_valid=trajectory is not None, warn=self._warn)
+        project_item(
+            self.path,
+            record,
+            trajectory_valid=trajectory is not None,
+            warn=lambda message, details: warnings.append((message, details)),
+        )
         now = time.monotonic()
         if now - self._last_metrics >= self._metrics_interval_s:
             self._last_metrics = now
@@ -415,6 +436,13 @@ class RunDirectory:
         self.log.warning("trajectory", message, details)
 
     # -- whole-run snapshots -------------------------------------------------------------
+
+    def _remove_stale_temps(self) -> None:
+        """Delete temp files an interrupted atomic write left behind (we hold the run lock)."""
+        for directory in (self.path, self.path / "trajectories"):
+            for temp in directory.glob(".*.tmp"):
+                if temp.is_file() and not temp.is_symlink():
+                    temp.unlink()
 
     def _write_dataset_rows(self, selected_rows: Sequence[SelectedRow]) -> None:
         data = dataset_rows_jsonl(selected_rows)

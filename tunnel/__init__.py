@@ -16,14 +16,8 @@ Typical use by the supervisor::
 This package imports nothing from ``launcher``, ``bridge`` or ``rollout_server``.
 """
 
-from tunnel.cloudflared import (
-    RATE_LIMIT_MESSAGE,
-    LogSink,
-    TunnelFailed,
-    TunnelHandle,
-    TunnelOptions,
-    run_cloudflared_tunnel,
-)
+from typing import TYPE_CHECKING, Any
+
 from tunnel.errors import (
     CloudflaredNotFound,
     TunnelConfigError,
@@ -43,13 +37,49 @@ from tunnel.plan import (
     public_chat_endpoint_environment,
     validate_tunnel_flags,
 )
-from tunnel.record import (
-    TUNNEL_RECORD,
-    ProcessRecord,
-    ReapedTunnel,
-    read_start_token,
-    reap_orphan_tunnel,
-)
+
+if TYPE_CHECKING:
+    from tunnel.cloudflared import (
+        RATE_LIMIT_MESSAGE,
+        LogSink,
+        TunnelFailed,
+        TunnelHandle,
+        TunnelOptions,
+        run_cloudflared_tunnel,
+    )
+    from tunnel.record import (
+        TUNNEL_RECORD,
+        ProcessRecord,
+        ReapedTunnel,
+        read_start_token,
+        reap_orphan_tunnel,
+    )
+
+# The process side pulls in httpx and psutil; importing it lazily keeps ``import tunnel.plan``
+# (flag validation at CLI start-up) cheap.
+_LAZY = {
+    "RATE_LIMIT_MESSAGE": "tunnel.cloudflared",
+    "LogSink": "tunnel.cloudflared",
+    "TunnelFailed": "tunnel.cloudflared",
+    "TunnelHandle": "tunnel.cloudflared",
+    "TunnelOptions": "tunnel.cloudflared",
+    "run_cloudflared_tunnel": "tunnel.cloudflared",
+    "TUNNEL_RECORD": "tunnel.record",
+    "ProcessRecord": "tunnel.record",
+    "ReapedTunnel": "tunnel.record",
+    "read_start_token": "tunnel.record",
+    "reap_orphan_tunnel": "tunnel.record",
+}
+
+
+def __getattr__(name: str) -> Any:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module 'tunnel' has no attribute {name!r}")
+    import importlib
+
+    return getattr(importlib.import_module(module), name)
+
 
 __all__ = [
     "CLOUDFLARED_PATH_FLAG",

@@ -89,7 +89,8 @@ class TunnelOptions:
     row (a start that fails, or a tunnel that dies within ``stable_after`` s) end the service
     with a failure on the handle. ``max_restarts=0`` disables self-healing.
 
-    ``probe_transport`` is the httpx transport used for probes of the public URL (a test seam).
+    ``probe_transport`` is the httpx transport used for probes of the public URL (a test seam);
+    it is closed when the service ends.
     """
 
     binary: Path
@@ -255,7 +256,6 @@ class _Instance:
     public_probe_ok: bool = False
     ready_at: float = 0.0
     end_reason: str | None = None
-    confirmed: bool = False
     first_news: trio.Event = field(default_factory=trio.Event)
     registered: trio.Event = field(default_factory=trio.Event)
     drain_done: trio.Event = field(default_factory=trio.Event)
@@ -366,6 +366,9 @@ class _Supervisor:
                             await instance.drain_done.wait()
                     nursery.cancel_scope.cancel()
         finally:
+            if process.stderr is not None:
+                with trio.CancelScope(shield=True):
+                    await process.stderr.aclose()
             instance.ended.set()
         if failure is not None:
             raise failure
@@ -556,9 +559,9 @@ class _Supervisor:
             await terminate_group(pgid, options.stop_grace)
         with trio.move_on_after(1.0):
             await instance.process.wait()
-        instance.confirmed = instance.process.returncode is not None and not group_members(pgid)
-        self._handle._stop_confirmed = instance.confirmed
-        if instance.confirmed:
+        confirmed = instance.process.returncode is not None and not group_members(pgid)
+        self._handle._stop_confirmed = confirmed
+        if confirmed:
             await trio.to_thread.run_sync(remove_tunnel_record, options.run_dir)
         else:
             options.log(

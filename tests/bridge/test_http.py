@@ -82,13 +82,17 @@ async def test_other_methods_and_paths(bridge: BridgeHandle, client: httpx.Async
 
 
 @pytest.mark.parametrize("rid", ["a%5Cb", "%2E%2E", "a%00b", "%2E"])
-async def test_invalid_rollout_id(bridge: BridgeHandle, client: httpx.AsyncClient, rid: str) -> None:
+async def test_invalid_rollout_id(
+    bridge: BridgeHandle, client: httpx.AsyncClient, rid: str
+) -> None:
     response = await post(client, bridge, {"messages": HI}, rid=rid)
     assert response.status_code == 422
     assert response.json() == {"detail": "invalid rollout_id"}
 
 
-async def test_encoded_slash_and_auth_first(bridge: BridgeHandle, client: httpx.AsyncClient) -> None:
+async def test_encoded_slash_and_auth_first(
+    bridge: BridgeHandle, client: httpx.AsyncClient
+) -> None:
     assert (await post(client, bridge, {"messages": HI}, rid="a%2Fb")).status_code == 404
     response = await post(client, bridge, {"messages": HI}, rid="%2E", headers={})
     assert response.status_code == 401
@@ -117,7 +121,9 @@ async def test_body_over_cap_is_413(start_bridge: StartBridge, provider_env: Fak
 # Body handling -----------------------------------------------------------------------------
 
 
-async def test_forwarding_exact(bridge: BridgeHandle, client: httpx.AsyncClient, provider_env: FakeUpstream) -> None:
+async def test_forwarding_exact(
+    bridge: BridgeHandle, client: httpx.AsyncClient, provider_env: FakeUpstream
+) -> None:
     provider_env.reply_prefix = ""
     body = {
         "model": "placeholder",
@@ -138,12 +144,23 @@ async def test_forwarding_exact(bridge: BridgeHandle, client: httpx.AsyncClient,
         "created": 1700000000,
         "model": "placeholder",
         "choices": [
-            {"index": 0, "message": {"role": "assistant", "content": "hello"}, "finish_reason": "stop"}
+            {
+                "index": 0,
+                "message": {"role": "assistant", "content": "hello"},
+                "finish_reason": "stop",
+            }
         ],
         "usage": {"prompt_tokens": 1, "completion_tokens": 1, "total_tokens": 2},
     }
     sent = provider_env.requests[-1]
-    assert list(sent.body) == ["model", "messages", "temperature", "reasoning", "provider", "metadata"]
+    assert list(sent.body) == [
+        "model",
+        "messages",
+        "temperature",
+        "reasoning",
+        "provider",
+        "metadata",
+    ]
     assert sent.body == {
         "model": "test-model",
         "messages": [{"role": "user", "content": "hello"}],
@@ -163,7 +180,9 @@ async def test_model_echo_defaults_to_configured(
     assert (await post(client, bridge, body)).json()["model"] == "openai/test-model"
 
 
-async def test_extra_body_merge(bridge: BridgeHandle, client: httpx.AsyncClient, provider_env: FakeUpstream) -> None:
+async def test_extra_body_merge(
+    bridge: BridgeHandle, client: httpx.AsyncClient, provider_env: FakeUpstream
+) -> None:
     body = {
         "model": "m",
         "messages": HI,
@@ -199,7 +218,10 @@ def error(message: str, status: int = 400) -> dict[str, Any]:
     [
         ({"messages": HI, "extra_body": [1]}, "extra_body must be a JSON object"),
         ({"messages": HI, "extra_body": "x"}, "extra_body must be a JSON object"),
-        ({"messages": HI, "extra_body": {"extra_body": {}}}, "extra_body cannot contain another extra_body"),
+        (
+            {"messages": HI, "extra_body": {"extra_body": {}}},
+            "extra_body cannot contain another extra_body",
+        ),
         ({"messages": HI, "extra_body": {"extra_body": {}, "api_key": "x"}}, BLOCKED + "api_key"),
         ({"messages": HI, "n": 2}, "The eval bridge supports only n=1"),
         ({"messages": HI, "n": 1, "extra_body": {"n": 2}}, "The eval bridge supports only n=1"),
@@ -224,7 +246,9 @@ async def test_policy_rejections(
     assert provider_env.requests == []
 
 
-@pytest.mark.parametrize("body", [{"messages": HI, "extra_body": None}, {"messages": HI, "n": None}])
+@pytest.mark.parametrize(
+    "body", [{"messages": HI, "extra_body": None}, {"messages": HI, "n": None}]
+)
 async def test_null_is_absent(bridge: BridgeHandle, client: httpx.AsyncClient, body: Any) -> None:
     assert (await post(client, bridge, body)).status_code == 200
 

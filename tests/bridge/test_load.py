@@ -9,7 +9,9 @@ from tests.bridge.conftest import AUTH, StartBridge, url
 from tests.fakes.upstream import FakeUpstream
 
 
-async def test_usage_exact_under_concurrency(start_bridge: StartBridge, provider_env: FakeUpstream) -> None:
+async def test_usage_exact_under_concurrency(
+    start_bridge: StartBridge, provider_env: FakeUpstream
+) -> None:
     handle = await start_bridge()
     rollouts, calls_each = 20, 5
     limits = httpx.Limits(max_connections=64)

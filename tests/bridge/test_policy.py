@@ -58,7 +58,15 @@ def test_body_must_be_an_object(raw: bytes) -> None:
 
 @pytest.mark.parametrize(
     ("value", "streams"),
-    [(True, True), ("yes", True), ("false", True), (0, False), (False, False), (None, False), ("", False)],
+    [
+        (True, True),
+        ("yes", True),
+        ("false", True),
+        (0, False),
+        (False, False),
+        (None, False),
+        ("", False),
+    ],
 )
 def test_stream_is_truthiness_of_top_level(value: Any, streams: bool) -> None:
     assert is_stream({"stream": value}) is streams
@@ -108,7 +116,10 @@ def test_extra_body_merges_recursively_and_wins() -> None:
         }
     )
     assert prepared.messages == HI
-    assert prepared.params == {"temperature": 0.9, "metadata": {"a": 1, "b": {"x": 1, "y": 2}, "c": 3}}
+    assert prepared.params == {
+        "temperature": 0.9,
+        "metadata": {"a": 1, "b": {"x": 1, "y": 2}, "c": 3},
+    }
 
 
 @pytest.mark.parametrize("extra", [[1], "x", 3])
@@ -121,7 +132,9 @@ def test_null_extra_body_is_absent() -> None:
 
 
 def test_nested_extra_body() -> None:
-    assert reject({"extra_body": {"extra_body": {}}}) == "extra_body cannot contain another extra_body"
+    assert (
+        reject({"extra_body": {"extra_body": {}}}) == "extra_body cannot contain another extra_body"
+    )
     assert (
         reject({"extra_body": {"extra_body": {}, "api_key": "x"}})
         == "Request fields cannot override eval bridge configuration: api_key"

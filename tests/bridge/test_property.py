@@ -20,13 +20,17 @@ from tests.fakes.upstream import FakeUpstream, run_fake_upstream
 
 json_values = st.recursive(
     st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | st.text(max_size=8),
-    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=6), inner, max_size=3),
+    lambda inner: (
+        st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=6), inner, max_size=3)
+    ),
     max_leaves=8,
 )
 names = st.one_of(
     st.sampled_from(sorted(BLOCKED_NAMES)),
     st.builds(lambda p, s: p + s, st.sampled_from(RESERVED_PREFIXES), st.text(max_size=5)),
-    st.sampled_from(sorted(ENVELOPE_FIELDS | {"temperature", "metadata", "provider", "extra_body"})),
+    st.sampled_from(
+        sorted(ENVELOPE_FIELDS | {"temperature", "metadata", "provider", "extra_body"})
+    ),
     st.text(max_size=10),
 )
 flat = st.dictionaries(names, json_values, max_size=6)
@@ -70,7 +74,9 @@ async def _post_through_bridge(
 
 
 @given(body=bodies)
-@settings(max_examples=50, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(
+    max_examples=50, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
 def test_no_body_reaches_upstream_with_blocked_fields(
     monkeypatch: pytest.MonkeyPatch, body: dict[str, Any]
 ) -> None:

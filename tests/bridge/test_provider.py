@@ -42,7 +42,9 @@ async def test_upstream_400_keeps_status_and_redacts(
     start_bridge: StartBridge, scripted: Scripted, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setenv("MY_API_KEY", "SECRETVALUE123")
-    body = '{"error":{"message":"bad param foo sk-abcdefghijklmnopqrstuvwxyz012345 SECRETVALUE123"}}'
+    body = (
+        '{"error":{"message":"bad param foo sk-abcdefghijklmnopqrstuvwxyz012345 SECRETVALUE123"}}'
+    )
     scripted.reply(Reply(400, body))
     handle = await start_bridge()
     response = await call(handle, {"messages": HI})
@@ -56,7 +58,10 @@ async def test_upstream_400_keeps_status_and_redacts(
 
 async def test_key_in_query_url_is_redacted(start_bridge: StartBridge, scripted: Scripted) -> None:
     scripted.reply(
-        Reply(403, "denied for https://example.test/v1/models/x:generate?key=AIzaSyD-abcdefghijklmnopqrstuvwx&alt=sse")
+        Reply(
+            403,
+            "denied for https://example.test/v1/models/x:generate?key=AIzaSyD-abcdefghijklmnopqrstuvwx&alt=sse",
+        )
     )
     handle = await start_bridge()
     response = await call(handle, {"messages": HI})
@@ -91,7 +96,9 @@ async def test_run_redactor_is_applied(start_bridge: StartBridge, scripted: Scri
 
 
 @pytest.mark.parametrize("status", [401, 403, 404, 422, 429])
-async def test_upstream_4xx_kept(start_bridge: StartBridge, scripted: Scripted, status: int) -> None:
+async def test_upstream_4xx_kept(
+    start_bridge: StartBridge, scripted: Scripted, status: int
+) -> None:
     scripted.reply(Reply(status, '{"error":{"message":"nope"}}'))
     handle = await start_bridge()
     response = await call(handle, {"messages": HI})
@@ -134,7 +141,9 @@ async def test_connection_error_is_502(
     assert response.json()["error"]["type"] == "bridge_error"
 
 
-async def test_missing_key_is_502(start_bridge: StartBridge, monkeypatch: pytest.MonkeyPatch) -> None:
+async def test_missing_key_is_502(
+    start_bridge: StartBridge, monkeypatch: pytest.MonkeyPatch
+) -> None:
     monkeypatch.delenv("OPENAI_API_KEY", raising=False)
     handle = await start_bridge()
     response = await call(handle, {"messages": HI})
@@ -155,7 +164,9 @@ async def test_upstream_timeout_is_408(
     assert response.json()["error"]["code"] == 408
 
 
-async def test_empty_choices_is_502_but_counted(start_bridge: StartBridge, scripted: Scripted) -> None:
+async def test_empty_choices_is_502_but_counted(
+    start_bridge: StartBridge, scripted: Scripted
+) -> None:
     scripted.reply(Reply(200, {**HELLO, "choices": []}))
     handle = await start_bridge()
     response = await call(handle, {"messages": HI})
@@ -177,7 +188,9 @@ async def test_long_message_truncated_and_whitespace_collapsed(
     assert message.startswith("a b xxx")
 
 
-async def test_invalid_json_from_provider_is_502(start_bridge: StartBridge, scripted: Scripted) -> None:
+async def test_invalid_json_from_provider_is_502(
+    start_bridge: StartBridge, scripted: Scripted
+) -> None:
     scripted.reply(Reply(200, "<html>oops</html>", content_type="text/html"))
     handle = await start_bridge()
     assert (await call(handle, {"messages": HI})).status_code == 502
@@ -225,10 +238,16 @@ async def test_tool_call_shape(start_bridge: StartBridge, scripted: Scripted) ->
 
 
 async def test_refusal_shape(start_bridge: StartBridge, scripted: Scripted) -> None:
-    scripted.reply(Reply(200, completion({"role": "assistant", "content": None, "refusal": "I refuse"})))
+    scripted.reply(
+        Reply(200, completion({"role": "assistant", "content": None, "refusal": "I refuse"}))
+    )
     handle = await start_bridge()
     data = (await call(handle, {"messages": HI})).json()
-    assert data["choices"][0]["message"] == {"role": "assistant", "content": "", "refusal": "I refuse"}
+    assert data["choices"][0]["message"] == {
+        "role": "assistant",
+        "content": "",
+        "refusal": "I refuse",
+    }
 
 
 async def test_no_usage_counts_zero(start_bridge: StartBridge, scripted: Scripted) -> None:
@@ -286,8 +305,12 @@ async def test_usage_per_rollout(start_bridge: StartBridge, scripted: Scripted) 
 
 
 async def test_max_context_is_largest_call(start_bridge: StartBridge, scripted: Scripted) -> None:
-    small = completion({"role": "assistant", "content": "x"}, usage={"prompt_tokens": 5, "completion_tokens": 2})
-    big = completion({"role": "assistant", "content": "x"}, usage={"prompt_tokens": 50, "completion_tokens": 9})
+    small = completion(
+        {"role": "assistant", "content": "x"}, usage={"prompt_tokens": 5, "completion_tokens": 2}
+    )
+    big = completion(
+        {"role": "assistant", "content": "x"}, usage={"prompt_tokens": 50, "completion_tokens": 9}
+    )
     scripted.reply(Reply(200, small), Reply(200, big), Reply(200, small))
     handle = await start_bridge()
     for _ in range(3):
@@ -306,7 +329,12 @@ async def test_reasoning_replayed_on_same_rollout_only(
     details = [{"type": "reasoning.encrypted", "data": "opaque"}]
     tool_call = {"id": "toolu_1", "type": "function", "function": {"name": "f", "arguments": "{}"}}
     first = completion(
-        {"role": "assistant", "content": None, "tool_calls": [tool_call], "reasoning_details": details},
+        {
+            "role": "assistant",
+            "content": None,
+            "tool_calls": [tool_call],
+            "reasoning_details": details,
+        },
         finish="tool_calls",
     )
     scripted.reply(Reply(200, first), Reply(200, HELLO))

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from functools import partial
 from typing import Any
 
 import httpx
@@ -54,7 +55,12 @@ async def test_stream_body_exact(start_bridge: StartBridge, scripted: Scripted) 
     assert response.headers["content-type"] == "text/event-stream; charset=utf-8"
     assert response.headers["cache-control"] == "no-cache"
     assert response.headers["x-accel-buffering"] == "no"
-    first = {"id": "chatcmpl-up1", "object": "chat.completion.chunk", "created": 1700000000, "model": "m"}
+    first = {
+        "id": "chatcmpl-up1",
+        "object": "chat.completion.chunk",
+        "created": 1700000000,
+        "model": "m",
+    }
     assert frames(response.text) == [
         ": ping",
         "data: " + json.dumps(
@@ -86,7 +92,10 @@ async def test_stream_from_fake_upstream(
                 headers=AUTH,
             )
     chunks = [data(f) for f in frames(response.text)[1:-1]]
-    assert "".join(c["choices"][0]["delta"].get("content", "") for c in chunks) == "echo: one two three"
+    assert (
+        "".join(c["choices"][0]["delta"].get("content", "") for c in chunks)
+        == "echo: one two three"
+    )
     assert chunks[-1]["choices"][0]["finish_reason"] == "stop"
     assert chunks[-1]["usage"] == {"prompt_tokens": 3, "completion_tokens": 4, "total_tokens": 7}
     assert all("usage" not in c for c in chunks[:-1])
@@ -94,8 +103,18 @@ async def test_stream_from_fake_upstream(
 
 async def test_streamed_tool_call_indices(start_bridge: StartBridge, scripted: Scripted) -> None:
     calls = [
-        {"index": 0, "id": "call_a", "type": "function", "function": {"name": "f", "arguments": ""}},
-        {"index": 1, "id": "call_b", "type": "function", "function": {"name": "g", "arguments": ""}},
+        {
+            "index": 0,
+            "id": "call_a",
+            "type": "function",
+            "function": {"name": "f", "arguments": ""},
+        },
+        {
+            "index": 1,
+            "id": "call_b",
+            "type": "function",
+            "function": {"name": "g", "arguments": ""},
+        },
     ]
     scripted.reply(
         Reply(200, content_type="text/event-stream", parts=sse(
@@ -108,7 +127,9 @@ async def test_streamed_tool_call_indices(start_bridge: StartBridge, scripted: S
     handle = await start_bridge()
     with trio.fail_after(20):
         async with httpx.AsyncClient() as client:
-            response = await client.post(url(handle), json={"messages": HI, "stream": True}, headers=AUTH)
+            response = await client.post(
+                url(handle), json={"messages": HI, "stream": True}, headers=AUTH
+            )
     chunks = [data(f) for f in frames(response.text)[1:-1]]
     seen = [call for c in chunks for call in c["choices"][0]["delta"].get("tool_calls", [])]
     assert [(c["index"], c["id"]) for c in seen] == [(0, "call_a"), (1, "call_b")]
@@ -129,7 +150,9 @@ async def test_non_streaming_provider_answer_becomes_one_chunk(
     handle = await start_bridge()
     with trio.fail_after(20):
         async with httpx.AsyncClient() as client:
-            response = await client.post(url(handle), json={"messages": HI, "stream": True}, headers=AUTH)
+            response = await client.post(
+                url(handle), json={"messages": HI, "stream": True}, headers=AUTH
+            )
     body = frames(response.text)
     assert body[0] == ": ping" and body[-1] == "data: [DONE]" and len(body) == 3
     only = data(body[1])
@@ -141,15 +164,20 @@ async def test_non_streaming_provider_answer_becomes_one_chunk(
 async def test_relay_is_live_with_heartbeats(start_bridge: StartBridge, scripted: Scripted) -> None:
     release = trio.Event()
     parts = sse(chunk({"content": "first"}), done=False)
-    parts += [(release, b"data: " + json.dumps(chunk({"content": " second"}, "stop")).encode() + b"\n\n")]
+    parts += [
+        (release, b"data: " + json.dumps(chunk({"content": " second"}, "stop")).encode() + b"\n\n")
+    ]
     parts += sse(USAGE_CHUNK)
     scripted.reply(Reply(200, content_type="text/event-stream", parts=parts))
     handle = await start_bridge(heartbeat_interval=0.01)
     seen: list[str] = []
     with trio.fail_after(20):
-        async with httpx.AsyncClient() as client, client.stream(
-            "POST", url(handle), json={"messages": HI, "stream": True}, headers=AUTH
-        ) as response:
+        async with (
+            httpx.AsyncClient() as client,
+            client.stream(
+                "POST", url(handle), json={"messages": HI, "stream": True}, headers=AUTH
+            ) as response,
+        ):
             buffer = ""
             async for text in response.aiter_text():
                 buffer += text
@@ -170,13 +198,19 @@ async def test_error_status_in_stream_mode(start_bridge: StartBridge, scripted: 
     handle = await start_bridge()
     with trio.fail_after(20):
         async with httpx.AsyncClient() as client:
-            response = await client.post(url(handle), json={"messages": HI, "stream": True}, headers=AUTH)
+            response = await client.post(
+                url(handle), json={"messages": HI, "stream": True}, headers=AUTH
+            )
     assert response.status_code == 200
     body = frames(response.text)
     assert body[0] == ": ping" and body[-1] == "data: [DONE]"
     assert body[1].startswith("event: error\ndata: ")
     error = json.loads(body[1].split("data: ", 1)[1])
-    assert error["error"] == {"message": '{"error":{"message":"boom"}}', "type": "bridge_error", "code": 502}
+    assert error["error"] == {
+        "message": '{"error":{"message":"boom"}}',
+        "type": "bridge_error",
+        "code": 502,
+    }
     assert handle.ledger.pop("r1") is None
 
 
@@ -189,7 +223,9 @@ async def test_error_mid_stream(start_bridge: StartBridge, scripted: Scripted) -
     handle = await start_bridge()
     with trio.fail_after(20):
         async with httpx.AsyncClient() as client:
-            response = await client.post(url(handle), json={"messages": HI, "stream": True}, headers=AUTH)
+            response = await client.post(
+                url(handle), json={"messages": HI, "stream": True}, headers=AUTH
+            )
     body = frames(response.text)
     assert "par" in body[1]
     assert body[2].startswith("event: error\n")
@@ -201,13 +237,16 @@ async def test_client_gone_mid_stream_cancels_provider_and_counts_call(
     start_bridge: StartBridge, scripted: Scripted
 ) -> None:
     never = trio.Event()
-    parts = sse(chunk({"content": "first"}), done=False) + [(never, b"data: [DONE]\n\n")]
+    parts = [*sse(chunk({"content": "first"}), done=False), (never, b"data: [DONE]\n\n")]
     scripted.reply(Reply(200, content_type="text/event-stream", parts=parts))
     handle = await start_bridge()
     with trio.fail_after(20):
-        async with httpx.AsyncClient() as client, client.stream(
-            "POST", url(handle), json={"messages": HI, "stream": True}, headers=AUTH
-        ) as response:
+        async with (
+            httpx.AsyncClient() as client,
+            client.stream(
+                "POST", url(handle), json={"messages": HI, "stream": True}, headers=AUTH
+            ) as response,
+        ):
             async for text in response.aiter_text():
                 if "first" in text:
                     break
@@ -225,9 +264,13 @@ async def test_client_gone_cancels_non_streaming_call(
     provider_env.delay = 60
     handle = await start_bridge()
     with trio.fail_after(20):
-        async with httpx.AsyncClient() as client:
-            with trio.move_on_after(0.5):
-                await client.post(url(handle), json={"messages": HI}, headers=AUTH)
+        async with httpx.AsyncClient() as client, trio.open_nursery() as nursery:
+            nursery.start_soon(
+                partial(client.post, url(handle), json={"messages": HI}, headers=AUTH)
+            )
+            while provider_env.in_flight == 0:
+                await trio.sleep(0.01)
+            nursery.cancel_scope.cancel()
         while provider_env.disconnects == 0:
             await trio.sleep(0.01)
     assert provider_env.completed == 0
@@ -237,7 +280,9 @@ async def test_client_gone_cancels_non_streaming_call(
 # Keepalive mode -----------------------------------------------------------------------------
 
 
-async def test_keepalive_slow_call_trickles_spaces(start_bridge: StartBridge, scripted: Scripted) -> None:
+async def test_keepalive_slow_call_trickles_spaces(
+    start_bridge: StartBridge, scripted: Scripted
+) -> None:
     release = trio.Event()
     body = json.dumps({
         "id": "chatcmpl-up1", "created": 1700000000, "usage": USAGE,
@@ -247,9 +292,10 @@ async def test_keepalive_slow_call_trickles_spaces(start_bridge: StartBridge, sc
     handle = await start_bridge(keepalive=True, keepalive_grace=0.01, keepalive_interval=0.01)
     received = b""
     with trio.fail_after(20):
-        async with httpx.AsyncClient() as client, client.stream(
-            "POST", url(handle), json={"messages": HI}, headers=AUTH
-        ) as response:
+        async with (
+            httpx.AsyncClient() as client,
+            client.stream("POST", url(handle), json={"messages": HI}, headers=AUTH) as response,
+        ):
             assert response.status_code == 200
             assert response.headers["content-type"] == "application/json"
             async for part in response.aiter_bytes():
@@ -270,9 +316,10 @@ async def test_keepalive_slow_failure_is_200_with_error(
     handle.set_keepalive(True)
     received = b""
     with trio.fail_after(20):
-        async with httpx.AsyncClient() as client, client.stream(
-            "POST", url(handle), json={"messages": HI}, headers=AUTH
-        ) as response:
+        async with (
+            httpx.AsyncClient() as client,
+            client.stream("POST", url(handle), json={"messages": HI}, headers=AUTH) as response,
+        ):
             assert response.status_code == 200
             async for part in response.aiter_bytes():
                 received += part

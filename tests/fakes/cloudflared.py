@@ -9,7 +9,8 @@ options) and ``--version``. It prints trycloudflare-style lines on stderr (the U
 server line, ``Registered tunnel connection``), and serves two things on its own ports:
 
 * the "public" side on ``FAKE_CLOUDFLARED_LISTEN`` (default 127.0.0.1), port 0: every request is
-  forwarded to ``<origin>`` and the answer streamed back, like Cloudflare's edge would;
+  forwarded to ``<origin>`` and the answer streamed back, like Cloudflare's edge would (each one
+  is logged as ``DBG forwarded <method> <path> -> <status>``);
 * a metrics server on 127.0.0.1 with ``/ready`` (200 while "connected", 503 after a simulated
   disconnect), like cloudflared's own.
 
@@ -345,6 +346,7 @@ class _Edge:
         finally:
             await response.aclose()
         self.answered += 1
+        _log("DBG", f"forwarded {scope['method']} {path} -> {response.status_code}")
         if self.crash_after and self.answered >= self.crash_after:
             self.nursery.start_soon(_crash_later, 0.05)
 

@@ -1,6 +1,7 @@
 """A real isolated sandbox: a network namespace that cannot reach this machine's loopback.
 
-From inside the namespace, the rollout's model call (a) fails against the loopback bridge URL and
+From inside the namespace, the rollout's model call (the SDK's ``chat()``, against the real bridge
+with the offline echo model) (a) fails against the loopback ``chat_completions_url`` and
 (b) succeeds through an advertised base: the fake cloudflared listening on the host side of a veth
 pair that this test creates (10.213.x.x/30, addresses that exist only for this test).
 """
@@ -19,8 +20,8 @@ import httpx
 import pytest
 import trio
 
+from bridge import OFFLINE_MODEL, BridgeConfig, BridgeHandle, run_bridge
 from tests.fakes.cloudflared_support import REPO_ROOT, resolve_public_url
-from tests.fakes.upstream import FakeUpstream
 from tests.tunnel.conftest import FakeCloudflared
 from tunnel import TunnelHandle, TunnelOptions, run_cloudflared_tunnel
 
@@ -52,7 +53,6 @@ async def _pick_subnet() -> tuple[str, str]:
 
 async def test_sandbox_reaches_the_bridge_only_through_the_advertised_base(
     nursery: trio.Nursery,
-    fake_upstream: FakeUpstream,
     fake_cloudflared: FakeCloudflared,
     make_options: Callable[..., TunnelOptions],
 ) -> None:
@@ -77,20 +77,28 @@ async def test_sandbox_reaches_the_bridge_only_through_the_advertised_base(
         await _ip("-n", namespace, "link", "set", ns_if, "up")
         await _ip("-n", namespace, "link", "set", "lo", "up")
 
+        token = secrets.token_hex(16)
+        bridge: BridgeHandle = await nursery.start(
+            run_bridge, BridgeConfig(model=OFFLINE_MODEL, token=token, keepalive=True)
+        )
         fake_cloudflared.knobs(LISTEN=host_addr)
-        port = int(fake_upstream.base_url.rsplit(":", 1)[1])
         with trio.fail_after(30):
-            handle = await nursery.start(run_cloudflared_tunnel, make_options(port))
+            handle = await nursery.start(run_cloudflared_tunnel, make_options(bridge.port))
         advertised = resolve_public_url(fake_cloudflared.state, handle.public_url)
         assert advertised.startswith(f"http://{host_addr}:")
-        loopback_base = f"http://127.0.0.1:{port}/v1"
+        loopback_url = bridge.rollout_url("sandboxed-1")
+        public_url = bridge.rollout_url("sandboxed-1", advertised)
 
         # The loopback URL does work on the host itself: only the sandbox cannot use it.
         with trio.fail_after(10):
             async with httpx.AsyncClient(trust_env=False) as client:
-                body = {"model": "m", "messages": [{"role": "user", "content": "host"}]}
-                on_host = await client.post(loopback_base + "/chat/completions", json=body)
+                on_host = await client.post(
+                    loopback_url + "/chat/completions",
+                    json={"model": "m", "messages": [{"role": "user", "content": "host"}]},
+                    headers={"Authorization": f"Bearer {token}"},
+                )
         assert on_host.status_code == 200
+        bridge.ledger.pop("sandboxed-1")
 
         with trio.fail_after(40):
             probe = await trio.run_process(
@@ -102,9 +110,10 @@ async def test_sandbox_reaches_the_bridge_only_through_the_advertised_base(
                     sys.executable,
                     "-m",
                     "tests.tunnel.netns_probe",
-                    "bridge-token",
-                    loopback_base,
-                    advertised + "/v1",
+                    token,
+                    "sandboxed-1",
+                    loopback_url,
+                    public_url,
                 ],
                 cwd=REPO_ROOT,
                 capture_stdout=True,
@@ -113,12 +122,10 @@ async def test_sandbox_reaches_the_bridge_only_through_the_advertised_base(
             )
         assert probe.returncode == 0, probe.stderr.decode()
         loopback, through_tunnel = json.loads(probe.stdout)
-        assert "error" in loopback, loopback
-        assert loopback["error"].startswith("ConnectError")
-        assert through_tunnel.get("status") == 200, through_tunnel
-        reply = json.loads(through_tunnel["body"])
-        assert reply["choices"][0]["message"]["content"] == "echo: from the sandbox"
-        assert fake_upstream.requests[-1].headers["authorization"] == "Bearer bridge-token"
+        assert loopback["error"].startswith("ConnectError"), loopback
+        assert through_tunnel.get("reply") == "from the sandbox", through_tunnel
+        usage = bridge.ledger.get("sandboxed-1")
+        assert usage is not None and usage.total_tokens > 0
     finally:
         with trio.CancelScope(shield=True):
             if handle is not None:

@@ -276,3 +276,12 @@ def test_dataset_rows_jsonl_is_byte_identical_across_reads(tmp_path: Path) -> No
     second = dataset_rows_jsonl(select_rows(path, rows="2,0").rows)
     assert first == second
     assert [json.loads(x)["row_index"] for x in first.splitlines()] == [0, 1]
+
+
+def test_a_byte_order_mark_is_ignored(tmp_path: Path) -> None:
+    csv_path = tmp_path / "bom.csv"
+    csv_path.write_bytes("\ufeffuser_prompt,ground_truth\nq,a\n".encode())
+    assert select_rows(csv_path).rows[0].label == "a"
+    jsonl_path = tmp_path / "bom.jsonl"
+    jsonl_path.write_bytes('\ufeff{"user_prompt": "q", "label": "b"}\n'.encode())
+    assert select_rows(jsonl_path).rows[0].label == "b"

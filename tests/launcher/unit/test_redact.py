@@ -5,6 +5,9 @@ from __future__ import annotations
 import json
 import traceback
 
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
 from launcher.redact import KNOWN_SECRET_ENV_NAMES, REDACTED, Redactor
 
 
@@ -99,3 +102,34 @@ def test_redact_obj() -> None:
         REDACTED: [1, f"x {REDACTED}", {"n": None}],
         "t": [REDACTED],
     }
+
+
+def test_whitespace_only_values_are_ignored() -> None:
+    r = Redactor(["   ", "\n"])
+    assert r("a b\nc") == "a b\nc"
+
+
+_SECRET_TEXT = st.text(
+    alphabet=st.sampled_from(
+        [*list("abcxyz0129-_./+="), '"', "\\", "'", "\n", "\t", "é", "€", " ", "\x01"]
+    ),
+    min_size=1,
+    max_size=24,
+).filter(lambda s: s.strip() != "")
+
+
+@settings(max_examples=200, deadline=None)
+@given(secret=_SECRET_TEXT, before=st.text(max_size=10), after=st.text(max_size=10))
+def test_every_spelling_of_a_secret_is_redacted(secret: str, before: str, after: str) -> None:
+    r = Redactor([secret])
+    spellings = {
+        secret,
+        secret.strip(),
+        json.dumps(secret)[1:-1],
+        json.dumps(secret, ensure_ascii=False)[1:-1],
+        repr(secret)[1:-1],
+    }
+    for spelling in spellings:
+        out = r(before + spelling + after)
+        assert spelling not in out.replace(REDACTED, "\x00"), (spelling, out)
+        assert REDACTED in out

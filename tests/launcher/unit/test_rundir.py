@@ -101,6 +101,7 @@ def test_lock_is_exclusive_and_reusable(tmp_path: Path) -> None:
     other.release()
     assert stat.S_IMODE(lock_path(root, "run1").stat().st_mode) == 0o600
     assert lock_path(root, "run1").exists()  # never deleted
+    assert stat.S_IMODE((root / ".locks").stat().st_mode) == 0o700
 
 
 async def test_new_run_writes_every_file_before_dispatch(tmp_path: Path) -> None:
@@ -120,6 +121,8 @@ async def test_new_run_writes_every_file_before_dispatch(tmp_path: Path) -> None
     ):
         assert stat.S_IMODE((run_dir / name).stat().st_mode) == 0o600, name
     assert (run_dir / "rollout_trials").is_dir()
+    for directory in (tmp_path / "out", run_dir, run_dir / "rollout_trials"):
+        assert stat.S_IMODE(directory.stat().st_mode) == 0o700, directory
     assert (run_dir / "dataset_rows.jsonl").read_bytes() == dataset_rows_jsonl(sel.rows)
     assert json.loads((run_dir / "progress.json").read_text()) == {
         "total_runs": 6,
@@ -329,6 +332,7 @@ async def test_trajectory_projection_and_token_fallback(tmp_path: Path) -> None:
     trial = rd.trial_dir(rid)
     (trial / "artifacts").mkdir(parents=True)
     (trial / "artifacts" / "out.txt").write_text("hello")
+    (trial / "artifacts" / "escape").symlink_to(tmp_path / "data.jsonl")
     (trial / "trajectory.json").write_text(
         json.dumps(
             {
@@ -345,7 +349,10 @@ async def test_trajectory_projection_and_token_fallback(tmp_path: Path) -> None:
     assert row["tokens"] == 10 and row["max_context_tokens"] == 10
     assert (rd.path / "trajectories" / "row_0_run_0.json").exists()
     assert (rd.path / "artifacts" / "row_0_run_0" / "out.txt").read_text() == "hello"
-    assert "no parseable trajectory" not in (rd.path / "logs.txt").read_text()
+    log = (rd.path / "logs.txt").read_text()
+    assert "no parseable trajectory" not in log
+    assert "WARNING [trajectory] skipped an unsafe artifact" in log and '"path":"escape"' in log
+    assert not (rd.path / "artifacts" / "row_0_run_0" / "escape").exists()
     rd.close()
 
 
@@ -388,3 +395,27 @@ def test_compute_pending_order() -> None:
     assert [(w.row_index, w.run_index, w.source_row_index) for w in got] == [(0, 0, 5), (1, 1, 9)]
     got = compute_pending(latest, rows, 2, retry_failed=True)  # type: ignore[arg-type]
     assert [(w.row_index, w.run_index) for w in got] == [(0, 0), (0, 1), (1, 1)]
+
+
+def test_stale_temp_files_from_a_killed_writer_are_removed(tmp_path: Path) -> None:
+    sel = selection(tmp_path, rows=1)
+    rd = open_rd(tmp_path, sel, n=1)
+    rd.close()
+    (rd.path / ".metrics.json.k3j2l1.tmp").write_text("{")
+    (rd.path / "trajectories").mkdir()
+    (rd.path / "trajectories" / ".row_0_run_0.json.x.tmp").write_text("{")
+    open_rd(tmp_path, sel, n=1).close()
+    assert not list(rd.path.glob(".*.tmp"))
+    assert not list((rd.path / "trajectories").glob(".*.tmp"))
+
+
+async def test_non_finite_reward_is_recorded_as_ungraded(tmp_path: Path) -> None:
+    sel = selection(tmp_path, rows=1)
+    rd = open_rd(tmp_path, sel, n=1)
+    with trio.fail_after(20):
+        await rd.record_result(record(0, 0, "success", float("nan")))
+    result = rd.finalize(cancelled=False)
+    assert "reward" not in lines(rd.path / "events.jsonl")[0]
+    assert "reward" not in lines(rd.path / "index.jsonl")[0]
+    assert result.summary["graded"] == 0 and result.complete
+    rd.close()

@@ -1,0 +1,263 @@
+"""Benchmark the model bridge against the fake upstream, in one run.
+
+Measures, with the fake OpenAI-compatible upstream (tests/fakes/upstream.py) in its own
+process and the bridge in another:
+
+* added latency per call: sequential keep-alive calls through the bridge vs straight to the
+  upstream (p50/p99, non-streaming and streaming);
+* sustained calls/s at 64 concurrent clients, through the bridge vs straight to the upstream;
+
+for the direct path (``openai/…`` with ``OPENAI_BASE_URL``) and the LiteLLM path (the same
+model forced through LiteLLM), plus LiteLLM alone (``litellm.acompletion`` on one asyncio
+loop, no bridge) as the LiteLLM path's own baseline.
+
+Run: ``.venv/bin/python scripts/bench/bench_bridge.py`` (about two minutes).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT))
+
+TOKEN = "bench-token-0123456789"
+MODEL = "openai/bench-model"
+BODY = {"model": "m", "messages": [{"role": "user", "content": "say something short please"}]}
+CONCURRENCY = 64
+
+
+# Child processes -----------------------------------------------------------------------------
+
+
+def serve_upstream() -> None:
+    import trio
+
+    from tests.fakes.upstream import run_fake_upstream
+
+    async def main() -> None:
+        async with trio.open_nursery() as nursery:
+            upstream = await nursery.start(run_fake_upstream)
+            print(upstream.base_url, flush=True)
+
+    trio.run(main)
+
+
+def serve_bridge(via_litellm: bool) -> None:
+    import trio
+
+    from bridge import BridgeConfig, run_bridge
+
+    async def main() -> None:
+        async with trio.open_nursery() as nursery:
+            handle = await nursery.start(
+                run_bridge, BridgeConfig(model=MODEL, token=TOKEN, via_litellm=via_litellm)
+            )
+            if via_litellm:  # wait for LiteLLM's import before reporting ready
+                from bridge._litellm import worker
+
+                await worker().call(lambda litellm: None)
+            print(handle.base_url, flush=True)
+
+    trio.run(main)
+
+
+def litellm_alone(base: str, calls: int, seconds: float) -> None:
+    """LiteLLM's own cost: acompletion straight to the upstream on one asyncio loop."""
+    import asyncio
+
+    os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
+    import litellm
+
+    litellm.suppress_debug_info = True
+    kw: dict[str, Any] = {
+        "model": MODEL,
+        "messages": BODY["messages"],
+        "api_base": base + "/v1",
+        "api_key": "sk-bench",
+        "max_retries": 0,
+    }
+
+    async def main() -> dict[str, Any]:
+        for _ in range(20):
+            await litellm.acompletion(**kw)
+        latencies = []
+        for _ in range(calls):
+            start = time.perf_counter()
+            await litellm.acompletion(**kw)
+            latencies.append(time.perf_counter() - start)
+        done = 0
+        deadline = time.perf_counter() + seconds
+
+        async def client() -> None:
+            nonlocal done
+            while time.perf_counter() < deadline:
+                await litellm.acompletion(**kw)
+                done += 1
+
+        start = time.perf_counter()
+        await asyncio.gather(*(client() for _ in range(CONCURRENCY)))
+        return {"latencies": latencies, "rps": done / (time.perf_counter() - start)}
+
+    print(json.dumps(asyncio.run(main())), flush=True)
+
+
+# Measuring -----------------------------------------------------------------------------------
+
+
+def spawn(*args: str, env: dict[str, str] | None = None) -> tuple[subprocess.Popen[str], str]:
+    proc = subprocess.Popen(
+        [sys.executable, __file__, *args],
+        stdout=subprocess.PIPE,
+        text=True,
+        env={**os.environ, **(env or {})},
+        cwd=ROOT,
+    )
+    assert proc.stdout is not None
+    line = proc.stdout.readline().strip()
+    if not line:
+        raise SystemExit(f"child {args} did not start")
+    return proc, line
+
+
+def pct(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(q * len(ordered)))] * 1000
+
+
+async def latencies(url: str, headers: dict[str, str], body: dict[str, Any], n: int) -> list[float]:
+    import httpx
+
+    out = []
+    async with httpx.AsyncClient(timeout=60) as client:
+        for _ in range(20):
+            (await client.post(url, json=body, headers=headers)).raise_for_status()
+        for _ in range(n):
+            start = time.perf_counter()
+            response = await client.post(url, json=body, headers=headers)
+            await response.aread()
+            out.append(time.perf_counter() - start)
+            response.raise_for_status()
+    return out
+
+
+async def throughput(url: str, headers: dict[str, str], seconds: float) -> float:
+    import httpx
+    import trio
+
+    done = 0
+    limits = httpx.Limits(max_connections=CONCURRENCY, max_keepalive_connections=CONCURRENCY)
+    async with httpx.AsyncClient(timeout=60, limits=limits) as client:
+        for _ in range(10):
+            await client.post(url, json=BODY, headers=headers)
+        deadline = trio.current_time() + seconds
+
+        async def one() -> None:
+            nonlocal done
+            while trio.current_time() < deadline:
+                response = await client.post(url, json=BODY, headers=headers)
+                response.raise_for_status()
+                done += 1
+
+        start = time.perf_counter()
+        async with trio.open_nursery() as nursery:
+            for _ in range(CONCURRENCY):
+                nursery.start_soon(one)
+        return done / (time.perf_counter() - start)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--calls", type=int, default=300, help="sequential calls per latency run")
+    parser.add_argument("--seconds", type=float, default=4.0, help="length of each throughput run")
+    parser.add_argument("--child", nargs="*", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.child:
+        kind, *rest = args.child
+        if kind == "upstream":
+            serve_upstream()
+        elif kind == "bridge":
+            serve_bridge(rest[0] == "litellm")
+        else:
+            litellm_alone(rest[0], args.calls, args.seconds)
+        return
+
+    import trio
+
+    upstream, base = spawn("--child", "upstream")
+    env = {
+        "OPENAI_BASE_URL": base + "/v1",
+        "OPENAI_API_KEY": "sk-bench",
+        "LITELLM_LOCAL_MODEL_COST_MAP": "True",
+    }
+    children = [upstream]
+    try:
+        direct_bridge, direct_url = spawn("--child", "bridge", "direct", env=env)
+        children.append(direct_bridge)
+        litellm_bridge, litellm_url = spawn("--child", "bridge", "litellm", env=env)
+        children.append(litellm_bridge)
+        auth = {"Authorization": f"Bearer {TOKEN}"}
+        upstream_url = base + "/v1/chat/completions"
+        rows: list[tuple[str, list[float], list[float], float]] = []
+
+        async def run_all() -> None:
+            stream_body = {**BODY, "stream": True, "stream_options": {"include_usage": True}}
+            targets = [
+                ("upstream alone", upstream_url, {}),
+                ("bridge, direct path", direct_url + "/v1/rollouts/r/chat/completions", auth),
+                ("bridge, LiteLLM path", litellm_url + "/v1/rollouts/r/chat/completions", auth),
+            ]
+            for name, url, headers in targets:
+                plain = await latencies(url, headers, BODY, args.calls)
+                streamed = await latencies(url, headers, stream_body, args.calls)
+                rps = await throughput(url, headers, args.seconds)
+                rows.append((name, plain, streamed, rps))
+
+        trio.run(run_all)
+        alone_proc = subprocess.run(
+            [sys.executable, __file__, "--calls", str(args.calls), "--seconds", str(args.seconds),
+             "--child", "litellm", base],
+            capture_output=True, text=True, env={**os.environ, **env}, cwd=ROOT, check=True,
+        )  # fmt: skip
+        alone = json.loads(alone_proc.stdout.strip().splitlines()[-1])
+    finally:
+        for child in children:
+            child.terminate()
+            child.wait()
+
+    base_plain, base_stream, base_rps = rows[0][1], rows[0][2], rows[0][3]
+    print(f"{'target':<24}{'p50 ms':>9}{'p99 ms':>9}{'+p50':>8}{'stream p50':>12}{'+p50':>8}"
+          f"{'calls/s@64':>12}{'ratio':>8}")  # fmt: skip
+    for name, plain, streamed, rps in rows:
+        print(
+            f"{name:<24}{pct(plain, .5):>9.2f}{pct(plain, .99):>9.2f}"
+            f"{pct(plain, .5) - pct(base_plain, .5):>8.2f}{pct(streamed, .5):>12.2f}"
+            f"{pct(streamed, .5) - pct(base_stream, .5):>8.2f}{rps:>12.0f}{rps / base_rps:>8.2f}"
+        )
+    lat = alone["latencies"]
+    print(
+        f"{'LiteLLM alone':<24}{pct(lat, .5):>9.2f}{pct(lat, .99):>9.2f}"
+        f"{pct(lat, .5) - pct(base_plain, .5):>8.2f}{'':>12}{'':>8}{alone['rps']:>12.0f}"
+        f"{alone['rps'] / base_rps:>8.2f}"
+    )
+    litellm_row = rows[2]
+    print()
+    print(f"direct path: added p50 {pct(rows[1][1], .5) - pct(base_plain, .5):.2f} ms "
+          f"(target <= 1 ms), throughput {rows[1][3] / base_rps:.0%} of upstream alone (target >= 80%)")  # fmt: skip
+    print(f"LiteLLM path: {litellm_row[3] / alone['rps']:.0%} of LiteLLM-alone calls/s, "
+          f"p50 {pct(litellm_row[1], .5):.2f} ms vs {pct(lat, .5):.2f} ms for LiteLLM alone")  # fmt: skip
+    print(f"(median of {args.calls} sequential keep-alive calls; {CONCURRENCY} clients for "
+          f"{args.seconds:.0f} s; statistics: stdev upstream p50 run "
+          f"{statistics.pstdev(base_plain) * 1000:.2f} ms)")  # fmt: skip
+
+
+if __name__ == "__main__":
+    main()

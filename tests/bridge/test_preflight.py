@@ -1,0 +1,118 @@
+"""Model preflight: which failures stop a run (runner.md §2.8, bridge.md §13)."""
+
+from __future__ import annotations
+
+import pytest
+import trio
+
+from bridge import OFFLINE_MODEL, PreflightError, preflight
+from tests.bridge.scripted import Reply, Scripted
+
+pytestmark = pytest.mark.timeout(120)
+
+
+async def test_offline_model_passes() -> None:
+    with trio.fail_after(10):
+        assert await preflight(OFFLINE_MODEL) is None
+
+
+async def test_probe_request(scripted: Scripted) -> None:
+    scripted.reply(
+        Reply(
+            200, {"choices": [{"index": 0, "message": {"content": "x"}, "finish_reason": "stop"}]}
+        )
+    )
+    with trio.fail_after(20):
+        assert await preflight("openai/test-model") is None
+    assert scripted.requests[-1] == {
+        "model": "test-model",
+        "messages": [{"role": "user", "content": "hi"}],
+        "max_tokens": 256,
+    }
+
+
+@pytest.mark.parametrize(
+    ("status", "name"),
+    [
+        (400, "BadRequestError"),
+        (401, "AuthenticationError"),
+        (403, "PermissionDeniedError"),
+        (404, "NotFoundError"),
+        (422, "UnprocessableEntityError"),
+    ],
+)
+async def test_fatal_statuses(scripted: Scripted, status: int, name: str) -> None:
+    scripted.reply(Reply(status, '{"error":{"message":"sk-abcdefghijklmnopqrstuvwxyz rejected"}}'))
+    with trio.fail_after(20), pytest.raises(PreflightError) as info:
+        await preflight("openai/test-model")
+    message = str(info.value)
+    assert message.startswith(f"model preflight failed for 'openai/test-model': {name}: ")
+    assert "sk-abc" not in message
+
+
+async def test_rate_limit_is_healthy(scripted: Scripted) -> None:
+    scripted.reply(Reply(429, "slow down"))
+    with trio.fail_after(20):
+        assert await preflight("openai/test-model") is None
+
+
+async def test_server_error_is_a_warning(scripted: Scripted) -> None:
+    scripted.reply(Reply(500, "internal"))
+    with trio.fail_after(20):
+        warning = await preflight("openai/test-model")
+    assert warning is not None
+    assert warning.startswith("Preflight non-fatal error: InternalServerError: ")
+
+
+async def test_unreachable_provider_is_fatal(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("OPENAI_BASE_URL", "http://127.0.0.1:9/v1")
+    monkeypatch.setenv("OPENAI_API_KEY", "sk-provider-key-for-tests-000000")
+    with trio.fail_after(20), pytest.raises(PreflightError, match="APIConnectionError"):
+        await preflight("openai/test-model")
+
+
+async def test_missing_key_is_fatal(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("OPENAI_API_KEY", raising=False)
+    with trio.fail_after(20), pytest.raises(PreflightError, match="OPENAI_API_KEY is not set"):
+        await preflight("openai/test-model")
+
+
+async def test_invalid_model_format() -> None:
+    with trio.fail_after(60), pytest.raises(PreflightError) as info:
+        await preflight("bogusmodel")
+    message = str(info.value)
+    assert message.startswith("model preflight failed for 'bogusmodel': ")
+    assert "Invalid LiteLLM model format" in message
+    assert "Received: 'bogusmodel'" in message
+
+
+async def test_litellm_path_auth_failure_is_fatal(
+    nursery: trio.Nursery, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from tests.bridge.scripted import run_scripted
+
+    upstream: Scripted = await nursery.start(run_scripted, Scripted())
+    upstream.reply(
+        Reply(
+            401, {"type": "error", "error": {"type": "authentication_error", "message": "bad key"}}
+        )
+    )
+    monkeypatch.setenv("ANTHROPIC_API_BASE", upstream.base_url)
+    monkeypatch.setenv("ANTHROPIC_API_KEY", "sk-ant-test-key-0123456789abcdef")
+    with trio.fail_after(60), pytest.raises(PreflightError, match="AuthenticationError"):
+        await preflight("anthropic/claude-sonnet-4-6")
+
+
+async def test_litellm_path_rate_limit_passes(
+    nursery: trio.Nursery, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from tests.bridge.scripted import run_scripted
+
+    upstream: Scripted = await nursery.start(run_scripted, Scripted())
+    upstream.reply(
+        Reply(429, {"type": "error", "error": {"type": "rate_limit_error", "message": "busy"}})
+    )
+    monkeypatch.setenv("ANTHROPIC_API_BASE", upstream.base_url)
+    monkeypatch.setenv("ANTHROPIC_API_KEY", "sk-ant-test-key-0123456789abcdef")
+    with trio.fail_after(60):
+        assert await preflight("anthropic/claude-sonnet-4-6") is None

@@ -1,0 +1,135 @@
+"""Redaction, usage normalization and the ledger, and the offline model, as plain functions."""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+import trio
+
+from bridge.echo import EchoUpstream, answer
+from bridge.errors import error_body, final_status
+from bridge.policy import PreparedRequest
+from bridge.redact import Redactor
+from bridge.usage import CallUsage, UsageLedger
+
+
+def test_redactor_known_values_longest_first(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("SOME_TOKEN", "abcdefgh")
+    monkeypatch.setenv("SOME_TOKEN_LONG", "abcdefgh-ijkl")
+    monkeypatch.setenv("short_key", "lowercase-name-not-secret")
+    monkeypatch.setenv("TINY_KEY", "1234567")
+    redact = Redactor(["bridge-token"])
+    assert (
+        redact("x abcdefgh-ijkl y abcdefgh z bridge-token")
+        == "x [REDACTED] y [REDACTED] z [REDACTED]"
+    )
+    assert redact("lowercase-name-not-secret 1234567") == "lowercase-name-not-secret 1234567"
+
+
+@pytest.mark.parametrize(
+    "secret",
+    [
+        "sk-abcdefghijklmnopqrstuvwxyz012345",
+        "Bearer abcdefghijklmnop",
+        "https://h.test/v1?key=AIzaSyD-abcdefghijklmnopqrstuvwxyz0",
+        "https://h.test/v1?alt=sse&api_key=zzzzzzzzzzzz",
+        "https://user:hunter22@h.test/",
+        "api_key: 'qwertyuiop123'",
+        "AKIAABCDEFGHIJKLMNOP",
+    ],
+)
+def test_redactor_patterns(secret: str) -> None:
+    redacted = Redactor()(f"error with {secret} inside")
+    for fragment in (
+        "abcdefghijklmnop",
+        "zzzzzzzzzzzz",
+        "hunter22",
+        "qwertyuiop123",
+        "ABCDEFGHIJKLMNOP",
+    ):
+        assert fragment not in redacted
+    assert "REDACTED" in redacted
+
+
+def test_redactor_shapes_message() -> None:
+    redact = Redactor(extra=lambda s: s.upper())
+    assert redact("  a \n\n b\t") == "A B"
+    assert len(redact("y" * 5000)) == 1000
+    assert Redactor().scrub("keep  \n  spacing") == "keep  \n  spacing"
+
+
+def test_status_mapping() -> None:
+    assert [final_status(s) for s in (400, 401, 408, 429, 499, 500, 503, 529, 302, None)] == [
+        400, 401, 408, 429, 499, 502, 502, 502, 502, 502,
+    ]  # fmt: skip
+    assert error_body(400, "m")["error"]["type"] == "invalid_request_error"
+    assert error_body(401, "m") == {
+        "error": {"message": "m", "type": "bridge_error", "code": 401},
+        "detail": "m",
+    }
+
+
+def test_usage_normalization() -> None:
+    assert CallUsage.from_json(None) == CallUsage()
+    assert CallUsage.from_json({"input_tokens": 3, "output_tokens": 4}).total_tokens == 7
+    assert (
+        CallUsage.from_json(
+            {"prompt_tokens": 3, "completion_tokens": 4, "total_tokens": 9}
+        ).total_tokens
+        == 9
+    )
+    anthropic_style = CallUsage.from_json(
+        {"prompt_tokens": 3, "completion_tokens": 4, "cache_read_input_tokens": 2}
+    )
+    assert anthropic_style.cached_tokens == 2
+
+
+def test_ledger_threads_and_forget_hook() -> None:
+    forgotten: list[str] = []
+    ledger = UsageLedger(on_forget=forgotten.append)
+
+    def work() -> None:
+        for _ in range(500):
+            ledger.record("r", CallUsage(1, 2, 3))
+
+    threads = [threading.Thread(target=work) for _ in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    usage = ledger.pop("r")
+    assert usage is not None
+    assert (usage.calls, usage.total_tokens, usage.max_context_tokens) == (2000, 6000, 3)
+    assert usage.to_json() == {
+        "calls": 2000,
+        "prompt_tokens": 2000,
+        "completion_tokens": 4000,
+        "total_tokens": 6000,
+        "max_context_tokens": 3,
+    }
+    ledger.discard("r2")
+    assert forgotten == ["r", "r2"]
+
+
+async def test_echo_model_deterministic_with_usage() -> None:
+    prepared = PreparedRequest(
+        [
+            {"role": "system", "content": "be brief"},
+            {"role": "user", "content": [{"type": "text", "text": "What is 2+2?"}]},
+        ],
+        {},
+    )
+    assert answer(prepared) == "What is 2+2?"
+    recorded: list[object] = []
+    echo = EchoUpstream("rollbridge/echo")
+    with trio.fail_after(5):
+        first = await echo.complete(prepared, recorded.append)
+        second = await echo.complete(prepared, recorded.append)
+        chunks = [c async for c in echo.stream(prepared)]
+    assert first == second
+    assert first["usage"]["prompt_tokens"] > first["usage"]["completion_tokens"] > 0
+    assert recorded == [first["usage"], first["usage"]]
+    streamed = "".join(c["choices"][0]["delta"].get("content", "") for c in chunks if c["choices"])
+    assert streamed == "What is 2+2?"
+    assert chunks[-1]["usage"] == first["usage"]

@@ -1,0 +1,104 @@
+"""Upstream faults seen through the whole stack (fake OpenAI-compatible upstream, real bridge,
+real rollout server): 500 and 429 answers, a slow model, and a fatal preflight."""
+
+from __future__ import annotations
+
+from collections import deque
+from pathlib import Path
+
+import pytest
+
+from tests.fakes.upstream import FakeUpstream
+from tests.launcher.e2e.conftest import (
+    fake_model_config,
+    journal,
+    metrics,
+    run_cli,
+    run_dir,
+    write_config,
+)
+
+pytestmark = pytest.mark.slow
+
+ROWS = "0-9"  # rows whose label is in the prompt: every one passes when the model answers
+
+
+def _env(env: dict[str, str], upstream: FakeUpstream) -> dict[str, str]:
+    return {**env, "OPENAI_BASE_URL": upstream.v1, "OPENAI_API_KEY": "sk-fake-faults-key"}
+
+
+async def _run(
+    workspace: Path,
+    env: dict[str, str],
+    tmp_path: Path,
+    upstream: FakeUpstream,
+    name: str,
+    config: str | None = None,
+) -> tuple[int, str, str]:
+    write_config(workspace, "fake", config or fake_model_config(batch_size=1))
+    result = await run_cli(
+        ["eval", "run", "ws/configs/eval/fake.toml", "--name", name, "--rows", ROWS, "--yes"],
+        cwd=tmp_path,
+        env=_env(env, upstream),
+    )
+    return result.returncode, result.stdout, result.stderr
+
+
+async def test_upstream_500s_fail_only_the_rollouts_that_saw_them(
+    workspace: Path, env: dict[str, str], tmp_path: Path, fake_upstream: FakeUpstream
+) -> None:
+    # The preflight sees the first 500 (not fatal: a warning), then three rollouts fail.
+    fake_upstream.fail_statuses = deque([500] * 4)
+    code, out, err = await _run(workspace, env, tmp_path, fake_upstream, "e500")
+    assert code == 0, err + out
+    records = journal(run_dir(workspace, "e500"))
+    failed = [r for r in records if r["status"] == "failed"]
+    assert len(records) == 10 and len(failed) == 3
+    assert all(r["error_type"] == "agent_error" for r in failed)
+    assert metrics(run_dir(workspace, "e500"))["summary"]["passed"] == 7
+    assert "Retry failures under the same name:" in out
+    logs = (run_dir(workspace, "e500") / "logs.txt").read_text()
+    assert "WARNING [preflight]" in logs
+
+
+async def test_preflight_tolerates_429_and_rollouts_record_it(
+    workspace: Path, env: dict[str, str], tmp_path: Path, fake_upstream: FakeUpstream
+) -> None:
+    fake_upstream.fail_statuses = deque([429, 429])
+    code, out, err = await _run(workspace, env, tmp_path, fake_upstream, "e429")
+    assert code == 0, err + out
+    records = journal(run_dir(workspace, "e429"))
+    assert sum(r["status"] == "failed" for r in records) == 1
+    assert sum(r["status"] == "success" for r in records) == 9
+
+
+async def test_slow_model_hits_the_agent_timeout(
+    workspace: Path, env: dict[str, str], tmp_path: Path, fake_upstream: FakeUpstream
+) -> None:
+    config = fake_model_config(batch_size=4).replace(
+        "agent_workflow_timeout_s = 60", "agent_workflow_timeout_s = 0.3"
+    )
+    fake_upstream.delay = 1.0
+    code, out, err = await _run(workspace, env, tmp_path, fake_upstream, "slow", config)
+    assert code == 0, err + out
+    records = journal(run_dir(workspace, "slow"))
+    assert len(records) == 10
+    assert {r["error_type"] for r in records} == {"timeout"}
+    assert "error_type=timeout" in out
+
+
+async def test_fatal_preflight_stops_before_the_server_starts(
+    workspace: Path, env: dict[str, str], tmp_path: Path, fake_upstream: FakeUpstream
+) -> None:
+    fake_upstream.fail_statuses = deque([401])
+    fake_upstream.fail_body = '{"error": {"message": "bad key sk-fake-faults-key"}}'
+    code, out, err = await _run(workspace, env, tmp_path, fake_upstream, "auth")
+    assert code == 1
+    lines = err.strip().splitlines()
+    assert len(lines) == 1, err
+    assert lines[0].startswith("Error: model preflight failed for 'openai/fake-model': ")
+    assert "sk-fake-faults-key" not in err + out
+    run = run_dir(workspace, "auth")
+    assert journal(run) == []
+    assert "starting rollout server" not in (run / "logs.txt").read_text()
+    assert metrics(run)["eval_run"]["status"] == "incomplete"

@@ -1,0 +1,164 @@
+"""Bad input to ``rollbridge eval run`` that is caught before anything starts: one ``Error:``
+line on stderr, exit code 1, no traceback, and no run directory created or changed."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+
+from launcher.cli import main
+
+EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "workspace"
+
+
+@pytest.fixture
+def ws(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    root = tmp_path / "ws"
+    shutil.copytree(
+        EXAMPLE, root, ignore=shutil.ignore_patterns(".venv", "uv.lock", ".osmosis", "__pycache__")
+    )
+    monkeypatch.chdir(root)
+    return root
+
+
+def _run(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, str, str]:
+    with pytest.raises(SystemExit) as exc:
+        main(list(args))
+    out, err = capsys.readouterr()
+    return int(exc.value.code or 0), out, err
+
+
+def _one_error(err: str) -> str:
+    lines = err.strip().splitlines()
+    assert len(lines) == 1, err
+    assert lines[0].startswith("Error: "), err
+    assert "Traceback" not in err
+    return lines[0]
+
+
+CONFIG = "configs/eval/echo.toml"
+
+
+@pytest.mark.parametrize(
+    ("args", "expected"),
+    [
+        (["--tunnel", "ngrok"], "--tunnel supports only 'cloudflared', got 'ngrok'"),
+        (
+            ["--tunnel", "cloudflared", "--advertise-url", "https://x.example"],
+            "--tunnel and --advertise-url are mutually exclusive",
+        ),
+        (["--listener-port", "70000"], "--listener-port must be between 1 and 65535, got 70000"),
+        (
+            ["--advertise-url", "https://x.example/p?q=1", "--listener-port", "4000"],
+            "--advertise-url must be an http(s) base URL",
+        ),
+        (["--advertise-url", "https://x.example"], "--advertise-url requires --listener-port"),
+        (["--rows", "3, 7"], "--rows must be comma-separated indices or ranges"),
+        (["--rows", "9-2"], "--rows range '9-2' is inverted; write it as 2-9"),
+        (["--rows", "5,400"], "--rows selects [400] but echo.jsonl has 21 rows"),
+        (["--name", "../x"], "run name must be a single path segment"),
+        (["--name", ".locks"], "run name '.locks' is reserved"),
+        (["--max-in-flight", "0"], "--max-in-flight must be a positive integer, got 0"),
+        (["--dataset-file", "nope.jsonl"], "--dataset-file nope.jsonl is not a file"),
+        (["--max-in-flight", "many"], "'many' is not a valid integer"),
+        (["--no-such-flag"], "No such option '--no-such-flag'"),
+    ],
+)
+def test_bad_flags(
+    ws: Path, capsys: pytest.CaptureFixture[str], args: list[str], expected: str
+) -> None:
+    code, _, err = _run(capsys, "eval", "run", CONFIG, "--yes", *args)
+    assert code == 1
+    assert expected in _one_error(err)
+    assert not (ws / ".osmosis" / "evals").exists()
+
+
+@pytest.mark.parametrize(
+    ("content", "expected"),
+    [
+        ("[experiment\n", "Invalid TOML in"),
+        ("[experiment]\nrollout = 'echo'\n", "Missing 'entrypoint' in [experiment] section"),
+        (
+            "[experiment]\nrollout='echo'\nentrypoint='main.py'\nmodel_path='m/x'\n"
+            "dataset='echo'\n[secrets]\nrequired=[]\n[weird]\nx=1\n",
+            "weird: Unrecognized section",
+        ),
+        (
+            "[experiment]\nrollout='echo'\nentrypoint='main.py'\nmodel_path='m/x'\n"
+            "dataset='echo'\n[evaluation]\nn=0\n[secrets]\nrequired=[]\n",
+            "evaluation.n must be a positive integer, got 0",
+        ),
+        (
+            "[experiment]\nrollout='echo'\nentrypoint='main.py'\nmodel_path='m/x'\n"
+            "dataset='echo'\n",
+            "Missing [secrets] section in",
+        ),
+        (
+            "[experiment]\nrollout='../x'\nentrypoint='main.py'\nmodel_path='m/x'\n"
+            "dataset='echo'\n[secrets]\nrequired=[]\n",
+            "must be a single-segment name",
+        ),
+    ],
+)
+def test_bad_config(
+    ws: Path, capsys: pytest.CaptureFixture[str], content: str, expected: str
+) -> None:
+    (ws / "configs" / "eval" / "bad.toml").write_text(content)
+    code, _, err = _run(capsys, "eval", "run", "configs/eval/bad.toml", "--yes")
+    assert code == 1
+    assert expected in _one_error(err)
+
+
+def test_config_outside_a_workspace(ws: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    (ws / "elsewhere.toml").write_text("[experiment]\n")
+    code, _, err = _run(capsys, "eval", "run", "elsewhere.toml", "--yes")
+    assert code == 1
+    assert "must live under <workspace>/configs/eval/" in _one_error(err)
+
+
+def test_missing_config_file(ws: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    code, _, err = _run(capsys, "eval", "run", "configs/eval/nothere.toml", "--yes")
+    assert code == 1
+    assert "Config file not found" in _one_error(err)
+
+
+@pytest.mark.parametrize(
+    ("line", "expected"),
+    [
+        ("{not json\n", "echo.jsonl:22: invalid JSON"),
+        ('["a list"]\n', "echo.jsonl:22: each line must be a JSON object"),
+        ('{"user_prompt": "no label"}\n', "row 21: ground_truth (or label) is required"),
+    ],
+)
+def test_bad_dataset_rows(
+    ws: Path, capsys: pytest.CaptureFixture[str], line: str, expected: str
+) -> None:
+    with open(ws / "data" / "echo.jsonl", "a") as fh:
+        fh.write(line)
+    code, _, err = _run(capsys, "eval", "run", CONFIG, "--yes")
+    assert code == 1
+    assert expected in _one_error(err)
+
+
+def test_json_mode_prints_an_error_envelope(ws: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, err = _run(capsys, "eval", "run", CONFIG, "--json", "--rows", "x")
+    assert code == 1
+    envelope = json.loads(out)
+    assert envelope["status"] == "error"
+    assert envelope["error"]["code"] == "VALIDATION"
+    assert "--rows must be comma-separated" in envelope["error"]["message"]
+    assert err == ""
+
+
+def test_error_messages_are_redacted(
+    ws: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    secret = "sk-this-is-a-planted-key-1234"
+    monkeypatch.setenv("OPENAI_API_KEY", secret)
+    code, _, err = _run(capsys, "eval", "run", CONFIG, "--yes", "--rows", secret)
+    assert code == 1
+    line = _one_error(err)
+    assert secret not in line and "[REDACTED]" in line

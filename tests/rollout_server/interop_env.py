@@ -1,0 +1,109 @@
+"""A cached Python 3.12 virtual environment with osmosis-ai 0.3.8 (interop test, benchmark).
+
+The environment lives at ``~/.cache/rollbridge/interop-osmosis-0.3.8-py312``. It is built once
+(into a temporary sibling directory, then renamed, so an interrupted build never looks valid),
+checked on every use, and rebuilt when the check fails. ``extras`` adds osmosis-ai extras
+(the benchmark needs ``server`` for the reference FastAPI server); they are installed into the
+same environment on demand.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import tempfile
+from pathlib import Path
+
+OSMOSIS_VERSION = "0.3.8"
+ENV_DIR = Path.home() / ".cache" / "rollbridge" / f"interop-osmosis-{OSMOSIS_VERSION}-py312"
+
+_CHECKS = {
+    "": "import osmosis_ai.rollout.client",
+    "server": "import fastapi, uvicorn, osmosis_ai.rollout.server",
+}
+
+
+class NoPython312(RuntimeError):
+    """No Python 3.12 interpreter on this machine."""
+
+
+def find_python312() -> str:
+    """``$(pyenv prefix 3.12.1)/bin/python``, else any ``python3.12`` on PATH."""
+    pyenv = shutil.which("pyenv")
+    candidates = []
+    if pyenv:
+        for version in ("3.12.1", "3.12"):
+            result = subprocess.run(
+                [pyenv, "prefix", version], capture_output=True, text=True, check=False
+            )
+            if result.returncode == 0 and result.stdout.strip():
+                candidates.append(Path(result.stdout.strip().splitlines()[0]) / "bin" / "python")
+    on_path = shutil.which("python3.12")
+    if on_path:
+        candidates.append(Path(on_path))
+    for candidate in candidates:
+        if candidate.exists():
+            return str(candidate)
+    raise NoPython312("no Python 3.12 found (tried `pyenv prefix 3.12.1` and python3.12 on PATH)")
+
+
+def _check(python: Path, extras: tuple[str, ...]) -> bool:
+    if not python.exists():
+        return False
+    code = "; ".join(
+        [
+            "import importlib.metadata as m",
+            f"assert m.version('osmosis-ai') == {OSMOSIS_VERSION!r}",
+            *(_CHECKS[e] for e in ("", *extras)),
+        ]
+    )
+    result = subprocess.run([str(python), "-c", code], capture_output=True, check=False)
+    return result.returncode == 0
+
+
+def _pip_install(python: Path, extras: tuple[str, ...]) -> None:
+    spec = f"osmosis-ai[{','.join(extras)}]" if extras else "osmosis-ai"
+    subprocess.run(
+        [
+            str(python),
+            "-m",
+            "pip",
+            "install",
+            "-q",
+            "--disable-pip-version-check",
+            f"{spec}=={OSMOSIS_VERSION}",
+        ],
+        check=True,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+    )
+
+
+def interop_python(extras: tuple[str, ...] = ()) -> str:
+    """The environment's interpreter, building or repairing the environment when needed."""
+    python = ENV_DIR / "bin" / "python"
+    if _check(python, extras):
+        return str(python)
+    if _check(python, ()):
+        _pip_install(python, extras)
+        if _check(python, extras):
+            return str(python)
+    base = find_python312()
+    ENV_DIR.parent.mkdir(parents=True, exist_ok=True)
+    building = Path(tempfile.mkdtemp(prefix=ENV_DIR.name + ".build-", dir=ENV_DIR.parent))
+    try:
+        # Built under a temporary name and renamed, so an interrupted build never looks valid.
+        # Only `python -m ...` is ever run, so the scripts' embedded paths do not matter.
+        shutil.rmtree(building)
+        subprocess.run([base, "-m", "venv", str(building)], check=True)
+        _pip_install(building / "bin" / "python", extras)
+        if ENV_DIR.exists():
+            shutil.rmtree(ENV_DIR)
+        os.rename(building, ENV_DIR)
+    except BaseException:
+        shutil.rmtree(building, ignore_errors=True)
+        raise
+    if not _check(python, extras):
+        raise RuntimeError(f"could not build a working osmosis-ai environment at {ENV_DIR}")
+    return str(python)
