@@ -40,8 +40,15 @@ def canonical_json(obj: Any) -> str:
 
 
 def pretty_json_bytes(obj: Any) -> bytes:
-    """The JSON file format of §3.1: ``indent=2``, UTF-8 text kept, NaN refused, trailing newline."""
-    return (json.dumps(obj, ensure_ascii=False, indent=2, allow_nan=False) + "\n").encode("utf-8")
+    """The JSON file format of §3.1: ``indent=2``, UTF-8 text kept, NaN refused, trailing newline.
+
+    A lone surrogate (from a ``\\udXXX`` escape in some upstream JSON) cannot be UTF-8
+    encoded; ``backslashreplace`` writes it back as the same JSON escape, so the file stays
+    valid and reads back to the same string. The other JSON writers do the same.
+    """
+    return (json.dumps(obj, ensure_ascii=False, indent=2, allow_nan=False) + "\n").encode(
+        "utf-8", "backslashreplace"
+    )
 
 
 def ensure_dir(path: Path) -> None:

@@ -323,4 +323,4 @@ def dataset_rows_jsonl(selected: Sequence[SelectedRow]) -> bytes:
         if row.label is not None:
             line["label"] = row.label[:LABEL_MAX_CHARS]
         lines.append(json.dumps(line, ensure_ascii=False, allow_nan=False) + "\n")
-    return "".join(lines).encode("utf-8")
+    return "".join(lines).encode("utf-8", "backslashreplace")

@@ -28,6 +28,7 @@ __all__ = [
     "TerminalRecord",
     "WorkKey",
     "replay_journal",
+    "validate_record",
 ]
 
 STATUSES = ("failed", "skipped", "success")
@@ -83,7 +84,7 @@ class TerminalRecord(msgspec.Struct, kw_only=True):
     def to_line(self) -> bytes:
         """The canonical JSON line (sorted keys, compact, UTF-8, NaN refused) with ``\\n``."""
         validate_record(self)
-        return (canonical_json(self.to_dict()) + "\n").encode("utf-8")
+        return (canonical_json(self.to_dict()) + "\n").encode("utf-8", "backslashreplace")
 
 
 def _is_single_segment(value: str) -> bool:

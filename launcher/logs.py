@@ -48,7 +48,7 @@ class RunLog:
         self.redactor = redactor
         self.echo = echo
         fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
-        self._fh = os.fdopen(fd, "a", encoding="utf-8")
+        self._fh = os.fdopen(fd, "a", encoding="utf-8", errors="backslashreplace")
         self._mutex = threading.Lock()
 
     def log(

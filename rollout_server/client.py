@@ -83,7 +83,11 @@ class _ShardedTransport(httpx.AsyncBaseTransport):
 
     def __init__(self, shards: int) -> None:
         limits = httpx.Limits(max_connections=None, max_keepalive_connections=None)
-        self._pools = [httpx.AsyncHTTPTransport(limits=limits) for _ in range(shards)]
+        # One TLS context for all shards: building one loads the CA bundle (~20 ms).
+        tls = httpx.create_ssl_context()
+        self._pools = [
+            httpx.AsyncHTTPTransport(limits=limits, verify=tls) for _ in range(shards)
+        ]
         self._next = 0
 
     async def handle_async_request(self, request: httpx.Request) -> httpx.Response:

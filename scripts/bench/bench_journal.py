@@ -162,7 +162,7 @@ def ms(values: list[float]) -> str:
 
 def compare(label: str, small: list[float], large_tail: list[float], large_n: int) -> None:
     ratio = statistics.median(large_tail) / statistics.median(small)
-    print(f"  200-item run                  : {ms(small)}")
+    print(f"  200-item run(s)               : {ms(small)}")
     print(f"  {large_n:,}-item run, last 200     : {ms(large_tail)}")
     print(
         f"  {label}: last 200 of {large_n:,} vs 200-item run (medians): {ratio:.2f}x (flat = ~1.0)"
@@ -170,10 +170,17 @@ def compare(label: str, small: list[float], large_tail: list[float], large_n: in
 
 
 def section_record_result(tmp: Path, items: int, tag: str) -> None:
-    small = trio.run(run_items, tmp, f"small-{tag}", 200)
+    # The 200-item run is measured before and after the large one so that load from other
+    # processes during the large run shows up as a difference between the two.
+    before = trio.run(run_items, tmp, f"small-before-{tag}", 200)
     large = trio.run(run_items, tmp, f"large-{tag}", items)
-    print(f"  {items:,}-item run, first 200    : {ms(large[:200])}")
-    compare("record_result", small, large[-200:], items)
+    after = trio.run(run_items, tmp, f"small-after-{tag}", 200)
+    step = max(items // 5, 1)
+    windows = ", ".join(
+        f"{i:,}: {statistics.median(large[i : i + 200]) * 1000:.3f}" for i in range(0, items, step)
+    )
+    print(f"  {items:,}-item run, median ms of 200 items starting at  {windows}")
+    compare("record_result", before + after, large[-200:], items)
 
 
 def main() -> None:

@@ -133,3 +133,42 @@ async def test_echo_model_deterministic_with_usage() -> None:
     streamed = "".join(c["choices"][0]["delta"].get("content", "") for c in chunks if c["choices"])
     assert streamed == "What is 2+2?"
     assert chunks[-1]["usage"] == first["usage"]
+
+
+def test_litellm_exception_mapping() -> None:
+    import httpx
+
+    from bridge.litellm_path import to_upstream_error
+
+    class Timeout(Exception):
+        status_code = 500
+        message = "litellm.Timeout: took too long"
+
+    assert (to_upstream_error(Timeout()).status, to_upstream_error(Timeout()).kind) == (
+        408,
+        "Timeout",
+    )
+
+    class BadRequestError(Exception):
+        status_code = 400
+
+        def __init__(self) -> None:
+            super().__init__("litellm.BadRequestError: remapped")
+
+    request = httpx.Request("POST", "http://upstream.test/v1/chat/completions")
+    response = httpx.Response(422, text='{"error":"raw upstream body"}', request=request)
+    try:
+        try:
+            raise httpx.HTTPStatusError("422", request=request, response=response)
+        except httpx.HTTPStatusError as inner:
+            raise BadRequestError() from inner
+    except BadRequestError as exc:
+        mapped = to_upstream_error(exc)
+    # The real upstream status and body win over LiteLLM's remapping.
+    assert (mapped.status, mapped.message, mapped.kind) == (
+        422,
+        '{"error":"raw upstream body"}',
+        "BadRequestError",
+    )
+    plain = to_upstream_error(RuntimeError("no status"))
+    assert (plain.status, plain.message) == (500, "no status")

@@ -25,9 +25,8 @@ import psutil
 import pytest
 import trio
 
-REPO_ROOT = Path(__file__).resolve().parents[3]
-REPO = Path("/tmp/repocopy")  # TEMP
-EXAMPLE = REPO_ROOT / "examples" / "workspace"
+REPO = Path(__file__).resolve().parents[3]
+EXAMPLE = REPO / "examples" / "workspace"
 UV = Path(sys.executable).parent / "uv"
 
 

@@ -86,7 +86,8 @@ async def test_one_interrupt_cancels_in_flight_and_leaves_them_pending(
     live = await start_cli(
         args, cwd=tmp_path, env=_fake_env(env, fake_upstream), logdir=tmp_path / "o"
     )
-    await wait_for(lambda: count_log(run, "dispatching rollout") >= 3)
+    # Three rollouts admitted and waiting on their model call.
+    await wait_for(lambda: fake_upstream.in_flight >= 3)
     record = server_record(run)
     assert record is not None
     no_orphans.append(record["pgid"])

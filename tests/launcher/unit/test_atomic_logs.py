@@ -124,3 +124,9 @@ def test_log_details_never_crash_on_odd_values(tmp_path: Path) -> None:
     line = log.info("run", "odd", {"p": Path("/x"), "f": float("nan")})
     log.close()
     assert json.loads(line.split(" odd ", 1)[1].replace("NaN", "null"))["p"] == "PosixPath('/x')"
+
+
+def test_log_survives_lone_surrogates(tmp_path: Path) -> None:
+    with RunLog(tmp_path / "logs.txt", Redactor()) as log:
+        log.info("rollout-server", "odd \udc80 byte")
+    assert "odd \\udc80 byte" in (tmp_path / "logs.txt").read_text()

@@ -5,10 +5,13 @@ from __future__ import annotations
 import json
 import os
 import stat
+import tempfile
 from pathlib import Path
 
 import pytest
 import trio
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from launcher.errors import CLIError
 from launcher.journal import Journal, TerminalRecord, replay_journal
@@ -205,3 +208,38 @@ async def test_concurrent_appends_are_serialized_and_all_counted(tmp_path: Path)
     replay = replay_journal(path)
     assert sorted(r.row_index for r in replay.records) == list(range(64))
     assert replay.torn_bytes == 0
+
+
+_RECORDS = st.builds(
+    TerminalRecord,
+    row_index=st.integers(0, 10**6),
+    run_index=st.integers(0, 64),
+    rollout_id=st.text(min_size=1, max_size=40).filter(
+        lambda s: s not in (".", "..") and not any(c in s for c in "/\\\x00")
+    ),
+    status=st.sampled_from(["success", "failed", "skipped"]),
+    source_row_index=st.none() | st.integers(0, 10**6),
+    reward=st.none() | st.floats(allow_nan=False, allow_infinity=False),
+    tokens=st.none() | st.integers(0, 10**9),
+    max_context_tokens=st.none() | st.integers(0, 10**7),
+    duration_ms=st.none() | st.floats(0, 1e9),
+    error_type=st.none() | st.text(max_size=30),
+)
+
+
+@settings(max_examples=100, deadline=None)
+@given(records=st.lists(_RECORDS, max_size=20))
+def test_written_records_replay_identically(records: list[TerminalRecord]) -> None:
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / "events.jsonl"
+        path.write_bytes(b"".join(r.to_line() for r in records))
+        replayed = replay_journal(path).records
+    assert [r.to_dict() for r in replayed] == [r.to_dict() for r in records]
+
+
+def test_lone_surrogates_round_trip(tmp_path: Path) -> None:
+    path = tmp_path / "events.jsonl"
+    record = rec(error_type="bad \ud800 text")
+    path.write_bytes(record.to_line())
+    (replayed,) = replay_journal(path).records
+    assert replayed.error_type == "bad \ud800 text"
