@@ -3,12 +3,11 @@
 from __future__ import annotations
 
 import json
-import ssl
 from collections.abc import AsyncIterator, Callable
 from typing import Any
 
-import httpcore
 import httpx
+import trio
 
 from bridge.errors import UpstreamError
 from bridge.policy import PreparedRequest
@@ -17,108 +16,15 @@ from bridge.routing import DirectRoute, resolve_direct
 # The bridge sets no deadline of its own on a model call; these match the OpenAI SDK's
 # defaults that LiteLLM would apply (10 minutes), so a wedged provider still ends eventually.
 _TIMEOUT = httpx.Timeout(600.0, connect=30.0)
+# How long a provider answer whose headers have arrived may take to finish arriving once the
+# rollout has gone away (see DirectUpstream.complete).
+_DELIVERY_GRACE = 30.0
 _LIMITS = httpx.Limits(max_connections=None, max_keepalive_connections=256, keepalive_expiry=60)
 
 
-class _CoalescingStream(httpcore.AsyncNetworkStream):
-    """Holds writes until the next read, so a request leaves in one send instead of two.
-
-    httpcore writes a request's head and body separately; on loopback each send costs a
-    wake-up of the other side, which is a measurable part of the bridge's added latency.
-    A request is always written completely before its response is read, so nothing waits.
-    """
-
-    def __init__(self, inner: httpcore.AsyncNetworkStream) -> None:
-        self._inner = inner
-        self._pending: list[bytes] = []
-
-    async def _flush(self, timeout: float | None) -> None:  # noqa: ASYNC109 (httpcore interface)
-        if self._pending:
-            data = b"".join(self._pending)
-            self._pending.clear()
-            await self._inner.write(data, timeout)
-
-    async def write(self, buffer: bytes, timeout: float | None = None) -> None:  # noqa: ASYNC109 (httpcore interface)
-        if buffer:
-            self._pending.append(buffer)
-
-    async def read(self, max_bytes: int, timeout: float | None = None) -> bytes:  # noqa: ASYNC109 (httpcore interface)
-        await self._flush(timeout)
-        return await self._inner.read(max_bytes, timeout)
-
-    async def aclose(self) -> None:
-        self._pending.clear()
-        await self._inner.aclose()
-
-    async def start_tls(
-        self,
-        ssl_context: ssl.SSLContext,
-        server_hostname: str | None = None,
-        timeout: float | None = None,  # noqa: ASYNC109 (httpcore interface)
-    ) -> httpcore.AsyncNetworkStream:
-        await self._flush(timeout)
-        return _CoalescingStream(await self._inner.start_tls(ssl_context, server_hostname, timeout))
-
-    def get_extra_info(self, info: str) -> Any:
-        return self._inner.get_extra_info(info)
-
-
-class _CoalescingBackend(httpcore.AsyncNetworkBackend):
-    def __init__(self) -> None:
-        self._inner = _auto_backend()
-
-    async def connect_tcp(
-        self,
-        host: str,
-        port: int,
-        timeout: float | None = None,  # noqa: ASYNC109 (httpcore interface)
-        local_address: str | None = None,
-        socket_options: Any = None,
-    ) -> httpcore.AsyncNetworkStream:
-        stream = await self._inner.connect_tcp(host, port, timeout, local_address, socket_options)
-        return _CoalescingStream(stream)
-
-    async def connect_unix_socket(
-        self,
-        path: str,
-        timeout: float | None = None,  # noqa: ASYNC109 (httpcore interface)
-        socket_options: Any = None,
-    ) -> httpcore.AsyncNetworkStream:
-        return _CoalescingStream(
-            await self._inner.connect_unix_socket(path, timeout, socket_options)
-        )
-
-    async def sleep(self, seconds: float) -> None:
-        await self._inner.sleep(seconds)
-
-
-def _auto_backend() -> httpcore.AsyncNetworkBackend:
-    from httpcore._backends.auto import AutoBackend
-
-    return AutoBackend()
-
-
-class _Transport(httpx.AsyncHTTPTransport):
-    """httpx's transport with the coalescing network backend (and no retries)."""
-
-    def __init__(self) -> None:
-        super().__init__(limits=_LIMITS)
-        self._pool = httpcore.AsyncConnectionPool(
-            ssl_context=httpx.create_ssl_context(),
-            max_connections=_LIMITS.max_connections,
-            max_keepalive_connections=_LIMITS.max_keepalive_connections,
-            keepalive_expiry=_LIMITS.keepalive_expiry,
-            network_backend=_CoalescingBackend(),
-        )
-
-
 def new_client() -> httpx.AsyncClient:
-    """The bridge's one pooled client. It never retries (httpx does not by default).
-
-    Proxies from the environment (``HTTPS_PROXY`` …) still apply: httpx mounts its own proxy
-    transports for them next to this one.
-    """
-    return httpx.AsyncClient(timeout=_TIMEOUT, transport=_Transport(), follow_redirects=False)
+    """The bridge's one pooled client. It never retries (httpx does not by default)."""
+    return httpx.AsyncClient(timeout=_TIMEOUT, limits=_LIMITS, follow_redirects=False)
 
 
 def _payload(route: DirectRoute, prepared: PreparedRequest, stream: bool) -> bytes:
@@ -170,19 +76,41 @@ class DirectUpstream:
     ) -> dict[str, Any]:
         """One non-streaming call; ``record`` gets the usage the moment the answer is parsed."""
         route = resolve_direct(self.model)
+        request = self._client.build_request(
+            "POST", route.url, content=_payload(route, prepared, False), headers=route.headers
+        )
         try:
-            response = await self._client.post(
-                route.url, content=_payload(route, prepared, False), headers=route.headers
-            )
+            # Cancellable while the provider works: a rollout that goes away stops the call.
+            response = await self._client.send(request, stream=True)
         except httpx.TransportError as exc:
             raise _transport_error(exc) from exc
-        if not 200 <= response.status_code < 300:
-            raise _status_error(response)
-        data = _parse(response.text)
-        if not isinstance(data, dict):
-            raise UpstreamError(502, "provider returned a JSON value that is not an object")
-        record(data.get("usage"))
-        return data
+        # Once the answer is arriving it is paid for: finish reading it (within a grace
+        # period) even if the rollout goes away now, so that its usage is counted.
+        delivery = trio.CancelScope(shield=True)
+        outcome: dict[str, Any] | Exception
+        try:
+            async with trio.open_nursery() as watcher:
+                watcher.start_soon(_limit_when_cancelled, delivery)
+                with delivery:
+                    try:
+                        await response.aread()
+                        outcome = _answer(response)
+                        record(outcome.get("usage"))
+                    except (httpx.TransportError, UpstreamError) as exc:
+                        outcome = exc
+                watcher.cancel_scope.cancel()
+        finally:
+            with trio.CancelScope(shield=True):
+                await response.aclose()
+        if delivery.cancelled_caught:
+            raise UpstreamError(
+                408, "the provider's answer did not finish arriving", kind="Timeout"
+            )
+        if isinstance(outcome, httpx.TransportError):
+            raise _transport_error(outcome) from outcome
+        if isinstance(outcome, Exception):
+            raise outcome
+        return outcome
 
     async def stream(self, prepared: PreparedRequest) -> AsyncIterator[dict[str, Any]]:
         """Stream raw chunks as the provider sends them (a whole completion if it did not stream)."""
@@ -220,6 +148,23 @@ class DirectUpstream:
             raise _transport_error(exc) from exc
         finally:
             await response.aclose()
+
+
+async def _limit_when_cancelled(delivery: trio.CancelScope) -> None:
+    """Give a shielded delivery a deadline as soon as the surrounding scope is cancelled."""
+    try:
+        await trio.sleep_forever()
+    finally:
+        delivery.deadline = min(delivery.deadline, trio.current_time() + _DELIVERY_GRACE)
+
+
+def _answer(response: httpx.Response) -> dict[str, Any]:
+    if not 200 <= response.status_code < 300:
+        raise _status_error(response)
+    data = _parse(response.text)
+    if not isinstance(data, dict):
+        raise UpstreamError(502, "provider returned a JSON value that is not an object")
+    return data
 
 
 def _stream_error(parsed: Any) -> UpstreamError:

@@ -74,7 +74,12 @@ from launcher.workspace import (
     resolve_output_root,
     resolve_workspace,
 )
-from rollout_server.client import Admission, AdmissionRejected, RolloutClient
+from rollout_server.client import (
+    Admission,
+    AdmissionRejected,
+    RolloutClient,
+    RolloutServerUnreachable,
+)
 from rollout_server.protocol import RolloutInitRequest, RolloutResultResponse
 from tunnel.errors import TunnelError
 from tunnel.plan import TunnelDecision, TunnelPlan, choose_tunnel, validate_tunnel_flags
@@ -308,7 +313,24 @@ class _Handle:
         self._admission = admission
 
     async def wait(self) -> RolloutResultResponse:
-        return await self._client.wait_for_result(self._admission)
+        delay = 0.05
+        while True:
+            try:
+                return await self._client.wait_for_result(self._admission)
+            except RolloutServerUnreachable as exc:
+                # Retry only a poll that never reached the server, and only while the lease
+                # (renewed by every answered poll) still has room for another try.
+                if not _never_sent(exc) or (
+                    trio.current_time() + delay + 1.0 >= self._admission.lease_deadline
+                ):
+                    raise
+                await trio.sleep(delay)
+                delay = min(delay * 2, 2.0)
+
+
+def _never_sent(exc: BaseException) -> bool:
+    """True when a transport failure happened before the request left (connect phase)."""
+    return isinstance(exc.__cause__, httpx.ConnectError | httpx.ConnectTimeout)
 
 
 class _Transport:
@@ -318,14 +340,26 @@ class _Transport:
         self._client = client
 
     async def admit(self, request: RolloutInitRequest, admission_timeout_s: float) -> _Handle:
-        try:
-            admission = await self._client.admit(request, admission_timeout_sec=admission_timeout_s)
-        except AdmissionRejected as exc:
-            code = exc.status_code or 0
-            if 400 <= code < 500 and code != 429:
-                raise AdmissionRefused(code, str(exc)) from None
-            raise
-        return _Handle(self._client, admission)
+        deadline = trio.current_time() + admission_timeout_s
+        delay = 0.05
+        while True:
+            remaining = max(deadline - trio.current_time(), 0.0)
+            try:
+                admission = await self._client.admit(request, admission_timeout_sec=remaining)
+            except AdmissionRejected as exc:
+                code = exc.status_code or 0
+                if 400 <= code < 500 and code != 429:
+                    raise AdmissionRefused(code, str(exc)) from None
+                raise
+            except RolloutServerUnreachable as exc:
+                # A connection that was never established carried no request, so retrying
+                # cannot admit twice; a busy server's full listen backlog looks like this.
+                if not _never_sent(exc) or trio.current_time() + delay >= deadline:
+                    raise
+                await trio.sleep(delay)
+                delay = min(delay * 2, 2.0)
+                continue
+            return _Handle(self._client, admission)
 
     async def cancel(self, rollout_id: str) -> None:
         await self._client.cancel([rollout_id])

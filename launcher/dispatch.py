@@ -42,6 +42,10 @@ __all__ = [
 ]
 
 CANCEL_SETTLE_S = 120.0
+#: Admissions (``POST /rollout``) in flight at once. Admission is quick, so this costs nothing,
+#: and it keeps a burst of hundreds of new connections from overflowing the server's listen
+#: backlog when the pool is very wide.
+MAX_CONCURRENT_ADMISSIONS = 64
 
 #: ``log(level, step, message, details)``.
 LogFn = Callable[[str, str, str, "dict[str, Any] | None"], None]
@@ -172,6 +176,9 @@ class Dispatcher:
     report: DispatchReport = field(default_factory=DispatchReport)
     _queue: deque[WorkItem] = field(default_factory=deque)
     _scope: trio.CancelScope | None = None
+    _admissions: trio.Semaphore = field(
+        default_factory=lambda: trio.Semaphore(MAX_CONCURRENT_ADMISSIONS)
+    )
 
     def halt(self, reason: str, *, cancel_all: bool = False, **details: Any) -> None:
         """Stop dispatching (first reason wins); ``cancel_all`` also cancels running items."""
@@ -286,9 +293,10 @@ class Dispatcher:
     async def _admit_and_wait(self, item: WorkItem, slot: _Slot) -> RolloutResultResponse:
         request = self._request(item, slot.rollout_id)
         try:
-            slot.admitted = await self.transport.admit(
-                request, self.item_deadline_s * max(1, self.concurrency)
-            )
+            async with self._admissions:
+                slot.admitted = await self.transport.admit(
+                    request, self.item_deadline_s * max(1, self.concurrency)
+                )
             with trio.move_on_after(self.item_deadline_s) as deadline:
                 return await slot.admitted.wait()
         except trio.Cancelled:

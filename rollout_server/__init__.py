@@ -2,35 +2,70 @@
 
 Rollout authors import everything from here::
 
-    from rollout_server import AgentWorkflow, Grader, LocalBackend, serve, chat
+    from rollout_server import AgentWorkflow, Grader, LocalBackend, chat, serve
 
-See ``docs/rollout-sdk.md``. The wire types live in :mod:`rollout_server.protocol` and the async
-protocol client in :mod:`rollout_server.client`.
+See ``docs/rollout-sdk.md``. The wire types live in :mod:`rollout_server.protocol` (msgspec
+only) and the async protocol client in :mod:`rollout_server.client`. Names are imported lazily,
+so ``import rollout_server.protocol`` does not pull in the HTTP server.
 """
 
-from .backend import (
-    ExecutionBackend,
-    ExecutionOutcome,
-    ExecutionRequest,
-    ExecutionResult,
-    categorize_exception,
-)
-from .chat import ChatError, chat, reply_text
-from .local import LocalBackend
-from .protocol import RolloutErrorCategory, RolloutStatus
-from .sdk import (
-    AgentWorkflow,
-    AgentWorkflowContext,
-    AgentWorkflowOutput,
-    Grader,
-    GraderContext,
-    RolloutContext,
-    RolloutSample,
-    SampleSource,
-    get_rollout_context,
-)
-from .server import RunningServer, create_app, serve, serve_async
-from .service import RolloutService
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from .backend import (
+        ExecutionBackend,
+        ExecutionOutcome,
+        ExecutionRequest,
+        ExecutionResult,
+        categorize_exception,
+    )
+    from .chat import ChatError, chat, reply_text
+    from .local import LocalBackend
+    from .protocol import RolloutErrorCategory, RolloutStatus
+    from .sdk import (
+        AgentWorkflow,
+        AgentWorkflowContext,
+        AgentWorkflowOutput,
+        Grader,
+        GraderContext,
+        RolloutContext,
+        RolloutSample,
+        SampleSource,
+        get_rollout_context,
+    )
+    from .server import RunningServer, create_app, serve, serve_async
+    from .service import RolloutService
+
+_EXPORTS = {
+    "ExecutionBackend": "backend",
+    "ExecutionOutcome": "backend",
+    "ExecutionRequest": "backend",
+    "ExecutionResult": "backend",
+    "categorize_exception": "backend",
+    "ChatError": "chat",
+    "chat": "chat",
+    "reply_text": "chat",
+    "LocalBackend": "local",
+    "RolloutErrorCategory": "protocol",
+    "RolloutStatus": "protocol",
+    "AgentWorkflow": "sdk",
+    "AgentWorkflowContext": "sdk",
+    "AgentWorkflowOutput": "sdk",
+    "Grader": "sdk",
+    "GraderContext": "sdk",
+    "RolloutContext": "sdk",
+    "RolloutSample": "sdk",
+    "SampleSource": "sdk",
+    "get_rollout_context": "sdk",
+    "RunningServer": "server",
+    "create_app": "server",
+    "serve": "server",
+    "serve_async": "server",
+    "RolloutService": "service",
+}
 
 __all__ = [
     "AgentWorkflow",
@@ -59,3 +94,16 @@ __all__ = [
     "serve",
     "serve_async",
 ]
+
+
+def __getattr__(name: str) -> Any:
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module 'rollout_server' has no attribute {name!r}")
+    value = getattr(importlib.import_module(f".{module}", __name__), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted([*globals(), *_EXPORTS])

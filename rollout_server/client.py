@@ -3,7 +3,7 @@
 One :class:`RolloutClient` per server; it shares one pooled :class:`httpx.AsyncClient` across
 all calls (no connection limit, so every in-flight long-poll gets its own connection) and uses
 an explicit timeout per call kind. The pool behind that client is split into
-:data:`POOL_SHARDS` httpcore pools used round-robin: httpcore's pool bookkeeping costs
+:data:`POOL_SHARDS` httpcore pools (least busy first): httpcore's pool bookkeeping costs
 O(connections²) per request, which at 200 concurrent long-polls made the client, not the
 server, the bottleneck (about 40 rollouts/s); with shards of a dozen connections it is noise::
 
@@ -75,11 +75,15 @@ _RETRIED_TRANSPORT = (httpx.RemoteProtocolError, httpx.NetworkError, httpx.ReadT
 _encode = msgspec.json.Encoder().encode
 
 
-POOL_SHARDS = 16
+POOL_SHARDS = 64
 
 
 class _ShardedTransport(httpx.AsyncBaseTransport):
-    """Round-robin over several connection pools (see the module docstring for why)."""
+    """Several small connection pools; each request goes to the least busy one.
+
+    Least-busy (not round-robin) keeps the number of open connections close to the number of
+    concurrent requests when few are in flight.
+    """
 
     def __init__(self, shards: int) -> None:
         limits = httpx.Limits(max_connections=None, max_keepalive_connections=None)
@@ -88,12 +92,19 @@ class _ShardedTransport(httpx.AsyncBaseTransport):
         self._pools = [
             httpx.AsyncHTTPTransport(limits=limits, verify=tls) for _ in range(shards)
         ]
-        self._next = 0
+        self._busy = [0] * shards
 
     async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
-        pool = self._pools[self._next]
-        self._next = (self._next + 1) % len(self._pools)
-        return await pool.handle_async_request(request)
+        busy = self._busy
+        index = busy.index(min(busy))
+        busy[index] += 1
+        try:
+            response = await self._pools[index].handle_async_request(request)
+            # The connection stays busy until the body is read; every call here reads it.
+            await response.aread()
+        finally:
+            busy[index] -= 1
+        return response
 
     async def aclose(self) -> None:
         for pool in self._pools:
@@ -325,6 +336,45 @@ class RolloutClient:
         if not isinstance(body, dict):
             raise RolloutProtocolError("GET /health did not return a JSON object", status_code=200)
         return Health(response.status_code, body, response.headers)
+
+    async def wait_idle(
+        self,
+        *,
+        timeout_sec: float = 120.0,
+        poll_interval_sec: float = 1.0,
+        process_id: str | None = None,
+    ) -> Health:
+        """Poll ``/health`` until ``lifecycle.active_rollouts == 0`` (protocol.md §11.5).
+
+        Keeps polling through transport errors and 408/429/5xx answers; raises
+        :class:`RolloutProtocolError` when the server has no lifecycle identity or restarted
+        (its ``process_id`` changed), and ``trio.TooSlowError`` after ``timeout_sec``.
+        """
+        with trio.fail_after(timeout_sec):
+            while True:
+                try:
+                    health = await self.health()
+                except RolloutServerUnreachable:
+                    await trio.sleep(poll_interval_sec)
+                    continue
+                except RolloutProtocolError as exc:
+                    if exc.status_code not in {408, 429, 500, 502, 503, 504}:
+                        raise
+                    await trio.sleep(poll_interval_sec)
+                    continue
+                current = health.process_id
+                if current is None:
+                    raise RolloutProtocolError("Server has no lifecycle identity", status_code=200)
+                if process_id is not None and current != process_id:
+                    raise RolloutProtocolError("Server restarted while waiting", status_code=200)
+                process_id = current
+                if health.accepting_rollouts is None or health.active_rollouts is None:
+                    raise RolloutProtocolError(
+                        "Server has no valid lifecycle state", status_code=200
+                    )
+                if health.active_rollouts == 0:
+                    return health
+                await trio.sleep(poll_interval_sec)
 
     # -- admission ----------------------------------------------------------------------
 

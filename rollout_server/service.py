@@ -42,7 +42,7 @@ from .protocol import (
     RolloutStatus,
 )
 from .sdk import RolloutContext, set_rollout_context
-from .trajectory import build_trajectory, write_rollout_files
+from .trajectory import build_trajectory, render_rollout_files, write_rollout_files
 
 __all__ = [
     "AdmissionRefused",
@@ -449,6 +449,8 @@ class RolloutService:
     async def _execute(self, entry: _Entry, request: RolloutInitRequest) -> None:
         try:
             with entry.scope:
+                if entry.scope.cancel_called:
+                    return  # cancelled while queued: never reaches the backend
                 self._set_status(entry, RolloutStatus.RUNNING)
                 set_rollout_context(
                     RolloutContext(
@@ -518,8 +520,7 @@ class RolloutService:
         sample = saved.sample
         wants_trajectory = sample is not None and sample.trajectory_messages is not None
         if wants_trajectory or saved.extra_fields is not None:
-
-            def write() -> None:
+            try:
                 trajectory = None
                 if wants_trajectory and sample is not None:
                     trajectory = build_trajectory(
@@ -530,12 +531,10 @@ class RolloutService:
                         request_metadata=request.metadata,
                         request_extra_fields=request.extra_fields,
                     )
-                write_rollout_files(
-                    rollout_dir, trajectory=trajectory, diagnostics=saved.extra_fields
-                )
-
-            try:
-                await trio.to_thread.run_sync(write)
+                files = render_rollout_files(trajectory=trajectory, diagnostics=saved.extra_fields)
+                # In a thread: on a busy disk a create + rename takes milliseconds, which on the
+                # event loop would stall every other rollout and poll.
+                await trio.to_thread.run_sync(write_rollout_files, rollout_dir, files)
             except Exception:
                 logger.exception("rollout %s: could not write trajectory files", entry.id)
         status = RolloutStatus(reported.status)

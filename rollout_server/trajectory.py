@@ -10,7 +10,13 @@ from typing import Any
 from .jsonsafe import json_safe
 from .sdk import RolloutSample
 
-__all__ = ["ATIF_SCHEMA_VERSION", "SDK_NAME", "build_trajectory", "write_rollout_files"]
+__all__ = [
+    "ATIF_SCHEMA_VERSION",
+    "SDK_NAME",
+    "build_trajectory",
+    "render_rollout_files",
+    "write_rollout_files",
+]
 
 ATIF_SCHEMA_VERSION = "ATIF-v1.7"
 SDK_NAME = "osmosis-rollout-sdk"
@@ -113,29 +119,29 @@ def build_trajectory(
     }
 
 
-def _atomic_write(path: Path, text: str) -> None:
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(text, encoding="utf-8")
-    os.replace(tmp, path)
-
-
-def write_rollout_files(
-    rollout_dir: Path,
-    *,
-    trajectory: dict[str, Any] | None,
-    diagnostics: dict[str, Any] | None,
-) -> None:
-    """Write ``trajectory.json`` / ``diagnostics.json`` (atomically) and ``artifacts/``."""
-    rollout_dir.mkdir(parents=True, exist_ok=True)
-    (rollout_dir / "artifacts").mkdir(exist_ok=True)
+def render_rollout_files(
+    *, trajectory: dict[str, Any] | None, diagnostics: dict[str, Any] | None
+) -> dict[str, str]:
+    """File name -> text for ``trajectory.json`` and ``diagnostics.json`` (when given)."""
+    files: dict[str, str] = {}
     if trajectory is not None:
         try:
-            text = json.dumps(trajectory, indent=2, allow_nan=False)
+            files["trajectory.json"] = json.dumps(trajectory, indent=2, allow_nan=False)
         except (TypeError, ValueError):
-            text = json.dumps(json_safe(trajectory), indent=2)
-        _atomic_write(rollout_dir / "trajectory.json", text)
+            files["trajectory.json"] = json.dumps(json_safe(trajectory), indent=2)
     if diagnostics is not None:
-        _atomic_write(
-            rollout_dir / "diagnostics.json",
-            json.dumps(diagnostics, indent=2, sort_keys=True, ensure_ascii=False, default=str),
+        files["diagnostics.json"] = json.dumps(
+            diagnostics, indent=2, sort_keys=True, ensure_ascii=False, default=str
         )
+    return files
+
+
+def write_rollout_files(rollout_dir: Path, files: dict[str, str]) -> None:
+    """Create ``rollout_dir`` and ``artifacts/`` if needed, then write each file atomically."""
+    artifacts = rollout_dir / "artifacts"
+    if not artifacts.is_dir():
+        artifacts.mkdir(parents=True, exist_ok=True)
+    for name, text in files.items():
+        tmp = rollout_dir / f".{name}.tmp"
+        tmp.write_text(text, encoding="utf-8")
+        os.replace(tmp, rollout_dir / name)

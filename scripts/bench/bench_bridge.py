@@ -238,14 +238,14 @@ def main() -> None:
           f"{'calls/s@64':>12}{'ratio':>8}")  # fmt: skip
     for name, plain, streamed, rps in rows:
         print(
-            f"{name:<24}{pct(plain, .5):>9.2f}{pct(plain, .99):>9.2f}"
-            f"{pct(plain, .5) - pct(base_plain, .5):>8.2f}{pct(streamed, .5):>12.2f}"
-            f"{pct(streamed, .5) - pct(base_stream, .5):>8.2f}{rps:>12.0f}{rps / base_rps:>8.2f}"
+            f"{name:<24}{pct(plain, 0.5):>9.2f}{pct(plain, 0.99):>9.2f}"
+            f"{pct(plain, 0.5) - pct(base_plain, 0.5):>8.2f}{pct(streamed, 0.5):>12.2f}"
+            f"{pct(streamed, 0.5) - pct(base_stream, 0.5):>8.2f}{rps:>12.0f}{rps / base_rps:>8.2f}"
         )
     lat = alone["latencies"]
     print(
-        f"{'LiteLLM alone':<24}{pct(lat, .5):>9.2f}{pct(lat, .99):>9.2f}"
-        f"{pct(lat, .5) - pct(base_plain, .5):>8.2f}{'':>12}{'':>8}{alone['rps']:>12.0f}"
+        f"{'LiteLLM alone':<24}{pct(lat, 0.5):>9.2f}{pct(lat, 0.99):>9.2f}"
+        f"{pct(lat, 0.5) - pct(base_plain, 0.5):>8.2f}{'':>12}{'':>8}{alone['rps']:>12.0f}"
         f"{alone['rps'] / base_rps:>8.2f}"
     )
     litellm_row = rows[2]

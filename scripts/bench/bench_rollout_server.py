@@ -46,10 +46,13 @@ from tests.rollout_server.interop_env import interop_python  # noqa: E402
 OURS = textwrap.dedent(
     """
     import time
+    import trio
     from rollout_server import AgentWorkflow, Grader, LocalBackend, serve
 
     class Echo(AgentWorkflow):
         async def run(self, ctx):
+            if ctx.metadata and ctx.metadata.get("sleep"):
+                await trio.sleep(ctx.metadata["sleep"])
             return [*ctx.prompt, {"role": "assistant", "content": "ok"}]
 
     class Mark(Grader):
@@ -63,13 +66,15 @@ OURS = textwrap.dedent(
 
 REFERENCE = textwrap.dedent(
     """
-    import os, time, uvicorn
+    import asyncio, os, time, uvicorn
     from osmosis_ai.rollout import (AgentWorkflow, AgentWorkflowConfig, ConcurrencyConfig,
                                     Grader, LocalBackend)
     from osmosis_ai.rollout.server import create_rollout_server
 
     class Echo(AgentWorkflow):
         async def run(self, ctx):
+            if ctx.metadata and ctx.metadata.get("sleep"):
+                await asyncio.sleep(ctx.metadata["sleep"])
             return [*ctx.prompt, {"role": "assistant", "content": "ok"}]
 
     class Mark(Grader):
@@ -90,10 +95,23 @@ REFERENCE = textwrap.dedent(
 class Figures:
     name: str
     rollouts_per_s: float
+    server_cpu_ms: float
     wake_p50_ms: float
     wake_p99_ms: float
+    light_p50_ms: float
+    light_p99_ms: float
     rss_mb: float
     rss_per_result_kb: float
+
+
+def _cpu_seconds(pid: int) -> float:
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def _percentiles(values: list[float]) -> tuple[float, float]:
+    values = sorted(values)
+    return statistics.median(values) * 1000, values[max(int(len(values) * 0.99) - 1, 0)] * 1000
 
 
 def _free_port() -> int:
@@ -109,7 +127,9 @@ def _rss_kb(pid: int) -> int:
     raise RuntimeError("no VmRSS")
 
 
-async def _drive(url: str, prefix: str, count: int, in_flight: int) -> tuple[float, list[float]]:
+async def _drive(
+    url: str, prefix: str, count: int, in_flight: int, sleep: float = 0.0
+) -> tuple[float, list[float]]:
     latencies: list[float] = []
     send, receive = trio.open_memory_channel[int](count)
     for index in range(count):
@@ -124,6 +144,7 @@ async def _drive(url: str, prefix: str, count: int, in_flight: int) -> tuple[flo
                     rollout_id=f"{prefix}{index}",
                     chat_completions_url="http://127.0.0.1:9/v1",
                     label="L",
+                    metadata={"sleep": sleep} if sleep else None,
                 )
                 admission = await client.admit(request)
                 result = await client.wait_for_result(admission)
@@ -140,7 +161,7 @@ async def _drive(url: str, prefix: str, count: int, in_flight: int) -> tuple[flo
     return elapsed, latencies
 
 
-async def _wait_healthy(url: str, process: subprocess.Popen[bytes]) -> None:
+async def _wait_healthy(url: str, process: trio.Process) -> None:
     async with RolloutClient(url) as client:
         with trio.fail_after(60):
             while True:
@@ -153,7 +174,9 @@ async def _wait_healthy(url: str, process: subprocess.Popen[bytes]) -> None:
                     await trio.sleep(0.1)
 
 
-async def _measure(name: str, argv: list[str], env: dict[str, str], args: argparse.Namespace) -> Figures:
+async def _measure(
+    name: str, argv: list[str], env: dict[str, str], args: argparse.Namespace
+) -> Figures:
     port = _free_port()
     url = f"http://127.0.0.1:{port}"
     with tempfile.TemporaryDirectory(prefix="bench-trials-") as trials:
@@ -163,26 +186,34 @@ async def _measure(name: str, argv: list[str], env: dict[str, str], args: argpar
             "_OSMOSIS_ROLLOUT_ARTIFACT_ROOT": trials,
             "_OSMOSIS_ROLLOUT_INSTANCE_ID": f"bench-{name}",
         }
-        process = subprocess.Popen(argv, env=full_env, stdout=subprocess.DEVNULL)
+        process = await trio.lowlevel.open_process(argv, env=full_env, stdout=subprocess.DEVNULL)
         try:
             await _wait_healthy(url, process)
             await _drive(url, "warm-", args.in_flight, args.in_flight)
             baseline = _rss_kb(process.pid)
+            cpu_before = _cpu_seconds(process.pid)
             elapsed, latencies = await _drive(url, "r-", args.rollouts, args.in_flight)
+            cpu_used = _cpu_seconds(process.pid) - cpu_before
             after = _rss_kb(process.pid)
+            # Wake-up path without queueing: few rollouts in flight, each busy for 0.2 s.
+            _, light = await _drive(url, "light-", args.light_rollouts, 10, sleep=0.2)
         finally:
             process.send_signal(signal.SIGTERM)
-            try:
-                process.wait(timeout=30)
-            except subprocess.TimeoutExpired:
+            with trio.move_on_after(30):
+                await process.wait()
+            if process.returncode is None:
                 process.kill()
-                process.wait()
-    latencies.sort()
+                await process.wait()
+    wake_p50, wake_p99 = _percentiles(latencies)
+    light_p50, light_p99 = _percentiles(light)
     return Figures(
         name=name,
         rollouts_per_s=args.rollouts / elapsed,
-        wake_p50_ms=statistics.median(latencies) * 1000,
-        wake_p99_ms=latencies[int(len(latencies) * 0.99) - 1] * 1000,
+        server_cpu_ms=cpu_used / args.rollouts * 1000,
+        wake_p50_ms=wake_p50,
+        wake_p99_ms=wake_p99,
+        light_p50_ms=light_p50,
+        light_p99_ms=light_p99,
         rss_mb=after / 1024,
         rss_per_result_kb=(after - baseline) / args.rollouts,
     )
@@ -197,35 +228,56 @@ async def main(args: argparse.Namespace) -> None:
     env = {k: v for k, v in os.environ.items() if k != "VIRTUAL_ENV"}
     print("preparing the osmosis-ai 0.3.8 environment (cached after the first run)...", flush=True)
     reference_python = await trio.to_thread.run_sync(interop_python, ("server",))
-    results = []
-    print(f"load: {args.rollouts} rollouts, {args.in_flight} in flight\n", flush=True)
-    results.append(
-        await _measure(
-            "rollbridge",
-            [sys.executable, str(ours_script)],
-            {**env, "PYTHONPATH": str(REPO)},
-            args,
-        )
+    print(
+        f"load: {args.rollouts} rollouts, {args.in_flight} in flight; "
+        f"{args.repeat} interleaved pass(es) per server, best pass kept\n",
+        flush=True,
     )
-    results.append(
-        await _measure("osmosis-ai 0.3.8", [reference_python, str(reference_script)], env, args)
+    servers = [
+        ("rollbridge", [sys.executable, str(ours_script)], {**env, "PYTHONPATH": str(REPO)}),
+        ("osmosis-ai 0.3.8", [reference_python, str(reference_script)], env),
+    ]
+    passes: dict[str, list[Figures]] = {name: [] for name, _, _ in servers}
+    for round_index in range(args.repeat):
+        for name, argv, server_env in servers:
+            figures = await _measure(name, argv, server_env, args)
+            passes[name].append(figures)
+            print(
+                f"  pass {round_index + 1} {name}: {figures.rollouts_per_s:.1f} rollouts/s",
+                flush=True,
+            )
+    # On a shared machine the best pass is the one least disturbed by other work.
+    results = [max(passes[name], key=lambda f: f.rollouts_per_s) for name, _, _ in servers]
+    print()
+    print(
+        f"{'server':<18}{'rollouts/s':>11}{'srv CPU ms':>11}{'wake p50':>10}{'wake p99':>10}"
+        f"{'light p50':>11}{'light p99':>11}{'RSS MB':>8}{'KB/result':>11}"
     )
-    header = f"{'server':<18}{'rollouts/s':>12}{'wake p50 ms':>13}{'wake p99 ms':>13}{'RSS MB':>9}{'KB/result':>11}"
-    print(header)
     for f in results:
         print(
-            f"{f.name:<18}{f.rollouts_per_s:>12.1f}{f.wake_p50_ms:>13.2f}{f.wake_p99_ms:>13.2f}"
-            f"{f.rss_mb:>9.1f}{f.rss_per_result_kb:>11.2f}"
+            f"{f.name:<18}{f.rollouts_per_s:>11.1f}{f.server_cpu_ms:>11.2f}{f.wake_p50_ms:>10.2f}"
+            f"{f.wake_p99_ms:>10.2f}{f.light_p50_ms:>11.2f}{f.light_p99_ms:>11.2f}"
+            f"{f.rss_mb:>8.1f}{f.rss_per_result_kb:>11.2f}"
         )
     ours, ref = results
+    print("(wake-up latencies in ms; 'light' = 10 in flight, 0.2 s workflows, no queueing;")
+    print(" srv CPU = server process CPU time per rollout under the full load)")
     print()
     print(f"throughput ratio (ours / reference): {ours.rollouts_per_s / ref.rollouts_per_s:.2f}x")
-    print(f"wake-up p50 ratio (reference / ours): {ref.wake_p50_ms / ours.wake_p50_ms:.2f}x")
-    print(f"wake-up p99 ratio (reference / ours): {ref.wake_p99_ms / ours.wake_p99_ms:.2f}x")
+    print(
+        f"server CPU per rollout ratio (reference / ours): {ref.server_cpu_ms / ours.server_cpu_ms:.2f}x"
+    )
+    print(
+        f"wake-up p50 under load ratio (reference / ours): {ref.wake_p50_ms / ours.wake_p50_ms:.2f}x"
+    )
+    print(
+        f"wake-up p50 light ratio (reference / ours): {ref.light_p50_ms / ours.light_p50_ms:.2f}x"
+    )
     print(f"RSS ratio (reference / ours): {ref.rss_mb / ours.rss_mb:.2f}x")
     print(
         "targets: wake-up p50 <= 2 ms: "
-        f"{'met' if ours.wake_p50_ms <= 2 else 'NOT met'}; throughput >= 3x: "
+        f"{'met' if ours.wake_p50_ms <= 2 else 'NOT met'} under load, "
+        f"{'met' if ours.light_p50_ms <= 2 else 'NOT met'} light; throughput >= 3x: "
         f"{'met' if ours.rollouts_per_s >= 3 * ref.rollouts_per_s else 'NOT met'}; "
         f"RSS per retained result <= 20 KB: {'met' if ours.rss_per_result_kb <= 20 else 'NOT met'}"
     )
@@ -235,4 +287,6 @@ if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--rollouts", type=int, default=2000)
     parser.add_argument("--in-flight", type=int, default=200)
+    parser.add_argument("--light-rollouts", type=int, default=200)
+    parser.add_argument("--repeat", type=int, default=2)
     trio.run(main, parser.parse_args())

@@ -340,3 +340,30 @@ async def test_keepalive_fast_call_keeps_real_status(
             assert response.json()["error"]["message"] == "bad gateway"
             response = await client.post(url(handle), json={"messages": HI, "n": 3}, headers=AUTH)
             assert response.status_code == 400
+
+
+async def test_answer_already_arriving_is_counted_when_client_leaves(
+    start_bridge: StartBridge, scripted: Scripted
+) -> None:
+    release = trio.Event()
+    body = json.dumps({
+        "id": "chatcmpl-up1", "created": 1700000000, "usage": USAGE,
+        "choices": [{"index": 0, "finish_reason": "stop", "message": {"role": "assistant", "content": "x"}}],
+    }).encode()  # fmt: skip
+    # Headers go out at once, the body only after the client has gone.
+    scripted.reply(Reply(200, parts=[(release, body)]))
+    handle = await start_bridge()
+    with trio.fail_after(20):
+        async with httpx.AsyncClient() as client, trio.open_nursery() as nursery:
+            nursery.start_soon(
+                partial(client.post, url(handle), json={"messages": HI}, headers=AUTH)
+            )
+            while not scripted.requests:
+                await trio.sleep(0.01)
+            await trio.sleep(0.5)  # let the provider's headers reach the bridge
+            nursery.cancel_scope.cancel()
+        release.set()
+        while handle.ledger.get("r1") is None:
+            await trio.sleep(0.01)
+    usage = handle.ledger.pop("r1")
+    assert usage is not None and usage.total_tokens == 18

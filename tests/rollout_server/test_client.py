@@ -241,3 +241,23 @@ def test_cancel_needs_exactly_one_selector() -> None:
         trio.run(call, lambda: client.cancel())
     with pytest.raises(ValueError):
         trio.run(call, lambda: client.cancel(["a"], all=True))
+
+
+async def test_wait_idle_and_restart_detection(autojump_clock: Any) -> None:
+    def health(pid: str, active: int) -> tuple[int, dict[str, Any]]:
+        return (
+            200,
+            {
+                "process_id": pid,
+                "lifecycle": {"accepting_rollouts": True, "active_rollouts": active},
+            },
+        )
+
+    client = scripted([health("p1", 2), (503, {}), httpx.ConnectError("x"), health("p1", 0)], [])
+    assert (await client.wait_idle(poll_interval_sec=0.5)).active_rollouts == 0
+    client = scripted([health("p1", 1), health("p2", 0)], [])
+    with pytest.raises(RolloutProtocolError, match="restarted"):
+        await client.wait_idle()
+    client = scripted([(200, {"lifecycle": {}})], [])
+    with pytest.raises(RolloutProtocolError, match="lifecycle identity"):
+        await client.wait_idle()

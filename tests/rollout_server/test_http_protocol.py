@@ -405,6 +405,7 @@ async def test_long_poll_returns_early_on_transition(nursery: trio.Nursery, tmp_
             statuses.append(result.status.value)
             if result.is_terminal:
                 break
-        assert statuses[-2:] == ["grading", "success"]
+        # A fast grader's grading -> success is folded into one answer (5 ms coalescing).
+        assert statuses[-1] == "success"
         await client.aclose()
         running.force_stop()

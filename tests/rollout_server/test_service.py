@@ -316,3 +316,103 @@ async def test_status_transitions_wake_pollers(
             break
     # Each poll returned at the transition, not after the 30 s hold.
     assert seen == ["grading@3.0", "failure@6.0"]
+
+
+class GradingForever(ExecutionBackend):
+    """Reaches ``grading`` after 1 s, then never finishes."""
+
+    def __init__(self) -> None:
+        self.cancelled: list[str] = []
+
+    async def execute(self, request: ExecutionRequest) -> ExecutionOutcome:
+        from rollout_server import get_rollout_context
+
+        ctx = get_rollout_context()
+        assert ctx is not None
+        try:
+            await trio.sleep(1.0)
+            await ctx.set_status(RolloutStatus.GRADING)
+            await trio.sleep_forever()
+        except trio.Cancelled:
+            self.cancelled.append(request.id)
+            raise
+        raise AssertionError("unreachable")
+
+
+async def test_cancel_in_every_state(
+    nursery: trio.Nursery, autojump_clock: trio.testing.MockClock
+) -> None:
+    backend = GradingForever()
+    service = await started(nursery, backend, result_retention_sec=100.0)
+    # queued: cancelled before its execution task ever ran
+    queued_token = service.admit(req("queued"))["polling_lease_token"]
+    assert service.status_of("queued") == RolloutStatus.QUEUED
+    assert service.cancel(CancelRolloutsRequest(ids=["queued"])) == {"queued": "cancelled_queued"}
+    assert (await final(service, "queued", queued_token))["status"] == "cancelled"
+    assert backend.cancelled == []  # it never reached the backend
+    # running and grading
+    tokens = {name: service.admit(req(name))["polling_lease_token"] for name in ("run", "grade")}
+    await trio.sleep(0.5)
+    assert service.cancel(CancelRolloutsRequest(ids=["run"])) == {"run": "cancelled_running"}
+    await trio.sleep(1.0)
+    assert service.status_of("grade") == RolloutStatus.GRADING
+    assert service.cancel(CancelRolloutsRequest(ids=["grade"])) == {"grade": "cancelled_running"}
+    for name, token in tokens.items():
+        assert (await final(service, name, token)) == {
+            "rollout_id": name,
+            "status": "cancelled",
+            "sample": None,
+            "err_message": "cancelled",
+            "err_category": None,
+        }
+    assert sorted(backend.cancelled) == ["grade", "run"]
+    # terminal and retained: not_found; removed: not_found too, and the id is free again
+    assert service.cancel(CancelRolloutsRequest(all=True)) == {
+        "queued": "not_found",
+        "run": "not_found",
+        "grade": "not_found",
+    }
+    await trio.sleep(200.0)
+    assert service.cancel(CancelRolloutsRequest(ids=["run"])) == {"run": "not_found"}
+    assert service.cancel(CancelRolloutsRequest(all=True)) == {}
+    service.admit(req("run"))
+
+
+async def test_backend_failure_and_crash_categories(
+    nursery: trio.Nursery, autojump_clock: trio.testing.MockClock
+) -> None:
+    class Broken(ExecutionBackend):
+        async def execute(self, request: ExecutionRequest) -> ExecutionOutcome:
+            if request.id == "raises":
+                raise KeyError("")
+            return ExecutionOutcome(ExecutionResult("nonsense"))  # type: ignore[arg-type]
+
+    service = await started(nursery, Broken())
+    token = service.admit(req("raises"))["polling_lease_token"]
+    result = await final(service, "raises", token)
+    assert (result["status"], result["err_message"], result["err_category"]) == (
+        "failure",
+        "''",
+        "agent_error",
+    )
+    token = service.admit(req("crash"))["polling_lease_token"]
+    result = await final(service, "crash", token)
+    assert (result["status"], result["err_message"], result["err_category"]) == (
+        "failure",
+        "rollout task crashed",
+        "internal_error",
+    )
+
+
+def test_constructor_constraints() -> None:
+    backend = SleepyBackend()
+    for kwargs in (
+        {"result_wait_timeout_sec": 0},
+        {"result_wait_timeout_sec": float("nan")},
+        {"result_wait_timeout_sec": 30.0, "polling_lease_timeout_sec": 30.0},
+        {"result_retention_sec": -1},
+        {"polling_lease_timeout_sec": float("inf")},
+    ):
+        with pytest.raises(ValueError):
+            RolloutService(backend, **kwargs)
+    RolloutService(backend, result_retention_sec=0)

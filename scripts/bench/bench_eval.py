@@ -1,0 +1,225 @@
+"""End-to-end benchmark of ``rollbridge eval run`` (the real CLI, uv env, rollout server, bridge).
+
+Run: ``.venv/bin/python scripts/bench/bench_eval.py`` (about 2-3 minutes on 2 cores).
+
+The model is ``openai/fake-model`` served by the test suite's fake OpenAI-compatible upstream
+(in this process), so upstream latency is a knob. The rollout is the example echo workflow on
+an unbounded LocalBackend. Measured, each against a baseline from the same run:
+
+1. 1000 rows at 0 ms: rows/s, and the fixed cost from process start to the first dispatch on a
+   warm environment (target <= 1.5 s).
+2. 1000 rows at 500 ms, 200 in flight: dispatch wall time against the ideal
+   rows / in-flight x latency (target <= 1.15x).
+3. Supervisor RSS with 1000 rollouts in flight (target <= 200 MB).
+4. 200 vs 10,000 rows at 0 ms: supervisor CPU and wall time per item (target: flat).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+import psutil
+import trio
+
+REPO = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(REPO))
+
+from tests.fakes.upstream import FakeUpstream, run_fake_upstream  # noqa: E402
+
+BENCH = REPO / ".bench" / "eval"
+UV = Path(sys.executable).parent / "uv"
+
+ENTRY = """
+from main import EchoGrader, EchoWorkflow
+from rollout_server import LocalBackend, serve
+
+serve(LocalBackend(workflow=EchoWorkflow, grader=EchoGrader, max_concurrent=None))
+"""
+
+CONFIG = """
+[experiment]
+rollout = "echo"
+entrypoint = "bench.py"
+model_path = "openai/fake-model"
+dataset = "{dataset}"
+
+[evaluation]
+agent_workflow_timeout_s = 600
+grader_timeout_s = 60
+
+[secrets]
+required = []
+"""
+
+
+def setup() -> Path:
+    """A workspace copy with an absolute path source, a bench entrypoint and a warm env."""
+    if BENCH.exists():
+        shutil.rmtree(BENCH)
+    ws = BENCH / "ws"
+    shutil.copytree(
+        REPO / "examples" / "workspace",
+        ws,
+        ignore=shutil.ignore_patterns(".venv", "uv.lock", ".osmosis", "__pycache__"),
+    )
+    pyproject = ws / "rollouts" / "echo" / "pyproject.toml"
+    pyproject.write_text(pyproject.read_text().replace('path = "../../../.."', f'path = "{REPO}"'))
+    (ws / "rollouts" / "echo" / "bench.py").write_text(ENTRY)
+    subprocess.run(
+        [str(UV), "sync", "--project", str(ws / "rollouts" / "echo")],
+        check=True,
+        capture_output=True,
+    )
+    return ws
+
+
+def dataset(ws: Path, rows: int) -> str:
+    name = f"bench-{rows}.jsonl"
+    with open(ws / "data" / name, "w") as fh:
+        for i in range(rows):
+            word = f"word{i}"
+            fh.write(
+                json.dumps({"user_prompt": f"Repeat after me: {word}", "ground_truth": word}) + "\n"
+            )
+    (ws / "configs" / "eval" / f"bench-{rows}.toml").write_text(CONFIG.format(dataset=name))
+    return f"configs/eval/bench-{rows}.toml"
+
+
+def _ts(line: str) -> float:
+    return (
+        datetime.strptime(line.split(" ", 1)[0], "%Y-%m-%dT%H:%M:%S.%fZ")
+        .replace(tzinfo=__import__("datetime").UTC)
+        .timestamp()
+    )
+
+
+def parse_log(path: Path) -> dict[str, float]:
+    first_dispatch = last_finish = None
+    finished = 0
+    for line in path.read_text().splitlines():
+        if "[dispatch] dispatching rollout" in line and first_dispatch is None:
+            first_dispatch = _ts(line)
+        elif "[result] work item finished" in line:
+            last_finish = _ts(line)
+            finished += 1
+    assert first_dispatch is not None and last_finish is not None
+    return {"first_dispatch": first_dispatch, "last_finish": last_finish, "finished": finished}
+
+
+async def run_eval(
+    ws: Path, config: str, name: str, upstream: FakeUpstream, in_flight: int
+) -> dict[str, Any]:
+    env = {k: v for k, v in os.environ.items() if k != "VIRTUAL_ENV" and not k.endswith("_API_KEY")}
+    env.update(
+        OPENAI_BASE_URL=upstream.v1,
+        OPENAI_API_KEY="sk-bench-key",
+        LITELLM_LOCAL_MODEL_COST_MAP="True",
+    )
+    argv = [
+        sys.executable,
+        "-m",
+        "launcher",
+        "eval",
+        "run",
+        config,
+        "--name",
+        name,
+        "--yes",
+        "--json",
+        "--max-in-flight",
+        str(in_flight),
+    ]
+    started = time.time()
+    proc = await trio.lowlevel.open_process(
+        argv, cwd=str(ws), env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+    )
+    ps = psutil.Process(proc.pid)
+    peak_rss = 0
+    cpu = 0.0
+    while proc.poll() is None:
+        try:
+            peak_rss = max(peak_rss, ps.memory_info().rss)
+            times = ps.cpu_times()
+            cpu = times.user + times.system
+        except psutil.Error:
+            break
+        await trio.sleep(0.05)
+    rc = await proc.wait()
+    assert rc == 0, f"{name} exited {rc}"
+    log = parse_log(ws / ".osmosis" / "evals" / name / "logs.txt")
+    return {
+        "start_to_first_dispatch_s": log["first_dispatch"] - started,
+        "dispatch_wall_s": log["last_finish"] - log["first_dispatch"],
+        "finished": log["finished"],
+        "peak_rss_mb": peak_rss / 1e6,
+        "cpu_s": cpu,
+    }
+
+
+async def main() -> None:
+    ws = setup()
+    configs = {n: dataset(ws, n) for n in (200, 1000, 10_000)}
+    async with trio.open_nursery() as nursery:
+        upstream: FakeUpstream = await nursery.start(run_fake_upstream)
+        out: dict[str, Any] = {}
+
+        # Warm-up run (also primes OS caches for the rollout env and the CLI's imports).
+        await run_eval(ws, configs[200], "warmup", upstream, 50)
+
+        fast = await run_eval(ws, configs[1000], "fast-1000", upstream, 50)
+        rows_per_s = fast["finished"] / fast["dispatch_wall_s"]
+        print("1) 1000 rows, 0 ms upstream, 50 in flight")
+        print(f"   rows/s: {rows_per_s:.0f}")
+        print(
+            f"   start -> first dispatch: {fast['start_to_first_dispatch_s']:.2f} s "
+            f"(target 1.5 s; ratio {fast['start_to_first_dispatch_s'] / 1.5:.2f})"
+        )
+        out["fast"] = fast
+
+        upstream.delay = 0.5
+        slow = await run_eval(ws, configs[1000], "latency-1000", upstream, 200)
+        ideal = 1000 / 200 * 0.5
+        print("2) 1000 rows, 500 ms upstream, 200 in flight")
+        print(
+            f"   dispatch wall {slow['dispatch_wall_s']:.2f} s vs ideal {ideal:.2f} s: "
+            f"{slow['dispatch_wall_s'] / ideal:.3f}x (target <= 1.15x)"
+        )
+        out["latency"] = slow
+
+        upstream.delay = 3.0
+        wide = await run_eval(ws, configs[1000], "rss-1000", upstream, 1000)
+        print("3) 1000 rollouts in flight (3 s upstream)")
+        print(
+            f"   supervisor peak RSS {wide['peak_rss_mb']:.0f} MB (target 200 MB; "
+            f"ratio {wide['peak_rss_mb'] / 200:.2f}); dispatch wall {wide['dispatch_wall_s']:.2f} s "
+            f"vs ideal 3.00 s"
+        )
+        out["rss"] = wide
+
+        upstream.delay = 0.0
+        small = await run_eval(ws, configs[200], "scale-200", upstream, 50)
+        large = await run_eval(ws, configs[10_000], "scale-10000", upstream, 50)
+        print("4) per-item cost, 0 ms upstream, 50 in flight")
+        for label, r, n in (("200", small, 200), ("10000", large, 10_000)):
+            print(
+                f"   {label:>5} rows: {r['dispatch_wall_s'] / n * 1000:.2f} ms wall/item, "
+                f"{r['cpu_s'] / n * 1000:.2f} ms supervisor CPU/item (incl. start-up), "
+                f"{n / r['dispatch_wall_s']:.0f} rows/s"
+            )
+        ratio = (large["dispatch_wall_s"] / 10_000) / (small["dispatch_wall_s"] / 200)
+        print(f"   wall/item 10000 vs 200: {ratio:.2f}x (target: flat, ~1.0x)")
+        out["scale"] = {"200": small, "10000": large}
+        nursery.cancel_scope.cancel()
+    (BENCH / "results.json").write_text(json.dumps(out, indent=2))
+
+
+if __name__ == "__main__":
+    trio.run(main)
