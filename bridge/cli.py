@@ -79,6 +79,12 @@ def serve(model: str, host: str, port: int, token: str | None) -> None:
                     nursery.cancel_scope.cancel()
                     break
         click.echo("Bridge stopped.")
+        for rollout_id, usage in sorted(handle.ledger.snapshot().items()):
+            click.echo(
+                f"  usage {rollout_id}: {usage.calls} calls, {usage.total_tokens} tokens "
+                f"({usage.prompt_tokens} prompt, {usage.completion_tokens} completion, "
+                f"largest context {usage.max_context_tokens})"
+            )
 
     try:
         trio.run(main)

@@ -156,6 +156,11 @@ class UsageLedger:
         with self._lock:
             return self._usage.get(rollout_id)
 
+    def snapshot(self) -> dict[str, RolloutUsage]:
+        """Usage of every rollout id seen so far (nothing is removed)."""
+        with self._lock:
+            return dict(self._usage)
+
     def pop(self, rollout_id: str) -> RolloutUsage | None:
         """Remove and return a rollout's usage; None when the bridge never recorded any."""
         with self._lock:

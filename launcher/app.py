@@ -167,6 +167,8 @@ class Prepared:
             parts += ["--limit", str(opts.limit)]
         parts += list(extra)
         parts += [shlex.quote(f) for f in self.tunnel_plan.resume_flags()]
+        if opts.cloudflared is not None:
+            parts += ["--cloudflared", shlex.quote(opts.cloudflared)]
         return " ".join(parts)
 
 
@@ -282,7 +284,8 @@ def run_eval(options: EvalOptions, ui: UI) -> int:
         except BaseExceptionGroup as group:
             raise _unwrap(group) from None
     except _Declined:
-        return 0
+        interrupted = supervisor.interrupts is not None and supervisor.interrupts.interrupted
+        return EXIT_INTERRUPTED if interrupted else 0
 
 
 def _leaves(exc: BaseException) -> Iterator[BaseException]:
@@ -482,7 +485,7 @@ class Supervisor:
         if (
             self.ui.interactive
             and not p.options.yes
-            and self.ui.confirm(
+            and await self._ask(
                 f"run '{name}' already has all {total} results — start a new run?", default=True
             )
         ):
@@ -569,7 +572,7 @@ class Supervisor:
         recorded = rd.recorded_count
         suffix = f", {recorded} already recorded" if recorded else ""
         self.stage(f"{rd.name}: {len(pending)} of {total} work items pending{suffix}")
-        self._confirm(len(pending))
+        await self._confirm(len(pending))
         result: FinalizeResult | None = None
         started = False
         try:
@@ -582,7 +585,16 @@ class Supervisor:
         assert result is not None
         return self._report(rd, result, started)
 
-    def _confirm(self, pending: int) -> None:
+    async def _ask(self, prompt: str, *, default: bool) -> bool:
+        """A yes/no question, answered in a thread so Ctrl-C still works (it answers "no")."""
+        assert self.interrupts is not None
+        with self.interrupts.work_scope():
+            return await trio.to_thread.run_sync(
+                partial(self.ui.confirm, prompt, default=default), abandon_on_cancel=True
+            )
+        return False
+
+    async def _confirm(self, pending: int) -> None:
         p = self.p
         if p.options.yes:
             return
@@ -591,7 +603,7 @@ class Supervisor:
             if self.ui.mode == "plain":
                 self.ui.warning(f"Confirmation required: {prompt}", "INTERACTIVE_REQUIRED")
             raise InteractiveRequiredError("Use --yes to confirm in non-interactive mode.")
-        if not self.ui.confirm(prompt, default=False):
+        if not await self._ask(prompt, default=False):
             self.ui.note("Cancelled.")
             raise _Declined()
 
@@ -606,7 +618,9 @@ class Supervisor:
         async with trio.open_nursery() as nursery:
             try:
                 with self.interrupts.work_scope():
-                    secrets = self._resolve_secrets()
+                    secrets = await trio.to_thread.run_sync(
+                        self._resolve_secrets, abandon_on_cancel=True
+                    )
                     env_scope.enter_context(scoped_environ(secrets))
                     p.redactor.add_known_env(os.environ)
                     token = uuid.uuid4().hex
@@ -1055,7 +1069,7 @@ class _Restart:
     new_name: str
 
 
-class _Declined(CLIError):
+class _Declined(Exception):
     """The user answered No at the confirmation (exit 0, nothing ran)."""
 
 

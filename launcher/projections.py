@@ -159,7 +159,9 @@ def index_row(
 
 def index_line(row: dict[str, Any]) -> bytes:
     """An index.jsonl line: default separators, UTF-8 text kept, NaN refused, newline."""
-    return (json.dumps(row, ensure_ascii=False, allow_nan=False) + "\n").encode("utf-8", "backslashreplace")
+    return (json.dumps(row, ensure_ascii=False, allow_nan=False) + "\n").encode(
+        "utf-8", "backslashreplace"
+    )
 
 
 @dataclass

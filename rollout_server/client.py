@@ -89,9 +89,7 @@ class _ShardedTransport(httpx.AsyncBaseTransport):
         limits = httpx.Limits(max_connections=None, max_keepalive_connections=None)
         # One TLS context for all shards: building one loads the CA bundle (~20 ms).
         tls = httpx.create_ssl_context()
-        self._pools = [
-            httpx.AsyncHTTPTransport(limits=limits, verify=tls) for _ in range(shards)
-        ]
+        self._pools = [httpx.AsyncHTTPTransport(limits=limits, verify=tls) for _ in range(shards)]
         self._busy = [0] * shards
 
     async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
@@ -379,7 +377,12 @@ class RolloutClient:
     # -- admission ----------------------------------------------------------------------
 
     async def admit_once(self, request: RolloutInitRequest) -> Admission:
-        """One ``POST /rollout``. 429 raises :class:`CapacityExhausted`."""
+        """One ``POST /rollout``. 429 raises :class:`CapacityExhausted`.
+
+        The request is first checked with the server's own rules
+        (:class:`~rollout_server.protocol.RequestValidationError`, nothing sent).
+        """
+        request.validate()
         body = _encode(request)
         sent_at = trio.current_time()
         response = await self._request(
@@ -427,9 +430,9 @@ class RolloutClient:
         self, request: RolloutInitRequest, *, admission_timeout_sec: float | None = None
     ) -> Admission:
         """Admit ``request``, retrying 429 per ``Retry-After`` until admitted or timed out."""
-        limit = admission_timeout_sec if admission_timeout_sec is not None else None
-        if limit is None:
-            limit = self.admission_timeout_sec
+        limit = (
+            self.admission_timeout_sec if admission_timeout_sec is None else admission_timeout_sec
+        )
         in_flight = False
         try:
             with trio.fail_after(math.inf if limit is None else limit):

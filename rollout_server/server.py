@@ -17,6 +17,7 @@ from __future__ import annotations
 import logging
 import os
 import signal
+import sys
 from dataclasses import dataclass, field
 from functools import partial
 from importlib import metadata
@@ -101,6 +102,9 @@ def _hypercorn_config(host: str, port: int) -> Config:
     config = Config()
     config.bind = [f"[{host}]:{port}" if ":" in host else f"{host}:{port}"]
     config.keep_alive_timeout = KEEP_ALIVE_TIMEOUT_SEC
+    # A supervisor polls over the same few connections for hours; don't recycle them.
+    config.keep_alive_max_requests = 1_000_000
+    config.include_server_header = False
     config.graceful_timeout = _HTTP_GRACE_SEC
     config.accesslog = None
     config.errorlog = logging.getLogger("hypercorn.error")
@@ -210,15 +214,40 @@ def serve(
     """
     if configure_logging:
         _configure_logging()
+    try:
+        listen_port = _env_port() if port is None else port
+    except ValueError as exc:
+        print(f"Error: {exc}", file=sys.stderr)
+        raise SystemExit(2) from None
 
     async def main() -> None:
         async with trio.open_nursery() as nursery:
             running: RunningServer = await nursery.start(
-                partial(serve_async, backend, host=host, port=port, handle_signals=True, **options)
+                partial(
+                    serve_async,
+                    backend,
+                    host=host,
+                    port=listen_port,
+                    handle_signals=True,
+                    **options,
+                )
             )
             logger.info("rollout server listening on %s", running.url)
 
-    trio.run(main)
+    try:
+        trio.run(main)
+    except* OSError as group:
+        reason = "; ".join(str(exc) for exc in _leaves(group))
+        print(
+            f"Error: cannot serve on {host or '127.0.0.1'}:{listen_port}: {reason}", file=sys.stderr
+        )
+        raise SystemExit(1) from None
+
+
+def _leaves(error: BaseException) -> list[BaseException]:
+    if isinstance(error, BaseExceptionGroup):
+        return [leaf for inner in error.exceptions for leaf in _leaves(inner)]
+    return [error]
 
 
 def create_app(

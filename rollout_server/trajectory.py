@@ -7,6 +7,8 @@ import os
 from pathlib import Path
 from typing import Any
 
+import msgspec
+
 from .jsonsafe import json_safe
 from .sdk import RolloutSample
 
@@ -119,20 +121,29 @@ def build_trajectory(
     }
 
 
+def _pretty(document: Any, encoder: msgspec.json.Encoder) -> str:
+    # msgspec (C) instead of json.dumps(indent=...), whose pure-Python encoder cost about as
+    # much CPU as the rest of the rollout. NaN/Infinity become null, unknown objects strings.
+    try:
+        raw = encoder.encode(document)
+    except (TypeError, ValueError, OverflowError):
+        raw = encoder.encode(json_safe(document) if isinstance(document, dict) else None)
+    return msgspec.json.format(raw, indent=2).decode("utf-8")
+
+
+_trajectory_encoder = msgspec.json.Encoder(enc_hook=str)
+_diagnostics_encoder = msgspec.json.Encoder(enc_hook=str, order="sorted")
+
+
 def render_rollout_files(
     *, trajectory: dict[str, Any] | None, diagnostics: dict[str, Any] | None
 ) -> dict[str, str]:
     """File name -> text for ``trajectory.json`` and ``diagnostics.json`` (when given)."""
     files: dict[str, str] = {}
     if trajectory is not None:
-        try:
-            files["trajectory.json"] = json.dumps(trajectory, indent=2, allow_nan=False)
-        except (TypeError, ValueError):
-            files["trajectory.json"] = json.dumps(json_safe(trajectory), indent=2)
+        files["trajectory.json"] = _pretty(trajectory, _trajectory_encoder)
     if diagnostics is not None:
-        files["diagnostics.json"] = json.dumps(
-            diagnostics, indent=2, sort_keys=True, ensure_ascii=False, default=str
-        )
+        files["diagnostics.json"] = _pretty(diagnostics, _diagnostics_encoder)
     return files
 
 

@@ -94,6 +94,7 @@ def test_serve_prints_url_and_generated_token_then_stops_cleanly() -> None:
             proc.wait()
     assert proc.returncode == 0
     assert "Bridge stopped." in out
+    assert "usage r: 1 calls" in out
     assert "Traceback" not in err
 
 

@@ -9,6 +9,7 @@ same environment on demand.
 
 from __future__ import annotations
 
+import fcntl
 import os
 import shutil
 import subprocess
@@ -81,7 +82,18 @@ def _pip_install(python: Path, extras: tuple[str, ...]) -> None:
 
 
 def interop_python(extras: tuple[str, ...] = ()) -> str:
-    """The environment's interpreter, building or repairing the environment when needed."""
+    """The environment's interpreter, building or repairing the environment when needed.
+
+    Holds an exclusive lock meanwhile, so concurrent test runs and benchmarks never build (or
+    delete) the environment under each other.
+    """
+    ENV_DIR.parent.mkdir(parents=True, exist_ok=True)
+    with open(ENV_DIR.parent / f".{ENV_DIR.name}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        return _locked_interop_python(extras)
+
+
+def _locked_interop_python(extras: tuple[str, ...]) -> str:
     python = ENV_DIR / "bin" / "python"
     if _check(python, extras):
         return str(python)
@@ -90,7 +102,6 @@ def interop_python(extras: tuple[str, ...] = ()) -> str:
         if _check(python, extras):
             return str(python)
     base = find_python312()
-    ENV_DIR.parent.mkdir(parents=True, exist_ok=True)
     building = Path(tempfile.mkdtemp(prefix=ENV_DIR.name + ".build-", dir=ENV_DIR.parent))
     try:
         # Built under a temporary name and renamed, so an interrupted build never looks valid.

@@ -194,3 +194,32 @@ async def test_serve_entrypoint_reads_environment_and_stops_on_sigterm(tmp_path:
             assert (tmp_path / "trials" / "env1" / "trajectory.json").exists()
             process.send_signal(signal.SIGTERM)
         assert process.returncode == 0, process.stderr
+
+
+async def test_serve_reports_a_busy_port_in_one_line(tmp_path: Path) -> None:
+    main = tmp_path / "main.py"
+    main.write_text(
+        "from rollout_server import LocalBackend, serve\n"
+        "from tests.rollout_server.helpers import ScriptedWorkflow\n"
+        "serve(LocalBackend(ScriptedWorkflow))\n"
+    )
+    with trio.socket.socket() as busy:
+        await busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        port = busy.getsockname()[1]
+        with trio.fail_after(60):
+            for value, code, message in (
+                (str(port), 1, "Address already in use"),
+                ("not-a-port", 2, "_OSMOSIS_ROLLOUT_PORT must be a port number"),
+            ):
+                result = await trio.run_process(
+                    [sys.executable, str(main)],
+                    env={**os.environ, "_OSMOSIS_ROLLOUT_PORT": value, "PYTHONPATH": str(REPO)},
+                    capture_stdout=True,
+                    capture_stderr=True,
+                    check=False,
+                )
+                stderr = result.stderr.decode()
+                assert result.returncode == code
+                assert stderr.startswith("Error: ") and message in stderr
+                assert "Traceback" not in stderr
