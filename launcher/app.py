@@ -60,7 +60,7 @@ from launcher.redact import Redactor
 from launcher.rundir import FinalizeResult, RunDirectory, RunLock, RunMeta, compute_pending
 from launcher.secrets import read_secrets_file, resolve_secrets, scoped_environ
 from launcher.server import RolloutServer, ServerLaunch, rollout_python, start_rollout_server
-from launcher.signals import Interrupts, watch_signals
+from launcher.signals import EXIT_INTERRUPTED, Interrupts, watch_signals
 from launcher.ui import CLI_VERSION, UI
 from launcher.workspace import (
     DatasetSource,
@@ -86,7 +86,6 @@ from tunnel.plan import TunnelDecision, TunnelPlan, choose_tunnel, validate_tunn
 
 __all__ = ["EXIT_INTERRUPTED", "EvalOptions", "run_eval"]
 
-EXIT_INTERRUPTED = 130
 COMMAND = "rollbridge eval run"
 
 
@@ -311,9 +310,12 @@ def _unwrap(group: BaseExceptionGroup[BaseException]) -> BaseException:
 
 
 class _Handle:
-    def __init__(self, client: RolloutClient, admission: Admission) -> None:
+    def __init__(
+        self, client: RolloutClient, admission: Admission, alive: Callable[[], bool]
+    ) -> None:
         self._client = client
         self._admission = admission
+        self._alive = alive
 
     async def wait(self) -> RolloutResultResponse:
         delay = 0.05
@@ -321,10 +323,12 @@ class _Handle:
             try:
                 return await self._client.wait_for_result(self._admission)
             except RolloutServerUnreachable as exc:
-                # Retry only a poll that never reached the server, and only while the lease
-                # (renewed by every answered poll) still has room for another try.
-                if not _never_sent(exc) or (
-                    trio.current_time() + delay + 1.0 >= self._admission.lease_deadline
+                # Retry only a poll that never reached a server that is still running, and
+                # only while the lease (renewed by every answered poll) has room for it.
+                if (
+                    not _never_sent(exc)
+                    or not self._alive()
+                    or trio.current_time() + delay + 1.0 >= self._admission.lease_deadline
                 ):
                     raise
                 await trio.sleep(delay)
@@ -339,8 +343,9 @@ def _never_sent(exc: BaseException) -> bool:
 class _Transport:
     """The dispatch transport on top of :class:`rollout_server.client.RolloutClient`."""
 
-    def __init__(self, client: RolloutClient) -> None:
+    def __init__(self, client: RolloutClient, alive: Callable[[], bool]) -> None:
         self._client = client
+        self._alive = alive
 
     async def admit(self, request: RolloutInitRequest, admission_timeout_s: float) -> _Handle:
         deadline = trio.current_time() + admission_timeout_s
@@ -357,12 +362,16 @@ class _Transport:
             except RolloutServerUnreachable as exc:
                 # A connection that was never established carried no request, so retrying
                 # cannot admit twice; a busy server's full listen backlog looks like this.
-                if not _never_sent(exc) or trio.current_time() + delay >= deadline:
+                if (
+                    not _never_sent(exc)
+                    or not self._alive()
+                    or trio.current_time() + delay >= deadline
+                ):
                     raise
                 await trio.sleep(delay)
                 delay = min(delay * 2, 2.0)
                 continue
-            return _Handle(self._client, admission)
+            return _Handle(self._client, admission, self._alive)
 
     async def cancel(self, rollout_id: str) -> None:
         await self._client.cancel([rollout_id])
@@ -384,7 +393,6 @@ class Supervisor:
         self.ui = ui
         self.interrupts: Interrupts | None = None
         self.rd: RunDirectory | None = None
-        self.name: str | None = None
         self.halted: str | None = None
         self.report = DispatchReport()
 
@@ -438,15 +446,17 @@ class Supervisor:
 
     async def _run_named(self, requested: str | None) -> int | _Restart:
         p = self.p
-        for reaped in await reap_orphans(p.output_root, skip=requested):
+        assert self.interrupts is not None
+        # A Ctrl-C while an orphan refuses to stop cuts its grace to 5 s, then SIGKILL.
+        hurry = self.interrupts.first
+        for reaped in await reap_orphans(p.output_root, skip=requested, hurry=hurry):
             self.ui.note(reaped.note())
         name = requested or generate_run_name(p.output_root)
-        self.name = name
         lock = RunLock.acquire(p.output_root, name, command=COMMAND)
         try:
             run_dir = p.output_root / name
             if run_dir.is_dir() and not run_dir.is_symlink():
-                for reaped in await reap_run_dir(run_dir):
+                for reaped in await reap_run_dir(run_dir, hurry=hurry):
                     self.ui.note(reaped.note())
             digest = await trio.to_thread.run_sync(
                 source_digest, p.paths.rollout_dir, p.output_root
@@ -729,7 +739,7 @@ class Supervisor:
             fixed_port=p.options.rollout_port,
             logs_hint=self._logs_hint(),
         )
-        return await start_rollout_server(
+        server = await start_rollout_server(
             nursery,
             launch,
             sink=self._sink("rollout-server"),
@@ -737,6 +747,23 @@ class Supervisor:
             stage=self.ui.stage,
             redact=p.redactor,
         )
+        version = server.sdk_version
+        if version and version != "unknown" and version != CLI_VERSION:
+            rollout = p.config.experiment.rollout
+            message = (
+                f"rollout server uses rollbridge {version}, but this CLI uses {CLI_VERSION}; "
+                f"update rollouts/{rollout}/pyproject.toml and run uv sync --project "
+                f"rollouts/{rollout} if the run misbehaves"
+            )
+            self.log(
+                "WARNING",
+                "server",
+                message,
+                {"cli_sdk_version": CLI_VERSION, "server_sdk_version": version},
+            )
+            if not self.ui.verbose:
+                self.ui.warning(message, "ROLLOUT_SDK_VERSION_MISMATCH")
+        return server
 
     async def _start_bridge(
         self, nursery: trio.Nursery, token: str, decision: TunnelDecision
@@ -837,7 +864,7 @@ class Supervisor:
             dispatcher = Dispatcher(
                 items=items,
                 concurrency=concurrency,
-                transport=_Transport(client),
+                transport=_Transport(client, lambda: server.child.returncode is None),
                 chat_base=chat_base,
                 bearer=token,
                 agent_timeout_sec=p.spec.agent_timeout_sec,
@@ -849,6 +876,8 @@ class Supervisor:
                 interrupts=self.interrupts,
                 log=self.log,
                 on_halt=on_halt,
+                explain=partial(self._explain, server),
+                ready=tunnel.wait_available if tunnel is not None else None,
             )
             workers = max(1, min(concurrency, len(items)))
             self.stage(
@@ -865,6 +894,16 @@ class Supervisor:
                 for scope in watch_scopes:
                     scope.cancel()
                 self.ui.close_progress()
+
+    async def _explain(self, server: RolloutServer, exc: BaseException) -> str | None:
+        """The server's exit as the cause of a transport failure (it may take a moment for the
+        exit to be observable after its sockets closed)."""
+        if not isinstance(exc, RolloutServerUnreachable):
+            return None
+        with trio.move_on_after(1.0):
+            code = await server.child.process.wait()
+            return f"the rollout server exited with code {code}; see logs.txt"
+        return None
 
     async def _watch_server(
         self, server: RolloutServer, dispatcher: Dispatcher, scope: trio.CancelScope

@@ -13,12 +13,12 @@ import traceback
 
 import click
 
+from bridge.cli import bridge as bridge_group
 from launcher.errors import CLIError
+from launcher.signals import EXIT_INTERRUPTED
 from launcher.ui import UI, OutputMode
 
 __all__ = ["EXIT_INTERRUPTED", "cli", "main"]
-
-EXIT_INTERRUPTED = 130
 
 
 def _mode(json_flag: bool, plain_flag: bool) -> OutputMode:
@@ -96,15 +96,7 @@ def eval_run(ctx: click.Context, config: str, **flags: object) -> None:
     ctx.exit(run_eval(options, ui))
 
 
-def _register_bridge() -> None:
-    try:
-        from bridge.cli import bridge as bridge_group
-    except ImportError:
-        return
-    cli.add_command(bridge_group, "bridge")
-
-
-_register_bridge()
+cli.add_command(bridge_group, "bridge")
 
 
 def _fallback_ui() -> UI:

@@ -173,6 +173,11 @@ class Dispatcher:
     interrupts: Interrupts
     log: LogFn
     on_halt: Callable[[str], None] = lambda reason: None
+    ready: Callable[[], Awaitable[None]] | None = None
+    """Awaited before each admission (a restarting tunnel publishes its new URL first)."""
+    explain: Callable[[BaseException], Awaitable[str | None]] | None = None
+    """Maps a worker's exception to a process-wide cause (the server died) when there is one,
+    so the halt reason names the cause rather than its symptom."""
     report: DispatchReport = field(default_factory=DispatchReport)
     _queue: deque[WorkItem] = field(default_factory=deque)
     _scope: trio.CancelScope | None = None
@@ -210,8 +215,10 @@ class Dispatcher:
             except trio.Cancelled:
                 raise
             except Exception as exc:
+                cause = await self.explain(exc) if self.explain is not None else None
                 self.halt(
-                    f"{type(exc).__name__}: {exc}",
+                    cause or f"{type(exc).__name__}: {exc}",
+                    cancel_all=cause is not None,
                     row_index=item.row.row_index,
                     run_index=item.run_index,
                 )
@@ -291,6 +298,8 @@ class Dispatcher:
         self.report.recorded += 1
 
     async def _admit_and_wait(self, item: WorkItem, slot: _Slot) -> RolloutResultResponse:
+        if self.ready is not None:
+            await self.ready()
         request = self._request(item, slot.rollout_id)
         try:
             async with self._admissions:

@@ -347,10 +347,10 @@ def _owned(record: Mapping[str, Any]) -> tuple[int, int] | None:
     return pid, pgid
 
 
-async def reap_run_dir(run_dir: Path) -> list[ReapedChild]:
+async def reap_run_dir(run_dir: Path, *, hurry: trio.Event | None = None) -> list[ReapedChild]:
     """Stop the children recorded in ``run_dir``'s ``server.json``/``tunnel.json`` if they are
     provably ours (pid, start token and pgid all match), then unlink the records. The caller
-    holds the run's lock (or knows nobody does)."""
+    holds the run's lock (or knows nobody does). ``hurry`` cuts a long grace to 5 s."""
     reaped: list[ReapedChild] = []
     for name, kind, grace in (
         ("server.json", "server", LONG_STOP_GRACE_S),
@@ -363,7 +363,7 @@ async def reap_run_dir(run_dir: Path) -> list[ReapedChild]:
         owned = _owned(record) if record is not None else None
         if owned is not None and record is not None:
             pid, pgid = owned
-            await terminate_group(pgid, grace)
+            await terminate_group(pgid, grace, hurry=hurry)
             port = record.get("port")
             reaped.append(ReapedChild(kind, pid, port if isinstance(port, int) else None))
         with contextlib.suppress(FileNotFoundError):
@@ -397,7 +397,9 @@ def _try_lock(lock_path: Path) -> int | None:
     return fd
 
 
-async def reap_orphans(output_root: Path, *, skip: str | None = None) -> list[ReapedChild]:
+async def reap_orphans(
+    output_root: Path, *, skip: str | None = None, hurry: trio.Event | None = None
+) -> list[ReapedChild]:
     """Reap leftovers in every run directory under ``output_root`` whose lock is free (a held
     lock means a live supervisor owns those children). ``skip`` names a run this process
     will reap itself under its own lock."""
@@ -407,7 +409,7 @@ async def reap_orphans(output_root: Path, *, skip: str | None = None) -> list[Re
         if fd is None:
             continue
         try:
-            reaped.extend(await reap_run_dir(entry))
+            reaped.extend(await reap_run_dir(entry, hurry=hurry))
         finally:
             fcntl.flock(fd, fcntl.LOCK_UN)
             os.close(fd)

@@ -36,6 +36,7 @@ from rollout_server.protocol import (
     ENV_INSTANCE_ID,
     ENV_PORT,
     INSTANCE_ID_HEADER,
+    SDK_VERSION_HEADER,
 )
 
 __all__ = [
@@ -115,6 +116,8 @@ class RolloutServer:
     instance_id: str
     health: dict[str, Any]
     record_path: Path
+    sdk_version: str | None = None
+    """The ``x-osmosis-rollout-sdk-version`` the server reported on ``/health``, if any."""
     stopping: bool = False
 
     @property
@@ -172,7 +175,7 @@ async def _wait_healthy(
     instance_id: str,
     launch: ServerLaunch,
     redact: Callable[[str], str],
-) -> dict[str, Any]:
+) -> tuple[dict[str, Any], str | None]:
     with trio.move_on_after(HEALTH_DEADLINE_S):
         while True:
             if child.returncode is not None:
@@ -200,7 +203,7 @@ async def _wait_healthy(
                         f"reports instance_id={reported!r} instead of this run's; stop it, or "
                         "choose a different --rollout-port"
                     )
-                return body
+                return body, response.headers.get(SDK_VERSION_HEADER)
             await trio.sleep(HEALTH_POLL_S)
     raise _StartupFailure(
         f"rollout server did not become healthy within {HEALTH_DEADLINE_S:g}s\n"
@@ -270,7 +273,7 @@ async def start_rollout_server(
                 ) from None
             server = RolloutServer(child, port, instance_id, {}, record_path)
             try:
-                server.health = await _wait_healthy(
+                server.health, server.sdk_version = await _wait_healthy(
                     child, client, server.base_url, instance_id, launch, redact
                 )
             except _StartupFailure as exc:

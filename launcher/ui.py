@@ -10,6 +10,7 @@ underlying streams redact again, so a secret can reach the terminal by no path.
 
 from __future__ import annotations
 
+import importlib.metadata
 import json
 import sys
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -33,7 +34,15 @@ __all__ = ["CLI_VERSION", "UI", "OutputMode", "ProgressCounters", "RedactingStre
 
 OutputMode = Literal["rich", "plain", "json"]
 
-CLI_VERSION = "0.1.0"
+
+def _cli_version() -> str:
+    try:
+        return importlib.metadata.version("rollbridge")
+    except importlib.metadata.PackageNotFoundError:
+        return "unknown"
+
+
+CLI_VERSION = _cli_version()
 _SCHEMA_VERSION = 1
 
 

@@ -5,7 +5,7 @@ all calls (no connection limit, so every in-flight long-poll gets its own connec
 an explicit timeout per call kind. The pool behind that client is split into
 :data:`POOL_SHARDS` httpcore pools (least busy first): httpcore's pool bookkeeping costs
 O(connections²) per request, which at 200 concurrent long-polls made the client, not the
-server, the bottleneck (about 40 rollouts/s); with shards of a dozen connections it is noise::
+server, the bottleneck (about 40 rollouts/s); spread over small pools it is noise::
 
     async with RolloutClient("http://127.0.0.1:8000") as client:
         health = await client.health()                  # Health: body, headers, capacity, ...
@@ -205,17 +205,20 @@ class Health:
 
     @property
     def process_id(self) -> str | None:
+        """The server process's identity (changes on restart), if well-formed."""
         value = self.body.get("process_id")
         return value if isinstance(value, str) and value else None
 
     @property
     def accepting_rollouts(self) -> bool | None:
+        """``lifecycle.accepting_rollouts`` (``None`` when missing or malformed)."""
         lifecycle = self.body.get("lifecycle")
         value = lifecycle.get("accepting_rollouts") if isinstance(lifecycle, dict) else None
         return value if isinstance(value, bool) else None
 
     @property
     def active_rollouts(self) -> int | None:
+        """``lifecycle.active_rollouts`` (``None`` when missing or malformed)."""
         lifecycle = self.body.get("lifecycle")
         value = lifecycle.get("active_rollouts") if isinstance(lifecycle, dict) else None
         ok = isinstance(value, int) and not isinstance(value, bool) and value >= 0
@@ -228,6 +231,7 @@ class Health:
 
     @property
     def chat_endpoint(self) -> dict[str, Any] | None:
+        """``chat_endpoint {environment, requires_public_url}`` when the backend reports it."""
         value = self.body.get("chat_endpoint")
         return value if isinstance(value, dict) else None
 

@@ -12,6 +12,10 @@ import trio
 from rollout_server import (
     AgentWorkflow,
     AgentWorkflowContext,
+    ExecutionBackend,
+    ExecutionOutcome,
+    ExecutionRequest,
+    ExecutionResult,
     LocalBackend,
     RolloutSample,
     SampleSource,
@@ -19,7 +23,7 @@ from rollout_server import (
     get_rollout_context,
     reply_text,
 )
-from rollout_server.protocol import RolloutResultResponse, RolloutStatus
+from rollout_server.protocol import RolloutErrorCategory, RolloutResultResponse, RolloutStatus
 from tests.fakes.upstream import FakeUpstream
 
 from .conftest import Served
@@ -285,5 +289,51 @@ async def test_chat_error_fails_the_rollout_with_status(
         status, category, message = triple(result)
         assert (status, category) == ("failure", "agent_error")
         assert message is not None and "HTTP 401" in message
+        await client.aclose()
+        running.force_stop()
+
+
+class DiagnosticBackend(ExecutionBackend):
+    """Fails with diagnostics and a sample whose trajectory is disabled, or succeeds with both."""
+
+    async def execute(self, request: ExecutionRequest) -> ExecutionOutcome:
+        sample = RolloutSample([{"role": "assistant", "content": "x"}], label=request.label)
+        if request.id == "diag-fail":
+            sample.trajectory_messages = None
+            return ExecutionOutcome(
+                ExecutionResult(
+                    RolloutStatus.FAILURE,
+                    sample=sample,
+                    err_message="sandbox broke \udcff",
+                    err_category=RolloutErrorCategory.HTTP_ERROR,
+                    extra_fields={"phase": "setup", "backend": "custom", "when": object()},
+                )
+            )
+        sample.reward = 0.5
+        return ExecutionOutcome(
+            ExecutionResult(RolloutStatus.SUCCESS, sample=sample, extra_fields={"z": 1, "a": 2})
+        )
+
+
+async def test_diagnostics_file_and_disabled_trajectory(
+    nursery: trio.Nursery, tmp_path: Path
+) -> None:
+    with trio.fail_after(15):
+        running, client = await start(nursery, tmp_path, DiagnosticBackend())
+        result = await client.run_rollout(request("diag-fail", label="L"))
+        assert triple(result) == ("failure", "http_error", "sandbox broke ?")
+        assert result.sample is not None and result.sample.reward is None
+        trial = tmp_path / "trials" / "diag-fail"
+        assert not (trial / "trajectory.json").exists()
+        diagnostics = json.loads((trial / "diagnostics.json").read_text())
+        assert list(diagnostics) == ["backend", "phase", "when"]
+        assert diagnostics["when"].startswith("<object object")
+        result = await client.run_rollout(request("diag-ok", label="L"))
+        assert result.sample is not None and result.sample.reward == 0.5
+        assert result.sample.extra_fields == {}
+        trial = tmp_path / "trials" / "diag-ok"
+        assert json.loads((trial / "trajectory.json").read_text())["session_id"] == "diag-ok"
+        assert (trial / "diagnostics.json").read_text().startswith('{\n  "a": 2,')
+        assert (trial / "artifacts").is_dir()
         await client.aclose()
         running.force_stop()
