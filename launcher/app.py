@@ -635,9 +635,13 @@ class Supervisor:
                     p.redactor.add_known_env(os.environ)
                     token = uuid.uuid4().hex
                     p.redactor.add(token)
-                    await self._preflight()
-                    await self._sync()
-                    services.server = await self._start_server(nursery, rd, secrets)
+                    # The model probe and the bridge's start-up overlap the sync and the server
+                    # start; a fatal probe cancels the rest (and the server is stopped).
+                    async with trio.open_nursery() as startup:
+                        startup.start_soon(self._preflight)
+                        startup.start_soon(self._start_bridge, nursery, token, services)
+                        await self._sync()
+                        services.server = await self._start_server(nursery, rd, secrets)
                     services.decision = choose_tunnel(p.tunnel_plan, services.server.health)
                     if services.decision.environment is not None:
                         self.stage(
@@ -645,7 +649,7 @@ class Supervisor:
                             step="tunnel",
                             details={"environment": services.decision.environment},
                         )
-                    services.bridge = await self._start_bridge(nursery, token, services.decision)
+                    services.bridge.set_keepalive(services.decision.keepalive)
                     async with httpx.AsyncClient(trust_env=False) as probe:
                         capacity = await services.server.probe_capacity(probe)
                     concurrency = resolve_concurrency(
@@ -765,9 +769,11 @@ class Supervisor:
                 self.ui.warning(message, "ROLLOUT_SDK_VERSION_MISMATCH")
         return server
 
-    async def _start_bridge(
-        self, nursery: trio.Nursery, token: str, decision: TunnelDecision
-    ) -> Any:
+    async def _start_bridge(self, nursery: trio.Nursery, token: str, services: _Services) -> None:
+        """Start the bridge as a service of ``nursery``; its handle goes to ``services``.
+
+        Keepalive starts on when the flags already force a public URL; the health report may
+        switch it on later (automatic tunnel)."""
         from bridge.errors import BridgeBindError
         from bridge.server import BridgeConfig, run_bridge
 
@@ -780,7 +786,7 @@ class Supervisor:
             model=p.config.experiment.model_path,
             token=token,
             port=p.tunnel_plan.listener_port or 0,
-            keepalive=decision.keepalive,
+            keepalive=not p.tunnel_plan.auto_detect,
             redact=p.redactor,
             log=bridge_log,
         )
@@ -789,7 +795,7 @@ class Supervisor:
         except BridgeBindError as exc:
             raise LocalEvalError(str(exc)) from None
         self.log("INFO", "listener", "LLM bridge started", {"port": handle.port})
-        return handle
+        services.bridge = handle
 
     async def _start_tunnel(self, nursery: trio.Nursery, port: int) -> Any:
         from tunnel.cloudflared import TunnelOptions, run_cloudflared_tunnel

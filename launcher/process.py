@@ -131,13 +131,13 @@ async def terminate_group(
     confirmed gone. Runs shielded: stopping a child must finish even while we are cancelled."""
     with trio.CancelScope(shield=True):
         _killpg(pgid, signal.SIGTERM)
-        start = trio.current_time()
-        deadline = start + grace
+        deadline = trio.current_time() + grace
+        hurried = False
         while group_alive(pgid) or (leader is not None and leader.returncode is None):
             now = trio.current_time()
-            if hurry is not None and hurry.is_set():
-                deadline = min(deadline, max(now, start) + STOP_GRACE_S)
-                start = min(start, now)
+            if hurry is not None and hurry.is_set() and not hurried:
+                hurried = True
+                deadline = min(deadline, now + STOP_GRACE_S)
             if now >= deadline:
                 break
             if leader is not None and leader.returncode is None:

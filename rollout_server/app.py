@@ -19,6 +19,7 @@ from typing import Any, Final
 import msgspec
 import trio
 
+from .jsonsafe import json_safe
 from .protocol import (
     INSTANCE_ID_HEADER,
     LEASE_HEADER,
@@ -140,7 +141,13 @@ class RolloutApp:
                     self.service.sdk_version.encode("latin-1", "replace"),
                 ),
             ]
-            await _respond(send, 200, self.service.health(), extra)
+            payload = self.service.health()
+            try:
+                body = _encode(payload)
+            except (TypeError, ValueError, OverflowError):
+                # A backend's health() put something unencodable in: drop it, still answer.
+                body = _encode(json_safe(payload))
+            await _send_raw(send, 200, body, extra)
             return
         if path == "/rollout":
             if method != "POST":
