@@ -13,6 +13,7 @@ interrupt or halt unless a second Ctrl-C hurries it), tunnel, bridge, environmen
 
 from __future__ import annotations
 
+import importlib
 import json
 import os
 import shlex
@@ -485,6 +486,8 @@ class Supervisor:
         latest = replay_journal(run_dir / "events.jsonl").latest
         if compute_pending(latest, p.selection.rows, p.spec.n, p.options.retry_failed):
             return None
+        if _read_status(run_dir) != "finished":
+            return None  # killed before finalize: finalize now (nothing is dispatched)
         return latest
 
     async def _complete_branch(
@@ -581,19 +584,22 @@ class Supervisor:
         pending = rd.pending_items(p.selection.rows, p.spec.n, p.options.retry_failed)
         recorded = rd.recorded_count
         suffix = f", {recorded} already recorded" if recorded else ""
-        self.stage(f"{rd.name}: {len(pending)} of {total} work items pending{suffix}")
-        await self._confirm(len(pending))
+        if pending:
+            self.stage(f"{rd.name}: {len(pending)} of {total} work items pending{suffix}")
+            await self._confirm(len(pending))
+        else:
+            self.stage(f"{rd.name}: all {total} work items already have results", step="resume")
         result: FinalizeResult | None = None
-        started = False
         try:
-            with ExitStack() as env_scope:
-                started = await self._start_and_dispatch(rd, pending, env_scope)
+            if pending:
+                with ExitStack() as env_scope:
+                    await self._start_and_dispatch(rd, pending, env_scope)
         finally:
             cancelled = self.interrupts.interrupted or self.halted is not None
             with trio.CancelScope(shield=True):
                 result = await trio.to_thread.run_sync(partial(rd.finalize, cancelled=cancelled))
         assert result is not None
-        return self._report(rd, result, started)
+        return self._report(rd, result)
 
     async def _ask(self, prompt: str, *, default: bool) -> bool:
         """A yes/no question, answered in a thread so Ctrl-C still works (it answers "no")."""
@@ -621,7 +627,7 @@ class Supervisor:
 
     async def _start_and_dispatch(
         self, rd: RunDirectory, pending: Sequence[Any], env_scope: ExitStack
-    ) -> bool:
+    ) -> None:
         p = self.p
         assert self.interrupts is not None
         services = _Services()
@@ -659,10 +665,8 @@ class Supervisor:
                         services.tunnel = await self._start_tunnel(nursery, services.bridge.port)
                     elif services.decision.mode == "advertise":
                         self.stage(services.decision.milestone or "", step="tunnel")
-                if self.interrupts.interrupted:
-                    return False
-                await self._dispatch(rd, pending, services, token, concurrency, nursery)
-                return True
+                if not self.interrupts.interrupted:
+                    await self._dispatch(rd, pending, services, token, concurrency, nursery)
             finally:
                 with trio.CancelScope(shield=True):
                     await self._shutdown(services)
@@ -790,6 +794,9 @@ class Supervisor:
             redact=p.redactor,
             log=bridge_log,
         )
+        # The bridge's web stack takes ~0.3 s to import; doing it on a worker thread keeps the
+        # event loop free to notice uv finishing and to spawn the rollout server meanwhile.
+        await trio.to_thread.run_sync(_import_bridge_stack)
         try:
             handle = await nursery.start(run_bridge, config)
         except BridgeBindError as exc:
@@ -949,7 +956,7 @@ class Supervisor:
 
     # -- reporting -----------------------------------------------------------------------
 
-    def _report(self, rd: RunDirectory, result: FinalizeResult, started: bool) -> int:
+    def _report(self, rd: RunDirectory, result: FinalizeResult) -> int:
         p = self.p
         assert self.interrupts is not None
         name = rd.name
@@ -1109,6 +1116,11 @@ class Supervisor:
         }
 
 
+def _import_bridge_stack() -> None:
+    for module in ("hypercorn.trio.run", "bridge.app", "bridge.core", "bridge.direct"):
+        importlib.import_module(module)
+
+
 @dataclass
 class _Restart:
     new_name: str
@@ -1130,13 +1142,22 @@ def _counts(records: Any) -> tuple[int, int, int]:
     return ok, failed, skipped
 
 
-def _read_summary(run_dir: Path) -> dict[str, Any] | None:
+def _read_metrics(run_dir: Path) -> dict[str, Any]:
     try:
         doc = json.loads((run_dir / "metrics.json").read_text(encoding="utf-8"))
     except (OSError, ValueError):
-        return None
-    summary = doc.get("summary") if isinstance(doc, dict) else None
+        return {}
+    return doc if isinstance(doc, dict) else {}
+
+
+def _read_summary(run_dir: Path) -> dict[str, Any] | None:
+    summary = _read_metrics(run_dir).get("summary")
     return summary if isinstance(summary, dict) else None
+
+
+def _read_status(run_dir: Path) -> str | None:
+    eval_run = _read_metrics(run_dir).get("eval_run")
+    return eval_run.get("status") if isinstance(eval_run, dict) else None
 
 
 def format_duration_ms(ms: float) -> str:

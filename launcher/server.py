@@ -50,7 +50,8 @@ __all__ = [
 ]
 
 HEALTH_DEADLINE_S = 90.0
-HEALTH_POLL_S = 0.2
+# Faster than the reference's 0.2 s: the wait is on the critical path of every start.
+HEALTH_POLL_S = 0.05
 HEALTH_REQUEST_TIMEOUT_S = 5.0
 OUTPUT_DRAIN_S = 0.5
 SUPERVISOR_OWNED = (ENV_PORT, ENV_ARTIFACT_ROOT, ENV_INSTANCE_ID)

@@ -12,6 +12,11 @@ an unbounded LocalBackend. Measured, each against a baseline from the same run:
    rows / in-flight x latency (target <= 1.15x).
 3. Supervisor RSS with 1000 rollouts in flight (target <= 200 MB).
 4. 200 vs 10,000 rows at 0 ms: supervisor CPU and wall time per item (target: flat).
+
+The fake provider is served with a deep listen backlog (a real provider does not drop SYNs).
+Case 2 runs twice: with the rollout server's default hypercorn backlog (100) and with 4096
+(``BENCH_BACKLOG``, patched in by the bench entrypoint only), to show what the backlog costs.
+Expect noisy figures on a shared 2-core machine; compare ratios within one run.
 """
 
 from __future__ import annotations

@@ -131,3 +131,23 @@ async def test_rich_output_when_piped_prints_one_line_per_item(
     next_steps = result.stdout.split("Evaluation run finished")[1]
     assert "--name piped --retry-failed" in next_steps
     json.dumps(result.stdout)  # the output is plain text, no control sequences break JSON
+
+
+async def test_a_run_killed_before_finalize_is_finalized_without_dispatch(
+    workspace: Path, env: dict[str, str], tmp_path: Path
+) -> None:
+    args = ["eval", "run", CONFIG, "--name", "fin", "--yes"]
+    first = await run_cli(args, cwd=tmp_path, env=env)
+    assert first.returncode == 0, first.stderr
+    run = run_dir(workspace, "fin")
+    doc = metrics(run)
+    doc["eval_run"]["status"] = "running"  # as if killed after the last result was journaled
+    (run / "metrics.json").write_text(json.dumps(doc))
+    records = journal(run)
+    again = await run_cli(args, cwd=tmp_path, env=env)
+    assert again.returncode == 0, again.stderr
+    assert "fin: all 21 work items already have results" in again.stdout
+    assert "starting rollout server" not in again.stdout
+    assert journal(run) == records
+    assert metrics(run)["eval_run"]["status"] == "finished"
+    _check_summary(metrics(run)["summary"])

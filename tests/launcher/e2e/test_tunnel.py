@@ -95,3 +95,60 @@ async def test_managed_tunnel_url_replaces_the_loopback_base(
         if p.info["cmdline"] and str(binary) in " ".join(p.info["cmdline"])
     ]
     assert leftovers == []
+
+
+SLEEPY = """
+import trio
+from rollout_server import AgentWorkflow, AgentWorkflowOutput, LocalBackend, serve
+
+
+class Sleepy(AgentWorkflow):
+    async def run(self, ctx):
+        await trio.sleep(120)
+        return AgentWorkflowOutput(messages=[])
+
+
+if __name__ == "__main__":
+    serve(LocalBackend(workflow=Sleepy))
+"""
+
+
+async def test_a_tunnel_that_fails_for_good_halts_dispatch(
+    workspace: Path, env: dict[str, str], tmp_path: Path
+) -> None:
+    (workspace / "rollouts" / "echo" / "sleepy.py").write_text(SLEEPY)
+    config = (workspace / "configs" / "eval" / "echo.toml").read_text()
+    (workspace / "configs" / "eval" / "sleepy.toml").write_text(
+        config.replace('"main.py"', '"sleepy.py"')
+    )
+    binary = install_fake_cloudflared(tmp_path / "bin")
+    state = tmp_path / "cf-state"
+    state.mkdir()
+    result = await run_cli(
+        [
+            "eval",
+            "run",
+            "ws/configs/eval/sleepy.toml",
+            "--yes",
+            "--name",
+            "cfdown",
+            "--tunnel",
+            "cloudflared",
+            "--cloudflared",
+            str(binary),
+        ],
+        cwd=tmp_path,
+        env={
+            **env,
+            "FAKE_CLOUDFLARED_STATE": str(state),
+            "FAKE_CLOUDFLARED_CRASH_AFTER_SECONDS": "1",
+        },
+        timeout=90,
+    )
+    assert result.returncode == 1, result.stderr + result.stdout
+    halt = [line for line in result.stdout.splitlines() if "stopping dispatch: " in line]
+    assert len(halt) == 1 and "sandboxes can no longer reach the model bridge" in halt[0]
+    assert "Results (incomplete)" in result.stdout
+    run = run_dir(workspace, "cfdown")
+    assert journal(run) == []
+    assert not (run / "tunnel.json").exists()
