@@ -4,8 +4,9 @@ Synchronous preparation (flags, workspace, config, dataset, plan table) happens 
 ``trio.run``; everything with a lifetime (lock, log, children, bridge, tunnel, dispatch) lives
 inside it, in this order: reap orphans, choose the name, take the lock, reap this run's own
 leftovers, pass the manifest gate, replay the journal, compute pending work, confirm, resolve
-secrets, preflight the model, ``uv sync``, start the rollout server, decide the tunnel, start
-the bridge, size the worker pool, start the tunnel, dispatch, shut down, finalize.
+secrets, then ``uv sync`` and start the rollout server while the model preflight and the bridge
+start-up run alongside, decide the tunnel, size the worker pool, start the tunnel, dispatch,
+shut down, finalize.
 
 Shutdown is always: rollout server (its process group, 5 s grace, or 330 s after an
 interrupt or halt unless a second Ctrl-C hurries it), tunnel, bridge, environment restored.

@@ -15,6 +15,7 @@ import click
 
 from bridge.cli import bridge as bridge_group
 from launcher.errors import CLIError
+from launcher.redact import Redactor
 from launcher.signals import EXIT_INTERRUPTED
 from launcher.ui import UI, OutputMode
 
@@ -91,7 +92,7 @@ def eval_run(ctx: click.Context, config: str, **flags: object) -> None:
         bool(flags.pop("plain")) or obj.get("plain", False),
     )
     options = EvalOptions(config=config, **flags)  # type: ignore[arg-type]
-    ui = UI(mode, verbose=options.verbose)
+    ui = UI(mode, verbose=options.verbose, redact=_ambient_redactor())
     ctx.obj["ui"] = ui
     ctx.exit(run_eval(options, ui))
 
@@ -99,39 +100,47 @@ def eval_run(ctx: click.Context, config: str, **flags: object) -> None:
 cli.add_command(bridge_group, "bridge")
 
 
-def _fallback_ui() -> UI:
-    argv = sys.argv[1:]
-    return UI("json" if "--json" in argv else "plain" if "--plain" in argv else "rich")
+def _ambient_redactor() -> Redactor:
+    """Redacts known provider keys from the environment, before any config is read."""
+    redactor = Redactor()
+    redactor.add_known_env(os.environ)
+    return redactor
+
+
+def _fallback_ui(argv: list[str]) -> UI:
+    mode: OutputMode = "json" if "--json" in argv else "plain" if "--plain" in argv else "rich"
+    return UI(mode, redact=_ambient_redactor())
 
 
 def main(argv: list[str] | None = None) -> None:
     """Console entry point (``rollbridge``)."""
     obj: dict[str, object] = {}
+    args = sys.argv[1:] if argv is None else argv
     try:
-        code = cli.main(args=argv, prog_name="rollbridge", standalone_mode=False, obj=obj)
+        code = cli.main(args=args, prog_name="rollbridge", standalone_mode=False, obj=obj)
     except click.exceptions.Exit as exc:
         sys.exit(exc.exit_code)
     except click.exceptions.Abort:
         sys.exit(EXIT_INTERRUPTED)
     except click.UsageError as exc:
-        ui = obj.get("ui") or _fallback_ui()
+        ui = obj.get("ui") or _fallback_ui(args)
         assert isinstance(ui, UI)
         ui.error(exc.format_message(), code="VALIDATION")
         sys.exit(1)
     except click.ClickException as exc:
-        ui = obj.get("ui") or _fallback_ui()
+        ui = obj.get("ui") or _fallback_ui(args)
         assert isinstance(ui, UI)
         ui.error(exc.format_message())
         sys.exit(1)
     except CLIError as exc:
-        ui = obj.get("ui") or _fallback_ui()
+        ui = obj.get("ui") or _fallback_ui(args)
         assert isinstance(ui, UI)
         ui.error(exc.message, code=exc.code, details=exc.details)
         sys.exit(1)
     except KeyboardInterrupt:
         sys.exit(EXIT_INTERRUPTED)
     except Exception as exc:  # the last line of defence: never a raw traceback
-        ui = obj.get("ui") or _fallback_ui()
+        ui = obj.get("ui") or _fallback_ui(args)
         assert isinstance(ui, UI)
         if os.environ.get("ROLLBRIDGE_DEBUG"):
             ui.err_console.print(ui.redact("".join(traceback.format_exception(exc))), markup=False)

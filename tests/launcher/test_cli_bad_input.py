@@ -162,3 +162,14 @@ def test_error_messages_are_redacted(
     assert code == 1
     line = _one_error(err)
     assert secret not in line and "[REDACTED]" in line
+
+
+def test_flag_parse_errors_are_redacted_too(
+    ws: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    secret = "sk-another-planted-key-5678"
+    monkeypatch.setenv("ANTHROPIC_API_KEY", secret)
+    code, _, err = _run(capsys, "eval", "run", CONFIG, "--max-in-flight", secret)
+    assert code == 1
+    line = _one_error(err)
+    assert secret not in line and "[REDACTED]" in line

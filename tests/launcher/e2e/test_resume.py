@@ -146,3 +146,42 @@ async def test_changed_inputs_are_refused_without_touching_the_run(
     ok = await run_cli(args, cwd=tmp_path, env=env)
     assert ok.returncode == 0, ok.stderr
     assert "rollouts" not in ok.stderr
+
+
+async def test_any_later_run_reaps_an_orphan_of_another_name(
+    workspace: Path,
+    env: dict[str, str],
+    tmp_path: Path,
+    fake_upstream: FakeUpstream,
+    no_orphans: list[int],
+) -> None:
+    write_config(workspace, "slow", fake_model_config(batch_size=2))
+    fake_upstream.delay = 0.2
+    run_env = _fake_env(env, fake_upstream)
+    run = run_dir(workspace, "gone")
+    live = await start_cli(
+        ["eval", "run", "ws/configs/eval/slow.toml", "--name", "gone", "--yes"],
+        cwd=tmp_path,
+        env=run_env,
+        logdir=tmp_path / "first",
+    )
+    await wait_for(lambda: count_log(run, "work item finished") >= 1)
+    record = server_record(run)
+    assert record is not None
+    no_orphans.append(record["pgid"])
+    live.kill9()
+    await live.wait()
+    assert processes_in_group(record["pgid"])
+
+    other = await run_cli(
+        ["eval", "run", CONFIG, "--name", "other", "--yes", "--rows", "0-1"],
+        cwd=tmp_path,
+        env=env,
+    )
+    assert other.returncode == 0, other.stderr
+    assert (
+        f"terminated an orphaned rollout server from a previous invocation (pid {record['pid']}, port {record['port']})"
+        in other.stdout
+    )
+    assert not processes_in_group(record["pgid"])
+    assert not (run / "server.json").exists()
