@@ -945,15 +945,9 @@ class Supervisor:
             await services.server.stop(grace, hurry=self.interrupts.hurry)
         if services.tunnel is not None:
             services.tunnel.stop()
+            # The tunnel package itself logs when it cannot confirm the stop.
             with trio.move_on_after(10.0):
                 await services.tunnel.wait_closed()
-            if services.tunnel.stop_confirmed is False:
-                self.log(
-                    "WARNING",
-                    "tunnel",
-                    "cloudflared may still be running; leaving its ownership record for the "
-                    "next invocation to reap",
-                )
 
     # -- reporting -----------------------------------------------------------------------
 
