@@ -136,7 +136,6 @@ async def run_bridge(
     try:
         # Imported here: quart and httpx cost half a second, which ``import bridge`` (and so
         # the CLI) should not pay.
-        from hypercorn.config import Config as HyperConfig
         from hypercorn.config import Sockets
         from hypercorn.trio.run import worker_serve
         from hypercorn.utils import wrap_app
@@ -144,6 +143,7 @@ async def run_bridge(
         from bridge.app import create_app
         from bridge.core import Bridge, Timing
         from bridge.direct import new_client
+        from rollout_server.httpserve import CoalescingConfig
 
         client = new_client()
         try:
@@ -168,7 +168,7 @@ async def run_bridge(
                     plain_chat_route=config.plain_chat_route,
                     max_body=config.max_body_bytes,
                 )
-                hyper = HyperConfig()
+                hyper = CoalescingConfig()
                 hyper.accesslog = None
                 hyper.errorlog = None
                 hyper.keep_alive_timeout = 75.0

@@ -859,7 +859,7 @@ class Supervisor:
 
         async def record(rec: TerminalRecord, has_sample: bool) -> None:
             await rd.record_result(rec, wait_for_trajectory=has_sample)
-            self.ui.progress_update()
+            self.ui.progress_update(_describe(rec))
 
         def usage(rollout_id: str) -> tuple[int | None, int | None]:
             found = bridge.ledger.pop(rollout_id)
@@ -1170,3 +1170,13 @@ def format_duration_ms(ms: float) -> str:
     if hours:
         return f"{hours}h {minutes}m" if minutes else f"{hours}h"
     return f"{minutes}m {secs}s" if secs else f"{minutes}m"
+
+
+def _describe(rec: TerminalRecord) -> str:
+    """One finished work item, for the line-per-item progress of a non-terminal."""
+    text = f"row {rec.row_index} run {rec.run_index}: {rec.status}"
+    if rec.reward is not None:
+        text += f", reward {rec.reward:g}"
+    if rec.error_type:
+        text += f" ({rec.error_type})"
+    return text

@@ -277,14 +277,17 @@ class UI:
         assert self._counters is not None
         return f"{self._counters.completed}/{self._total} {self._summary()}"
 
-    def progress_update(self) -> None:
-        """Show the current counts (one line per finished item when not a terminal)."""
+    def progress_update(self, finished: str | None = None) -> None:
+        """Show the current counts; when not a terminal, one line per finished item, naming the
+        item (``finished``, for example ``row 3 run 0: success, reward 1``)."""
         if self._counters is None or not self.rich:
             return
         if self._progress is not None and self._task is not None:
             self._progress.update(
                 self._task, completed=self._counters.completed, summary=self._summary()
             )
+        elif finished is not None:
+            self._print(f"{self._line()} · {finished}", style="dim")
         else:
             self._print(self._line(), style="dim")
 

@@ -31,6 +31,7 @@ from hypercorn.trio import serve as hypercorn_serve
 
 from .app import DEFAULT_MAX_BODY_BYTES, RolloutApp
 from .backend import ExecutionBackend
+from .httpserve import CoalescingConfig
 from .protocol import (
     DEFAULT_POLLING_LEASE_TIMEOUT_SEC,
     DEFAULT_RESULT_RETENTION_SEC,
@@ -99,7 +100,7 @@ def _configure_logging() -> None:
 
 
 def _hypercorn_config(host: str, port: int) -> Config:
-    config = Config()
+    config = CoalescingConfig()
     config.bind = [f"[{host}]:{port}" if ":" in host else f"{host}:{port}"]
     config.keep_alive_timeout = KEEP_ALIVE_TIMEOUT_SEC
     # A supervisor polls over the same few connections for hours; don't recycle them.

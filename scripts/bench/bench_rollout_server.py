@@ -96,6 +96,7 @@ class Figures:
     name: str
     rollouts_per_s: float
     server_cpu_ms: float
+    driver_cpu_ms: float
     wake_p50_ms: float
     wake_p99_ms: float
     light_p50_ms: float
@@ -192,7 +193,9 @@ async def _measure(
             await _drive(url, "warm-", args.in_flight, args.in_flight)
             baseline = _rss_kb(process.pid)
             cpu_before = _cpu_seconds(process.pid)
+            driver_before = time.process_time()
             elapsed, latencies = await _drive(url, "r-", args.rollouts, args.in_flight)
+            driver_used = time.process_time() - driver_before
             cpu_used = _cpu_seconds(process.pid) - cpu_before
             after = _rss_kb(process.pid)
             # Wake-up path without queueing: few rollouts in flight, each busy for 0.2 s.
@@ -210,6 +213,7 @@ async def _measure(
         name=name,
         rollouts_per_s=args.rollouts / elapsed,
         server_cpu_ms=cpu_used / args.rollouts * 1000,
+        driver_cpu_ms=driver_used / args.rollouts * 1000,
         wake_p50_ms=wake_p50,
         wake_p99_ms=wake_p99,
         light_p50_ms=light_p50,
@@ -250,18 +254,21 @@ async def main(args: argparse.Namespace) -> None:
     results = [max(passes[name], key=lambda f: f.rollouts_per_s) for name, _, _ in servers]
     print()
     print(
-        f"{'server':<18}{'rollouts/s':>11}{'srv CPU ms':>11}{'wake p50':>10}{'wake p99':>10}"
+        f"{'server':<18}{'rollouts/s':>11}{'srv CPU ms':>11}{'drv CPU ms':>11}{'wake p50':>10}{'wake p99':>10}"
         f"{'light p50':>11}{'light p99':>11}{'RSS MB':>8}{'KB/result':>11}"
     )
     for f in results:
         print(
-            f"{f.name:<18}{f.rollouts_per_s:>11.1f}{f.server_cpu_ms:>11.2f}{f.wake_p50_ms:>10.2f}"
+            f"{f.name:<18}{f.rollouts_per_s:>11.1f}{f.server_cpu_ms:>11.2f}{f.driver_cpu_ms:>11.2f}"
+            f"{f.wake_p50_ms:>10.2f}"
             f"{f.wake_p99_ms:>10.2f}{f.light_p50_ms:>11.2f}{f.light_p99_ms:>11.2f}"
             f"{f.rss_mb:>8.1f}{f.rss_per_result_kb:>11.2f}"
         )
     ours, ref = results
     print("(wake-up latencies in ms; 'light' = 10 in flight, 0.2 s workflows, no queueing;")
-    print(" srv CPU = server process CPU time per rollout under the full load)")
+    print(" srv CPU = server process CPU time per rollout under the full load; drv CPU = the")
+    print(" driver's (this process's) CPU per rollout: on 2 cores, server + driver CPU bounds")
+    print(" rollouts/s, so a server much cheaper than the driver cannot show its full ratio)")
     print()
     print(f"throughput ratio (ours / reference): {ours.rollouts_per_s / ref.rollouts_per_s:.2f}x")
     print(
@@ -274,6 +281,7 @@ async def main(args: argparse.Namespace) -> None:
         f"wake-up p50 light ratio (reference / ours): {ref.light_p50_ms / ours.light_p50_ms:.2f}x"
     )
     print(f"RSS ratio (reference / ours): {ref.rss_mb / ours.rss_mb:.2f}x")
+    print(f"(load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores)")
     print(
         "targets: wake-up p50 <= 2 ms: "
         f"{'met' if ours.wake_p50_ms <= 2 else 'NOT met'} under load, "
