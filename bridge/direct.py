@@ -12,6 +12,7 @@ import trio
 from bridge.errors import UpstreamError
 from bridge.policy import PreparedRequest
 from bridge.routing import DirectRoute, resolve_direct
+from rollout_server.client import skip_empty_cookies
 
 # The bridge sets no deadline of its own on a model call; these match the OpenAI SDK's
 # defaults that LiteLLM would apply (10 minutes), so a wedged provider still ends eventually.
@@ -85,7 +86,9 @@ class ShardedTransport(httpx.AsyncBaseTransport):
 
 def new_client() -> httpx.AsyncClient:
     """The bridge's one pooled client. It never retries (httpx does not by default)."""
-    return httpx.AsyncClient(timeout=_TIMEOUT, transport=ShardedTransport(), follow_redirects=False)
+    return skip_empty_cookies(
+        httpx.AsyncClient(timeout=_TIMEOUT, transport=ShardedTransport(), follow_redirects=False)
+    )
 
 
 def _payload(route: DirectRoute, prepared: PreparedRequest, stream: bool) -> bytes:

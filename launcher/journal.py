@@ -192,14 +192,27 @@ def replay_journal(path: Path) -> JournalReplay:
     return replay
 
 
+@dataclass(eq=False)
+class _Pending:
+    """A record waiting in :meth:`Journal.append`'s group-commit queue."""
+
+    record: TerminalRecord
+    line: bytes
+    turn: trio.Event = field(default_factory=trio.Event)
+    done: bool = False
+    error: BaseException | None = None
+
+
 class Journal:
     """An open ``events.jsonl``: durable appends and the in-memory latest-record map.
 
     Open it with :meth:`open` while holding the run lock (single writer). Use
-    :meth:`append` from trio code (the write and fsync run on a worker thread, serialized by a
-    trio lock); :meth:`append_sync` is the blocking core. A record is added to :attr:`latest`
-    only after its fsync returned. After a failed append the journal refuses further appends,
-    because a half-written line could otherwise be followed by good ones.
+    :meth:`append` from trio code: appends that arrive while a write is in progress are
+    group-committed (one write and one fsync on a worker thread for the whole group);
+    :meth:`append_sync` is the blocking single-record form. A record is added to
+    :attr:`latest` only after the fsync covering it returned. After a failed append the
+    journal refuses further appends, because a half-written line could otherwise be followed
+    by good ones.
     """
 
     def __init__(self, path: Path, fd: int, replay: JournalReplay) -> None:
@@ -208,7 +221,8 @@ class Journal:
         self.records: list[TerminalRecord] = replay.records
         self.latest: dict[WorkKey, TerminalRecord] = replay.latest
         self.torn_bytes = replay.torn_bytes
-        self._lock = trio.Lock()
+        self._queue: list[_Pending] = []
+        self._committing = False
         self._broken: str | None = None
 
     @classmethod
@@ -231,38 +245,80 @@ class Journal:
             raise
         return cls(path, fd, replay)
 
-    def append_sync(self, record: TerminalRecord) -> None:
-        """Write ``record``'s line in full, fsync, then count it (blocking)."""
+    def _check_usable(self) -> None:
         if self._broken is not None:
             raise LocalEvalError(
                 f"journal {self.path} is unusable after an earlier error: {self._broken}"
             )
-        line = record.to_line()
+
+    def _commit_sync(self, records: list[TerminalRecord], data: bytes) -> None:
+        """Write ``data`` (the lines of ``records``) in full, fsync once, then count them."""
+        self._check_usable()
         size_before = os.fstat(self._fd).st_size
         try:
-            view = memoryview(line)
+            view = memoryview(data)
             while view:
                 view = view[os.write(self._fd, view) :]
             os.fsync(self._fd)
         except OSError as exc:
             self._broken = str(exc)
-            # Best effort: drop the partial line so the file stays replayable.
+            # Best effort: drop the partial lines so the file stays replayable.
             try:
                 os.ftruncate(self._fd, size_before)
                 os.fsync(self._fd)
             except OSError:
                 pass
             raise LocalEvalError(f"could not write journal {self.path}: {exc}") from exc
-        self.records.append(record)
-        self.latest[record.key] = record
+        for record in records:
+            self.records.append(record)
+            self.latest[record.key] = record
+
+    def append_sync(self, record: TerminalRecord) -> None:
+        """Write ``record``'s line in full, fsync, then count it (blocking)."""
+        self._check_usable()
+        self._commit_sync([record], record.to_line())
 
     async def append(self, record: TerminalRecord) -> None:
-        """:meth:`append_sync` on a worker thread; returns once the record is durable and counted.
+        """Append ``record``; returns once it is durable (fsync'd) and counted.
 
-        The thread is not abandoned on cancellation, so a record is never half-counted.
+        The first caller while no write is in progress commits, on a worker thread, every
+        record queued by then; callers arriving meanwhile queue up and the next of them
+        commits the whole queue with one write and one fsync (group commit). Waiting is
+        shielded and the thread is never abandoned, so a record is never half-counted and
+        a caller never returns before the fsync covering its record.
         """
-        async with self._lock:
-            await trio.to_thread.run_sync(self.append_sync, record)
+        self._check_usable()
+        pending = _Pending(record, record.to_line())
+        self._queue.append(pending)
+        with trio.CancelScope(shield=True):
+            if self._committing:
+                await pending.turn.wait()
+            if not pending.done:
+                await self._commit_queue()
+        if pending.error is not None:
+            raise pending.error
+
+    async def _commit_queue(self) -> None:
+        """Commit the queued records as one group, then hand over to the next queued caller."""
+        self._committing = True
+        group, self._queue = self._queue, []
+        error: BaseException | None = None
+        try:
+            await trio.to_thread.run_sync(
+                self._commit_sync, [p.record for p in group], b"".join(p.line for p in group)
+            )
+        except BaseException as exc:
+            error = exc  # every caller of the group learns that its record did not count
+        finally:
+            for p in group:
+                p.done = True
+                p.error = error
+                p.turn.set()
+            self._committing = False
+            if self._queue:
+                # The next caller in line commits everything queued during this write.
+                self._queue[0].turn.set()
+                self._committing = True
 
     def close(self) -> None:
         """Close the file descriptor (idempotent)."""

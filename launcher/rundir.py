@@ -364,18 +364,13 @@ class RunDirectory:
         if record.key in self._expected:
             prev = (previous.status, previous.reward) if previous is not None else None
             self.counters.apply(record.status, record.reward, prev)
-        if wait_for_trajectory:
-            await self._wait_for_trajectory(record.rollout_id, trajectory_grace_s)
         warnings: list[tuple[str, dict[str, Any]]] = []
-        async with self._projection_lock:
-            try:
-                await trio.to_thread.run_sync(self._project_one, record, warnings)
-            except OSError as exc:
-                self.log.error(
-                    "result",
-                    "could not update projections; they are rebuilt at finalize",
-                    {"error": f"{type(exc).__name__}: {exc}", "rollout_id": record.rollout_id},
-                )
+        # The rollout server writes the trajectory before it publishes the result, so the
+        # first look almost always finds it: that look and the projection share one thread
+        # round trip (and one parse); only a missing trajectory falls back to polling.
+        if not await self._project(record, warnings, require_trajectory=wait_for_trajectory):
+            await self._wait_for_trajectory(record.rollout_id, trajectory_grace_s)
+            await self._project(record, warnings, require_trajectory=False)
         # Logged here rather than in the worker thread, so the --verbose echo stays on trio.
         for message, details in warnings:
             self._warn(message, details)
@@ -391,15 +386,38 @@ class RunDirectory:
             },
         )
 
+    async def _project(
+        self,
+        record: TerminalRecord,
+        warnings: list[tuple[str, dict[str, Any]]],
+        *,
+        require_trajectory: bool,
+    ) -> bool:
+        """:meth:`_project_one` on a worker thread; False when it was skipped because
+        ``require_trajectory`` is set and the trajectory is not there yet."""
+        async with self._projection_lock:
+            try:
+                return await trio.to_thread.run_sync(
+                    self._project_one, record, warnings, require_trajectory
+                )
+            except OSError as exc:
+                self.log.error(
+                    "result",
+                    "could not update projections; they are rebuilt at finalize",
+                    {"error": f"{type(exc).__name__}: {exc}", "rollout_id": record.rollout_id},
+                )
+                return True
+
     async def _wait_for_trajectory(self, rollout_id: str, grace_s: float) -> None:
+        """Poll for the trajectory (the caller has just looked once) for up to ``grace_s``."""
         with trio.move_on_after(grace_s):
             while True:
+                await trio.sleep(TRAJECTORY_POLL_S)
                 found = await trio.to_thread.run_sync(
                     load_valid_trajectory, self.trials_dir, rollout_id
                 )
                 if found is not None:
                     return
-                await trio.sleep(TRAJECTORY_POLL_S)
         self.log.warning(
             "trajectory",
             "no parseable trajectory within the archive grace period",
@@ -407,11 +425,16 @@ class RunDirectory:
         )
 
     def _project_one(
-        self, record: TerminalRecord, warnings: list[tuple[str, dict[str, Any]]]
-    ) -> None:
-        if record.key not in self._expected:
-            return
+        self,
+        record: TerminalRecord,
+        warnings: list[tuple[str, dict[str, Any]]],
+        require_trajectory: bool = False,
+    ) -> bool:
         trajectory = load_valid_trajectory(self.trials_dir, record.rollout_id)
+        if trajectory is None and require_trajectory:
+            return False
+        if record.key not in self._expected:
+            return True
         row = index_row(record, trajectory, resumed=False)
         self._rows[record.key] = row
         line = index_line(row)
@@ -431,6 +454,7 @@ class RunDirectory:
         if now - self._last_metrics >= self._metrics_interval_s:
             self._last_metrics = now
             self._write_metrics("running", durable=False)
+        return True
 
     def _warn(self, message: str, details: dict[str, Any]) -> None:
         self.log.warning("trajectory", message, details)

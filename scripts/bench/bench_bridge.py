@@ -150,7 +150,16 @@ async def latencies(url: str, headers: dict[str, str], body: dict[str, Any], n: 
     return out
 
 
-async def throughput(url: str, headers: dict[str, str], seconds: float) -> float:
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU time of process ``pid`` so far."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+async def throughput(
+    url: str, headers: dict[str, str], seconds: float, pid: int
+) -> tuple[float, float]:
+    """Calls/s at CONCURRENCY clients, and CPU ms per call of process ``pid`` (the server)."""
     import httpx
     import trio
 
@@ -169,10 +178,12 @@ async def throughput(url: str, headers: dict[str, str], seconds: float) -> float
                 done += 1
 
         start = time.perf_counter()
+        cpu_start = cpu_seconds(pid)
         async with trio.open_nursery() as nursery:
             for _ in range(CONCURRENCY):
                 nursery.start_soon(one)
-        return done / (time.perf_counter() - start)
+        cpu_ms = (cpu_seconds(pid) - cpu_start) / done * 1000
+        return done / (time.perf_counter() - start), cpu_ms
 
 
 def main() -> None:
@@ -209,25 +220,28 @@ def main() -> None:
         children.append(litellm_bridge)
         auth = {"Authorization": f"Bearer {TOKEN}"}
         upstream_url = base + "/v1/chat/completions"
-        rows: list[tuple[str, list[float], list[float], float]] = []
+        rows: list[tuple[str, list[float], list[float], float, float]] = []
 
         async def run_all() -> None:
             stream_body = {**BODY, "stream": True, "stream_options": {"include_usage": True}}
+            chat = "/v1/rollouts/r/chat/completions"
             targets = [
-                ("upstream alone", upstream_url, {}),
-                ("bridge, direct path", direct_url + "/v1/rollouts/r/chat/completions", auth),
-                ("bridge, LiteLLM path", litellm_url + "/v1/rollouts/r/chat/completions", auth),
+                ("upstream alone", upstream_url, {}, upstream.pid),
+                ("bridge, direct path", direct_url + chat, auth, direct_bridge.pid),
+                ("bridge, LiteLLM path", litellm_url + chat, auth, litellm_bridge.pid),
             ]
-            results = {name: ([], [], []) for name, _, _ in targets}
+            results = {name: ([], [], [], []) for name, _, _, _ in targets}
             # Rounds interleave the targets, so drift in the machine's load hits all alike.
             for _ in range(ROUNDS):
-                for name, url, headers in targets:
-                    plain, streamed, rps = results[name]
+                for name, url, headers, pid in targets:
+                    plain, streamed, rps, cpu = results[name]
                     plain += await latencies(url, headers, BODY, args.calls // ROUNDS)
                     streamed += await latencies(url, headers, stream_body, args.calls // ROUNDS)
-                    rps.append(await throughput(url, headers, args.seconds / ROUNDS))
-            for name, (plain, streamed, rps) in results.items():
-                rows.append((name, plain, streamed, statistics.median(rps)))
+                    rate, cpu_ms = await throughput(url, headers, args.seconds / ROUNDS, pid)
+                    rps.append(rate)
+                    cpu.append(cpu_ms)
+            for name, (plain, streamed, rps, cpu) in results.items():
+                rows.append((name, plain, streamed, statistics.median(rps), statistics.median(cpu)))
 
         trio.run(run_all)
         alone_proc = subprocess.run(
@@ -243,12 +257,13 @@ def main() -> None:
 
     base_plain, base_stream, base_rps = rows[0][1], rows[0][2], rows[0][3]
     print(f"{'target':<24}{'p50 ms':>9}{'p99 ms':>9}{'+p50':>8}{'stream p50':>12}{'+p50':>8}"
-          f"{'calls/s@64':>12}{'ratio':>8}")  # fmt: skip
-    for name, plain, streamed, rps in rows:
+          f"{'calls/s@64':>12}{'ratio':>8}{'srv CPU ms':>12}")  # fmt: skip
+    for name, plain, streamed, rps, cpu in rows:
         print(
             f"{name:<24}{pct(plain, 0.5):>9.2f}{pct(plain, 0.99):>9.2f}"
             f"{pct(plain, 0.5) - pct(base_plain, 0.5):>8.2f}{pct(streamed, 0.5):>12.2f}"
             f"{pct(streamed, 0.5) - pct(base_stream, 0.5):>8.2f}{rps:>12.0f}{rps / base_rps:>8.2f}"
+            f"{cpu:>12.2f}"
         )
     lat = alone["latencies"]
     print(
@@ -262,6 +277,10 @@ def main() -> None:
           f"(target <= 1 ms), throughput {rows[1][3] / base_rps:.0%} of upstream alone (target >= 80%)")  # fmt: skip
     print(f"LiteLLM path: {litellm_row[3] / alone['rps']:.0%} of LiteLLM-alone calls/s, "
           f"p50 {pct(litellm_row[1], .5):.2f} ms vs {pct(lat, .5):.2f} ms for LiteLLM alone")  # fmt: skip
+    print("(srv CPU = CPU time per call, at 64 clients, of the process serving that target: the")
+    print(" upstream for 'upstream alone', the bridge process for the bridge rows. The bridge")
+    print(" serves one call and makes one, so on 2 shared cores its CPU per call, not wall")
+    print(" time, is the figure that is stable from run to run.)")
     print(f"({args.calls} sequential keep-alive calls and {CONCURRENCY} clients for "
           f"{args.seconds:.0f} s per target, in {ROUNDS} interleaved rounds; load average "
           f"{os.getloadavg()[0]:.1f} on {os.cpu_count()} cores)")  # fmt: skip

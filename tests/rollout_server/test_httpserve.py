@@ -11,6 +11,7 @@ import trio
 from hypercorn.config import Config
 from hypercorn.trio import serve
 
+from rollout_server.client import skip_empty_cookies
 from rollout_server.httpserve import CoalescingConfig
 
 
@@ -30,6 +31,8 @@ async def _app(scope: dict[str, Any], receive: Any, send: Any) -> None:
         return
     body = b"" if scope["path"] == "/empty" else b'{"ok":true}'
     headers = [(b"content-type", b"application/json"), (b"content-length", b"%d" % len(body))]
+    if scope["path"] == "/cookie":
+        headers.append((b"set-cookie", b"session=abc; Path=/"))
     await send({"type": "http.response.start", "status": 200, "headers": headers})
     await send({"type": "http.response.body", "body": body})
 
@@ -122,3 +125,20 @@ async def test_idle_connection_closes_at_shutdown() -> None:
             stop.set()
             assert await stream.receive_some() == b""
             await stream.aclose()
+
+
+async def test_skip_empty_cookies_still_keeps_cookies_that_are_set() -> None:
+    config = CoalescingConfig()
+    config.bind = ["127.0.0.1:0"]
+    config.accesslog = None
+    with trio.fail_after(20):
+        async with trio.open_nursery() as nursery:
+            binds = await nursery.start(partial(serve, _app, config))
+            async with skip_empty_cookies(httpx.AsyncClient(base_url=binds[0])) as client:
+                await client.get("/json")
+                assert dict(client.cookies) == {}
+                await client.get("/cookie")
+                assert dict(client.cookies) == {"session": "abc"}
+                await client.get("/json")
+                assert dict(client.cookies) == {"session": "abc"}
+            nursery.cancel_scope.cancel()
