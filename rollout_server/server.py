@@ -97,6 +97,9 @@ def _configure_logging() -> None:
         logging.basicConfig(
             level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s"
         )
+        # httpx/httpcore log every request at INFO: one line per model call in the run's logs.
+        for name in ("httpx", "httpcore"):
+            logging.getLogger(name).setLevel(logging.WARNING)
 
 
 def _hypercorn_config(host: str, port: int) -> Config:
@@ -109,6 +112,9 @@ def _hypercorn_config(host: str, port: int) -> Config:
     config.graceful_timeout = _HTTP_GRACE_SEC
     config.accesslog = None
     config.errorlog = logging.getLogger("hypercorn.error")
+    # A supervisor may open hundreds of connections at once; the default backlog (100) makes
+    # the excess time out connecting.
+    config.backlog = 4096
     return config
 
 

@@ -272,6 +272,7 @@ async def run_fake_upstream(
     config.accesslog = None
     config.errorlog = None
     config.keep_alive_timeout = 600
+    config.backlog = 1024
     async with trio.open_nursery() as nursery:
         binds = await nursery.start(
             lambda task_status: serve(
