@@ -127,6 +127,8 @@ async def test_rich_output_when_piped_prints_one_line_per_item(
     progress = [line for line in result.stdout.splitlines() if "/21 pass " in line]
     assert progress[0].startswith("0/21") and progress[-1].startswith("21/21")
     assert len(progress) == 22
+    finished = sorted(int(line.split(" · row ")[1].split(" ")[0]) for line in progress[1:])
+    assert finished == list(range(21))  # each item named once, with its outcome
     assert "running 21 work items, up to 2 in flight" in result.stdout
     next_steps = result.stdout.split("Evaluation run finished")[1]
     assert "--name piped --retry-failed" in next_steps
