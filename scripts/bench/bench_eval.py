@@ -18,6 +18,9 @@ Case 2 runs twice: with the rollout server's default hypercorn backlog (100) and
 (``BENCH_BACKLOG``, patched in by the bench entrypoint only), to show what the backlog costs.
 Expect noisy figures on a shared 2-core machine; compare ratios within one run.
 
+Supervisor CPU is reported in all and "during dispatch" (first dispatch to last result, from
+50 ms psutil samples, all threads and the main thread alone): the per-item cost without start-up.
+
 ``--case N`` (repeatable) runs only the given cases (the warm-up always runs);
 ``--profile DIR`` runs each supervisor under cProfile (timed by its main thread's CPU clock),
 writing ``DIR/<name>.prof`` (figures are then inflated: use it to find hot spots, not to measure).
