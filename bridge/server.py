@@ -94,7 +94,7 @@ def _bind(host: str, port: int) -> socket.socket:
     try:
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         sock.bind(address)
-        sock.listen(1024)
+        sock.listen(4096)
         sock.setblocking(False)
     except OSError as exc:
         sock.close()

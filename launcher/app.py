@@ -4,8 +4,8 @@ Synchronous preparation (flags, workspace, config, dataset, plan table) happens 
 ``trio.run``; everything with a lifetime (lock, log, children, bridge, tunnel, dispatch) lives
 inside it, in this order: reap orphans, choose the name, take the lock, reap this run's own
 leftovers, pass the manifest gate, replay the journal, compute pending work, confirm, resolve
-secrets, then ``uv sync`` and start the rollout server while the model preflight and the bridge
-start-up run alongside, decide the tunnel, size the worker pool, start the tunnel, dispatch,
+secrets, then ``uv sync`` with the model preflight and the bridge start-up alongside, start the
+rollout server once the preflight has passed, decide the tunnel, size the worker pool, start the tunnel, dispatch,
 shut down, finalize.
 
 Shutdown is always: rollout server (its process group, 5 s grace, or 330 s after an
@@ -642,12 +642,15 @@ class Supervisor:
                     p.redactor.add_known_env(os.environ)
                     token = uuid.uuid4().hex
                     p.redactor.add(token)
-                    # The model probe and the bridge's start-up overlap the sync and the server
-                    # start; a fatal probe cancels the rest (and the server is stopped).
+                    # The model probe and the bridge's start-up overlap `uv sync`, but the
+                    # rollout server (which may provision sandboxes) starts only once the model
+                    # is known to answer; a fatal probe cancels the sync.
                     async with trio.open_nursery() as startup:
-                        startup.start_soon(self._preflight)
+                        model_checked = trio.Event()
+                        startup.start_soon(self._preflight, model_checked)
                         startup.start_soon(self._start_bridge, nursery, token, services)
                         await self._sync()
+                        await model_checked.wait()
                         services.server = await self._start_server(nursery, rd, secrets)
                     services.decision = choose_tunnel(p.tunnel_plan, services.server.health)
                     if services.decision.environment is not None:
@@ -693,7 +696,7 @@ class Supervisor:
             p.redactor.add(value)
         return values
 
-    async def _preflight(self) -> None:
+    async def _preflight(self, done: trio.Event) -> None:
         from bridge.errors import PreflightError
         from bridge.preflight import preflight
 
@@ -707,6 +710,7 @@ class Supervisor:
             self.log("WARNING", "preflight", warning)
         else:
             self.log("INFO", "preflight", "model preflight passed")
+        done.set()
 
     def _sink(self, step: str) -> Callable[[str], None]:
         def sink(line: str) -> None:

@@ -31,6 +31,7 @@ from hypercorn.trio import serve as hypercorn_serve
 
 from .app import DEFAULT_MAX_BODY_BYTES, RolloutApp
 from .backend import ExecutionBackend
+from .client import POOL_SHARDS, _ShardedTransport
 from .httpserve import CoalescingConfig
 from .protocol import (
     DEFAULT_POLLING_LEASE_TIMEOUT_SEC,
@@ -149,7 +150,11 @@ async def serve_async(
     host = host or "127.0.0.1"
     port = _env_port() if port is None else port
     config = _hypercorn_config(host, port)
-    async with httpx.AsyncClient(timeout=httpx.Timeout(600.0, connect=10.0)) as http_client:
+    # Workflows' model calls share this client. httpx's default pool caps them at 100 at once
+    # and one big pool costs O(n^2) per request; the sharded transport has neither problem.
+    async with httpx.AsyncClient(
+        timeout=httpx.Timeout(600.0, connect=10.0), transport=_ShardedTransport(POOL_SHARDS)
+    ) as http_client:
         service = _service(
             backend,
             http_client,

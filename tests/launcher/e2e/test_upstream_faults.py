@@ -101,4 +101,5 @@ async def test_fatal_preflight_stops_before_the_server_starts(
     run = run_dir(workspace, "auth")
     assert journal(run) == []
     assert not (run / "server.json").exists()
+    assert "starting rollout server" not in (run / "logs.txt").read_text()
     assert metrics(run)["eval_run"]["status"] == "incomplete"
