@@ -12,7 +12,7 @@ import trio
 from bridge.errors import UpstreamError
 from bridge.policy import PreparedRequest
 from bridge.routing import DirectRoute, resolve_direct
-from rollout_server.client import skip_empty_cookies
+from rollout_server.httpclient import ShardedTransport, skip_empty_cookies
 
 # The bridge sets no deadline of its own on a model call; these match the OpenAI SDK's
 # defaults that LiteLLM would apply (10 minutes), so a wedged provider still ends eventually.
@@ -29,65 +29,12 @@ _LIMITS = httpx.Limits(
 )
 
 
-class _ReleasingStream(httpx.AsyncByteStream):
-    """A response body that marks its pool shard one call less busy when it is closed."""
-
-    def __init__(self, inner: httpx.AsyncByteStream, release: Callable[[], None]) -> None:
-        self._inner = inner
-        self._release: Callable[[], None] | None = release
-
-    async def __aiter__(self) -> AsyncIterator[bytes]:
-        async for chunk in self._inner:
-            yield chunk
-
-    async def aclose(self) -> None:
-        try:
-            await self._inner.aclose()
-        finally:
-            if self._release is not None:
-                self._release()
-                self._release = None
-
-
-class ShardedTransport(httpx.AsyncBaseTransport):
-    """Several small httpcore pools; each call goes to the least busy one.
-
-    Least busy, not round-robin, so a lone caller keeps reusing one connection (one TLS
-    handshake with a real provider) while concurrent callers spread out.
-    """
-
-    def __init__(self, shards: int = _SHARDS, limits: httpx.Limits = _LIMITS) -> None:
-        # One TLS context for all shards: building one loads the CA bundle.
-        tls = httpx.create_ssl_context()
-        self._pools = [httpx.AsyncHTTPTransport(limits=limits, verify=tls) for _ in range(shards)]
-        self._busy = [0] * shards
-
-    async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
-        busy = self._busy
-        index = busy.index(min(busy))
-        busy[index] += 1
-
-        def release() -> None:
-            busy[index] -= 1
-
-        try:
-            response = await self._pools[index].handle_async_request(request)
-        except BaseException:
-            release()
-            raise
-        assert isinstance(response.stream, httpx.AsyncByteStream)
-        response.stream = _ReleasingStream(response.stream, release)
-        return response
-
-    async def aclose(self) -> None:
-        for pool in self._pools:
-            await pool.aclose()
-
-
 def new_client() -> httpx.AsyncClient:
     """The bridge's one pooled client. It never retries (httpx does not by default)."""
     return skip_empty_cookies(
-        httpx.AsyncClient(timeout=_TIMEOUT, transport=ShardedTransport(), follow_redirects=False)
+        httpx.AsyncClient(
+            timeout=_TIMEOUT, transport=ShardedTransport(_SHARDS, _LIMITS), follow_redirects=False
+        )
     )
 
 

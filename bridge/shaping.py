@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from typing import Any
 
 from bridge.usage import CallUsage
@@ -49,22 +50,7 @@ def shape_message(message: Any) -> dict[str, Any]:
 
 def shape_completion(data: dict[str, Any], model: str, usage: CallUsage | None) -> dict[str, Any]:
     """A non-streaming ``chat.completion``; everything not listed in bridge.md §7 is dropped."""
-    choices = data.get("choices")
-    out: dict[str, Any] = {
-        "id": data.get("id") or "chatcmpl-eval",
-        "object": "chat.completion",
-        "created": _created(data.get("created")),
-        "model": model,
-        "choices": [
-            {
-                "index": choice.get("index", i),
-                "message": shape_message(choice.get("message")),
-                "finish_reason": choice.get("finish_reason"),
-            }
-            for i, choice in enumerate(choices if isinstance(choices, list) else [])
-            if isinstance(choice, dict)
-        ],
-    }
+    out = _envelope(data, model, "chat.completion", "message", shape_message)
     if usage is not None:
         out["usage"] = usage.to_json()
     return out
@@ -86,16 +72,27 @@ def shape_delta(delta: Any) -> dict[str, Any]:
 
 def shape_chunk(data: dict[str, Any], model: str) -> dict[str, Any]:
     """A ``chat.completion.chunk`` relayed to the rollout (usage is attached by the caller)."""
+    return _envelope(data, model, "chat.completion.chunk", "delta", shape_delta)
+
+
+def _envelope(
+    data: dict[str, Any],
+    model: str,
+    kind: str,
+    part: str,
+    shape_part: Callable[[Any], dict[str, Any]],
+) -> dict[str, Any]:
+    """The fields a completion and a chunk share; each choice's ``part`` is reshaped."""
     choices = data.get("choices")
     return {
         "id": data.get("id") or "chatcmpl-eval",
-        "object": "chat.completion.chunk",
+        "object": kind,
         "created": _created(data.get("created")),
         "model": model,
         "choices": [
             {
                 "index": choice.get("index", i),
-                "delta": shape_delta(choice.get("delta")),
+                part: shape_part(choice.get(part)),
                 "finish_reason": choice.get("finish_reason"),
             }
             for i, choice in enumerate(choices if isinstance(choices, list) else [])

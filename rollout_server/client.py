@@ -41,6 +41,7 @@ import httpx
 import msgspec
 import trio
 
+from .httpclient import ShardedTransport, skip_empty_cookies
 from .protocol import (
     INSTANCE_ID_HEADER,
     LEASE_HEADER,
@@ -77,60 +78,6 @@ _encode = msgspec.json.Encoder().encode
 
 
 POOL_SHARDS = 64
-
-
-class _SkipEmptyCookies(httpx.Cookies):
-    """httpx's cookie jar, without parsing answers that set no cookie.
-
-    httpx runs every response through :mod:`http.cookiejar`, about a tenth of a client's CPU
-    per small call; the jar only ever reads ``Set-Cookie``/``Set-Cookie2``, so skipping
-    answers without those headers changes nothing.
-    """
-
-    def extract_cookies(self, response: httpx.Response) -> None:
-        headers = response.headers
-        if "set-cookie" in headers or "set-cookie2" in headers:
-            super().extract_cookies(response)
-
-
-def skip_empty_cookies(client: httpx.AsyncClient) -> httpx.AsyncClient:
-    """Give ``client`` a cookie jar that skips answers setting no cookie; returns ``client``.
-
-    (The public ``cookies`` setter would convert the jar back to a plain one.)
-    """
-    client._cookies = _SkipEmptyCookies(client.cookies)
-    return client
-
-
-class _ShardedTransport(httpx.AsyncBaseTransport):
-    """Several small connection pools; each request goes to the least busy one.
-
-    Least-busy (not round-robin) keeps the number of open connections close to the number of
-    concurrent requests when few are in flight.
-    """
-
-    def __init__(self, shards: int) -> None:
-        limits = httpx.Limits(max_connections=None, max_keepalive_connections=None)
-        # One TLS context for all shards: building one loads the CA bundle (~20 ms).
-        tls = httpx.create_ssl_context()
-        self._pools = [httpx.AsyncHTTPTransport(limits=limits, verify=tls) for _ in range(shards)]
-        self._busy = [0] * shards
-
-    async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
-        busy = self._busy
-        index = busy.index(min(busy))
-        busy[index] += 1
-        try:
-            response = await self._pools[index].handle_async_request(request)
-            # The connection stays busy until the body is read; every call here reads it.
-            await response.aread()
-        finally:
-            busy[index] -= 1
-        return response
-
-    async def aclose(self) -> None:
-        for pool in self._pools:
-            await pool.aclose()
 
 
 class RolloutClientError(Exception):
@@ -314,7 +261,7 @@ class RolloutClient:
         self._headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
         self._owns_client = http_client is None
         self._http = http_client or skip_empty_cookies(
-            httpx.AsyncClient(transport=_ShardedTransport(POOL_SHARDS), follow_redirects=False)
+            httpx.AsyncClient(transport=ShardedTransport(POOL_SHARDS), follow_redirects=False)
         )
         self.admission_timeout_sec = admission_timeout_sec
         self._connect = connect_timeout_sec

@@ -31,7 +31,8 @@ from hypercorn.trio import serve as hypercorn_serve
 
 from .app import DEFAULT_MAX_BODY_BYTES, RolloutApp
 from .backend import ExecutionBackend
-from .client import POOL_SHARDS, _ShardedTransport
+from .client import POOL_SHARDS
+from .httpclient import ShardedTransport
 from .httpserve import CoalescingConfig
 from .protocol import (
     DEFAULT_POLLING_LEASE_TIMEOUT_SEC,
@@ -153,7 +154,7 @@ async def serve_async(
     # Workflows' model calls share this client. httpx's default pool caps them at 100 at once
     # and one big pool costs O(n^2) per request; the sharded transport has neither problem.
     async with httpx.AsyncClient(
-        timeout=httpx.Timeout(600.0, connect=10.0), transport=_ShardedTransport(POOL_SHARDS)
+        timeout=httpx.Timeout(600.0, connect=10.0), transport=ShardedTransport(POOL_SHARDS)
     ) as http_client:
         service = _service(
             backend,

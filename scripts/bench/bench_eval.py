@@ -45,10 +45,7 @@ import trio
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO))
 
-from hypercorn.config import Config  # noqa: E402
-from hypercorn.trio import serve  # noqa: E402
-
-from tests.fakes.upstream import FakeUpstream  # noqa: E402
+from tests.fakes.upstream import FakeUpstream, run_fake_upstream  # noqa: E402
 
 BENCH = REPO / ".bench" / "eval"
 PROFILE_DIR: Path | None = None
@@ -155,21 +152,7 @@ def parse_log(path: Path) -> dict[str, float]:
 
 async def serve_upstream(*, task_status: trio.TaskStatus[FakeUpstream]) -> None:
     """The fake provider with a deep listen backlog: a real provider does not drop SYNs."""
-    upstream = FakeUpstream()
-    config = Config()
-    config.bind = ["127.0.0.1:0"]
-    config.accesslog = None
-    config.errorlog = None
-    config.keep_alive_timeout = 600
-    config.backlog = 4096
-    async with trio.open_nursery() as nursery:
-        binds = await nursery.start(
-            lambda task_status: serve(
-                upstream, config, shutdown_trigger=upstream._shutdown.wait, task_status=task_status
-            )
-        )
-        upstream.base_url = binds[0]
-        task_status.started(upstream)
+    await run_fake_upstream(backlog=4096, task_status=task_status)
 
 
 async def run_eval(

@@ -263,6 +263,7 @@ async def _send_raw(send: Any, status: int, body: bytes, content_type: bytes) ->
 async def run_fake_upstream(
     upstream: FakeUpstream | None = None,
     *,
+    backlog: int = 1024,
     task_status: trio.TaskStatus[FakeUpstream] = trio.TASK_STATUS_IGNORED,
 ) -> None:
     """Serve a fake upstream on 127.0.0.1:0 until ``upstream.stop()`` or cancellation."""
@@ -272,7 +273,7 @@ async def run_fake_upstream(
     config.accesslog = None
     config.errorlog = None
     config.keep_alive_timeout = 600
-    config.backlog = 1024
+    config.backlog = backlog
     async with trio.open_nursery() as nursery:
         binds = await nursery.start(
             lambda task_status: serve(

@@ -11,7 +11,7 @@ import trio
 from hypercorn.config import Config
 from hypercorn.trio import serve
 
-from rollout_server.client import skip_empty_cookies
+from rollout_server.httpclient import skip_empty_cookies
 from rollout_server.httpserve import CoalescingConfig
 
 

@@ -1,0 +1,94 @@
+"""httpx plumbing shared by the rollout client, the rollout server and the model bridge.
+
+Both fix per-request costs measured on this stack: httpcore's single pool scans all of its
+connections on every request (O(n^2) at hundreds of concurrent calls), and httpx runs every
+response through :mod:`http.cookiejar` even when it sets no cookie.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Callable
+
+import httpx
+
+__all__ = ["ShardedTransport", "skip_empty_cookies"]
+
+_UNLIMITED = httpx.Limits(max_connections=None, max_keepalive_connections=None)
+
+
+class _SkipEmptyCookies(httpx.Cookies):
+    """httpx's cookie jar, without parsing answers that set no cookie.
+
+    httpx runs every response through :mod:`http.cookiejar`, about a tenth of a client's CPU
+    per small call; the jar only ever reads ``Set-Cookie``/``Set-Cookie2``, so skipping
+    answers without those headers changes nothing.
+    """
+
+    def extract_cookies(self, response: httpx.Response) -> None:
+        headers = response.headers
+        if "set-cookie" in headers or "set-cookie2" in headers:
+            super().extract_cookies(response)
+
+
+def skip_empty_cookies(client: httpx.AsyncClient) -> httpx.AsyncClient:
+    """Give ``client`` a cookie jar that skips answers setting no cookie; returns ``client``.
+
+    (The public ``cookies`` setter would convert the jar back to a plain one.)
+    """
+    client._cookies = _SkipEmptyCookies(client.cookies)
+    return client
+
+
+class _ReleasingStream(httpx.AsyncByteStream):
+    """A response body that marks its pool shard one call less busy when it is closed."""
+
+    def __init__(self, inner: httpx.AsyncByteStream, release: Callable[[], None]) -> None:
+        self._inner = inner
+        self._release: Callable[[], None] | None = release
+
+    async def __aiter__(self) -> AsyncIterator[bytes]:
+        async for chunk in self._inner:
+            yield chunk
+
+    async def aclose(self) -> None:
+        try:
+            await self._inner.aclose()
+        finally:
+            if self._release is not None:
+                self._release()
+                self._release = None
+
+
+class ShardedTransport(httpx.AsyncBaseTransport):
+    """Several small httpcore pools; each call goes to the least busy one.
+
+    Least busy, not round-robin, so a lone caller keeps reusing one connection (one TLS
+    handshake with a real provider) while concurrent callers spread out.
+    """
+
+    def __init__(self, shards: int, limits: httpx.Limits = _UNLIMITED) -> None:
+        # One TLS context for all shards: building one loads the CA bundle.
+        tls = httpx.create_ssl_context()
+        self._pools = [httpx.AsyncHTTPTransport(limits=limits, verify=tls) for _ in range(shards)]
+        self._busy = [0] * shards
+
+    async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
+        busy = self._busy
+        index = busy.index(min(busy))
+        busy[index] += 1
+
+        def release() -> None:
+            busy[index] -= 1
+
+        try:
+            response = await self._pools[index].handle_async_request(request)
+        except BaseException:
+            release()
+            raise
+        assert isinstance(response.stream, httpx.AsyncByteStream)
+        response.stream = _ReleasingStream(response.stream, release)
+        return response
+
+    async def aclose(self) -> None:
+        for pool in self._pools:
+            await pool.aclose()
