@@ -6,8 +6,8 @@ starts (LiteLLM only when the configured model needs it, on its own thread).
 
 from bridge.errors import BridgeBindError, PreflightError
 from bridge.preflight import preflight
-from bridge.routing import OFFLINE_MODEL
 from bridge.server import BridgeConfig, BridgeHandle, run_bridge
+from bridge.upstreams.routing import OFFLINE_MODEL
 from bridge.usage import RolloutUsage, UsageLedger
 
 __all__ = [

@@ -19,7 +19,7 @@ import trio
 from quart import Response
 from quart_trio import QuartTrio
 
-from bridge.core import Bridge, dumps
+from bridge.handler import Bridge, dumps
 from bridge.policy import (
     MAX_BODY_BYTES,
     InvalidBody,

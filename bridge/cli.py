@@ -8,7 +8,7 @@ import sys
 
 import click
 
-from bridge.routing import OFFLINE_MODEL
+from bridge.upstreams.routing import OFFLINE_MODEL
 
 TOKEN_ENV = "ROLLBRIDGE_BRIDGE_TOKEN"
 

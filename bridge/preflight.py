@@ -7,8 +7,8 @@ from typing import Any
 
 from bridge.errors import PreflightError, UpstreamError
 from bridge.policy import PreparedRequest
-from bridge.redact import Redactor
-from bridge.routing import path_kind
+from bridge.scrub import Redactor
+from bridge.upstreams.routing import path_kind
 
 #: Failures that stop the run: the configuration is wrong and every rollout would fail.
 FATAL = frozenset(
@@ -45,9 +45,9 @@ async def preflight(model: str, *, redact: Callable[[str], str] | None = None) -
     raises :class:`PreflightError` (``model preflight failed for '<model>': <ExcName>: <msg>``)
     for a fatal one.
     """
-    from bridge.direct import DirectUpstream, new_client
-    from bridge.echo import EchoUpstream
-    from bridge.litellm_path import InvalidModel, LiteLLMUpstream, to_upstream_error
+    from bridge.upstreams.direct import DirectUpstream, new_client
+    from bridge.upstreams.echo import EchoUpstream
+    from bridge.upstreams.litellm import InvalidModel, LiteLLMUpstream, to_upstream_error
 
     kind = path_kind(model)
     redactor = Redactor(extra=redact)

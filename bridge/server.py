@@ -12,7 +12,7 @@ import trio
 
 from bridge.errors import BridgeBindError
 from bridge.policy import MAX_BODY_BYTES
-from bridge.routing import OFFLINE_MODEL, path_kind
+from bridge.upstreams.routing import OFFLINE_MODEL, path_kind
 from bridge.usage import UsageLedger
 
 
@@ -110,9 +110,9 @@ def _base_url(sock: socket.socket) -> tuple[str, int]:
 
 def make_upstream(config: BridgeConfig, client: Any) -> Any:
     """The upstream path for ``config.model``."""
-    from bridge.direct import DirectUpstream
-    from bridge.echo import EchoUpstream
-    from bridge.litellm_path import LiteLLMUpstream
+    from bridge.upstreams.direct import DirectUpstream
+    from bridge.upstreams.echo import EchoUpstream
+    from bridge.upstreams.litellm import LiteLLMUpstream
 
     kind = path_kind(config.model)
     if kind == "echo":
@@ -141,9 +141,9 @@ async def run_bridge(
         from hypercorn.utils import wrap_app
 
         from bridge.app import create_app
-        from bridge.core import Bridge, Timing
-        from bridge.direct import new_client
-        from rollout_server.httpserve import CoalescingConfig
+        from bridge.handler import Bridge, Timing
+        from bridge.upstreams.direct import new_client
+        from rollout_server.net.httpserve import CoalescingConfig
 
         client = new_client()
         try:

@@ -84,7 +84,7 @@ def eval_group() -> None:
 @click.pass_context
 def eval_run(ctx: click.Context, config: str, **flags: object) -> None:
     """Evaluate the rollout of CONFIG (a TOML file under configs/eval/) on its dataset."""
-    from launcher.app import EvalOptions, run_eval
+    from launcher.supervisor import EvalOptions, run_eval
 
     obj = ctx.obj or {}
     mode = _mode(

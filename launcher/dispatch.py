@@ -25,7 +25,7 @@ from urllib.parse import quote
 import trio
 
 from launcher.dataset import SelectedRow
-from launcher.journal import TerminalRecord
+from launcher.rundir.journal import TerminalRecord
 from launcher.signals import Interrupts
 from rollout_server.protocol import RolloutInitRequest, RolloutResultResponse, RolloutStatus
 
@@ -68,7 +68,7 @@ class RolloutHandleLike(Protocol):
 
 
 class RolloutTransport(Protocol):
-    """The calls dispatch makes on the rollout server (see :mod:`launcher.app` for the real
+    """The calls dispatch makes on the rollout server (see :mod:`launcher.supervisor` for the real
     one, built on :mod:`rollout_server.client`)."""
 
     async def admit(

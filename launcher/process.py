@@ -29,8 +29,8 @@ from typing import Any
 import psutil
 import trio
 
-from launcher.atomic import atomic_write_json
 from launcher.errors import DependencyError, LocalEvalError
+from launcher.rundir.atomic import atomic_write_json
 
 #: Grace between SIGTERM and SIGKILL for an ordinary stop.
 STOP_GRACE_S = 5.0

@@ -72,7 +72,7 @@ class RedactingStream:
 
 
 class ProgressCounters(Protocol):
-    """What the progress display reads (``launcher.metrics.LiveCounters`` fits)."""
+    """What the progress display reads (``launcher.rundir.metrics.LiveCounters`` fits)."""
 
     completed: int
     failed: int

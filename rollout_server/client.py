@@ -41,7 +41,7 @@ import httpx
 import msgspec
 import trio
 
-from .httpclient import ShardedTransport, skip_empty_cookies
+from .net.httpclient import ShardedTransport, skip_empty_cookies
 from .protocol import (
     INSTANCE_ID_HEADER,
     LEASE_HEADER,

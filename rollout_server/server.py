@@ -32,8 +32,8 @@ from hypercorn.trio import serve as hypercorn_serve
 from .app import DEFAULT_MAX_BODY_BYTES, RolloutApp
 from .backend import ExecutionBackend
 from .client import POOL_SHARDS
-from .httpclient import ShardedTransport
-from .httpserve import CoalescingConfig
+from .net.httpclient import ShardedTransport
+from .net.httpserve import CoalescingConfig
 from .protocol import (
     DEFAULT_POLLING_LEASE_TIMEOUT_SEC,
     DEFAULT_RESULT_RETENTION_SEC,

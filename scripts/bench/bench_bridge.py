@@ -63,7 +63,7 @@ def serve_bridge(via_litellm: bool) -> None:
                 run_bridge, BridgeConfig(model=MODEL, token=TOKEN, via_litellm=via_litellm)
             )
             if via_litellm:  # wait for LiteLLM's import before reporting ready
-                from bridge._litellm import worker
+                from bridge.upstreams._loop import worker
 
                 await worker().call(lambda litellm: None)
             print(handle.base_url, flush=True)

@@ -27,13 +27,13 @@ import trio
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from launcher.atomic import atomic_write_bytes, atomic_write_json
 from launcher.dataset import select_rows
-from launcher.journal import Journal, TerminalRecord, replay_journal
-from launcher.metrics import aggregate_metrics
-from launcher.projections import index_line, index_row
 from launcher.redact import Redactor
 from launcher.rundir import RunDirectory, RunMeta
+from launcher.rundir.atomic import atomic_write_bytes, atomic_write_json
+from launcher.rundir.journal import Journal, TerminalRecord, replay_journal
+from launcher.rundir.metrics import aggregate_metrics
+from launcher.rundir.projections import index_line, index_row
 
 
 def make_record(i: int, n: int = 1) -> TerminalRecord:

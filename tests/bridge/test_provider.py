@@ -154,9 +154,9 @@ async def test_missing_key_is_502(
 async def test_upstream_timeout_is_408(
     start_bridge: StartBridge, scripted: Scripted, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    import bridge.direct
+    import bridge.upstreams.direct
 
-    monkeypatch.setattr(bridge.direct, "_TIMEOUT", httpx.Timeout(0.2))
+    monkeypatch.setattr(bridge.upstreams.direct, "_TIMEOUT", httpx.Timeout(0.2))
     scripted.reply(Reply(200, parts=[(5.0, b"{}")]))
     handle = await start_bridge()
     response = await call(handle, {"messages": HI})

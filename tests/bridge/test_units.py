@@ -7,10 +7,10 @@ import threading
 import pytest
 import trio
 
-from bridge.echo import EchoUpstream, answer
 from bridge.errors import error_body, final_status
 from bridge.policy import PreparedRequest
-from bridge.redact import Redactor
+from bridge.scrub import Redactor
+from bridge.upstreams.echo import EchoUpstream, answer
 from bridge.usage import CallUsage, UsageLedger
 
 
@@ -138,7 +138,7 @@ async def test_echo_model_deterministic_with_usage() -> None:
 def test_litellm_exception_mapping() -> None:
     import httpx
 
-    from bridge.litellm_path import to_upstream_error
+    from bridge.upstreams.litellm import to_upstream_error
 
     class Timeout(Exception):
         status_code = 500

@@ -11,8 +11,8 @@ import trio
 from hypercorn.config import Config
 from hypercorn.trio import serve
 
-from rollout_server.httpclient import skip_empty_cookies
-from rollout_server.httpserve import CoalescingConfig
+from rollout_server.net.httpclient import skip_empty_cookies
+from rollout_server.net.httpserve import CoalescingConfig
 
 
 async def _app(scope: dict[str, Any], receive: Any, send: Any) -> None:

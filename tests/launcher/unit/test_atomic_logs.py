@@ -10,15 +10,15 @@ from pathlib import Path
 
 import pytest
 
-from launcher.atomic import (
+from launcher.redact import REDACTED, Redactor
+from launcher.rundir.atomic import (
     atomic_copy_file,
     atomic_write_bytes,
     atomic_write_json,
     canonical_json,
     ensure_dir,
 )
-from launcher.logs import RunLog, utc_now_iso
-from launcher.redact import REDACTED, Redactor
+from launcher.rundir.logs import RunLog, utc_now_iso
 
 
 def mode(path: Path) -> int:

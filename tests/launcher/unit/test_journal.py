@@ -14,7 +14,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from launcher.errors import CLIError
-from launcher.journal import Journal, TerminalRecord, replay_journal
+from launcher.rundir.journal import Journal, TerminalRecord, replay_journal
 
 
 def rec(row: int = 0, run: int = 0, status: str = "success", **kw: object) -> TerminalRecord:

@@ -13,7 +13,7 @@ from launcher.config import EvalConfig, ExperimentConfig, RunSpec
 from launcher.dataset import select_rows
 from launcher.digest import digest_files, source_digest
 from launcher.errors import CLIError
-from launcher.manifest import (
+from launcher.rundir.manifest import (
     archive_run_dir,
     build_inputs,
     build_provenance,

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from launcher.metrics import LiveCounters, aggregate_metrics, pass_at_k, pass_at_k_estimate
+from launcher.rundir.metrics import LiveCounters, aggregate_metrics, pass_at_k, pass_at_k_estimate
 
 
 def row(

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-import launcher.names as names
+import launcher.rundir.names as names
 from launcher.errors import CLIError
 
 

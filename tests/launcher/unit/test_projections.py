@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
-import launcher.projections as projections
-from launcher.journal import TerminalRecord
-from launcher.projections import (
+import launcher.rundir.projections as projections
+from launcher.rundir.journal import TerminalRecord
+from launcher.rundir.projections import (
     index_line,
     index_row,
     load_valid_trajectory,

@@ -12,9 +12,9 @@ from pathlib import Path
 import pytest
 import trio
 
-import launcher.rundir as rundir_module
+import launcher.rundir.directory as rundir_module
 from launcher.errors import CLIError
-from launcher.journal import Journal, replay_journal
+from launcher.rundir.journal import Journal, replay_journal
 from tests.launcher.unit.test_journal import rec
 from tests.launcher.unit.test_rundir import open_rd, record, selection
 

@@ -12,9 +12,9 @@ import trio
 
 from launcher.dataset import DatasetSelection, dataset_rows_jsonl, select_rows
 from launcher.errors import CLIError
-from launcher.journal import TerminalRecord
 from launcher.redact import REDACTED, Redactor
 from launcher.rundir import RunDirectory, RunLock, RunMeta, compute_pending, lock_path
+from launcher.rundir.journal import TerminalRecord
 
 N = 2
 

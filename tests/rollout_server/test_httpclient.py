@@ -7,7 +7,7 @@ from typing import Any
 import httpx
 import trio
 
-from bridge.direct import ShardedTransport
+from bridge.upstreams.direct import ShardedTransport
 
 BODY = {"model": "m", "messages": [{"role": "user", "content": "a b c"}]}
 

@@ -15,8 +15,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from launcher.atomic import atomic_copy_file
-from launcher.journal import TerminalRecord
+from launcher.rundir.atomic import atomic_copy_file
+from launcher.rundir.journal import TerminalRecord
 
 __all__ = [
     "ARTIFACT_MAX_BYTES",

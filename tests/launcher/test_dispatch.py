@@ -9,7 +9,6 @@ import pytest
 import trio
 import trio.testing
 
-from launcher.app import format_duration_ms
 from launcher.dataset import SelectedRow
 from launcher.dispatch import (
     AdmissionRefused,
@@ -18,8 +17,9 @@ from launcher.dispatch import (
     classify,
     resolve_concurrency,
 )
-from launcher.journal import TerminalRecord
+from launcher.rundir.journal import TerminalRecord
 from launcher.signals import Interrupts
+from launcher.supervisor import format_duration_ms
 from rollout_server.protocol import (
     RolloutErrorCategory,
     RolloutInitRequest,

@@ -10,9 +10,9 @@ from typing import Any
 
 import httpx
 
-from bridge._litellm import LiteLLMWorker, worker
 from bridge.errors import BridgeRequestError, UpstreamError
 from bridge.policy import PreparedRequest
+from bridge.upstreams._loop import LiteLLMWorker, worker
 
 _OFFICIAL_OPENAI_BASE = "https://api.openai.com/v1"
 

@@ -18,8 +18,8 @@ from typing import Any
 import msgspec
 import trio
 
-from launcher.atomic import canonical_json, fsync_dir
 from launcher.errors import JournalCorruptError, LocalEvalError
+from launcher.rundir.atomic import canonical_json, fsync_dir
 
 __all__ = [
     "STATUSES",

@@ -46,10 +46,6 @@ from launcher.errors import (
     LocalEvalError,
     ValidationError,
 )
-from launcher.journal import TerminalRecord, replay_journal
-from launcher.manifest import build_inputs, build_provenance, changed_groups, read_manifest
-from launcher.metrics import aggregate_metrics
-from launcher.names import generate_run_name, validate_run_name
 from launcher.process import (
     LONG_STOP_GRACE_S,
     STOP_GRACE_S,
@@ -59,9 +55,13 @@ from launcher.process import (
     uv_sync,
 )
 from launcher.redact import Redactor
+from launcher.rollout_child import RolloutServer, ServerLaunch, rollout_python, start_rollout_server
 from launcher.rundir import FinalizeResult, RunDirectory, RunLock, RunMeta, compute_pending
+from launcher.rundir.journal import TerminalRecord, replay_journal
+from launcher.rundir.manifest import build_inputs, build_provenance, changed_groups, read_manifest
+from launcher.rundir.metrics import aggregate_metrics
+from launcher.rundir.names import generate_run_name, validate_run_name
 from launcher.secrets import read_secrets_file, resolve_secrets, scoped_environ
-from launcher.server import RolloutServer, ServerLaunch, rollout_python, start_rollout_server
 from launcher.signals import EXIT_INTERRUPTED, Interrupts, watch_signals
 from launcher.ui import CLI_VERSION, UI
 from launcher.workspace import (
@@ -1116,7 +1116,7 @@ class Supervisor:
 
 
 def _import_bridge_stack() -> None:
-    for module in ("hypercorn.trio.run", "bridge.app", "bridge.core", "bridge.direct"):
+    for module in ("hypercorn.trio.run", "bridge.app", "bridge.handler", "bridge.upstreams.direct"):
         importlib.import_module(module)
 
 

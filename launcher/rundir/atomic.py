@@ -117,7 +117,7 @@ def atomic_copy_file(src: Path, dst: Path, *, durable: bool = True) -> None:
 
     ``src`` is opened with ``O_NOFOLLOW`` so a symlink swapped in after the caller's checks
     is refused (``OSError``). The copy keeps the source's mtime, which lets callers skip an
-    identical re-copy cheaply (see :func:`launcher.projections.copy_if_changed`).
+    identical re-copy cheaply (see :func:`launcher.rundir.projections.copy_if_changed`).
     """
     fd = os.open(src, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0))
     try:

@@ -13,11 +13,11 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from launcher.atomic import atomic_write_json, ensure_dir, fsync_dir
 from launcher.config import EvalConfig, RunSpec
 from launcher.dataset import DatasetSelection
 from launcher.errors import ConflictError, LocalEvalError
-from launcher.logs import utc_now_iso
+from launcher.rundir.atomic import atomic_write_json, ensure_dir, fsync_dir
+from launcher.rundir.logs import utc_now_iso
 from launcher.workspace import GitState, Workspace
 
 __all__ = [

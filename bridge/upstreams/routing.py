@@ -14,7 +14,7 @@ from typing import Any, Literal
 
 from bridge.errors import UpstreamError
 
-#: The built-in offline model (see :mod:`bridge.echo`).
+#: The built-in offline model (see :mod:`bridge.upstreams.echo`).
 OFFLINE_MODEL = "rollbridge/echo"
 
 _OFFICIAL_OPENAI_BASE = "https://api.openai.com/v1"

@@ -33,16 +33,16 @@ from typing import Any
 import msgspec
 import trio
 
-from launcher.atomic import atomic_write_bytes, atomic_write_json, ensure_dir
 from launcher.dataset import SelectedRow, dataset_rows_jsonl
 from launcher.errors import ConflictError
-from launcher.journal import Journal, TerminalRecord, WorkKey
-from launcher.logs import RunLog, utc_now_iso
-from launcher.manifest import GateOutcome, Manifest, manifest_gate
-from launcher.metrics import LiveCounters, aggregate_metrics
-from launcher.names import validate_run_name
-from launcher.projections import index_line, index_row, load_valid_trajectory, project_item
 from launcher.redact import Redactor
+from launcher.rundir.atomic import atomic_write_bytes, atomic_write_json, ensure_dir
+from launcher.rundir.journal import Journal, TerminalRecord, WorkKey
+from launcher.rundir.logs import RunLog, utc_now_iso
+from launcher.rundir.manifest import GateOutcome, Manifest, manifest_gate
+from launcher.rundir.metrics import LiveCounters, aggregate_metrics
+from launcher.rundir.names import validate_run_name
+from launcher.rundir.projections import index_line, index_row, load_valid_trajectory, project_item
 
 __all__ = [
     "FailedRow",

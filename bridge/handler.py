@@ -17,7 +17,7 @@ import trio
 from bridge.errors import BridgeError, UpstreamError, error_body, final_status
 from bridge.policy import PreparedRequest, prepare, response_model
 from bridge.reasoning import ReasoningMemory, StreamedMessage
-from bridge.redact import Redactor
+from bridge.scrub import Redactor
 from bridge.shaping import (
     NO_CHOICES_MESSAGE,
     completion_to_chunk,

@@ -11,8 +11,8 @@ import trio
 
 from bridge.errors import UpstreamError
 from bridge.policy import PreparedRequest
-from bridge.routing import DirectRoute, resolve_direct
-from rollout_server.httpclient import ShardedTransport, skip_empty_cookies
+from bridge.upstreams.routing import DirectRoute, resolve_direct
+from rollout_server.net.httpclient import ShardedTransport, skip_empty_cookies
 
 # The bridge sets no deadline of its own on a model call; these match the OpenAI SDK's
 # defaults that LiteLLM would apply (10 minutes), so a wedged provider still ends eventually.

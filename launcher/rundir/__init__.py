@@ -1,0 +1,28 @@
+"""The run directory: everything under ``<output>/<run name>/``.
+
+``directory`` holds :class:`RunDirectory` (open, gate, record, finalize); the journal, manifest,
+projections, metrics, run names, ``logs.txt`` and the durable-write helpers each have a module
+of their own beside it. See ``docs/run-directory.md`` for the files and their contracts.
+"""
+
+from launcher.rundir.directory import (
+    FailedRow,
+    FinalizeResult,
+    RunDirectory,
+    RunLock,
+    RunMeta,
+    WorkItem,
+    compute_pending,
+    lock_path,
+)
+
+__all__ = [
+    "FailedRow",
+    "FinalizeResult",
+    "RunDirectory",
+    "RunLock",
+    "RunMeta",
+    "WorkItem",
+    "compute_pending",
+    "lock_path",
+]
