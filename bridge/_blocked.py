@@ -1,4 +1,4 @@
-"""The names a request may not set, frozen from the reference's policy (bridge.md §5.4, Appendix A).
+"""The names a request may not set, frozen from the reference's policy (docs/spec/bridge.md §5.4, Appendix A).
 
 The reference computes the LiteLLM-derived part at runtime from the installed LiteLLM. We freeze it
 instead so the policy costs nothing at start-up and does not depend on LiteLLM being imported;
@@ -22,7 +22,7 @@ RESERVED_PREFIXES: tuple[str, ...] = (
 )
 
 #: Routing, auth, param dropping, callbacks, mocks and fields that replace the model, the
-#: accounting or the translated prompt (bridge.md §5.4, the 55 static names).
+#: accounting or the translated prompt (docs/spec/bridge.md §5.4, the 55 static names).
 _STATIC = """
 base_url extra_headers default_headers deployment_id deployment_url custom_endpoint endpoint_url
 url engine api_type apikey zen_api_key wx_credentials model_id account_id project_id space_id

@@ -1,4 +1,4 @@
-"""The bridge's HTTP surface: a quart-trio app behind a body-buffering ASGI layer (bridge.md §2–§3).
+"""The bridge's HTTP surface: a quart-trio app behind a body-buffering ASGI layer (docs/spec/bridge.md §2–§3).
 
 The chat routes are answered by that layer directly (:class:`ChatRoutes`), without quart: quart's
 request/response machinery costs about as much CPU per call as the rest of the bridge's own work,
@@ -10,9 +10,8 @@ quart handlers did.
 from __future__ import annotations
 
 import re
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator
 from contextlib import aclosing
-from typing import Any
 from urllib.parse import quote
 
 import trio
@@ -27,6 +26,19 @@ from bridge.policy import (
     is_stream,
     parse_body,
     valid_rollout_id,
+)
+from rollout_server.net.asgi import (
+    ASGIFramework,
+    ASGIReceiveCallable,
+    ASGIReceiveEvent,
+    ASGISendCallable,
+    BodyTooLarge,
+    ClientDisconnected,
+    HTTPScope,
+    Scope,
+    header,
+    read_body,
+    send_json,
 )
 
 #: Header naming the usage bucket of a plain ``/v1/chat/completions`` call (daemon mode).
@@ -51,60 +63,51 @@ class BufferedBody:
     """Reads the whole request body before the app sees the request, then replays it.
 
     quart-trio on hypercorn leaves some keep-alive POSTs unanswered under concurrency when the
-    app reads the body itself (hazards.md #1); handing it a body that is already complete
+    app reads the body itself (docs/hazards.md #1); handing it a body that is already complete
     avoids that. The size cap is enforced here too, before anything is buffered past it.
     """
 
     def __init__(
-        self, app: Any, max_body: int = MAX_BODY_BYTES, chat: ChatRoutes | None = None
+        self, app: ASGIFramework, max_body: int = MAX_BODY_BYTES, chat: ChatRoutes | None = None
     ) -> None:
         self.app = app
         self.max_body = max_body
         self.chat = chat
 
-    async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
+    async def __call__(
+        self, scope: Scope, receive: ASGIReceiveCallable, send: ASGISendCallable
+    ) -> None:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
         if _TRAILING_SLASH.fullmatch(scope["path"]):
             await _redirect(send, scope["path"].rstrip("/"), scope.get("query_string", b""))
             return
-        declared = _content_length(scope)
-        if declared is not None and declared > self.max_body:
+        try:
+            body = await read_body(scope, receive, self.max_body)
+        except BodyTooLarge:
             await _too_large(send)
             return
-        parts: list[bytes] = []
-        size = 0
-        while True:
-            message = await receive()
-            if message["type"] == "http.disconnect":
-                return
-            part = message.get("body", b"")
-            size += len(part)
-            if size > self.max_body:
-                await _too_large(send)
-                return
-            parts.append(part)
-            if not message.get("more_body", False):
-                break
+        except ClientDisconnected:
+            return
         if self.chat is not None:
             rollout_id = self.chat.match(scope)
             if rollout_id is not None:
-                await self.chat.serve(scope, rollout_id, b"".join(parts), receive, send)
+                await self.chat.serve(scope, rollout_id, body, receive, send)
                 return
         replayed = False
 
-        async def replay() -> dict[str, Any]:
+        async def replay() -> ASGIReceiveEvent:
             nonlocal replayed
             if not replayed:
                 replayed = True
-                return {"type": "http.request", "body": b"".join(parts), "more_body": False}
+                return {"type": "http.request", "body": body, "more_body": False}
             return await receive()
 
         await self.app(scope, replay, send)
 
 
-async def _redirect(send: Any, path: str, query: bytes) -> None:
+async def _redirect(send: ASGISendCallable, path: str, query: bytes) -> None:
     location = quote(path, safe="/%").encode() + (b"?" + query if query else b"")
     await send(
         {
@@ -116,30 +119,8 @@ async def _redirect(send: Any, path: str, query: bytes) -> None:
     await send({"type": "http.response.body", "body": b"", "more_body": False})
 
 
-def _content_length(scope: dict[str, Any]) -> int | None:
-    for name, value in scope.get("headers", []):
-        if name.lower() == b"content-length":
-            try:
-                return int(value)
-            except ValueError:
-                return None
-    return None
-
-
-async def _too_large(send: Any) -> None:
-    body = b'{"detail":"Request Entity Too Large"}'
-    await send(
-        {
-            "type": "http.response.start",
-            "status": 413,
-            "headers": [
-                (b"content-type", b"application/json"),
-                (b"content-length", str(len(body)).encode()),
-                (b"connection", b"close"),
-            ],
-        }
-    )
-    await send({"type": "http.response.body", "body": body, "more_body": False})
+async def _too_large(send: ASGISendCallable) -> None:
+    await send_json(send, 413, b'{"detail":"Request Entity Too Large"}', close=True)
 
 
 _CHAT_PATH = re.compile(r"/v1/rollouts/([^/]+)/chat/completions")
@@ -148,21 +129,19 @@ _SSE_HEADER_LIST = [(k.lower().encode(), v.encode()) for k, v in _SSE_HEADERS.it
 
 
 class ChatRoutes:
-    """The chat routes as raw ASGI: what ``serve_chat`` below did through quart, cheaper.
+    """The chat routes as raw ASGI, answered without quart.
 
-    Same checks in the same order, same statuses, bodies and response headers. Like quart-trio,
-    the handler is cancelled when the client goes away (so the provider call stops too).
+    Same checks in the same order, same statuses, bodies and response headers as the quart
+    handlers they replaced. Like quart-trio, the handler is cancelled when the client goes
+    away (so the provider call stops too).
     """
 
-    def __init__(
-        self, bridge: Bridge, *, token: str, keepalive: list[bool], plain_chat_route: bool
-    ) -> None:
+    def __init__(self, bridge: Bridge, *, token: str, plain_chat_route: bool) -> None:
         self.bridge = bridge
         self.token = token
-        self.keepalive = keepalive
         self.plain_chat_route = plain_chat_route
 
-    def match(self, scope: dict[str, Any]) -> str | None:
+    def match(self, scope: HTTPScope) -> str | None:
         """The rollout id a request is for, or ``None`` when it is not a chat call."""
         if scope["method"] != "POST":
             return None
@@ -175,7 +154,12 @@ class ChatRoutes:
         return None
 
     async def serve(
-        self, scope: dict[str, Any], rollout_id: str, body: bytes, receive: Any, send: Any
+        self,
+        scope: HTTPScope,
+        rollout_id: str,
+        body: bytes,
+        receive: ASGIReceiveCallable,
+        send: ASGISendCallable,
     ) -> None:
         """Answer one chat call whose whole body has been read."""
         async with trio.open_nursery() as nursery:
@@ -183,58 +167,50 @@ class ChatRoutes:
             await self._answer(scope, rollout_id, body, send)
             nursery.cancel_scope.cancel()
 
-    async def _answer(self, scope: dict[str, Any], rollout_id: str, raw: bytes, send: Any) -> None:
+    async def _answer(
+        self, scope: HTTPScope, rollout_id: str, raw: bytes, send: ASGISendCallable
+    ) -> None:
         # Auth first: before the rollout id is checked and before the body is parsed.
         if not check_auth(_header(scope, b"authorization"), self.token):
-            await _send_json(send, 401, dumps({"detail": "Unauthorized"}))
+            await send_json(send, 401, dumps({"detail": "Unauthorized"}))
             return
         if not valid_rollout_id(rollout_id):
-            await _send_json(send, 422, dumps({"detail": "invalid rollout_id"}))
+            await send_json(send, 422, dumps({"detail": "invalid rollout_id"}))
             return
         try:
             body = parse_body(raw)
         except InvalidBody:
-            await _send_json(send, 400, dumps({"detail": "invalid body"}))
+            await send_json(send, 400, dumps({"detail": "invalid body"}))
             return
         if is_stream(body):
             await _send_stream(send, _SSE_HEADER_LIST, self.bridge.sse(rollout_id, body))
             return
-        if self.keepalive[0]:
-            outcome = await self.bridge.keepalive(rollout_id, body)
-            if not isinstance(outcome, tuple):
-                await _send_stream(send, [_JSON_TYPE], outcome)
-                return
-            status, payload = outcome
-        else:
-            status, payload = await self.bridge.answer(rollout_id, body)
-        await _send_json(send, status, payload)
+        outcome = await self.bridge.respond(rollout_id, body)
+        if not isinstance(outcome, tuple):
+            # Keepalive mode, slow call: a 200 whose body trickles (bridge.Bridge.respond).
+            await _send_stream(send, [_JSON_TYPE], outcome)
+            return
+        status, payload = outcome
+        await send_json(send, status, payload)
 
 
-def _header(scope: dict[str, Any], name: bytes) -> str | None:
+def _header(scope: HTTPScope, name: bytes) -> str | None:
     """The first value of header ``name`` (lower-case), decoded as latin-1 like quart does."""
-    for key, value in scope["headers"]:
-        if key.lower() == name:
-            return value.decode("latin-1")
-    return None
+    value = header(scope, name)
+    return None if value is None else value.decode("latin-1")
 
 
-async def _cancel_on_disconnect(receive: Any, scope: trio.CancelScope) -> None:
+async def _cancel_on_disconnect(receive: ASGIReceiveCallable, scope: trio.CancelScope) -> None:
     while (await receive())["type"] != "http.disconnect":
         pass
     scope.cancel()
 
 
-async def _send_json(send: Any, status: int, payload: bytes) -> None:
-    headers = [_JSON_TYPE, (b"content-length", str(len(payload)).encode())]
-    await send({"type": "http.response.start", "status": status, "headers": headers})
-    await send({"type": "http.response.body", "body": payload, "more_body": False})
-
-
 async def _send_stream(
-    send: Any, headers: list[tuple[bytes, bytes]], body: AsyncIterator[bytes]
+    send: ASGISendCallable, headers: list[tuple[bytes, bytes]], body: AsyncGenerator[bytes, None]
 ) -> None:
     await send({"type": "http.response.start", "status": 200, "headers": headers})
-    async with aclosing(body) as parts:  # type: ignore[type-var]
+    async with aclosing(body) as parts:
         async for part in parts:
             await send({"type": "http.response.body", "body": part, "more_body": True})
     await send({"type": "http.response.body", "body": b"", "more_body": False})
@@ -244,13 +220,12 @@ def create_app(
     bridge: Bridge,
     *,
     token: str,
-    keepalive: list[bool],
     plain_chat_route: bool,
     max_body: int = MAX_BODY_BYTES,
-) -> Any:
-    """The ASGI app serving ``bridge``. ``keepalive[0]`` may be flipped while serving."""
+) -> BufferedBody:
+    """The ASGI app serving ``bridge`` (whose ``keepalive`` mode may be switched while serving)."""
     app = QuartTrio("rollbridge-bridge")
-    # Quart's defaults cut long answers (hazards.md #5): a streamed or trickled answer may run
+    # Quart's defaults cut long answers (docs/hazards.md #5): a streamed or trickled answer may run
     # as long as the provider takes, and the body is already read by BufferedBody.
     app.config.update(
         RESPONSE_TIMEOUT=None,
@@ -285,5 +260,5 @@ def create_app(
     async def too_large(_: Exception) -> Response:
         return _detail(413, "Request Entity Too Large")
 
-    chat = ChatRoutes(bridge, token=token, keepalive=keepalive, plain_chat_route=plain_chat_route)
+    chat = ChatRoutes(bridge, token=token, plain_chat_route=plain_chat_route)
     return BufferedBody(app, max_body, chat)

@@ -1,10 +1,10 @@
-"""Exceptions the bridge raises or maps to HTTP answers (bridge.md §12)."""
+"""Exceptions the bridge raises or maps to HTTP answers (docs/spec/bridge.md §12)."""
 
 from __future__ import annotations
 
 from typing import Any
 
-#: Messages sent back to a rollout are cut to this many characters (bridge.md §12).
+#: Messages sent back to a rollout are cut to this many characters (docs/spec/bridge.md §12).
 MAX_ERROR_MESSAGE = 1000
 
 
@@ -25,7 +25,7 @@ class BridgeRequestError(BridgeError):
 
 
 # LiteLLM exception class names by upstream status, so that preflight (which matches on the
-# class name, bridge.md §13) treats a direct-path failure exactly like a LiteLLM one.
+# class name, docs/spec/bridge.md §13) treats a direct-path failure exactly like a LiteLLM one.
 _KIND_BY_STATUS = {
     400: "BadRequestError",
     401: "AuthenticationError",
@@ -58,7 +58,7 @@ class BridgeBindError(OSError):
 
 
 class PreflightError(RuntimeError):
-    """The model preflight failed in a way that must abort the run (runner.md §2.8)."""
+    """The model preflight failed in a way that must abort the run (docs/spec/supervisor.md §2.8)."""
 
 
 def final_status(status: int | None) -> int:

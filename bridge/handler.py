@@ -1,47 +1,34 @@
 """The bridge's request handling, independent of the HTTP framework.
 
-``Bridge.complete`` answers a non-streaming request; ``Bridge.sse`` and
-``Bridge.keepalive`` produce response bodies for streaming and for slow calls behind a public
-URL. Every provider failure becomes the JSON error object of bridge.md §12, redacted.
+``Bridge.respond`` answers a non-streaming request (in keepalive mode, a slow one with a
+trickled body); ``Bridge.sse`` produces the body of a streaming one. Every provider failure
+becomes the JSON error object of docs/spec/bridge.md §12, redacted.
 """
 
 from __future__ import annotations
 
 import json
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncGenerator, Callable
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any
 
 import trio
 
 from bridge.errors import BridgeError, UpstreamError, error_body, final_status
-from bridge.policy import PreparedRequest, prepare, response_model
+from bridge.policy import prepare, response_model
 from bridge.reasoning import ReasoningMemory, StreamedMessage
-from bridge.scrub import Redactor
+from bridge.scrub import ErrorScrubber
 from bridge.shaping import (
     NO_CHOICES_MESSAGE,
     completion_to_chunk,
     shape_chunk,
     shape_completion,
 )
+from bridge.upstreams import Upstream
 from bridge.usage import CallUsage, UsageLedger
 
 PING = b": ping\n\n"
 DONE = b"data: [DONE]\n\n"
-
-
-class Upstream(Protocol):
-    """One way of reaching the configured model."""
-
-    model: str
-
-    def secrets(self) -> list[str]: ...
-
-    async def complete(
-        self, prepared: PreparedRequest, record: Callable[[Any], None]
-    ) -> dict[str, Any]: ...
-
-    def stream(self, prepared: PreparedRequest) -> AsyncIterator[dict[str, Any]]: ...
 
 
 def dumps(obj: Any) -> bytes:
@@ -81,29 +68,33 @@ class Bridge:
         redact: Callable[[str], str] | None = None,
         log: Callable[[str, str], None] | None = None,
         timing: Timing | None = None,
+        keepalive: bool = False,
     ) -> None:
         self.upstream = upstream
         self.model = upstream.model
         self.memory = ReasoningMemory()
         self.ledger = UsageLedger(on_forget=self.memory.forget)
-        self.redactor = Redactor([token, *upstream.secrets()], extra=redact)
+        self.scrubber = ErrorScrubber([token, *upstream.secrets()], extra=redact)
         self.timing = timing or Timing()
+        self.keepalive = keepalive
+        """Keepalive mode (behind a public URL): may be switched while serving; a request
+        follows the mode it started in."""
         self._nursery = nursery
         self._log = log
 
     def log(self, level: str, message: str) -> None:
         """Send a redacted line to the log sink, if there is one."""
         if self._log is not None:
-            self._log(level, self.redactor.scrub(message))
+            self._log(level, self.scrubber.scrub(message))
 
     def error(self, exc: BaseException) -> tuple[int, dict[str, Any]]:
-        """The status and JSON body a failure is answered with (bridge.md §12)."""
+        """The status and JSON body a failure is answered with (docs/spec/bridge.md §12)."""
         if isinstance(exc, BridgeError):
             status, message = exc.status, exc.message
         else:
             status, message = 500, f"{type(exc).__name__}: {exc}"
         status = final_status(status)
-        message = self.redactor(message)
+        message = self.scrubber(message)
         self.log("warning", f"LLM bridge error: {message}")
         return status, error_body(status, message)
 
@@ -126,7 +117,19 @@ class Bridge:
             self.memory.remember(rollout_id, choice["message"])
         return out
 
-    async def answer(self, rollout_id: str, body: dict[str, Any]) -> tuple[int, bytes]:
+    async def respond(
+        self, rollout_id: str, body: dict[str, Any]
+    ) -> tuple[int, bytes] | AsyncGenerator[bytes, None]:
+        """Answer one non-streaming request: ``(status, JSON body)``, errors included.
+
+        In keepalive mode a call still running after the grace period is answered with an
+        iterator instead: the body of a 200 (spaces, then the JSON; see :meth:`_kept_alive`).
+        """
+        if self.keepalive:
+            return await self._kept_alive(rollout_id, body)
+        return await self._answer(rollout_id, body)
+
+    async def _answer(self, rollout_id: str, body: dict[str, Any]) -> tuple[int, bytes]:
         """:meth:`complete` as a status and a JSON body, errors included."""
         try:
             return 200, dumps(await self.complete(rollout_id, body))
@@ -136,7 +139,7 @@ class Bridge:
 
     # Streaming -------------------------------------------------------------------------
 
-    async def sse(self, rollout_id: str, body: dict[str, Any]) -> AsyncIterator[bytes]:
+    async def sse(self, rollout_id: str, body: dict[str, Any]) -> AsyncGenerator[bytes, None]:
         """The SSE body of a streaming request: relayed chunks, heartbeats, errors, ``[DONE]``.
 
         The provider is read by a task in the bridge's nursery so that heartbeats can be sent
@@ -148,12 +151,13 @@ class Bridge:
         try:
             yield PING
             while True:
-                with trio.move_on_after(self.timing.heartbeat) as waited:
+                frame: bytes | None = None
+                with trio.move_on_after(self.timing.heartbeat):
                     try:
                         frame = await receive.receive()
                     except trio.EndOfChannel:
                         return
-                if waited.cancelled_caught:
+                if frame is None:
                     yield PING
                     continue
                 # Frames that are already waiting leave in one write: fewer sends, same order.
@@ -221,7 +225,7 @@ class Bridge:
                     await send.send(_sse(held))
                     held = None
                 if any(c["finish_reason"] for c in chunk["choices"]):
-                    # Held back so the usage chunk that follows can ride with it (bridge.md §7).
+                    # Held back so the usage chunk that follows can ride with it (docs/spec/bridge.md §7).
                     held = chunk
                 else:
                     await send.send(_sse(chunk))
@@ -240,10 +244,10 @@ class Bridge:
 
     # Keepalive mode (public URLs) ------------------------------------------------------
 
-    async def keepalive(
+    async def _kept_alive(
         self, rollout_id: str, body: dict[str, Any]
-    ) -> tuple[int, bytes] | AsyncIterator[bytes]:
-        """A non-streaming answer that survives proxies with idle timeouts (bridge.md §9).
+    ) -> tuple[int, bytes] | AsyncGenerator[bytes, None]:
+        """A non-streaming answer that survives proxies with idle timeouts (docs/spec/bridge.md §9).
 
         Returns ``(status, body)`` when the call ends within the grace period; otherwise an
         iterator for a 200 body of spaces (one at once, one per interval) then the JSON.
@@ -254,7 +258,7 @@ class Bridge:
 
         async def call() -> None:
             with scope:
-                result.append(await self.answer(rollout_id, body))
+                result.append(await self._answer(rollout_id, body))
             done.set()
 
         self._nursery.start_soon(call)
@@ -270,7 +274,7 @@ class Bridge:
 
     async def _trickle(
         self, result: list[tuple[int, bytes]], done: trio.Event, scope: trio.CancelScope
-    ) -> AsyncIterator[bytes]:
+    ) -> AsyncGenerator[bytes, None]:
         try:
             yield b" "
             while not done.is_set():

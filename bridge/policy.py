@@ -1,4 +1,4 @@
-"""The bridge's request policy as pure functions (bridge.md §2–§5).
+"""The bridge's request policy as pure functions (docs/spec/bridge.md §2–§5).
 
 Nothing here does I/O: the HTTP layer calls these in order (auth, rollout id, body, policy)
 and turns the outcome into a status code.
@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import copy
 import json
-import posixpath
 import secrets
 from dataclasses import dataclass
 from typing import Any
@@ -56,12 +55,15 @@ def check_auth(authorization: str | None, token: str) -> bool:
 
 
 def valid_rollout_id(rollout_id: str) -> bool:
-    """A rollout id is one plain path segment: not empty, ``.``/``..``, no NUL, ``/`` or ``\\``."""
-    if rollout_id in ("", ".", ".."):
-        return False
-    if any(ch in rollout_id for ch in ("\x00", "/", "\\")):
-        return False
-    return posixpath.basename(rollout_id) == rollout_id
+    """A rollout id is one plain path segment, by the protocol's rule (posix and Windows).
+
+    See :func:`rollout_server.protocol.is_single_path_segment`.
+    """
+    # Imported here: the protocol module brings msgspec and importlib.metadata (~0.1 s), which
+    # ``import bridge`` (and so the CLI's start-up) should not pay; a request pays a dict lookup.
+    from rollout_server.protocol import is_single_path_segment
+
+    return is_single_path_segment(rollout_id)
 
 
 def parse_body(raw: bytes) -> dict[str, Any]:
@@ -114,7 +116,7 @@ def _n_ok(n: Any) -> bool:
 
 
 def prepare(body: dict[str, Any]) -> PreparedRequest:
-    """Apply the request policy (bridge.md §5.5 order) and return what may be forwarded.
+    """Apply the request policy (docs/spec/bridge.md §5.5 order) and return what may be forwarded.
 
     Raises :class:`BridgeRequestError` (a 400) naming the problem.
     """

@@ -1,4 +1,4 @@
-"""Model preflight: one probe call before a run dispatches anything (runner.md §2.8, bridge.md §13)."""
+"""Model preflight: one probe call before a run dispatches anything (docs/spec/supervisor.md §2.8, docs/spec/bridge.md §13)."""
 
 from __future__ import annotations
 
@@ -7,8 +7,7 @@ from typing import Any
 
 from bridge.errors import PreflightError, UpstreamError
 from bridge.policy import PreparedRequest
-from bridge.scrub import Redactor
-from bridge.upstreams.routing import path_kind
+from bridge.scrub import ErrorScrubber
 
 #: Failures that stop the run: the configuration is wrong and every rollout would fail.
 FATAL = frozenset(
@@ -45,41 +44,34 @@ async def preflight(model: str, *, redact: Callable[[str], str] | None = None) -
     raises :class:`PreflightError` (``model preflight failed for '<model>': <ExcName>: <msg>``)
     for a fatal one.
     """
-    from bridge.upstreams.direct import DirectUpstream, new_client
-    from bridge.upstreams.echo import EchoUpstream
-    from bridge.upstreams.litellm import InvalidModel, LiteLLMUpstream, to_upstream_error
+    from bridge.upstreams import make_upstream
+    from bridge.upstreams.direct import new_client
 
-    kind = path_kind(model)
-    redactor = Redactor(extra=redact)
-    try:
-        if kind == "echo":
-            await EchoUpstream(model).complete(_PROBE, _ignore)
-        elif kind == "direct":
-            async with new_client() as client:
-                upstream = DirectUpstream(model, client)
-                redactor = Redactor(upstream.secrets(), extra=redact)
-                await upstream.complete(_PROBE, _ignore)
-        else:
-            litellm_upstream = LiteLLMUpstream(model)
-            try:
-                await litellm_upstream.classify()
-            except InvalidModel as exc:
-                message = INVALID_FORMAT.format(model=model, details=redactor(str(exc)))
-                raise PreflightError(
-                    f"model preflight failed for '{model}': RuntimeError: {message}"
-                ) from exc
-            await litellm_upstream.complete(_PROBE, _ignore)
-    except PreflightError:
-        raise
-    except Exception as exc:
-        error = exc if isinstance(exc, UpstreamError) else to_upstream_error(exc)
-        name = getattr(error, "kind", type(exc).__name__)
-        message = redactor(error.message)
-        if name in TOLERATED:
-            return None
-        if name in FATAL:
-            raise PreflightError(
-                f"model preflight failed for '{model}': {name}: {message}"
-            ) from exc
-        return f"Preflight non-fatal error: {name}: {message}"
+    async with new_client() as client:
+        upstream = make_upstream(model, client, via_litellm=False)
+        scrubber = ErrorScrubber(upstream.secrets(), extra=redact)
+        try:
+            await upstream.complete(_PROBE, _ignore)
+        except Exception as exc:
+            return _verdict(model, exc, scrubber)
     return None
+
+
+def _verdict(model: str, exc: Exception, scrubber: ErrorScrubber) -> str | None:
+    """What a failed probe means for the run (see :func:`preflight`)."""
+    # Only a failure can have come from the LiteLLM path, so only a failure imports it.
+    from bridge.upstreams.litellm import InvalidModel, to_upstream_error
+
+    if isinstance(exc.__cause__, InvalidModel):
+        message = INVALID_FORMAT.format(model=model, details=scrubber(str(exc.__cause__)))
+        raise PreflightError(
+            f"model preflight failed for '{model}': RuntimeError: {message}"
+        ) from exc.__cause__
+    error = exc if isinstance(exc, UpstreamError) else to_upstream_error(exc)
+    name = getattr(error, "kind", type(exc).__name__)
+    message = scrubber(error.message)
+    if name in TOLERATED:
+        return None
+    if name in FATAL:
+        raise PreflightError(f"model preflight failed for '{model}': {name}: {message}") from exc
+    return f"Preflight non-fatal error: {name}: {message}"

@@ -1,4 +1,4 @@
-"""Reasoning replay per rollout (bridge.md §10).
+"""Reasoning replay per rollout (docs/spec/bridge.md §10).
 
 Clients often drop the provider's reasoning (Anthropic thinking blocks with signatures,
 OpenRouter ``reasoning_details``) from the history they send back, and some providers then
@@ -32,7 +32,9 @@ class ReasoningMemory:
         calls = message.get("tool_calls")
         if not fields or not isinstance(calls, list):
             return
-        ids = [c.get("id") for c in calls if isinstance(c, dict) and isinstance(c.get("id"), str)]
+        ids: list[str] = [
+            c["id"] for c in calls if isinstance(c, dict) and isinstance(c.get("id"), str)
+        ]
         if not ids:
             return
         with self._lock:

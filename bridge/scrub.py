@@ -1,4 +1,4 @@
-"""Scrubbing secrets out of text that leaves the bridge (bridge.md §12)."""
+"""Scrubbing secrets out of text that leaves the bridge (docs/spec/bridge.md §12)."""
 
 from __future__ import annotations
 
@@ -7,10 +7,14 @@ import re
 from collections.abc import Callable, Iterable
 
 from bridge.errors import MAX_ERROR_MESSAGE
+from bridge.secret_policy import (
+    AMBIENT_MIN_LENGTH,
+    REDACTED,
+    literal_pattern,
+    secret_env_values,
+    value_variants,
+)
 
-_SECRET_NAME_PARTS = ("KEY", "TOKEN", "SECRET", "PASSWORD")
-_MIN_ENV_SECRET = 8
-_MASK = "[REDACTED]"
 _PATTERN_MASK = "REDACTED"
 
 # Shapes of credentials worth scrubbing even when we do not know their value: provider keys,
@@ -33,35 +37,31 @@ _PATTERNS = re.compile(
 _WHITESPACE = re.compile(r"\s+")
 
 
-def env_secrets(environ: dict[str, str] | None = None) -> list[str]:
-    """Values of environment variables whose name says they hold a secret."""
-    env = os.environ if environ is None else environ
-    return [
-        value
-        for name, value in env.items()
-        if len(value) >= _MIN_ENV_SECRET and any(part in name for part in _SECRET_NAME_PARTS)
-    ]
+class ErrorScrubber:
+    """Removes known secret values and credential-shaped text from error messages and log lines.
 
-
-class Redactor:
-    """Removes known secret values and credential-shaped text from a message.
-
-    Known values (the run's bearer token, provider keys, anything in a secret-named
-    environment variable at the time of the call) become ``[REDACTED]``; credential-shaped
-    text becomes ``REDACTED``. ``extra`` is an outside redactor (the run's) applied last.
+    Known values (``secrets``: the run's bearer token, the provider key) and the secret values
+    of the environment as it is when the scrubber is made (:mod:`bridge.secret_policy`) become
+    ``[REDACTED]`` in every spelling the policy knows; only then is credential-shaped text
+    masked as ``REDACTED``, so a known value is masked whole even where its prefix looks like a
+    key. ``extra`` is an outside redactor (the run's) applied last.
     """
 
     def __init__(
         self, secrets: Iterable[str] = (), extra: Callable[[str], str] | None = None
     ) -> None:
-        self._secrets = [s for s in secrets if s]
+        spellings: set[str] = set()
+        for secret in secrets:
+            spellings |= value_variants(secret)
+        for value in secret_env_values(os.environ):
+            spellings |= value_variants(value, min_length=AMBIENT_MIN_LENGTH)
+        self._known = literal_pattern(spellings)
         self._extra = extra
 
     def scrub(self, text: str) -> str:
         """Redact ``text`` without reshaping it (for log lines)."""
-        values = {*self._secrets, *env_secrets()}
-        for value in sorted(values, key=len, reverse=True):
-            text = text.replace(value, _MASK)
+        if self._known is not None:
+            text = self._known.sub(REDACTED, text)
         text = _PATTERNS.sub(_PATTERN_MASK, text)
         if self._extra is not None:
             text = self._extra(text)

@@ -6,14 +6,17 @@ import socket
 from collections.abc import Callable
 from dataclasses import dataclass
 from functools import partial
-from typing import Any
+from typing import TYPE_CHECKING
+from urllib.parse import quote
 
 import trio
 
 from bridge.errors import BridgeBindError
 from bridge.policy import MAX_BODY_BYTES
-from bridge.upstreams.routing import OFFLINE_MODEL, path_kind
-from bridge.usage import UsageLedger
+from bridge.upstreams.routing import OFFLINE_MODEL
+
+if TYPE_CHECKING:
+    from bridge.handler import Bridge
 
 
 @dataclass(frozen=True)
@@ -28,7 +31,7 @@ class BridgeConfig:
     port: int = 0
     """``--listener-port``, or 0 for an ephemeral port."""
     keepalive: bool = False
-    """Public-URL mode (bridge.md §9); can also be toggled on the handle."""
+    """Public-URL mode (docs/spec/bridge.md §9) at start; :attr:`BridgeHandle.keepalive` switches it."""
     redact: Callable[[str], str] | None = None
     """The run's redactor, applied to every error message and log line after the bridge's own."""
     log: Callable[[str, str], None] | None = None
@@ -53,34 +56,38 @@ class BridgeConfig:
             raise ValueError("bridge model must be a non-empty string")
 
 
+def rollout_url(base: str, rollout_id: str) -> str:
+    """The ``chat_completions_url`` handed to a rollout (its client appends ``/chat/completions``).
+
+    ``base`` is the bridge's base URL as the rollout reaches it (loopback, tunnel or advertised;
+    a trailing slash is ignored); the rollout id is percent-encoded as one path segment.
+    """
+    return f"{base.rstrip('/')}/v1/rollouts/{quote(rollout_id, safe='')}"
+
+
 class BridgeHandle:
     """What a running bridge reports to whoever started it."""
 
-    def __init__(
-        self, base_url: str, port: int, ledger: UsageLedger, keepalive: list[bool]
-    ) -> None:
+    def __init__(self, base_url: str, port: int, bridge: Bridge) -> None:
         self.base_url = base_url
         """``http://127.0.0.1:<port>``, no trailing slash."""
         self.port = port
-        self.ledger = ledger
+        self.ledger = bridge.ledger
         """Usage per rollout id; pop a rollout's totals when its result arrives."""
-        self._keepalive = keepalive
-
-    def set_keepalive(self, on: bool) -> None:
-        """Switch keepalive mode (public URL) on or off for requests that start from now."""
-        self._keepalive[0] = on
+        self._bridge = bridge
 
     @property
     def keepalive(self) -> bool:
-        """Whether keepalive mode is on."""
-        return self._keepalive[0]
+        """Whether keepalive mode (public URL) is on; setting it applies to requests from now."""
+        return self._bridge.keepalive
 
-    def rollout_url(self, rollout_id: str, advertised_base: str | None = None) -> str:
-        """The ``chat_completions_url`` handed to a rollout (the client appends ``/chat/completions``)."""
-        from urllib.parse import quote
+    @keepalive.setter
+    def keepalive(self, on: bool) -> None:
+        self._bridge.keepalive = on
 
-        base = (advertised_base or self.base_url).rstrip("/")
-        return f"{base}/v1/rollouts/{quote(rollout_id, safe='')}"
+    def rollout_url(self, rollout_id: str, base: str | None = None) -> str:
+        """:func:`rollout_url` for ``rollout_id`` at ``base`` (default: this bridge's loopback URL)."""
+        return rollout_url(base or self.base_url, rollout_id)
 
 
 def _bind(host: str, port: int) -> socket.socket:
@@ -108,22 +115,6 @@ def _base_url(sock: socket.socket) -> tuple[str, int]:
     return f"http://{shown}:{port}", port
 
 
-def make_upstream(config: BridgeConfig, client: Any) -> Any:
-    """The upstream path for ``config.model``."""
-    from bridge.upstreams.direct import DirectUpstream
-    from bridge.upstreams.echo import EchoUpstream
-    from bridge.upstreams.litellm import LiteLLMUpstream
-
-    kind = path_kind(config.model)
-    if kind == "echo":
-        return EchoUpstream(config.model)
-    if kind == "direct" and not config.via_litellm:
-        return DirectUpstream(config.model, client)
-    upstream = LiteLLMUpstream(config.model)
-    upstream.warm()
-    return upstream
-
-
 async def run_bridge(
     config: BridgeConfig, *, task_status: trio.TaskStatus[BridgeHandle] = trio.TASK_STATUS_IGNORED
 ) -> None:
@@ -142,14 +133,15 @@ async def run_bridge(
 
         from bridge.app import create_app
         from bridge.handler import Bridge, Timing
+        from bridge.upstreams import make_upstream
         from bridge.upstreams.direct import new_client
-        from rollout_server.net.httpserve import CoalescingConfig
+        from rollout_server.net.httpserve import CoalescingConfig, install_write_coalescing
 
         client = new_client()
         try:
             async with trio.open_nursery() as nursery:
                 bridge = Bridge(
-                    make_upstream(config, client),
+                    make_upstream(config.model, client, via_litellm=config.via_litellm),
                     token=config.token,
                     nursery=nursery,
                     redact=config.redact,
@@ -159,15 +151,15 @@ async def run_bridge(
                         keepalive_grace=config.keepalive_grace,
                         keepalive_interval=config.keepalive_interval,
                     ),
+                    keepalive=config.keepalive,
                 )
-                keepalive = [config.keepalive]
                 app = create_app(
                     bridge,
                     token=config.token,
-                    keepalive=keepalive,
                     plain_chat_route=config.plain_chat_route,
                     max_body=config.max_body_bytes,
                 )
+                install_write_coalescing()
                 hyper = CoalescingConfig()
                 hyper.accesslog = None
                 hyper.errorlog = None
@@ -183,7 +175,7 @@ async def run_bridge(
                 )
                 base_url, port = _base_url(sock)
                 bridge.log("info", f"LLM bridge listening on {base_url} for model {config.model}")
-                task_status.started(BridgeHandle(base_url, port, bridge.ledger, keepalive))
+                task_status.started(BridgeHandle(base_url, port, bridge))
         finally:
             with trio.CancelScope(shield=True):
                 await client.aclose()
@@ -191,4 +183,4 @@ async def run_bridge(
         sock.close()
 
 
-__all__ = ["OFFLINE_MODEL", "BridgeConfig", "BridgeHandle", "run_bridge"]
+__all__ = ["OFFLINE_MODEL", "BridgeConfig", "BridgeHandle", "rollout_url", "run_bridge"]

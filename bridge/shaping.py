@@ -1,4 +1,4 @@
-"""Shaping provider answers into what the rollout receives (bridge.md §7)."""
+"""Shaping provider answers into what the rollout receives (docs/spec/bridge.md §7)."""
 
 from __future__ import annotations
 
@@ -49,7 +49,7 @@ def shape_message(message: Any) -> dict[str, Any]:
 
 
 def shape_completion(data: dict[str, Any], model: str, usage: CallUsage | None) -> dict[str, Any]:
-    """A non-streaming ``chat.completion``; everything not listed in bridge.md §7 is dropped."""
+    """A non-streaming ``chat.completion``; everything not listed in docs/spec/bridge.md §7 is dropped."""
     out = _envelope(data, model, "chat.completion", "message", shape_message)
     if usage is not None:
         out["usage"] = usage.to_json()

@@ -1,4 +1,4 @@
-"""Per-rollout token accounting (bridge.md §11, plus ``max_context_tokens`` from the seed doc)."""
+"""Per-rollout token accounting (docs/spec/bridge.md §11, ``max_context_tokens`` included)."""
 
 from __future__ import annotations
 

@@ -82,7 +82,7 @@ def eval_group() -> None:
 @click.option("--json", "json_output", is_flag=True, help="Print one JSON result envelope.")
 @click.option("--plain", is_flag=True, help="Plain text output: result and next steps only.")
 @click.pass_context
-def eval_run(ctx: click.Context, config: str, **flags: object) -> None:
+def eval_run(ctx: click.Context, /, config: str, **flags: object) -> None:
     """Evaluate the rollout of CONFIG (a TOML file under configs/eval/) on its dataset."""
     from launcher.supervisor import EvalOptions, run_eval
 

@@ -1,4 +1,4 @@
-"""The eval TOML config (runner.md §1): loading, validation with the exact messages, run spec.
+"""The eval TOML config (docs/spec/supervisor.md §1): loading, validation with the exact messages, run spec.
 
 :func:`load_eval_config` checks structure and names (§1.1); :func:`resolve_run_spec` checks
 and converts the ``[evaluation]`` values (§1.3). Every problem is a

@@ -1,4 +1,4 @@
-"""Datasets (runner.md §5, seed): JSONL/CSV/Parquet readers, row normalization, row selection
+"""Datasets (docs/spec/supervisor.md §5): JSONL/CSV/Parquet readers, row normalization, row selection
 (``--rows``, ``limit``) and the deterministic ``dataset_rows.jsonl`` bytes.
 
 All problems raise :class:`~launcher.errors.ValidationError` before any run directory exists.
@@ -21,6 +21,7 @@ __all__ = [
     "DatasetSelection",
     "NormalizedRow",
     "SelectedRow",
+    "WorkItem",
     "compact_selector",
     "dataset_rows_jsonl",
     "file_sha256",
@@ -65,6 +66,29 @@ class SelectedRow:
     initial_messages: list[dict[str, str]]
     label: str | None
     metadata: dict[str, Any] | None
+
+
+@dataclass(frozen=True)
+class WorkItem:
+    """One unit of work: run ``run_index`` of a selected row."""
+
+    row: SelectedRow
+    run_index: int
+
+    @property
+    def row_index(self) -> int:
+        """The row's index in the selected set."""
+        return self.row.row_index
+
+    @property
+    def source_row_index(self) -> int:
+        """The row's index in the dataset file."""
+        return self.row.source_row_index
+
+    @property
+    def key(self) -> tuple[int, int]:
+        """``(row_index, run_index)``: the journal's key for this item."""
+        return (self.row.row_index, self.run_index)
 
 
 @dataclass(frozen=True)
@@ -147,7 +171,7 @@ def _iter_csv(path: Path) -> Iterator[dict[str, Any]]:
         if reader.fieldnames is None:
             raise ValidationError(f"{path} has no CSV header row")
         for row in reader:
-            row.pop(None, None)  # type: ignore[call-overload]
+            row.pop(None, None)  # type: ignore[call-overload,unused-ignore]
             yield row
 
 
@@ -306,7 +330,7 @@ def select_rows(
 
 
 def dataset_rows_jsonl(selected: Sequence[SelectedRow]) -> bytes:
-    """The bytes of ``dataset_rows.jsonl`` (seed): one line per selected row, deterministic.
+    """The bytes of ``dataset_rows.jsonl`` (§5.5): one line per selected row, deterministic.
 
     ``prompt`` is the text of the non-system messages (joined by a blank line), or the
     sorted-keys JSON of ``metadata`` when there is none, cut to 2000 characters; ``label`` is

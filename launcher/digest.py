@@ -1,11 +1,11 @@
-"""Rollout source digest (runner.md §4.4): the fingerprint a named run locks.
+"""Rollout source digest (docs/spec/supervisor.md §4.4): the fingerprint a named run locks.
 
 The file selection follows the reference: every regular file under ``rollouts/<rollout>``
 (symlinks to files followed), excluding any path with a component in
 :data:`EXCLUDED_PARTS` or matching ``uv.lock`` / ``*.egg-info``, and everything under the
 output root when it lies inside the rollout. Hidden files such as ``.env`` count.
 
-Like SDK >= 0.3.9 (seed), the byte format differs from 0.3.8 and is versioned: the 0.3.8
+Like osmosis-ai >= 0.3.9 (§4.4), the byte format differs from 0.3.8 and is versioned: the 0.3.8
 format concatenated path and content with no separator, which is ambiguous. Here each file
 contributes its POSIX path, a NUL, its length in decimal, a NUL, then its bytes.
 """

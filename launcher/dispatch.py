@@ -1,4 +1,4 @@
-"""Dispatch of work items to the rollout server (runner.md §6.1, §7).
+"""Dispatch of work items to the rollout server (docs/spec/supervisor.md §6.1, §7).
 
 A fixed pool of workers pulls pending items in selection order. Each item gets a fresh rollout
 id, is admitted (``POST /rollout``, retrying 429 within the admission timeout), then awaited by
@@ -10,6 +10,11 @@ item deadline) *halt* dispatch: the first reason is kept, no new item starts, an
 that never ran stay pending for a resume. A cancelled worker (Ctrl-C, or a halt that cancels
 everyone) first asks the server to cancel its rollout and waits for the rollout's cleanup in a
 shielded settle scope, which the second Ctrl-C cuts short.
+
+The :class:`Dispatcher` sees the world through three seams, so it can run alone against
+scripted fakes in virtual time: a :class:`RolloutTransport` (the rollout server), a
+:class:`ModelEndpoint` (where rollouts call the model, and what they used) and a
+:class:`ResultSink` (the run directory and the progress display).
 """
 
 from __future__ import annotations
@@ -17,26 +22,27 @@ from __future__ import annotations
 import math
 import uuid
 from collections import deque
-from collections.abc import Awaitable, Callable, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import Any, Protocol
-from urllib.parse import quote
 
 import trio
 
-from launcher.dataset import SelectedRow
+from launcher.dataset import WorkItem
 from launcher.rundir.journal import TerminalRecord
 from launcher.signals import Interrupts
 from rollout_server.protocol import RolloutInitRequest, RolloutResultResponse, RolloutStatus
 
 __all__ = [
     "CANCEL_SETTLE_S",
-    "AdmissionRefused",
     "DispatchReport",
     "Dispatcher",
-    "RolloutHandleLike",
+    "ItemLimits",
+    "ModelEndpoint",
+    "ResultSink",
+    "RolloutHandle",
+    "RolloutRefused",
     "RolloutTransport",
-    "WorkItem",
     "classify",
     "resolve_concurrency",
 ]
@@ -51,7 +57,7 @@ MAX_CONCURRENT_ADMISSIONS = 64
 LogFn = Callable[[str, str, str, "dict[str, Any] | None"], None]
 
 
-class AdmissionRefused(Exception):
+class RolloutRefused(Exception):
     """``POST /rollout`` answered a 4xx other than 429: the item is recorded as failed."""
 
     def __init__(self, status_code: int, message: str) -> None:
@@ -59,7 +65,7 @@ class AdmissionRefused(Exception):
         self.status_code = status_code
 
 
-class RolloutHandleLike(Protocol):
+class RolloutHandle(Protocol):
     """An admitted rollout being polled."""
 
     async def wait(self) -> RolloutResultResponse:
@@ -68,31 +74,69 @@ class RolloutHandleLike(Protocol):
 
 
 class RolloutTransport(Protocol):
-    """The calls dispatch makes on the rollout server (see :mod:`launcher.supervisor` for the real
-    one, built on :mod:`rollout_server.client`)."""
+    """The calls dispatch makes on the rollout server (the real one is
+    :class:`launcher.services.RolloutClientTransport`)."""
 
-    async def admit(
-        self, request: RolloutInitRequest, admission_timeout_s: float
-    ) -> RolloutHandleLike:
-        """Admit a rollout; raise :class:`AdmissionRefused` for a 4xx refusal."""
+    async def admit(self, request: RolloutInitRequest, admission_timeout_s: float) -> RolloutHandle:
+        """Admit a rollout; raise :class:`RolloutRefused` for a 4xx refusal."""
         ...
 
     async def cancel(self, rollout_id: str) -> None:
         """Ask the server to cancel a rollout (best effort, bounded)."""
         ...
 
+    async def explain(self, exc: BaseException) -> str | None:
+        """The process-wide cause behind a worker's exception (the server died), if any, so
+        the halt reason names the cause rather than its symptom."""
+        ...
 
-@dataclass(frozen=True)
-class WorkItem:
-    """One (row, run) pair to evaluate."""
 
-    row: SelectedRow
-    run_index: int
+class ModelEndpoint(Protocol):
+    """Where rollouts reach the model, and what each rollout used there."""
 
     @property
-    def key(self) -> tuple[int, int]:
-        """``(row_index, run_index)``."""
-        return (self.row.row_index, self.run_index)
+    def bearer(self) -> str:
+        """The per-run key every rollout presents to the bridge."""
+        ...
+
+    def chat_url(self, rollout_id: str) -> str:
+        """The ``chat_completions_url`` for a rollout, read at each dispatch (a restarted
+        tunnel changes it)."""
+        ...
+
+    async def ready(self) -> None:
+        """Wait until the endpoint can be reached (a restarting tunnel publishes first)."""
+        ...
+
+    def take_usage(self, rollout_id: str) -> tuple[int | None, int | None]:
+        """Pop a finished rollout's ``(tokens, max_context_tokens)``."""
+        ...
+
+    def forget(self, rollout_id: str) -> None:
+        """Drop what was counted for a rollout that will not be recorded."""
+        ...
+
+
+class ResultSink(Protocol):
+    """Where finished items go."""
+
+    async def record(self, record: TerminalRecord, *, has_sample: bool) -> None:
+        """Make ``record`` durable (journal fsync) before returning."""
+        ...
+
+    def halted(self, reason: str) -> None:
+        """Dispatch stopped for ``reason`` (called once, with the first reason)."""
+        ...
+
+
+@dataclass(frozen=True)
+class ItemLimits:
+    """Time limits of one work item."""
+
+    item_deadline_s: float
+    """From admission to terminal result; past it the item halts dispatch."""
+    agent_timeout_sec: float | None = None
+    grader_timeout_sec: float | None = None
 
 
 @dataclass
@@ -120,9 +164,9 @@ def classify(
 ) -> TerminalRecord | None:
     """The journal record for a terminal result, or None for ``cancelled`` (stays pending)."""
     base: dict[str, Any] = {
-        "row_index": item.row.row_index,
+        "row_index": item.row_index,
         "run_index": item.run_index,
-        "source_row_index": item.row.source_row_index,
+        "source_row_index": item.source_row_index,
         "rollout_id": rollout_id,
         "duration_ms": duration_ms,
     }
@@ -147,50 +191,43 @@ def classify(
 @dataclass
 class _Slot:
     rollout_id: str
-    admitted: RolloutHandleLike | None = None
+    admitted: RolloutHandle | None = None
 
 
-@dataclass
 class Dispatcher:
-    """Runs the pending items with a bounded worker pool.
+    """Runs the pending items with a bounded worker pool."""
 
-    ``record(record, has_sample)`` must make the record durable (journal fsync) before it
-    returns; ``usage(rollout_id)`` pops the bridge's token counts ``(tokens, max_context)``;
-    ``chat_base()`` is read at each dispatch (a tunnel may change it).
-    """
-
-    items: Sequence[WorkItem]
-    concurrency: int
-    transport: RolloutTransport
-    chat_base: Callable[[], str]
-    bearer: str
-    agent_timeout_sec: float | None
-    grader_timeout_sec: float | None
-    item_deadline_s: float
-    record: Callable[[TerminalRecord, bool], Awaitable[None]]
-    usage: Callable[[str], tuple[int | None, int | None]]
-    forget: Callable[[str], None]
-    interrupts: Interrupts
-    log: LogFn
-    on_halt: Callable[[str], None] = lambda reason: None
-    ready: Callable[[], Awaitable[None]] | None = None
-    """Awaited before each admission (a restarting tunnel publishes its new URL first)."""
-    explain: Callable[[BaseException], Awaitable[str | None]] | None = None
-    """Maps a worker's exception to a process-wide cause (the server died) when there is one,
-    so the halt reason names the cause rather than its symptom."""
-    report: DispatchReport = field(default_factory=DispatchReport)
-    _queue: deque[WorkItem] = field(default_factory=deque)
-    _scope: trio.CancelScope | None = None
-    _admissions: trio.Semaphore = field(
-        default_factory=lambda: trio.Semaphore(MAX_CONCURRENT_ADMISSIONS)
-    )
+    def __init__(
+        self,
+        items: Sequence[WorkItem],
+        *,
+        concurrency: int,
+        transport: RolloutTransport,
+        endpoint: ModelEndpoint,
+        sink: ResultSink,
+        limits: ItemLimits,
+        interrupts: Interrupts,
+        log: LogFn,
+    ) -> None:
+        self.items = items
+        self.concurrency = concurrency
+        self.transport = transport
+        self.endpoint = endpoint
+        self.sink = sink
+        self.limits = limits
+        self.interrupts = interrupts
+        self.log = log
+        self.report = DispatchReport()
+        self._queue: deque[WorkItem] = deque()
+        self._scope: trio.CancelScope | None = None
+        self._admissions = trio.Semaphore(MAX_CONCURRENT_ADMISSIONS)
 
     def halt(self, reason: str, *, cancel_all: bool = False, **details: Any) -> None:
         """Stop dispatching (first reason wins); ``cancel_all`` also cancels running items."""
         if self.report.halted is None:
             self.report.halted = reason
             self.log("ERROR", "dispatch", "halting dispatch", {"reason": reason, **details})
-            self.on_halt(reason)
+            self.sink.halted(reason)
         self._queue.clear()
         if cancel_all and self._scope is not None:
             self._scope.cancel()
@@ -215,98 +252,85 @@ class Dispatcher:
             except trio.Cancelled:
                 raise
             except Exception as exc:
-                cause = await self.explain(exc) if self.explain is not None else None
+                cause = await self.transport.explain(exc)
                 self.halt(
                     cause or f"{type(exc).__name__}: {exc}",
                     cancel_all=cause is not None,
-                    row_index=item.row.row_index,
+                    row_index=item.row_index,
                     run_index=item.run_index,
                 )
                 return
 
     def _request(self, item: WorkItem, rollout_id: str) -> RolloutInitRequest:
-        base = self.chat_base().rstrip("/")
         return RolloutInitRequest(
             initial_messages=list(item.row.initial_messages),
             label=item.row.label,
             metadata=item.row.metadata,
             rollout_id=rollout_id,
-            chat_completions_url=f"{base}/v1/rollouts/{quote(rollout_id, safe='')}",
-            llm_api_key=self.bearer,
+            chat_completions_url=self.endpoint.chat_url(rollout_id),
+            llm_api_key=self.endpoint.bearer,
             grade=True,
-            agent_timeout_sec=self.agent_timeout_sec,
-            grader_timeout_sec=self.grader_timeout_sec,
-            extra_fields={"row_index": item.row.row_index, "run_index": item.run_index},
+            agent_timeout_sec=self.limits.agent_timeout_sec,
+            grader_timeout_sec=self.limits.grader_timeout_sec,
+            extra_fields={"row_index": item.row_index, "run_index": item.run_index},
         )
 
     async def _run_item(self, item: WorkItem) -> None:
         slot = _Slot(uuid.uuid4().hex)
         started = trio.current_time()
         self.report.dispatched += 1
-        self.log(
-            "INFO",
-            "dispatch",
-            "dispatching rollout",
-            {
-                "rollout_id": slot.rollout_id,
-                "row_index": item.row.row_index,
-                "run_index": item.run_index,
-            },
-        )
+        where = {
+            "rollout_id": slot.rollout_id,
+            "row_index": item.row_index,
+            "run_index": item.run_index,
+        }
+        self.log("INFO", "dispatch", "dispatching rollout", where)
         try:
             result = await self._admit_and_wait(item, slot)
-        except AdmissionRefused as exc:
-            tokens, max_ctx = self.usage(slot.rollout_id)
+        except RolloutRefused as exc:
             record = TerminalRecord(
-                row_index=item.row.row_index,
+                row_index=item.row_index,
                 run_index=item.run_index,
-                source_row_index=item.row.source_row_index,
+                source_row_index=item.source_row_index,
                 rollout_id=slot.rollout_id,
                 status="failed",
                 error_type="rollout_protocol_error",
                 duration_ms=(trio.current_time() - started) * 1000.0,
-                tokens=tokens,
-                max_context_tokens=max_ctx,
             )
             self.log(
                 "ERROR",
                 "result",
                 "work item failed before a terminal result",
-                {
-                    "error": str(exc),
-                    "rollout_id": slot.rollout_id,
-                    "row_index": item.row.row_index,
-                    "run_index": item.run_index,
-                },
+                {"error": str(exc), **where},
             )
-            await self.record(record, False)
-            self.report.recorded += 1
+            await self._record(record, has_sample=False)
             return
         except BaseException:
-            self.forget(slot.rollout_id)
+            self.endpoint.forget(slot.rollout_id)
             raise
         duration_ms = (trio.current_time() - started) * 1000.0
-        record = classify(item, slot.rollout_id, result, duration_ms)
-        if record is None:
-            self.forget(slot.rollout_id)
+        classified = classify(item, slot.rollout_id, result, duration_ms)
+        if classified is None:
+            self.endpoint.forget(slot.rollout_id)
             self.log("WARNING", "cancel", "rollout cancelled", {"rollout_id": slot.rollout_id})
             return
-        tokens, max_ctx = self.usage(slot.rollout_id)
-        record.tokens = tokens
-        record.max_context_tokens = max_ctx
-        await self.record(record, result.sample is not None)
+        await self._record(classified, has_sample=result.sample is not None)
+
+    async def _record(self, record: TerminalRecord, *, has_sample: bool) -> None:
+        record.tokens, record.max_context_tokens = self.endpoint.take_usage(record.rollout_id)
+        await self.sink.record(record, has_sample=has_sample)
         self.report.recorded += 1
 
     async def _admit_and_wait(self, item: WorkItem, slot: _Slot) -> RolloutResultResponse:
-        if self.ready is not None:
-            await self.ready()
+        await self.endpoint.ready()
         request = self._request(item, slot.rollout_id)
+        deadline_s = self.limits.item_deadline_s
         try:
             async with self._admissions:
                 slot.admitted = await self.transport.admit(
-                    request, self.item_deadline_s * max(1, self.concurrency)
+                    request, deadline_s * max(1, self.concurrency)
                 )
-            with trio.move_on_after(self.item_deadline_s) as deadline:
+            with trio.move_on_after(deadline_s) as deadline:
                 return await slot.admitted.wait()
         except trio.Cancelled:
             await self._settle(slot)
@@ -314,8 +338,8 @@ class Dispatcher:
         assert deadline.cancelled_caught
         await self._settle(slot)
         raise TimeoutError(
-            f"work item row {item.row.row_index} run {item.run_index} had no result within "
-            f"its {self.item_deadline_s:g}s deadline"
+            f"work item row {item.row_index} run {item.run_index} had no result within "
+            f"its {deadline_s:g}s deadline"
         )
 
     async def _settle(self, slot: _Slot) -> None:

@@ -12,12 +12,15 @@ from typing import Any
 __all__ = [
     "CLIError",
     "ConflictError",
+    "Declined",
     "DependencyError",
     "InteractiveRequiredError",
     "JournalCorruptError",
     "LocalEvalError",
     "NotFoundError",
     "ValidationError",
+    "exception_leaves",
+    "unwrap_group",
 ]
 
 
@@ -85,3 +88,30 @@ class InteractiveRequiredError(CLIError):
     """The run needs an answer or a value that only an interactive session could give."""
 
     default_code = "INTERACTIVE_REQUIRED"
+
+
+class Declined(Exception):
+    """The user answered No at the confirmation (or Ctrl-C answered it): nothing ran."""
+
+    def __init__(self, *, interrupted: bool) -> None:
+        super().__init__("declined")
+        self.interrupted = interrupted
+
+
+def exception_leaves(exc: BaseException) -> list[BaseException]:
+    """The non-group exceptions inside ``exc`` (``[exc]`` itself when it is not a group)."""
+    if isinstance(exc, BaseExceptionGroup):
+        return [leaf for inner in exc.exceptions for leaf in exception_leaves(inner)]
+    return [exc]
+
+
+def unwrap_group(group: BaseExceptionGroup[BaseException]) -> BaseException:
+    """The one exception a user should see from a group raised by nested nurseries: a
+    declined confirmation, then a :class:`CLIError` (its message says what to do), then an
+    interrupt, then the first."""
+    leaves = exception_leaves(group)
+    for kinds in ((Declined,), (CLIError,), (KeyboardInterrupt,)):
+        for leaf in leaves:
+            if isinstance(leaf, kinds):
+                return leaf
+    return leaves[0]

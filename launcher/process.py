@@ -1,36 +1,36 @@
-"""Child processes of the supervisor: locating uv, running ``uv sync``, spawning children in
-their own session, stopping them by process group, and reaping orphans after a ``kill -9``.
+"""Child processes of the supervisor and everything about owning them: spawning children in
+their own session, stopping them by process group, the ownership records of the run directory,
+and reaping orphans after a ``kill -9`` (``uv`` itself is :mod:`launcher.rollout_env`'s).
 
-Every child (uv, the rollout server) starts in a new session so that it and anything it forks
-share one process group we can signal as a unit, and so that a Ctrl-C on the terminal reaches
-only the supervisor, which then decides how to stop its children (hazard 3: never ``uv run``).
-Ownership records (``server.json``) carry the pid, the pgid and the kernel start time of the
-leader, so a later invocation can prove a leftover process is really ours before killing it.
+Every child (uv, the rollout server, cloudflared) starts in a new session so that it and anything
+it forks share one process group we can signal as a unit, and so that a Ctrl-C on the terminal
+reaches only the supervisor, which then decides how to stop its children (docs/hazards.md #3: never
+``uv run``). Ownership records (``server.json``, ``tunnel.json``) carry the pid, the pgid and the
+kernel start time of the leader, so a later invocation can prove a leftover process is really
+ours before killing it. The tunnel package knows none of this: it is handed a
+:class:`TunnelOwner` (its ``ChildOwner``) and calls it to record and stop each cloudflared.
 """
 
 from __future__ import annotations
 
 import contextlib
 import errno
-import fcntl
 import json
 import os
-import shutil
 import signal
+import stat
 import subprocess
-import sys
-import sysconfig
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
 import psutil
 import trio
 
-from launcher.errors import DependencyError, LocalEvalError
 from launcher.rundir.atomic import atomic_write_json
+from launcher.rundir.lock import RunLock
+from launcher.rundir.logs import utc_now_iso
 
 #: Grace between SIGTERM and SIGKILL for an ordinary stop.
 STOP_GRACE_S = 5.0
@@ -40,29 +40,24 @@ LONG_STOP_GRACE_S = 330.0
 #: Grace for an orphaned tunnel.
 TUNNEL_REAP_GRACE_S = 5.0
 
+#: The rollout server's ownership record in the run directory.
+SERVER_RECORD = "server.json"
+#: The tunnel's ownership record in the run directory.
+TUNNEL_RECORD = "tunnel.json"
+#: ``instance_id`` of every ``tunnel.json``.
+TUNNEL_INSTANCE_ID = "cloudflared"
+
+#: Each record a run directory can hold: file, kind (for :class:`ReapedChild`), reaping grace.
+_RECORDS = (
+    (SERVER_RECORD, "server", LONG_STOP_GRACE_S),
+    (TUNNEL_RECORD, "tunnel", TUNNEL_REAP_GRACE_S),
+)
+
+#: How often a stop looks at the process table: members that are not our children give no
+#: event on exit.
+_POLL_S = 0.05
+
 OutputSink = Callable[[str], None]
-
-
-def find_uv(rollout: str) -> Path:
-    """Locate the ``uv`` executable: next to this interpreter's scripts, then next to
-    ``sys.executable``, then on ``PATH`` (``pip install rollbridge[cli]`` installs it as a
-    package, so the first two places find it in a fresh virtual environment)."""
-    names = ("uv.exe", "uv") if os.name == "nt" else ("uv",)
-    candidates: list[Path] = []
-    scripts = sysconfig.get_path("scripts")
-    if scripts:
-        candidates.extend(Path(scripts) / n for n in names)
-    candidates.extend(Path(sys.executable).parent / n for n in names)
-    for candidate in candidates:
-        if candidate.is_file() and os.access(candidate, os.X_OK):
-            return candidate
-    found = shutil.which("uv")
-    if found:
-        return Path(found)
-    raise LocalEvalError(
-        f"uv is required to launch the rollout server from rollouts/{rollout}/pyproject.toml; "
-        "install uv and retry"
-    )
 
 
 def child_environment(base: Mapping[str, str], *overlays: Mapping[str, str]) -> dict[str, str]:
@@ -74,22 +69,30 @@ def child_environment(base: Mapping[str, str], *overlays: Mapping[str, str]) -> 
     return env
 
 
+# -- process identity and groups ------------------------------------------------------------
+
+
 def start_token(pid: int) -> str | None:
-    """The kernel start time of ``pid`` (field 22 of ``/proc/<pid>/stat``), which tells a
-    reused pid apart from the process we started. None when it cannot be read."""
+    """The kernel start time of ``pid``, which tells a reused pid apart from the process we
+    started. None when it cannot be read.
+
+    Linux: field 22 of ``/proc/<pid>/stat``, counted after the command name (which may contain
+    spaces, parentheses and bytes that are not UTF-8). Elsewhere: psutil's create time.
+    """
     try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
+        raw = Path(f"/proc/{pid}/stat").read_bytes()
     except OSError:
         try:
             return str(psutil.Process(pid).create_time())
         except (psutil.Error, OSError):
             return None
-    fields = stat[stat.rfind(")") + 2 :].split()
+    fields = raw[raw.rfind(b")") + 2 :].split()
     # fields[0] is field 3 (state); field 22 is therefore fields[19].
-    return fields[19] if len(fields) > 19 else None
+    return fields[19].decode("ascii", "replace") if len(fields) > 19 else None
 
 
-def _group_members(pgid: int) -> list[psutil.Process]:
+def group_members(pgid: int) -> list[psutil.Process]:
+    """The live (non-zombie) processes whose process group is ``pgid``."""
     members = []
     for proc in psutil.process_iter(["pid", "status"]):
         try:
@@ -97,7 +100,7 @@ def _group_members(pgid: int) -> list[psutil.Process]:
                 continue
             if os.getpgid(proc.pid) == pgid:
                 members.append(proc)
-        except (psutil.Error, ProcessLookupError, PermissionError):
+        except (psutil.Error, OSError):
             continue
     return members
 
@@ -110,7 +113,7 @@ def group_alive(pgid: int) -> bool:
         return False
     except PermissionError:
         return True
-    return bool(_group_members(pgid))
+    return bool(group_members(pgid))
 
 
 def _killpg(pgid: int, sig: signal.Signals) -> None:
@@ -125,38 +128,51 @@ async def terminate_group(
     leader: trio.Process | None = None,
     hurry: trio.Event | None = None,
 ) -> bool:
-    """SIGTERM process group ``pgid``, wait up to ``grace`` seconds for it to go, then SIGKILL
-    whatever is left (a psutil sweep of the group). ``hurry``, when set during the wait, cuts
-    the grace down to :data:`STOP_GRACE_S` (a second Ctrl-C). Returns True when the group is
-    confirmed gone. Runs shielded: stopping a child must finish even while we are cancelled."""
+    """Stop process group ``pgid``: SIGTERM (then SIGCONT, so that a stopped member can act on
+    it), wait up to ``grace`` seconds for the group and ``leader`` to go, then SIGKILL whatever
+    is left (a psutil sweep of the group, then the group). ``hurry``, when set during the wait,
+    cuts the grace down to :data:`STOP_GRACE_S` (a second Ctrl-C). Returns True when the group
+    is confirmed gone. Runs shielded: stopping a child must finish even while we are cancelled.
+    """
     with trio.CancelScope(shield=True):
-        _killpg(pgid, signal.SIGTERM)
-        deadline = trio.current_time() + grace
-        hurried = False
-        while group_alive(pgid) or (leader is not None and leader.returncode is None):
-            now = trio.current_time()
-            if hurry is not None and hurry.is_set() and not hurried:
-                hurried = True
-                deadline = min(deadline, now + STOP_GRACE_S)
-            if now >= deadline:
-                break
-            if leader is not None and leader.returncode is None:
-                with trio.move_on_after(0.05):
-                    await leader.wait()
-            else:
-                await trio.sleep(0.05)
-        for proc in _group_members(pgid):
-            with contextlib.suppress(psutil.Error):
-                proc.kill()
-        _killpg(pgid, signal.SIGKILL)
-        if leader is not None:
-            with trio.move_on_after(2.0):
+        gone = await _escalate(pgid, grace, leader, hurry)
+    return gone
+
+
+async def _escalate(
+    pgid: int, grace: float, leader: trio.Process | None, hurry: trio.Event | None
+) -> bool:
+    _killpg(pgid, signal.SIGTERM)
+    _killpg(pgid, signal.SIGCONT)
+    deadline = trio.current_time() + grace
+    hurried = False
+    while group_alive(pgid) or (leader is not None and leader.returncode is None):
+        now = trio.current_time()
+        if hurry is not None and hurry.is_set() and not hurried:
+            hurried = True
+            deadline = min(deadline, now + STOP_GRACE_S)
+        if now >= deadline:
+            break
+        if leader is not None and leader.returncode is None:
+            with trio.move_on_after(_POLL_S):
                 await leader.wait()
-        for _ in range(100):
-            if not group_alive(pgid):
-                return True
-            await trio.sleep(0.02)
-        return not group_alive(pgid)
+        else:
+            await trio.sleep(_POLL_S)
+    for proc in group_members(pgid):
+        with contextlib.suppress(psutil.Error):
+            proc.kill()
+    _killpg(pgid, signal.SIGKILL)
+    if leader is not None:
+        with trio.move_on_after(2.0):
+            await leader.wait()
+    for _ in range(100):
+        if not group_alive(pgid):
+            return True
+        await trio.sleep(0.02)
+    return not group_alive(pgid)
+
+
+# -- children -------------------------------------------------------------------------------
 
 
 @dataclass
@@ -232,67 +248,70 @@ async def spawn_child(
     return child
 
 
-async def uv_sync(
-    uv: Path,
-    rollout_dir: Path,
-    rollout: str,
-    *,
-    env: Mapping[str, str],
-    sink: OutputSink,
-    logs_hint: str,
-    redact: Callable[[str], str],
-) -> None:
-    """Run ``uv sync --project <rollout_dir>`` to completion (no timeout: the first sync may
-    download a lot). Output goes to ``sink``. Cancellation stops uv's group (5 s grace).
-    A non-zero exit raises :class:`DependencyError` with uv's last line."""
-    async with trio.open_nursery() as nursery:
-        child = await spawn_child(
-            nursery,
-            [uv, "sync", "--project", rollout_dir],
-            cwd=rollout_dir,
-            env=child_environment(env),
-            sink=sink,
-            name="uv",
-        )
-        try:
-            rc = await child.process.wait()
-        except BaseException:
-            await child.stop(STOP_GRACE_S)
-            raise
-        assert child.output_done is not None
-        with trio.move_on_after(0.5):
-            await child.output_done.wait()
-    if rc != 0:
-        tail = f": {redact(child.last_line)}" if child.last_line else ""
-        raise DependencyError(
-            f"uv sync failed for rollouts/{rollout} with exit code {rc}{tail}\nLogs: {logs_hint}"
-        )
+# -- ownership records ----------------------------------------------------------------------
 
 
-def utc_now_iso() -> str:
-    """UTC ISO-8601 with microseconds and a ``Z`` suffix."""
-    return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
-
-
-def owner_record(pid: int, instance_id: str, port: int) -> dict[str, Any]:
+def owner_record(
+    pid: int, instance_id: str, port: int, *, timespec: str = "microseconds"
+) -> dict[str, Any]:
     """The ownership record for a freshly spawned child (its own session: pgid == pid).
-    Raises OSError when the child is already gone or cannot be identified."""
+
+    ``timespec`` is the precision of ``created_at`` (see :func:`utc_now_iso`). Raises
+    :class:`ProcessLookupError` when the child is already gone or cannot be identified: its
+    start token is read before and after its process group, and the two reads must agree.
+    """
     token = start_token(pid)
+    pgid = os.getpgid(pid)
     if token is None or start_token(pid) != token:
         raise OSError(errno.ESRCH, "process vanished while being identified")
     return {
         "pid": pid,
-        "pgid": os.getpgid(pid),
+        "pgid": pgid,
         "start_token": token,
         "instance_id": instance_id,
         "port": port,
-        "created_at": utc_now_iso(),
+        "created_at": utc_now_iso(timespec=timespec),
     }
 
 
 def write_record(path: Path, record: Mapping[str, Any]) -> None:
-    """Write an ownership record atomically with mode 0600 (temp file, fsync, rename)."""
+    """Write an ownership record atomically with mode 0600 (temp file, fsync, rename, directory
+    fsync). Blocking."""
     atomic_write_json(path, dict(record))
+
+
+class TunnelOwner:
+    """The launcher's ``tunnel.ChildOwner``: owns each cloudflared the managed tunnel starts.
+
+    :meth:`record` writes ``<run_dir>/tunnel.json`` right after the spawn, so that a later
+    invocation can reap the process if this one is killed; :meth:`stop` stops its process group;
+    :meth:`release` drops the record once the tunnel has seen the group gone (a record whose
+    process may still run is kept for the next invocation to reap).
+    """
+
+    def __init__(self, run_dir: Path) -> None:
+        self.path = Path(run_dir) / TUNNEL_RECORD
+        self._recorded: int | None = None
+
+    def record(self, pid: int, port: int) -> None:
+        """Write the record of ``pid`` (blocking). :class:`ProcessLookupError` when the process
+        cannot be identified, another :class:`OSError` when the record cannot be written."""
+        # tunnel.json has always carried isoformat()'s default precision.
+        write_record(self.path, owner_record(pid, TUNNEL_INSTANCE_ID, port, timespec="auto"))
+        self._recorded = pid
+
+    async def stop(self, process: trio.Process, grace: float) -> bool:
+        """Stop ``process``'s group (SIGTERM, SIGKILL after ``grace``); True when confirmed gone."""
+        return await terminate_group(process.pid, grace, leader=process)
+
+    def release(self, pid: int) -> None:
+        """Remove the record if it is ``pid``'s (blocking); a later process's record stays."""
+        if self._recorded == pid:
+            self.path.unlink(missing_ok=True)
+            self._recorded = None
+
+
+# -- reaping --------------------------------------------------------------------------------
 
 
 @dataclass(frozen=True)
@@ -313,18 +332,22 @@ class ReapedChild:
 
 
 def _read_record(run_dir: Path, name: str) -> dict[str, Any] | None:
+    # Relative to a directory fd and with O_NOFOLLOW: a symlink swapped in for the record or for
+    # the run directory is never followed.
     try:
         dir_fd = os.open(run_dir, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
     except OSError:
         return None
     try:
-        fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW, dir_fd=dir_fd)
+        fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK, dir_fd=dir_fd)
     except OSError:
         return None
     finally:
         os.close(dir_fd)
     with os.fdopen(fd, "rb") as fh:
         try:
+            if not stat.S_ISREG(os.fstat(fh.fileno()).st_mode):
+                return None
             data = json.loads(fh.read(65536))
         except (ValueError, OSError):
             return None
@@ -349,25 +372,23 @@ def _owned(record: Mapping[str, Any]) -> tuple[int, int] | None:
 
 async def reap_run_dir(run_dir: Path, *, hurry: trio.Event | None = None) -> list[ReapedChild]:
     """Stop the children recorded in ``run_dir``'s ``server.json``/``tunnel.json`` if they are
-    provably ours (pid, start token and pgid all match), then unlink the records. The caller
-    holds the run's lock (or knows nobody does). ``hurry`` cuts a long grace to 5 s."""
+    provably ours (pid, start token and pgid all match), then unlink the records (a symlink in a
+    record's place is unlinked without being followed). The caller holds the run's lock (or
+    knows nobody does). ``hurry`` cuts a long grace to 5 s."""
     reaped: list[ReapedChild] = []
-    for name, kind, grace in (
-        ("server.json", "server", LONG_STOP_GRACE_S),
-        ("tunnel.json", "tunnel", TUNNEL_REAP_GRACE_S),
-    ):
+    for name, kind, grace in _RECORDS:
         path = run_dir / name
-        if not path.is_file() or path.is_symlink():
-            continue
-        record = _read_record(run_dir, name)
-        owned = _owned(record) if record is not None else None
-        if owned is not None and record is not None:
-            pid, pgid = owned
-            await terminate_group(pgid, grace, hurry=hurry)
-            port = record.get("port")
-            reaped.append(ReapedChild(kind, pid, port if isinstance(port, int) else None))
-        with contextlib.suppress(FileNotFoundError):
-            path.unlink()
+        if not path.is_symlink():
+            if not path.is_file():
+                continue
+            record = _read_record(run_dir, name)
+            owned = _owned(record) if record is not None else None
+            if owned is not None and record is not None:
+                pid, pgid = owned
+                await terminate_group(pgid, grace, hurry=hurry)
+                port = record.get("port")
+                reaped.append(ReapedChild(kind, pid, port if isinstance(port, int) else None))
+        path.unlink(missing_ok=True)
     return reaped
 
 
@@ -378,23 +399,9 @@ def _dirs_with_records(output_root: Path, skip: str | None) -> list[Path]:
     for entry in sorted(output_root.iterdir()):
         if entry.name == skip or entry.name.startswith(".") or entry.is_symlink():
             continue
-        if entry.is_dir() and any((entry / n).is_file() for n in ("server.json", "tunnel.json")):
+        if entry.is_dir() and any((entry / name).is_file() for name, _, _ in _RECORDS):
             found.append(entry)
     return found
-
-
-def _try_lock(lock_path: Path) -> int | None:
-    try:
-        lock_path.parent.mkdir(parents=True, exist_ok=True)
-        fd = os.open(lock_path, os.O_RDWR | os.O_CREAT, 0o600)
-    except OSError:
-        return None
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except OSError:
-        os.close(fd)
-        return None
-    return fd
 
 
 async def reap_orphans(
@@ -405,12 +412,12 @@ async def reap_orphans(
     will reap itself under its own lock."""
     reaped: list[ReapedChild] = []
     for entry in _dirs_with_records(output_root, skip):
-        fd = _try_lock(output_root / ".locks" / f"{entry.name}.lock")
-        if fd is None:
-            continue
         try:
+            lock = RunLock.try_acquire(output_root, entry.name)
+        except OSError:
+            continue
+        if lock is None:
+            continue
+        with lock:
             reaped.extend(await reap_run_dir(entry, hurry=hurry))
-        finally:
-            fcntl.flock(fd, fcntl.LOCK_UN)
-            os.close(fd)
     return reaped

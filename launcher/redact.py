@@ -1,71 +1,29 @@
-"""Secret redaction (runner.md §8.3 and the seed's CLI-wide rule).
+"""Secret redaction (docs/spec/supervisor.md §8.3, all CLI output included).
 
 A :class:`Redactor` knows a set of secret values and replaces each occurrence of any of them,
-and of their whitespace-stripped, JSON-escaped and Python-quoted spellings, with
-``[REDACTED]``. Matching is plain substring matching, longest first, so a value containing
-another is redacted whole. One compiled regex serves all values; it is rebuilt only when the
-set of values changes.
+in every spelling :func:`bridge.value_variants` lists (stripped, JSON-escaped, Python-quoted),
+with ``[REDACTED]``. Which environment variables hold secrets is the bridge's one policy
+(:func:`bridge.secret_env_values`), shared with the bridge's own scrubber. Matching is plain
+substring matching, longest first, so a value containing another is redacted whole. One
+compiled regex serves all values; it is rebuilt only when the set of values changes.
 """
 
 from __future__ import annotations
 
-import json
 import re
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-__all__ = ["AMBIENT_MIN_LENGTH", "KNOWN_SECRET_ENV_NAMES", "REDACTED", "Redactor", "value_variants"]
-
-REDACTED = "[REDACTED]"
-
-# Provider and platform variables whose values are redacted when they are at least
-# AMBIENT_MIN_LENGTH characters long (runner.md §8.3). GOOGLE_APPLICATION_CREDENTIALS is left
-# out on purpose: its value is a file path, and redacting paths would hide useful errors.
-KNOWN_SECRET_ENV_NAMES: tuple[str, ...] = (
-    "OPENAI_API_KEY",
-    "ANTHROPIC_API_KEY",
-    "XAI_API_KEY",
-    "GEMINI_API_KEY",
-    "GOOGLE_API_KEY",
-    "OPENROUTER_API_KEY",
-    "CEREBRAS_API_KEY",
-    "AZURE_API_KEY",
-    "TOGETHER_API_KEY",
-    "FIREWORKS_API_KEY",
-    "GROQ_API_KEY",
-    "MISTRAL_API_KEY",
-    "COHERE_API_KEY",
-    "DEEPSEEK_API_KEY",
-    "HUGGINGFACE_API_KEY",
-    "HF_TOKEN",
-    "WANDB_API_KEY",
-    "AWS_ACCESS_KEY_ID",
-    "AWS_SECRET_ACCESS_KEY",
-    "AWS_SESSION_TOKEN",
-    "OSMOSIS_TOKEN",
-    "OSMOSIS_API_KEY",
-    "DAYTONA_API_KEY",
-    "CURSOR_API_KEY",
-    "MSWEA_API_KEY",
+from bridge import (
+    AMBIENT_MIN_LENGTH,
+    KNOWN_SECRET_ENV_NAMES,
+    REDACTED,
+    literal_pattern,
+    secret_env_values,
+    value_variants,
 )
-AMBIENT_MIN_LENGTH = 8
 
-
-def value_variants(value: str) -> set[str]:
-    """The spellings of ``value`` that get redacted: as is, stripped, JSON-escaped, repr-quoted.
-
-    Empty strings are dropped. Variants are built for both the raw and the stripped value.
-    """
-    out: set[str] = set()
-    for base in {value, value.strip()}:
-        if not base:
-            continue
-        out.add(base)
-        out.add(json.dumps(base)[1:-1])
-        out.add(json.dumps(base, ensure_ascii=False)[1:-1])
-        out.add(repr(base)[1:-1])
-    out.discard("")
-    return out
+__all__ = ["AMBIENT_MIN_LENGTH", "KNOWN_SECRET_ENV_NAMES", "REDACTED", "Redactor", "value_variants"]
 
 
 class Redactor:
@@ -88,20 +46,18 @@ class Redactor:
         ``min_length`` drops variants shorter than it (used for ambient values, so that a
         long value padded with whitespace does not turn a short stripped form into a pattern).
         """
-        if not value or not value.strip():
-            # A whitespace-only "secret" would turn every space in the output into [REDACTED].
+        if not value:
             return
-        for variant in value_variants(value):
-            if len(variant) >= min_length and variant not in self._patterns:
-                self._patterns.add(variant)
-                self._dirty = True
+        # A whitespace-only value has no variants: it would turn every space into [REDACTED].
+        new = value_variants(value, min_length=min_length) - self._patterns
+        if new:
+            self._patterns |= new
+            self._dirty = True
 
     def add_known_env(self, environ: Mapping[str, str]) -> None:
-        """Know the values of the provider/platform variables of §8.3 that are 8+ characters."""
-        for name in KNOWN_SECRET_ENV_NAMES:
-            value = environ.get(name)
-            if value and len(value) >= AMBIENT_MIN_LENGTH:
-                self.add(value, min_length=AMBIENT_MIN_LENGTH)
+        """Know the secret values of ``environ`` (:func:`bridge.secret_env_values`)."""
+        for value in secret_env_values(environ):
+            self.add(value, min_length=AMBIENT_MIN_LENGTH)
 
     @property
     def patterns(self) -> frozenset[str]:
@@ -110,10 +66,7 @@ class Redactor:
 
     def _compiled(self) -> re.Pattern[str] | None:
         if self._dirty:
-            ordered = sorted(self._patterns, key=lambda p: (-len(p), p))
-            # Alternation is leftmost-first, so longest-first ordering makes the longest value
-            # win at any position where several match.
-            self._regex = re.compile("|".join(re.escape(p) for p in ordered)) if ordered else None
+            self._regex = literal_pattern(self._patterns)
             self._dirty = False
         return self._regex
 

@@ -2,15 +2,17 @@
 ``server.json`` at once, wait for ``/health`` with the instance-id handshake, read the capacity.
 
 The server runs as ``rollouts/<r>/.venv/bin/python <entrypoint>`` in its own session, never
-through ``uv run`` (hazard 3), with the environment of runner.md §2.5. An ephemeral port gets
+through ``uv run`` (docs/hazards.md #3), with the environment of docs/spec/supervisor.md §2.5. An ephemeral port gets
 one retry on a new port when the first attempt fails its health check (the pick-free-port
 probe can race with another program); a fixed ``--rollout-port`` gets one attempt.
+
+``/health`` is read through :class:`rollout_server.client.RolloutClient` and its
+:class:`~rollout_server.protocol.HealthReport`, the one reader of that body.
 """
 
 from __future__ import annotations
 
 import contextlib
-import os
 import socket
 import uuid
 from collections.abc import Callable, Mapping
@@ -23,6 +25,7 @@ import trio
 
 from launcher.errors import LocalEvalError
 from launcher.process import (
+    SERVER_RECORD,
     STOP_GRACE_S,
     Child,
     OutputSink,
@@ -31,21 +34,14 @@ from launcher.process import (
     spawn_child,
     write_record,
 )
-from rollout_server.protocol import (
-    ENV_ARTIFACT_ROOT,
-    ENV_INSTANCE_ID,
-    ENV_PORT,
-    INSTANCE_ID_HEADER,
-    SDK_VERSION_HEADER,
-)
+from rollout_server.client import RolloutClient, RolloutClientError
+from rollout_server.protocol import ENV_ARTIFACT_ROOT, ENV_INSTANCE_ID, ENV_PORT, HealthReport
 
 __all__ = [
     "HEALTH_DEADLINE_S",
     "LogFn",
     "RolloutServer",
     "ServerLaunch",
-    "health_capacity",
-    "rollout_python",
     "start_rollout_server",
 ]
 
@@ -60,34 +56,13 @@ SUPERVISOR_OWNED = (ENV_PORT, ENV_ARTIFACT_ROOT, ENV_INSTANCE_ID)
 LogFn = Callable[[str, str, str, "dict[str, Any] | None"], None]
 
 
-def rollout_python(rollout_dir: Path, env: Mapping[str, str]) -> Path:
-    """The interpreter of the rollout's uv environment: ``rollouts/<r>/.venv`` unless
-    ``UV_PROJECT_ENVIRONMENT`` moves it (uv sync honours that variable, so we must too)."""
-    venv = rollout_dir / ".venv"
-    moved = env.get("UV_PROJECT_ENVIRONMENT")
-    if moved:
-        venv = Path(moved) if os.path.isabs(moved) else rollout_dir / moved
-    if os.name == "nt":
-        return venv / "Scripts" / "python.exe"
-    return venv / "bin" / "python"
-
-
-def health_capacity(health: Mapping[str, Any] | None) -> int | None:
-    """The server's concurrency cap: ``max_queue_depth`` (top level), else
-    ``concurrency.max_concurrent``; only a positive int that is not a bool counts."""
-    if not isinstance(health, Mapping):
-        return None
-    candidates = [health.get("max_queue_depth")]
-    concurrency = health.get("concurrency")
-    if isinstance(concurrency, Mapping):
-        candidates.append(concurrency.get("max_concurrent"))
-    for value in candidates:
-        if isinstance(value, int) and not isinstance(value, bool) and value > 0:
-            return value
-    return None
-
-
 def _free_port() -> int:
+    """A port that was free a moment ago: the one guessed port of the run.
+
+    Everything else binds port 0 and reports the port back, but the protocol hands the rollout
+    server its port through ``_OSMOSIS_ROLLOUT_PORT`` (reference servers must work), so the
+    port is picked here and the start-up retries once on a new port if the pick raced.
+    """
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
         sock.bind(("127.0.0.1", 0))
         return int(sock.getsockname()[1])
@@ -115,11 +90,15 @@ class RolloutServer:
     child: Child
     port: int
     instance_id: str
-    health: dict[str, Any]
+    health: HealthReport
+    """The ``/health`` answer that proved the server ours."""
     record_path: Path
-    sdk_version: str | None = None
-    """The ``x-osmosis-rollout-sdk-version`` the server reported on ``/health``, if any."""
     stopping: bool = False
+
+    @property
+    def sdk_version(self) -> str | None:
+        """The ``x-osmosis-rollout-sdk-version`` the server reported on ``/health``, if any."""
+        return self.health.sdk_version
 
     @property
     def base_url(self) -> str:
@@ -135,15 +114,15 @@ class RolloutServer:
             with contextlib.suppress(FileNotFoundError):
                 self.record_path.unlink()
 
-    async def probe_capacity(self, client: httpx.AsyncClient) -> int | None:
+    async def probe_capacity(self, client: httpx.AsyncClient | None = None) -> int | None:
         """A second ``/health`` probe after start-up, read only for the capacity (a failed
-        probe counts as no cap)."""
-        try:
-            response = await client.get(f"{self.base_url}/health", timeout=HEALTH_REQUEST_TIMEOUT_S)
-            body = response.json() if response.status_code < 400 else {}
-        except (httpx.HTTPError, ValueError):
-            body = {}
-        return health_capacity(body if isinstance(body, dict) else {})
+        probe counts as no cap). ``client`` is an HTTP pool to share, if any."""
+        async with _health_client(self.base_url, client) as rollout:
+            try:
+                health = await rollout.health()
+            except (RolloutClientError, httpx.HTTPError):
+                return None
+        return health.capacity
 
 
 class _StartupFailure(LocalEvalError):
@@ -169,6 +148,10 @@ def _child_env(launch: ServerLaunch, port: int, instance_id: str) -> dict[str, s
     )
 
 
+def _health_client(base_url: str, http: httpx.AsyncClient | None) -> RolloutClient:
+    return RolloutClient(base_url, http_client=http, health_timeout_sec=HEALTH_REQUEST_TIMEOUT_S)
+
+
 async def _wait_healthy(
     child: Child,
     client: httpx.AsyncClient,
@@ -176,7 +159,8 @@ async def _wait_healthy(
     instance_id: str,
     launch: ServerLaunch,
     redact: Callable[[str], str],
-) -> tuple[dict[str, Any], str | None]:
+) -> HealthReport:
+    rollout = _health_client(base_url, client)
     with trio.move_on_after(HEALTH_DEADLINE_S):
         while True:
             if child.returncode is not None:
@@ -189,23 +173,18 @@ async def _wait_healthy(
                     f"healthy{tail}\nLogs: {launch.logs_hint}"
                 )
             try:
-                response = await client.get(f"{base_url}/health", timeout=HEALTH_REQUEST_TIMEOUT_S)
-            except httpx.HTTPError:
-                response = None
-            body: Any = None
-            if response is not None and response.status_code < 400:
-                with contextlib.suppress(ValueError):
-                    body = response.json()
-            if isinstance(body, dict) and response is not None:
-                reported = response.headers.get(INSTANCE_ID_HEADER) or body.get("instance_id")
-                if reported != instance_id:
-                    raise _StartupFailure(
-                        f"another process is already listening on {base_url} and its /health "
-                        f"reports instance_id={reported!r} instead of this run's; stop it, or "
-                        "choose a different --rollout-port"
-                    )
-                return body, response.headers.get(SDK_VERSION_HEADER)
-            await trio.sleep(HEALTH_POLL_S)
+                health = await rollout.health()
+            except (RolloutClientError, httpx.HTTPError):
+                # Not up yet (refused, an error status, not JSON): ask again.
+                await trio.sleep(HEALTH_POLL_S)
+                continue
+            if health.instance_id != instance_id:
+                raise _StartupFailure(
+                    f"another process is already listening on {base_url} and its /health "
+                    f"reports instance_id={health.instance_id!r} instead of this run's; stop it, "
+                    "or choose a different --rollout-port"
+                )
+            return health
     raise _StartupFailure(
         f"rollout server did not become healthy within {HEALTH_DEADLINE_S:g}s\n"
         f"Logs: {launch.logs_hint}"
@@ -239,7 +218,7 @@ async def start_rollout_server(
             f"uv sync --project {launch.rollout_dir} and retry"
         )
     attempts = 1 if launch.fixed_port is not None else 2
-    record_path = launch.run_dir / "server.json"
+    record_path = launch.run_dir / SERVER_RECORD
     async with httpx.AsyncClient(trust_env=False) as client:
         for attempt in range(1, attempts + 1):
             port = launch.fixed_port if launch.fixed_port is not None else _free_port()
@@ -272,9 +251,9 @@ async def start_rollout_server(
                 raise LocalEvalError(
                     f"could not record the rollout server process for orphan cleanup: {exc}"
                 ) from None
-            server = RolloutServer(child, port, instance_id, {}, record_path)
+            server = RolloutServer(child, port, instance_id, HealthReport(), record_path)
             try:
-                server.health, server.sdk_version = await _wait_healthy(
+                server.health = await _wait_healthy(
                     child, client, server.base_url, instance_id, launch, redact
                 )
             except _StartupFailure as exc:

@@ -1,4 +1,4 @@
-"""``[secrets]`` resolution and scoping (runner.md §8.1, §8.2).
+"""``[secrets]`` resolution and scoping (docs/spec/supervisor.md §8.1, §8.2).
 
 Values come from ``--secrets-file`` (dotenv; ``-`` = stdin), then the process environment
 (non-empty values only), then a hidden interactive prompt. No secret value ever appears in an

@@ -1,5 +1,5 @@
 """What ``rollbridge eval run`` shows: plan table, stage lines, notes, warnings, the progress
-display, failed rows, the results table and the final result (runner.md §10).
+display, failed rows, the results table and the final result (docs/spec/supervisor.md §10).
 
 Three output modes. ``rich`` (default) prints everything to stdout; ``plain`` prints only the
 result message and next steps on stdout; ``json`` prints exactly one JSON envelope on stdout
@@ -10,11 +10,10 @@ underlying streams redact again, so a secret can reach the terminal by no path.
 
 from __future__ import annotations
 
-import importlib.metadata
 import json
 import sys
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from typing import Any, Literal, Protocol, TextIO
+from typing import IO, Any, Literal, Protocol, TextIO, cast
 
 from rich import box
 from rich.console import Console
@@ -30,19 +29,14 @@ from rich.progress import (
 from rich.table import Table
 from rich.text import Text
 
+from rollout_server.protocol import sdk_version
+
 __all__ = ["CLI_VERSION", "UI", "OutputMode", "ProgressCounters", "RedactingStream"]
 
 OutputMode = Literal["rich", "plain", "json"]
 
 
-def _cli_version() -> str:
-    try:
-        return importlib.metadata.version("rollbridge")
-    except importlib.metadata.PackageNotFoundError:
-        return "unknown"
-
-
-CLI_VERSION = _cli_version()
+CLI_VERSION = sdk_version()
 _SCHEMA_VERSION = 1
 
 
@@ -102,8 +96,11 @@ class UI:
         self._stdin = stdin if stdin is not None else sys.stdin
         self._out = RedactingStream(raw_out, self.redact)
         self._err = RedactingStream(raw_err, self.redact)
-        self.console = Console(file=self._out, highlight=False, soft_wrap=True)
-        self.err_console = Console(file=self._err, highlight=False, soft_wrap=True)
+        # rich only writes, flushes and asks isatty/fileno/encoding: the wrapper has all of it.
+        self.console = Console(file=cast(IO[str], self._out), highlight=False, soft_wrap=True)
+        self.err_console = Console(
+            file=cast(IO[str], self._err), highlight=False, soft_wrap=True
+        )
         self._progress: Progress | None = None
         self._task: TaskID | None = None
         self._counters: ProgressCounters | None = None

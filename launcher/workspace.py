@@ -1,4 +1,4 @@
-"""The workspace (runner.md §0, §2.1, §5.1): where the config, rollouts and data live.
+"""The workspace (docs/spec/supervisor.md §0, §2.1, §5.1): where the config, rollouts and data live.
 
 There is no platform and no git requirement: the workspace is the directory holding the
 ``configs/eval/`` that contains the config. Git state is read best effort, for provenance.

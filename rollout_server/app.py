@@ -1,7 +1,7 @@
 """The HTTP shell: a small raw ASGI app over :class:`~rollout_server.service.RolloutService`.
 
 It deliberately uses no web framework. Four routes do not need one, and going without avoids
-quart-trio's keep-alive POST hang (hazards.md #1: the whole body is always read here before a
+quart-trio's keep-alive POST hang (docs/hazards.md #1: the whole body is always read here before a
 handler runs), Quart's response/body timeouts that would cut long-polls (#5) and handler
 cancellation on disconnect (#7). It is also several times cheaper per request.
 
@@ -13,13 +13,24 @@ from __future__ import annotations
 
 import hmac
 import logging
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterable
 from typing import Any, Final
 
 import msgspec
 import trio
 
 from .jsonsafe import json_safe
+from .net.asgi import (
+    ASGIReceiveCallable,
+    ASGISendCallable,
+    BodyTooLarge,
+    ClientDisconnected,
+    HTTPScope,
+    Scope,
+    header,
+    read_body,
+    send_json,
+)
 from .protocol import (
     INSTANCE_ID_HEADER,
     LEASE_HEADER,
@@ -36,22 +47,9 @@ logger = logging.getLogger("rollout_server")
 
 DEFAULT_MAX_BODY_BYTES: Final = 64 * 1024 * 1024
 
-Scope = dict[str, Any]
-Receive = Callable[[], Awaitable[dict[str, Any]]]
-Send = Callable[[dict[str, Any]], Awaitable[None]]
-
 _encode = msgspec.json.Encoder().encode
 _decode = msgspec.json.Decoder().decode
 _LEASE_HEADER_BYTES: Final = LEASE_HEADER.lower().encode("latin-1")
-_JSON_HEADERS: Final = [(b"content-type", b"application/json")]
-
-
-class _BodyTooLarge(Exception):
-    pass
-
-
-class _ClientGone(Exception):
-    pass
 
 
 def _json_error(kind: str, msg: str, error: str) -> RequestValidationError:
@@ -83,7 +81,9 @@ class RolloutApp:
         self.max_body_bytes = max_body_bytes
         self.manage_service = manage_service
 
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+    async def __call__(
+        self, scope: Scope, receive: ASGIReceiveCallable, send: ASGISendCallable
+    ) -> None:
         if scope["type"] == "lifespan":
             await self._lifespan(receive, send)
             return
@@ -91,13 +91,13 @@ class RolloutApp:
             return
         try:
             await self._dispatch(scope, receive, send)
-        except _ClientGone:
+        except ClientDisconnected:
             return
         except Exception:
             logger.exception("unhandled error serving %s %s", scope["method"], scope["path"])
             await _respond(send, 500, {"detail": "Internal Server Error"})
 
-    async def _lifespan(self, receive: Receive, send: Send) -> None:
+    async def _lifespan(self, receive: ASGIReceiveCallable, send: ASGISendCallable) -> None:
         if self.manage_service:
             async with trio.open_nursery() as nursery:
                 await nursery.start(self.service.run)
@@ -106,7 +106,10 @@ class RolloutApp:
         await self._lifespan_messages(receive, send, None)
 
     async def _lifespan_messages(
-        self, receive: Receive, send: Send, on_shutdown: Callable[[], Awaitable[None]] | None
+        self,
+        receive: ASGIReceiveCallable,
+        send: ASGISendCallable,
+        on_shutdown: Callable[[], Awaitable[None]] | None,
     ) -> None:
         while True:
             message = await receive()
@@ -118,10 +121,11 @@ class RolloutApp:
                 await send({"type": "lifespan.shutdown.complete"})
                 return
 
-    async def _dispatch(self, scope: Scope, receive: Receive, send: Send) -> None:
-        headers: list[tuple[bytes, bytes]] = scope["headers"]
+    async def _dispatch(
+        self, scope: HTTPScope, receive: ASGIReceiveCallable, send: ASGISendCallable
+    ) -> None:
         if self._expected_auth is not None:
-            supplied = next((v for k, v in headers if k == b"authorization"), b"")
+            supplied = header(scope, b"authorization") or b""
             if not hmac.compare_digest(supplied, self._expected_auth):
                 await _respond(send, 401, {"detail": "unauthorized"})
                 return
@@ -147,7 +151,7 @@ class RolloutApp:
             except (TypeError, ValueError, OverflowError):
                 # A backend's health() put something unencodable in: drop it, still answer.
                 body = _encode(json_safe(payload))
-            await _send_raw(send, 200, body, extra)
+            await send_json(send, 200, body, extra)
             return
         if path == "/rollout":
             if method != "POST":
@@ -166,35 +170,14 @@ class RolloutApp:
             if method != "GET":
                 await _not_allowed(send, "GET")
                 return
-            await self._result(parts[2], headers, send)
+            await self._result(parts[2], scope, send)
             return
         await _respond(send, 404, {"detail": "Not Found"})
 
-    async def _read_json(self, scope: Scope, receive: Receive) -> Any:
+    async def _read_json(self, scope: HTTPScope, receive: ASGIReceiveCallable) -> Any:
         """The decoded JSON body (``None`` when empty). Reads the whole body first."""
-        headers: list[tuple[bytes, bytes]] = scope["headers"]
-        content_length = next((v for k, v in headers if k == b"content-length"), None)
-        if (
-            content_length is not None
-            and content_length.isdigit()
-            and int(content_length) > self.max_body_bytes
-        ):
-            raise _BodyTooLarge
-        chunks: list[bytes] = []
-        size = 0
-        while True:
-            message = await receive()
-            if message["type"] == "http.disconnect":
-                raise _ClientGone
-            chunk = message.get("body", b"")
-            size += len(chunk)
-            if size > self.max_body_bytes:
-                raise _BodyTooLarge
-            chunks.append(chunk)
-            if not message.get("more_body", False):
-                break
-        body = b"".join(chunks)
-        content_type = next((v for k, v in headers if k == b"content-type"), None)
+        body = await read_body(scope, receive, self.max_body_bytes)
+        content_type = header(scope, b"content-type")
         if content_type is not None:
             media = content_type.split(b";", 1)[0].strip().lower()
             if media != b"application/json" and not media.endswith(b"+json"):
@@ -217,10 +200,12 @@ class RolloutApp:
             # Also NaN / Infinity literals and out-of-range numbers: not JSON, so refused.
             raise _json_error("json_invalid", "JSON decode error", str(exc)) from None
 
-    async def _body_or_error(self, scope: Scope, receive: Receive, send: Send) -> tuple[bool, Any]:
+    async def _body_or_error(
+        self, scope: HTTPScope, receive: ASGIReceiveCallable, send: ASGISendCallable
+    ) -> tuple[bool, Any]:
         try:
             return True, await self._read_json(scope, receive)
-        except _BodyTooLarge:
+        except BodyTooLarge:
             await _respond(
                 send,
                 413,
@@ -231,7 +216,9 @@ class RolloutApp:
             await _respond(send, 422, exc.body())
         return False, None
 
-    async def _admit(self, scope: Scope, receive: Receive, send: Send) -> None:
+    async def _admit(
+        self, scope: HTTPScope, receive: ASGIReceiveCallable, send: ASGISendCallable
+    ) -> None:
         ok, body = await self._body_or_error(scope, receive, send)
         if not ok:
             return
@@ -247,7 +234,9 @@ class RolloutApp:
             return
         await _respond(send, 202, accepted)
 
-    async def _cancel(self, scope: Scope, receive: Receive, send: Send) -> None:
+    async def _cancel(
+        self, scope: HTTPScope, receive: ASGIReceiveCallable, send: ASGISendCallable
+    ) -> None:
         ok, body = await self._body_or_error(scope, receive, send)
         if not ok:
             return
@@ -258,10 +247,8 @@ class RolloutApp:
             return
         await _respond(send, 200, {"dispositions": self.service.cancel(request)})
 
-    async def _result(
-        self, rollout_id: str, headers: list[tuple[bytes, bytes]], send: Send
-    ) -> None:
-        token = next((v for k, v in headers if k == _LEASE_HEADER_BYTES), None)
+    async def _result(self, rollout_id: str, scope: HTTPScope, send: ASGISendCallable) -> None:
+        token = header(scope, _LEASE_HEADER_BYTES)
         if token is None or not token:
             kind, msg = (
                 ("missing", "Field required")
@@ -286,37 +273,19 @@ class RolloutApp:
         except LeaseMismatch:
             await _respond(send, 403, {"detail": "invalid polling lease"})
             return
-        await _send_raw(send, 200, body)
+        await send_json(send, 200, body)
 
 
-async def _not_allowed(send: Send, allow: str) -> None:
+async def _not_allowed(send: ASGISendCallable, allow: str) -> None:
     await _respond(send, 405, {"detail": "Method Not Allowed"}, [(b"allow", allow.encode())])
 
 
 async def _respond(
-    send: Send,
+    send: ASGISendCallable,
     status: int,
     payload: Any,
-    extra_headers: list[tuple[bytes, bytes]] | None = None,
+    extra_headers: Iterable[tuple[bytes, bytes]] = (),
     *,
     close: bool = False,
 ) -> None:
-    await _send_raw(send, status, _encode(payload), extra_headers, close=close)
-
-
-async def _send_raw(
-    send: Send,
-    status: int,
-    body: bytes,
-    extra_headers: list[tuple[bytes, bytes]] | None = None,
-    *,
-    close: bool = False,
-) -> None:
-    headers = [*_JSON_HEADERS, (b"content-length", str(len(body)).encode())]
-    if extra_headers:
-        headers.extend(extra_headers)
-    if close:
-        # The unread rest of an oversized body would otherwise be parsed as the next request.
-        headers.append((b"connection", b"close"))
-    await send({"type": "http.response.start", "status": status, "headers": headers})
-    await send({"type": "http.response.body", "body": body})
+    await send_json(send, status, _encode(payload), extra_headers, close=close)

@@ -94,7 +94,7 @@ class ExecutionOutcome:
     grader: ExecutionResult | None = None
 
     def reported(self) -> ExecutionResult:
-        """The result reported to pollers (protocol.md §9.1)."""
+        """The result reported to pollers (docs/spec/protocol.md §9.1)."""
         if self.workflow.status != RolloutStatus.SUCCESS:
             if self.workflow.sample is None and self.grader is not None and self.grader.sample:
                 return ExecutionResult(

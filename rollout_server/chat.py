@@ -61,7 +61,9 @@ async def chat(
             response = await client.post(url, json=body, headers=headers)
     if not response.is_success:
         raise ChatError(response.status_code, response.text, url)
-    return response.json()
+    # Returned as parsed: an OpenAI-compatible endpoint answers a JSON object.
+    payload: dict[str, Any] = response.json()
+    return payload
 
 
 def reply_text(response: dict[str, Any]) -> str:

@@ -1,4 +1,4 @@
-"""Async (trio + httpx) client of the long-poll rollout protocol (protocol.md §11).
+"""Async (trio + httpx) client of the long-poll rollout protocol (docs/spec/protocol.md §11).
 
 One :class:`RolloutClient` per server; it shares one pooled :class:`httpx.AsyncClient` across
 all calls (no connection limit, so every in-flight long-poll gets its own connection) and uses
@@ -24,9 +24,29 @@ Outcomes are typed:
   :meth:`RolloutClient.admit_once`), :class:`AdmissionRejected` for any other code.
 * :class:`RolloutAdmissionTimeout` (a ``TimeoutError``) — 429s did not clear in time.
 
-Retry rules follow the reference client: admission retries only 429 (sleeping ``Retry-After``
-clamped to [0.05, 60] s, 1 s when absent); a result read retries transport errors twice
-(0.1 s, 0.5 s) and 502/503/504 six times (0.25 … 8 s), never past the client's lease deadline.
+Retry rules. The 429, transport and gateway rules follow the reference client; the
+connect-phase rule is this client's own and is off unless the caller passes ``server_alive`` (a check that the server
+process still runs, for a caller that owns it)::
+
+    admit_once        no retries
+    admit             429            sleep Retry-After, clamped to [0.05, 60] s (1 s when absent)
+                      connect phase  sleep 0.05 s, doubling to 2 s         (with server_alive)
+                      ... both only within the admission deadline
+    poll_once         transport      0.1 s, 0.5 s
+                      502/503/504    0.25, 0.5, 1, 2, 4, 8 s
+                      ... never past the client's lease deadline
+    wait_for_result   connect phase  sleep 0.05 s, doubling to 2 s         (with server_alive)
+                      ... only while now + delay + 1 s < the lease deadline
+
+A connect-phase failure is a transport error caused by ``httpx.ConnectError`` or
+``httpx.ConnectTimeout``: the request never left, so sending it again cannot admit twice (a
+busy server's full listen backlog looks like this). It is retried only while
+``server_alive()`` holds; otherwise, and once a bound is reached, it is raised as
+:class:`RolloutServerUnreachable`.
+
+Why one module of this size: every retry rule (429 with ``Retry-After``, gateway answers,
+connect-phase failures) composes with the others inside the same calls; the table above is
+only true if the code that implements it sits next to it.
 """
 
 from __future__ import annotations
@@ -34,7 +54,7 @@ from __future__ import annotations
 import inspect
 import math
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field, fields
 from typing import Any
 
 import httpx
@@ -43,9 +63,9 @@ import trio
 
 from .net.httpclient import ShardedTransport, skip_empty_cookies
 from .protocol import (
-    INSTANCE_ID_HEADER,
     LEASE_HEADER,
     CancelDisposition,
+    HealthReport,
     RolloutInitRequest,
     RolloutResultResponse,
     decode_cancel_response,
@@ -66,14 +86,15 @@ __all__ = [
     "RolloutProtocolError",
     "RolloutServerUnreachable",
     "ServerShuttingDown",
-    "health_capacity",
-    "skip_empty_cookies",
 ]
 
 _TRANSPORT_RETRY_DELAYS = (0.1, 0.5)
 _GATEWAY_RETRY_DELAYS = (0.25, 0.5, 1.0, 2.0, 4.0, 8.0)
 _GATEWAY_STATUSES = frozenset({502, 503, 504})
 _RETRIED_TRANSPORT = (httpx.RemoteProtocolError, httpx.NetworkError, httpx.ReadTimeout)
+_CONNECT_RETRY_FIRST = 0.05
+_CONNECT_RETRY_MAX = 2.0
+_CONNECT_RETRY_LEASE_MARGIN = 1.0
 _encode = msgspec.json.Encoder().encode
 
 
@@ -149,68 +170,22 @@ class Admission:
     """``trio.current_time()`` by which the next poll must arrive (client's view)."""
 
 
-def health_capacity(body: dict[str, Any]) -> int | None:
-    """``max_queue_depth`` or ``concurrency.max_concurrent`` if a positive int (not bool)."""
-    value = body.get("max_queue_depth")
-    if value is None:
-        concurrency = body.get("concurrency")
-        value = concurrency.get("max_concurrent") if isinstance(concurrency, dict) else None
-    if isinstance(value, int) and not isinstance(value, bool) and value > 0:
-        return value
-    return None
+@dataclass(frozen=True, kw_only=True)
+class Health(HealthReport):
+    """A ``/health`` answer: the :class:`~rollout_server.protocol.HealthReport` plus the
+    response's status code and headers."""
 
+    status_code: int = 200
+    headers: httpx.Headers = field(default_factory=httpx.Headers, repr=False)
 
-@dataclass
-class Health:
-    """A ``/health`` answer."""
-
-    status_code: int
-    body: dict[str, Any]
-    headers: httpx.Headers
-
-    @property
-    def instance_id(self) -> str | None:
-        """From the ``x-osmosis-rollout-instance-id`` header, else the body."""
-        value = self.headers.get(INSTANCE_ID_HEADER) or self.body.get("instance_id")
-        return value if isinstance(value, str) else None
-
-    @property
-    def process_id(self) -> str | None:
-        """The server process's identity (changes on restart), if well-formed."""
-        value = self.body.get("process_id")
-        return value if isinstance(value, str) and value else None
-
-    @property
-    def accepting_rollouts(self) -> bool | None:
-        """``lifecycle.accepting_rollouts`` (``None`` when missing or malformed)."""
-        lifecycle = self.body.get("lifecycle")
-        value = lifecycle.get("accepting_rollouts") if isinstance(lifecycle, dict) else None
-        return value if isinstance(value, bool) else None
-
-    @property
-    def active_rollouts(self) -> int | None:
-        """``lifecycle.active_rollouts`` (``None`` when missing or malformed)."""
-        lifecycle = self.body.get("lifecycle")
-        value = lifecycle.get("active_rollouts") if isinstance(lifecycle, dict) else None
-        ok = isinstance(value, int) and not isinstance(value, bool) and value >= 0
-        return value if ok else None
-
-    @property
-    def capacity(self) -> int | None:
-        """The server's advertised capacity (see :func:`health_capacity`)."""
-        return health_capacity(self.body)
-
-    @property
-    def chat_endpoint(self) -> dict[str, Any] | None:
-        """``chat_endpoint {environment, requires_public_url}`` when the backend reports it."""
-        value = self.body.get("chat_endpoint")
-        return value if isinstance(value, dict) else None
-
-    @property
-    def requires_public_url(self) -> bool:
-        """True only when ``chat_endpoint.requires_public_url`` is exactly ``true``."""
-        endpoint = self.chat_endpoint
-        return endpoint is not None and endpoint.get("requires_public_url") is True
+    @classmethod
+    def from_response(cls, response: httpx.Response) -> Health | None:
+        """Read ``response``; None when its body is not a JSON object."""
+        report = HealthReport.from_json(response.content, response.headers)
+        if report is None:
+            return None
+        values = {f.name: getattr(report, f.name) for f in fields(HealthReport)}
+        return cls(**values, status_code=response.status_code, headers=response.headers)
 
 
 def _detail(response: httpx.Response) -> Any:
@@ -234,11 +209,29 @@ def _retry_after(value: str | None) -> float:
 StatusCallback = Callable[[RolloutResultResponse], Awaitable[None] | None]
 
 
+def _never_sent(exc: BaseException) -> bool:
+    """True when a transport failure happened before the request left (connect phase)."""
+    return isinstance(exc.__cause__, httpx.ConnectError | httpx.ConnectTimeout)
+
+
+class _ConnectBackoff:
+    """The connect-phase retry's delays: 0.05 s, doubling to at most 2 s."""
+
+    def __init__(self) -> None:
+        self.delay = _CONNECT_RETRY_FIRST
+
+    async def sleep(self) -> None:
+        await trio.sleep(self.delay)
+        self.delay = min(self.delay * 2, _CONNECT_RETRY_MAX)
+
+
 class RolloutClient:
     """Client of one rollout server at ``url``.
 
     ``http_client`` lets callers share a pool (then :meth:`aclose` leaves it open).
     ``admission_timeout_sec`` bounds :meth:`admit` (``None``: wait forever).
+    ``server_alive`` turns on the connect-phase retry of :meth:`admit` and
+    :meth:`wait_for_result` (module docstring); ``None`` leaves it off.
     """
 
     def __init__(
@@ -252,6 +245,7 @@ class RolloutClient:
         health_timeout_sec: float = 5.0,
         admission_request_timeout_sec: float = 30.0,
         cancel_timeout_sec: float = 5.0,
+        server_alive: Callable[[], bool] | None = None,
     ) -> None:
         if api_key is not None and not api_key.strip():
             raise ValueError("api_key must be a non-blank string")
@@ -270,6 +264,7 @@ class RolloutClient:
             admission_request_timeout_sec, connect=connect_timeout_sec
         )
         self._cancel_timeout_sec = cancel_timeout_sec
+        self._server_alive = server_alive
 
     async def aclose(self) -> None:
         """Close the pool (when this client created it)."""
@@ -302,13 +297,10 @@ class RolloutClient:
                 status_code=response.status_code,
                 detail=_detail(response),
             )
-        try:
-            body = response.json()
-        except ValueError:
-            body = None
-        if not isinstance(body, dict):
+        health = Health.from_response(response)
+        if health is None:
             raise RolloutProtocolError("GET /health did not return a JSON object", status_code=200)
-        return Health(response.status_code, body, response.headers)
+        return health
 
     async def wait_idle(
         self,
@@ -317,7 +309,7 @@ class RolloutClient:
         poll_interval_sec: float = 1.0,
         process_id: str | None = None,
     ) -> Health:
-        """Poll ``/health`` until ``lifecycle.active_rollouts == 0`` (protocol.md §11.5).
+        """Poll ``/health`` until ``lifecycle.active_rollouts == 0`` (docs/spec/protocol.md §11.5).
 
         Keeps polling through transport errors and 408/429/5xx answers; raises
         :class:`RolloutProtocolError` when the server has no lifecycle identity or restarted
@@ -401,16 +393,31 @@ class RolloutClient:
             lease_deadline=sent_at + accepted.polling_lease_timeout_sec,
         )
 
+    def _retries_connect(
+        self, exc: RolloutServerUnreachable, next_attempt_at: float, by: float
+    ) -> bool:
+        """Whether the connect-phase rule resends after ``exc`` (next attempt before ``by``)."""
+        return (
+            self._server_alive is not None
+            and _never_sent(exc)
+            and self._server_alive()
+            and next_attempt_at < by
+        )
+
     async def admit(
         self, request: RolloutInitRequest, *, admission_timeout_sec: float | None = None
     ) -> Admission:
-        """Admit ``request``, retrying 429 per ``Retry-After`` until admitted or timed out."""
+        """Admit ``request``, retrying 429 per ``Retry-After`` (and connect failures, with
+        ``server_alive``) until admitted or timed out."""
         limit = (
             self.admission_timeout_sec if admission_timeout_sec is None else admission_timeout_sec
         )
+        budget = math.inf if limit is None else limit
+        deadline = trio.current_time() + budget
+        backoff = _ConnectBackoff()
         in_flight = False
         try:
-            with trio.fail_after(math.inf if limit is None else limit):
+            with trio.fail_after(budget):
                 while True:
                     in_flight = True
                     try:
@@ -418,6 +425,12 @@ class RolloutClient:
                     except CapacityExhausted as exc:
                         in_flight = False
                         await trio.sleep(exc.retry_after)
+                    except RolloutServerUnreachable as exc:
+                        in_flight = False
+                        now = trio.current_time()
+                        if not self._retries_connect(exc, now + backoff.delay, deadline):
+                            raise
+                        await backoff.sleep()
         except trio.TooSlowError:
             note = (
                 " (a POST was in flight: the rollout may have been admitted)" if in_flight else ""
@@ -499,10 +512,22 @@ class RolloutClient:
     async def wait_for_result(
         self, admission: Admission, *, on_status: StatusCallback | None = None
     ) -> RolloutResultResponse:
-        """Long-poll until terminal. ``on_status`` (sync or async) sees every status change."""
+        """Long-poll until terminal. ``on_status`` (sync or async) sees every status change.
+
+        With ``server_alive``, a poll that failed while connecting is sent again while the
+        attempt leaves a second before the lease deadline (module docstring).
+        """
         last = None
+        backoff = _ConnectBackoff()
         while True:
-            result = await self.poll_once(admission)
+            try:
+                result = await self.poll_once(admission)
+            except RolloutServerUnreachable as exc:
+                next_attempt_at = trio.current_time() + backoff.delay + _CONNECT_RETRY_LEASE_MARGIN
+                if not self._retries_connect(exc, next_attempt_at, admission.lease_deadline):
+                    raise
+                await backoff.sleep()
+                continue
             if result.status != last:
                 last = result.status
                 if on_status is not None:

@@ -1,4 +1,4 @@
-"""JSON safety for values that come from user code (protocol.md §9.3).
+"""JSON safety for values that come from user code (docs/spec/protocol.md §9.3).
 
 Results must always be deliverable: non-finite numbers and values with no JSON form are dropped
 from ``metrics`` and ``extra_fields``; a sample whose messages still cannot be encoded is reduced

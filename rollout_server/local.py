@@ -209,7 +209,7 @@ class LocalBackend(ExecutionBackend):
         self, request: ExecutionRequest, artifacts_dir: Path | None, workflow: ExecutionResult
     ) -> ExecutionResult:
         if self.grader_cls is None or (request.label is None and request.metadata is None):
-            # The reference reports a bare failure here (protocol.md §9.2, §19 item 7).
+            # The reference reports a bare failure here (docs/spec/protocol.md §9.2, §19 item 7).
             return ExecutionResult(status=RolloutStatus.FAILURE)
         ctx = get_rollout_context()
         if ctx is not None:

@@ -8,15 +8,22 @@ Request bodies are validated by :func:`parse_rollout_init_request` and
 has the same shape as the reference server's 422 bodies (``type``, ``loc``, ``msg``, ``input``).
 Response bodies are decoded with :func:`decode_init_response`, :func:`decode_result_response`
 and :func:`decode_cancel_response`, which raise :class:`msgspec.ValidationError` (or
-:class:`msgspec.DecodeError`) on anything the protocol does not allow.
+:class:`msgspec.DecodeError`) on anything the protocol does not allow. ``/health`` is the
+exception: its body is backend-defined, so :class:`HealthReport` reads it leniently (a field of
+the wrong type reads as absent) and is the one place any package interprets it.
+
+Why one module of this size: it is the whole wire contract (types, the 422-shaped validator
+that stands in for pydantic, the ``/health`` reader, header and environment names). Anyone who
+needs to know what crosses the wire reads one file, and it stays importable on its own.
 """
 
 from __future__ import annotations
 
 import enum
 import math
-import ntpath
-import posixpath
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from importlib import metadata
 from typing import Any, Final
 
 import msgspec
@@ -33,11 +40,14 @@ __all__ = [
     "ENV_ROLLOUT_ID",
     "INSTANCE_ID_HEADER",
     "LEASE_HEADER",
+    "PROTOCOL_VERSION",
     "SDK_VERSION_HEADER",
     "TERMINAL_STATUSES",
     "CancelDisposition",
     "CancelRolloutsRequest",
     "CancelRolloutsResponse",
+    "ChatEndpoint",
+    "HealthReport",
     "RequestValidationError",
     "RolloutErrorCategory",
     "RolloutInitRequest",
@@ -51,7 +61,11 @@ __all__ = [
     "is_single_path_segment",
     "parse_cancel_request",
     "parse_rollout_init_request",
+    "sdk_version",
 ]
+
+PROTOCOL_VERSION: Final = "0.4"
+"""The version of the long-poll rollout protocol this package speaks."""
 
 LEASE_HEADER: Final = "X-Osmosis-Rollout-Lease"
 """Header that carries the polling lease token on ``GET /rollout/{id}/result``."""
@@ -116,13 +130,18 @@ class CancelDisposition(enum.StrEnum):
 def is_single_path_segment(value: str) -> bool:
     """True when ``value`` is usable as one URL path segment and one directory name.
 
-    Rejects the empty string, ``.``, ``..``, anything containing ``/``, ``\\`` or NUL.
+    Rejects the empty string, ``.``, ``..``, anything containing ``/``, ``\\`` or NUL, and a
+    Windows drive prefix (a ``:`` second character, as in ``C:x``): whatever is left is its own
+    basename on posix and on Windows. This is the one rollout-id check of every package.
     """
-    if not value or value in {".", ".."} or "\x00" in value:
-        return False
-    if "/" in value or "\\" in value:
-        return False
-    return posixpath.basename(value) == value and ntpath.basename(value) == value
+    return (
+        bool(value)
+        and value not in (".", "..")
+        and "/" not in value
+        and "\\" not in value
+        and "\x00" not in value
+        and value[1:2] != ":"
+    )
 
 
 class RolloutSample(msgspec.Struct, kw_only=True):
@@ -453,3 +472,144 @@ def decode_result_response(data: bytes) -> RolloutResultResponse:
 def decode_cancel_response(data: bytes) -> CancelRolloutsResponse:
     """Decode a cancel body."""
     return _cancel_decoder.decode(data)
+
+
+def sdk_version() -> str:
+    """The installed rollbridge version (what :data:`SDK_VERSION_HEADER` carries), or
+    ``"unknown"``."""
+    try:
+        return metadata.version("rollbridge")
+    except metadata.PackageNotFoundError:
+        return "unknown"
+
+
+# -- /health ------------------------------------------------------------------------------
+
+
+def _text(value: Any) -> str | None:
+    return value if isinstance(value, str) else None
+
+
+def _flag(value: Any) -> bool | None:
+    return value if isinstance(value, bool) else None
+
+
+def _int(value: Any) -> int | None:
+    """An int that is not a bool (JSON ``true`` decodes to one), else None."""
+    return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+
+def _count(value: Any) -> int | None:
+    number = _int(value)
+    return number if number is not None and number >= 0 else None
+
+
+@dataclass(frozen=True, kw_only=True)
+class ChatEndpoint:
+    """``chat_endpoint``: where the backend's sandboxes run and whether they need a public URL
+    for the chat endpoint (they cannot reach this machine's loopback)."""
+
+    environment: str | None = None
+    requires_public_url: bool | None = None
+
+
+@dataclass(frozen=True, kw_only=True)
+class HealthReport:
+    """A ``/health`` answer, read leniently: a missing field, or one of the wrong type, is None.
+
+    Both shapes servers send are covered: a LocalBackend reports ``concurrency {max_concurrent,
+    queued, running}``; a sandbox backend reports ``backend``, ``agent``, ``in_flight``,
+    ``running``, ``queued``, ``max_queue_depth`` and ``chat_endpoint`` at the top level. Every
+    server adds ``instance_id``, ``process_id`` and ``lifecycle {accepting_rollouts,
+    active_rollouts}``. ``body`` keeps the decoded object for anything not named here.
+    """
+
+    body: Mapping[str, Any] = field(default_factory=dict, repr=False)
+    status: str | None = None
+    instance_id: str | None = None
+    """From the :data:`INSTANCE_ID_HEADER` header, else the body."""
+    process_id: str | None = None
+    """The server process's identity (changes on restart); a non-empty string or None."""
+    sdk_version: str | None = None
+    """From the :data:`SDK_VERSION_HEADER` header."""
+    accepting_rollouts: bool | None = None
+    active_rollouts: int | None = None
+    backend: str | None = None
+    agent: str | None = None
+    in_flight: int | None = None
+    running: int | None = None
+    queued: int | None = None
+    max_queue_depth: int | None = None
+    max_concurrent: int | None = None
+    """``concurrency.max_concurrent``."""
+    chat_endpoint: ChatEndpoint | None = None
+
+    @classmethod
+    def parse(cls, body: object, headers: Mapping[str, str] | None = None) -> HealthReport | None:
+        """Read a decoded ``/health`` body; None when it is not a JSON object. Never raises.
+
+        ``headers`` are the response headers (any case-insensitive mapping, e.g. httpx's).
+        """
+        if not isinstance(body, Mapping):
+            return None
+        headers = headers or {}
+        lifecycle = body.get("lifecycle")
+        lifecycle = lifecycle if isinstance(lifecycle, Mapping) else {}
+        concurrency = body.get("concurrency")
+        concurrency = concurrency if isinstance(concurrency, Mapping) else {}
+        endpoint = body.get("chat_endpoint")
+        return cls(
+            body=body,
+            status=_text(body.get("status")),
+            instance_id=_text(headers.get(INSTANCE_ID_HEADER) or body.get("instance_id")),
+            process_id=_text(body.get("process_id")) or None,
+            sdk_version=_text(headers.get(SDK_VERSION_HEADER)),
+            accepting_rollouts=_flag(lifecycle.get("accepting_rollouts")),
+            active_rollouts=_count(lifecycle.get("active_rollouts")),
+            backend=_text(body.get("backend")),
+            agent=_text(body.get("agent")),
+            in_flight=_count(body.get("in_flight")),
+            running=_count(body.get("running")),
+            queued=_count(body.get("queued")),
+            # Kept as sent, even when not positive (that means "no cap"; see `capacity`).
+            max_queue_depth=_int(body.get("max_queue_depth")),
+            max_concurrent=_int(concurrency.get("max_concurrent")),
+            chat_endpoint=(
+                ChatEndpoint(
+                    environment=_text(endpoint.get("environment")),
+                    requires_public_url=_flag(endpoint.get("requires_public_url")),
+                )
+                if isinstance(endpoint, Mapping)
+                else None
+            ),
+        )
+
+    @classmethod
+    def from_json(
+        cls, data: bytes | str, headers: Mapping[str, str] | None = None
+    ) -> HealthReport | None:
+        """Decode and read a ``/health`` body; None when it is not a JSON object."""
+        try:
+            body = msgspec.json.decode(data)
+        except msgspec.DecodeError:
+            return None
+        return cls.parse(body, headers)
+
+    @property
+    def capacity(self) -> int | None:
+        """The server's concurrency cap: ``max_queue_depth``, else
+        ``concurrency.max_concurrent``; only a positive int counts (None: no cap)."""
+        for value in (self.max_queue_depth, self.max_concurrent):
+            if value is not None and value > 0:
+                return value
+        return None
+
+    @property
+    def requires_public_url(self) -> bool:
+        """True only when ``chat_endpoint.requires_public_url`` is exactly JSON ``true``."""
+        return self.chat_endpoint is not None and self.chat_endpoint.requires_public_url is True
+
+    @property
+    def chat_environment(self) -> str | None:
+        """``chat_endpoint.environment`` when it is a string (as sent, not stripped)."""
+        return self.chat_endpoint.environment if self.chat_endpoint is not None else None

@@ -23,7 +23,6 @@ from .protocol import (
     ENV_ROLLOUT_ID,
     RolloutStatus,
 )
-from .protocol import RolloutSample as WireSample
 
 if TYPE_CHECKING:
     import httpx
@@ -63,7 +62,7 @@ class RolloutSample:
     ``reward`` only accepts finite numbers (ints and numeric strings are converted to float).
     ``trajectory_messages`` is what ``trajectory.json`` is built from; it defaults to a copy
     of ``messages`` and setting it to ``None`` disables the trajectory file. It never goes
-    on the wire.
+    on the wire (:func:`rollout_server.jsonsafe.wire_sample` builds the wire form).
     """
 
     __slots__ = (
@@ -109,29 +108,6 @@ class RolloutSample:
     @reward.setter
     def reward(self, value: float | None) -> None:
         self._reward = _finite_reward(value)
-
-    def to_wire(self) -> WireSample:
-        """The wire form (no ``trajectory_messages``); no JSON-safety applied here."""
-        return WireSample(
-            messages=self.messages,
-            label=self.label,
-            reward=self._reward,
-            remove_sample=self.remove_sample,
-            metrics=self.metrics,
-            extra_fields=self.extra_fields,
-        )
-
-    @classmethod
-    def from_wire(cls, sample: WireSample) -> RolloutSample:
-        """Build an SDK sample from a wire sample (``trajectory_messages`` = copy of messages)."""
-        return cls(
-            sample.messages,
-            label=sample.label,
-            reward=sample.reward,
-            remove_sample=sample.remove_sample,
-            metrics=sample.metrics,
-            extra_fields=sample.extra_fields,
-        )
 
     def __repr__(self) -> str:
         return (

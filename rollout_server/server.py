@@ -20,7 +20,6 @@ import signal
 import sys
 from dataclasses import dataclass, field
 from functools import partial
-from importlib import metadata
 from pathlib import Path
 from typing import Any
 
@@ -33,12 +32,13 @@ from .app import DEFAULT_MAX_BODY_BYTES, RolloutApp
 from .backend import ExecutionBackend
 from .client import POOL_SHARDS
 from .net.httpclient import ShardedTransport
-from .net.httpserve import CoalescingConfig
+from .net.httpserve import CoalescingConfig, install_write_coalescing
 from .protocol import (
     DEFAULT_POLLING_LEASE_TIMEOUT_SEC,
     DEFAULT_RESULT_RETENTION_SEC,
     DEFAULT_RESULT_WAIT_TIMEOUT_SEC,
     ENV_PORT,
+    sdk_version,
 )
 from .service import RolloutService
 
@@ -49,14 +49,6 @@ logger = logging.getLogger("rollout_server")
 KEEP_ALIVE_TIMEOUT_SEC = 2160.0
 """Idle keep-alive lifetime; outlives common load balancers' 2100 s idle timeout."""
 _HTTP_GRACE_SEC = 5.0
-
-
-def sdk_version() -> str:
-    """The installed rollbridge version, or ``"unknown"``."""
-    try:
-        return metadata.version("rollbridge")
-    except metadata.PackageNotFoundError:
-        return "unknown"
 
 
 def _env_port() -> int:
@@ -150,6 +142,7 @@ async def serve_async(
     """
     host = host or "127.0.0.1"
     port = _env_port() if port is None else port
+    install_write_coalescing()
     config = _hypercorn_config(host, port)
     # Workflows' model calls share this client. httpx's default pool caps them at 100 at once
     # and one big pool costs O(n^2) per request; the sharded transport has neither problem.
@@ -250,17 +243,19 @@ def serve(
     try:
         trio.run(main)
     except* OSError as group:
-        reason = "; ".join(str(exc) for exc in _leaves(group))
+        # The OSErrors sit in nested groups (one level per nursery): flatten them in order.
+        errors: list[BaseException] = [group]
+        while any(isinstance(exc, BaseExceptionGroup) for exc in errors):
+            errors = [
+                leaf
+                for exc in errors
+                for leaf in (exc.exceptions if isinstance(exc, BaseExceptionGroup) else (exc,))
+            ]
+        reason = "; ".join(str(exc) for exc in errors)
         print(
             f"Error: cannot serve on {host or '127.0.0.1'}:{listen_port}: {reason}", file=sys.stderr
         )
         raise SystemExit(1) from None
-
-
-def _leaves(error: BaseException) -> list[BaseException]:
-    if isinstance(error, BaseExceptionGroup):
-        return [leaf for inner in error.exceptions for leaf in _leaves(inner)]
-    return [error]
 
 
 def create_app(

@@ -7,6 +7,11 @@ Timers are two sweeper tasks instead of one task per rollout: lease deadlines an
 deadlines are both "now + a constant", so they arrive in (nearly) sorted order and one sleeping
 task per kind serves every rollout. A retained result is then only a small ``_Entry`` holding
 its pre-encoded response bytes.
+
+Why one module of this size: admission, leases, retention, cancellation and shutdown all act
+on the same registry entries under the same invariants (an entry is in exactly one state; every
+transition wakes its pollers once). Split by concern, each part would reach into the others'
+private state; kept together, the invariants can be read and tested in one place.
 """
 
 from __future__ import annotations
@@ -143,6 +148,13 @@ def _digest(token: str) -> bytes:
     return hashlib.sha256(token.encode("utf-8", "surrogatepass")).digest()
 
 
+def _provisional_disposition(entry: _Entry) -> CancelDisposition:
+    """What cancelling ``entry`` reports unless the backend claims the cancel itself."""
+    if entry.status == RolloutStatus.QUEUED:
+        return CancelDisposition.CANCELLED_QUEUED
+    return CancelDisposition.CANCELLED_RUNNING
+
+
 def _check_positive(name: str, value: float, *, allow_zero: bool = False) -> float:
     value = float(value)
     if not math.isfinite(value) or value < 0 or (value == 0 and not allow_zero):
@@ -157,7 +169,7 @@ class RolloutService:
     (5 ms) more, so that a transition right behind it is reported in the same answer.
 
     Start it with ``await nursery.start(service.run)``; stop it with :meth:`shutdown` (graceful,
-    protocol.md §13) or :meth:`close` (immediate). All methods are called from trio tasks of the
+    docs/spec/protocol.md §13) or :meth:`close` (immediate). All methods are called from trio tasks of the
     same run; the non-async ones never block, which makes each of them atomic.
     """
 
@@ -197,6 +209,7 @@ class RolloutService:
         self.accepting = False
         self.stopping = False
         self.active = 0
+        self._waiting_polls = 0
         self._entries: dict[str, _Entry] = {}
         self._tokens = _TokenSource()
         self._nursery: trio.Nursery | None = None
@@ -209,6 +222,15 @@ class RolloutService:
         self._closed = trio.Event()
 
     # -- lifecycle -----------------------------------------------------------------------
+
+    @property
+    def waiting_polls(self) -> int:
+        """How many long-polls are parked right now, waiting for a transition or their hold.
+
+        An observability counter (read-only; nothing in the service depends on it): it lets a
+        test or a probe see that a poll has arrived and is being held.
+        """
+        return self._waiting_polls
 
     @property
     def artifact_root(self) -> Path:
@@ -266,7 +288,7 @@ class RolloutService:
             await self._idle.wait()
 
     def _stop_polls(self) -> None:
-        # Hazard 6: open long-polls must answer before the HTTP server gives up on them.
+        # docs/hazards.md #6: open long-polls must answer before the HTTP server gives up on them.
         self.stopping = True
         for entry in self._entries.values():
             self._wake(entry)
@@ -343,8 +365,12 @@ class RolloutService:
             return entry.final
         if not self.stopping:
             changed = entry.changed
-            with trio.move_on_after(self.hold):
-                await changed.wait()
+            self._waiting_polls += 1
+            try:
+                with trio.move_on_after(self.hold):
+                    await changed.wait()
+            finally:
+                self._waiting_polls -= 1
             if changed.is_set() and entry.final is None and not self.stopping:
                 # Fold a quick follow-up transition (grading -> success with a fast grader)
                 # into this answer: one poll round trip less per rollout, and a terminal
@@ -393,7 +419,7 @@ class RolloutService:
         if entry.final is not None:
             return
         if trio.current_time() >= entry.lease_deadline:
-            # Completion after the lease deadline loses to the lease (protocol.md §6).
+            # Completion after the lease deadline loses to the lease (docs/spec/protocol.md §6).
             status, sample = RolloutStatus.FAILURE, None
             err_message, err_category = "polling lease expired", RolloutErrorCategory.LEASE_EXPIRED
         if not status.is_terminal:
@@ -418,18 +444,14 @@ class RolloutService:
     def _expire(self, entry: _Entry) -> None:
         if entry.final is not None:
             return
+        provisional = _provisional_disposition(entry)
         self._finalize(entry, RolloutStatus.FAILURE)  # replaced by the lease failure
-        provisional = (
-            CancelDisposition.CANCELLED_QUEUED
-            if entry.status == RolloutStatus.QUEUED
-            else CancelDisposition.CANCELLED_RUNNING
-        )
         self._cancel_execution(entry, provisional)
 
     # -- cancellation -------------------------------------------------------------------
 
     def cancel(self, request: CancelRolloutsRequest) -> dict[str, str]:
-        """Dispositions for the selected ids (protocol.md §8)."""
+        """Dispositions for the selected ids (docs/spec/protocol.md §8)."""
         if request.ids is not None:
             selected = list(dict.fromkeys(request.ids))
         elif request.prefix is not None:
@@ -444,11 +466,7 @@ class RolloutService:
             elif entry.disposition is not None:
                 out[rollout_id] = entry.disposition.value
             else:
-                provisional = (
-                    CancelDisposition.CANCELLED_QUEUED
-                    if entry.status == RolloutStatus.QUEUED
-                    else CancelDisposition.CANCELLED_RUNNING
-                )
+                provisional = _provisional_disposition(entry)
                 out[rollout_id] = self._cancel_execution(entry, provisional).value
         return out
 

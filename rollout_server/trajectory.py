@@ -1,4 +1,4 @@
-"""``trajectory.json`` (ATIF v1.7) and ``diagnostics.json`` for one rollout (protocol.md §14)."""
+"""``trajectory.json`` (ATIF v1.7) and ``diagnostics.json`` for one rollout (docs/spec/protocol.md §14)."""
 
 from __future__ import annotations
 
@@ -49,7 +49,9 @@ def _tool_calls(calls: Any) -> list[dict[str, Any]]:
     for call in calls if isinstance(calls, list) else []:
         if not isinstance(call, dict):
             continue
-        function = call.get("function") if isinstance(call.get("function"), dict) else {}
+        function = call.get("function")
+        if not isinstance(function, dict):
+            function = {}
         arguments: Any = function.get("arguments")
         if isinstance(arguments, str):
             try:

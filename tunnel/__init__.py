@@ -4,16 +4,20 @@ Typical use by the supervisor::
 
     plan = validate_tunnel_flags(tunnel, advertise_url, listener_port)      # before anything
     ...
-    decision = choose_tunnel(plan, health)                                   # after /health
+    decision = choose_tunnel(plan, requires_public_url=health.requires_public_url,
+                             environment=health.chat_environment)   # after /health
     if decision.mode == "managed":
         binary = locate_cloudflared(explicit_path, allow_download=False)
-        options = TunnelOptions(binary, bridge_port, run_dir, log=..., milestone=..., redact=...)
+        options = TunnelOptions(binary, bridge_port, owner=..., log=..., milestone=..., redact=...)
         handle = await nursery.start(run_cloudflared_tunnel, options)
         base = await handle.wait_available()     # at each dispatch: changes after a restart
         reason = await handle.wait_failed()      # in a watcher task: halt dispatch with it
         handle.stop(); await handle.wait_closed()  # teardown
 
-This package imports nothing from ``launcher``, ``bridge`` or ``rollout_server``.
+``owner`` is a :class:`ChildOwner`: the caller's record of each cloudflared process, so that an
+orphan left behind by a killed caller can be reaped later (the launcher passes one that writes
+``tunnel.json``). This package imports nothing from ``launcher``, ``bridge`` or
+``rollout_server``.
 """
 
 from typing import TYPE_CHECKING, Any
@@ -34,41 +38,30 @@ from tunnel.plan import (
     TunnelPlan,
     TunnelWarning,
     choose_tunnel,
-    public_chat_endpoint_environment,
     validate_tunnel_flags,
 )
 
 if TYPE_CHECKING:
     from tunnel.cloudflared import (
         RATE_LIMIT_MESSAGE,
+        ChildOwner,
         LogSink,
         TunnelFailed,
         TunnelHandle,
         TunnelOptions,
         run_cloudflared_tunnel,
     )
-    from tunnel.record import (
-        TUNNEL_RECORD,
-        ProcessRecord,
-        ReapedTunnel,
-        read_start_token,
-        reap_orphan_tunnel,
-    )
 
-# The process side pulls in httpx and psutil; importing it lazily keeps ``import tunnel.plan``
+# The process side pulls in httpx; importing it lazily keeps ``import tunnel.plan``
 # (flag validation at CLI start-up) cheap.
 _LAZY = {
     "RATE_LIMIT_MESSAGE": "tunnel.cloudflared",
+    "ChildOwner": "tunnel.cloudflared",
     "LogSink": "tunnel.cloudflared",
     "TunnelFailed": "tunnel.cloudflared",
     "TunnelHandle": "tunnel.cloudflared",
     "TunnelOptions": "tunnel.cloudflared",
     "run_cloudflared_tunnel": "tunnel.cloudflared",
-    "TUNNEL_RECORD": "tunnel.record",
-    "ProcessRecord": "tunnel.record",
-    "ReapedTunnel": "tunnel.record",
-    "read_start_token": "tunnel.record",
-    "reap_orphan_tunnel": "tunnel.record",
 }
 
 
@@ -86,11 +79,9 @@ __all__ = [
     "DOWNLOAD_FLAG",
     "INSECURE_ADVERTISE_URL",
     "RATE_LIMIT_MESSAGE",
-    "TUNNEL_RECORD",
+    "ChildOwner",
     "CloudflaredNotFound",
     "LogSink",
-    "ProcessRecord",
-    "ReapedTunnel",
     "TunnelConfigError",
     "TunnelDecision",
     "TunnelError",
@@ -106,9 +97,6 @@ __all__ = [
     "find_tunnel_url",
     "locate_cloudflared",
     "parse_stderr_line",
-    "public_chat_endpoint_environment",
-    "read_start_token",
-    "reap_orphan_tunnel",
     "run_cloudflared_tunnel",
     "validate_tunnel_flags",
 ]

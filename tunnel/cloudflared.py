@@ -10,6 +10,15 @@ metrics server ``/ready``) stops answering, it is restarted and the new URL is p
 handle, so rollouts dispatched from then on use it. After ``max_restarts`` consecutive failed
 attempts the handle reports a one-line failure and the service returns; the caller halts
 dispatch.
+
+Owning the processes is not this module's job: each cloudflared is handed to a
+:class:`ChildOwner`, which records it (so that an orphan left by a killed caller can be found
+later), stops it and forgets it. The caller supplies the owner; standalone use gets one that
+records nothing and stops just the process.
+
+Why one module of this size: start, readiness, watching and healing are one state machine over
+one process at a time (``_Supervisor``); splitting the handle or the healing loop out would only
+move lines and spread that state across files.
 """
 
 from __future__ import annotations
@@ -17,25 +26,19 @@ from __future__ import annotations
 import os
 import subprocess
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import KW_ONLY, dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
 import httpx
 import trio
 
-from tunnel.errors import TunnelError, TunnelRateLimited, TunnelStartError
+from tunnel.errors import TunnelError, TunnelRateLimited, TunnelRecordError, TunnelStartError
 from tunnel.parse import parse_stderr_line, ready_url
-from tunnel.record import (
-    STOP_GRACE,
-    group_members,
-    make_tunnel_record,
-    remove_tunnel_record,
-    terminate_group,
-    write_tunnel_record,
-)
 
 START_TIMEOUT = 30.0
+#: SIGTERM → SIGKILL grace for a tunnel.
+STOP_GRACE = 5.0
 PROBE_INTERVAL = 1.0
 REGISTRATION_GRACE = 1.0
 STABILITY_WINDOW = 0.1
@@ -74,14 +77,58 @@ def _identity(text: str) -> str:
     return text
 
 
+class ChildOwner(Protocol):
+    """Who owns each cloudflared process the tunnel starts (one at a time, its own session
+    leader, so its pid is also its process group).
+
+    ``record`` and ``release`` block (file I/O) and are called on a worker thread.
+    """
+
+    def record(self, pid: int, port: int) -> None:
+        """Take ownership of the freshly started ``pid``, which forwards to ``port``.
+
+        Raises :class:`ProcessLookupError` when the process cannot be identified (it is already
+        gone), another :class:`OSError` when ownership cannot be recorded.
+        """
+
+    async def stop(self, process: trio.Process, grace: float) -> bool:
+        """Stop ``process`` and whatever it started: SIGTERM, SIGKILL after ``grace`` seconds.
+        Returns True when they are confirmed gone. Must finish even when cancelled."""
+
+    def release(self, pid: int) -> None:
+        """Give up ownership of ``pid``, which ``stop`` has confirmed gone."""
+
+
+class _Standalone:
+    """The owner when none is given: records nothing and stops only the process it started."""
+
+    def record(self, pid: int, port: int) -> None:
+        return None
+
+    async def stop(self, process: trio.Process, grace: float) -> bool:
+        process.terminate()
+        with trio.move_on_after(grace):
+            await process.wait()
+        if process.returncode is None:
+            process.kill()
+            with trio.move_on_after(2.0):
+                await process.wait()
+        return process.returncode is not None
+
+    def release(self, pid: int) -> None:
+        return None
+
+
 @dataclass(frozen=True)
 class TunnelOptions:
     """Everything the managed tunnel needs; timings default to the reference's constants.
 
     ``binary`` comes from :func:`tunnel.locate_cloudflared`, ``local_port`` is the bridge
-    listener's port, ``run_dir`` receives ``tunnel.json``. ``log`` receives every cloudflared
-    stderr line (step ``cloudflared``, already passed through ``redact``) and the service's own
-    events (step ``tunnel``); ``milestone`` receives stage lines for the terminal.
+    listener's port; everything else is passed by keyword. ``owner`` records and stops each
+    cloudflared process (see :class:`ChildOwner`; None: record nothing, stop just the process).
+    ``log`` receives every cloudflared stderr line (step ``cloudflared``, already passed through
+    ``redact``) and the service's own events (step ``tunnel``); ``milestone`` receives stage
+    lines for the terminal. ``stop_grace`` is the SIGTERM → SIGKILL grace of every stop.
 
     Self-healing: the readiness endpoint is probed every ``health_interval`` s and
     ``health_failures`` misses in a row count as "stopped answering". A restart is attempted
@@ -95,7 +142,8 @@ class TunnelOptions:
 
     binary: Path
     local_port: int
-    run_dir: Path
+    _: KW_ONLY
+    owner: ChildOwner | None = None
     log: LogSink = _no_log
     milestone: Callable[[str], None] = _no_milestone
     redact: Callable[[str], str] = _identity
@@ -128,8 +176,50 @@ class TunnelFailed(TunnelError):
     """The tunnel is gone for good; the message is the one-line cause for halting dispatch."""
 
 
+class _TunnelState:
+    """What the service knows about its tunnel; the service writes it, :class:`TunnelHandle`
+    shows it to the caller."""
+
+    def __init__(self) -> None:
+        self.url = ""
+        self.available = False
+        self.generation = 0
+        self.pid: int | None = None
+        self.restarts = 0
+        self.failure: str | None = None
+        self.stop_confirmed: bool | None = None
+        self.changed = trio.Event()
+        self.failed = trio.Event()
+        self.stop_requested = trio.Event()
+        self.closed = trio.Event()
+
+    def _notify(self) -> None:
+        self.changed.set()
+        self.changed = trio.Event()
+
+    def publish(self, url: str, pid: int) -> None:
+        """A new public URL works (served by ``pid``)."""
+        self.url = url
+        self.pid = pid
+        self.available = True
+        self.generation += 1
+        self._notify()
+
+    def lost(self) -> None:
+        """The tunnel at :attr:`url` stopped working; a restart may follow."""
+        self.available = False
+        self._notify()
+
+    def fail(self, reason: str) -> None:
+        """The tunnel is gone for good, for the one-line ``reason``."""
+        self.failure = reason
+        self.available = False
+        self.failed.set()
+        self._notify()
+
+
 class TunnelHandle:
-    """The caller's view of a running managed tunnel.
+    """The caller's view of a running managed tunnel (made by :func:`run_cloudflared_tunnel`).
 
     Read :attr:`public_url` (or ``await wait_available()``) at each dispatch: it changes after a
     restart. ``await wait_failed()`` returns the one-line cause once restarts are exhausted.
@@ -137,112 +227,83 @@ class TunnelHandle:
     does the same.
     """
 
-    def __init__(self) -> None:
-        self._url = ""
-        self._available = False
-        self._generation = 0
-        self._pid: int | None = None
-        self._restarts = 0
-        self._failure: str | None = None
-        self._changed = trio.Event()
-        self._failed = trio.Event()
-        self._stop_requested = trio.Event()
-        self._closed = trio.Event()
-        self._stop_confirmed: bool | None = None
+    def __init__(self, state: _TunnelState) -> None:
+        self._state = state
 
     @property
     def public_url(self) -> str:
         """The current public base URL (``https://<name>.trycloudflare.com``), no trailing ``/``."""
-        return self._url
+        return self._state.url
 
     @property
     def available(self) -> bool:
         """True while the tunnel at :attr:`public_url` is believed to work."""
-        return self._available
+        return self._state.available
 
     @property
     def generation(self) -> int:
         """Increases by one each time a new public URL is published (1 after the first start)."""
-        return self._generation
+        return self._state.generation
 
     @property
     def pid(self) -> int | None:
         """Pid of the current cloudflared process."""
-        return self._pid
+        return self._state.pid
 
     @property
     def restarts(self) -> int:
         """How many times the tunnel was restarted successfully."""
-        return self._restarts
+        return self._state.restarts
 
     @property
     def failure(self) -> str | None:
         """The one-line cause once the tunnel has failed for good, else None."""
-        return self._failure
+        return self._state.failure
 
     @property
     def stop_confirmed(self) -> bool | None:
         """After the service ended: whether the last cloudflared process was seen to exit."""
-        return self._stop_confirmed
+        return self._state.stop_confirmed
 
     def stop(self) -> None:
         """Ask the service to stop cloudflared (SIGTERM, SIGKILL after the grace) and return."""
-        self._stop_requested.set()
+        self._state.stop_requested.set()
 
     async def wait_available(self) -> str:
         """Wait until a working public URL is published and return it.
 
         Raises :class:`TunnelFailed` once the tunnel has failed for good.
         """
+        state = self._state
         while True:
-            if self._failure is not None:
-                raise TunnelFailed(self._failure)
-            if self._available:
-                return self._url
-            await self._changed.wait()
+            if state.failure is not None:
+                raise TunnelFailed(state.failure)
+            if state.available:
+                return state.url
+            await state.changed.wait()
 
     async def wait_url_change(self, generation: int) -> str:
         """Wait until a URL newer than ``generation`` is published and return it.
 
         Raises :class:`TunnelFailed` once the tunnel has failed for good.
         """
+        state = self._state
         while True:
-            if self._failure is not None:
-                raise TunnelFailed(self._failure)
-            if self._generation > generation and self._available:
-                return self._url
-            await self._changed.wait()
+            if state.failure is not None:
+                raise TunnelFailed(state.failure)
+            if state.generation > generation and state.available:
+                return state.url
+            await state.changed.wait()
 
     async def wait_failed(self) -> str:
         """Wait until the tunnel has failed for good; return the one-line cause."""
-        await self._failed.wait()
-        assert self._failure is not None
-        return self._failure
+        await self._state.failed.wait()
+        assert self._state.failure is not None
+        return self._state.failure
 
     async def wait_closed(self) -> None:
         """Wait until the service has returned and its process has been stopped."""
-        await self._closed.wait()
-
-    def _notify(self) -> None:
-        self._changed.set()
-        self._changed = trio.Event()
-
-    def _publish(self, url: str, pid: int) -> None:
-        self._url = url
-        self._pid = pid
-        self._available = True
-        self._generation += 1
-        self._notify()
-
-    def _lost(self) -> None:
-        self._available = False
-        self._notify()
-
-    def _fail(self, reason: str) -> None:
-        self._failure = reason
-        self._available = False
-        self._failed.set()
-        self._notify()
+        await self._state.closed.wait()
 
 
 @dataclass(eq=False)
@@ -271,11 +332,12 @@ async def run_cloudflared_tunnel(
 
     Use with ``handle = await nursery.start(run_cloudflared_tunnel, options)``: it returns once
     the first public URL is ready, or raises :class:`TunnelStartError` (one-line message;
-    :class:`TunnelRateLimited` when Cloudflare refuses) or ``TunnelRecordError``. The service
+    :class:`TunnelRateLimited` when Cloudflare refuses) or :class:`TunnelRecordError` (the
+    owner could not record the process). The service
     returns after ``handle.stop()`` or when the tunnel has failed for good (see
     :meth:`TunnelHandle.wait_failed`); cancellation stops the process as well.
     """
-    handle = TunnelHandle()
+    state = _TunnelState()
     timeout = httpx.Timeout(PROBE_TIMEOUT)
     startup_error: TunnelError | None = None
     try:
@@ -286,8 +348,8 @@ async def run_cloudflared_tunnel(
             httpx.AsyncClient(timeout=timeout, follow_redirects=False, trust_env=False) as local,
             trio.open_nursery() as nursery,
         ):
-            supervisor = _Supervisor(options, handle, public_client, local, nursery)
-            nursery.start_soon(_cancel_on_stop, handle, nursery.cancel_scope)
+            supervisor = _Supervisor(options, state, public_client, local, nursery)
+            nursery.start_soon(_cancel_on_stop, state, nursery.cancel_scope)
             options.milestone("starting cloudflared quick tunnel")
             try:
                 instance: _Instance = await nursery.start(supervisor.instance_main)
@@ -295,22 +357,20 @@ async def run_cloudflared_tunnel(
                 startup_error = exc
                 nursery.cancel_scope.cancel()
             else:
-                handle._publish(instance.url or "", instance.process.pid)
-                options.log(
-                    "INFO", "tunnel", "cloudflared tunnel ready", {"url": handle.public_url}
-                )
-                options.milestone(f"tunnel ready: {handle.public_url}")
-                task_status.started(handle)
+                state.publish(instance.url or "", instance.process.pid)
+                options.log("INFO", "tunnel", "cloudflared tunnel ready", {"url": state.url})
+                options.milestone(f"tunnel ready: {state.url}")
+                task_status.started(TunnelHandle(state))
                 await supervisor.heal(instance)
                 nursery.cancel_scope.cancel()
     finally:
-        handle._closed.set()
+        state.closed.set()
     if startup_error is not None:
         raise startup_error
 
 
-async def _cancel_on_stop(handle: TunnelHandle, scope: trio.CancelScope) -> None:
-    await handle._stop_requested.wait()
+async def _cancel_on_stop(state: _TunnelState, scope: trio.CancelScope) -> None:
+    await state.stop_requested.wait()
     scope.cancel()
 
 
@@ -318,13 +378,14 @@ class _Supervisor:
     def __init__(
         self,
         options: TunnelOptions,
-        handle: TunnelHandle,
+        state: _TunnelState,
         public_client: httpx.AsyncClient,
         local_client: httpx.AsyncClient,
         nursery: trio.Nursery,
     ) -> None:
         self._options = options
-        self._handle = handle
+        self._owner: ChildOwner = options.owner or _Standalone()
+        self._state = state
         self._public = public_client
         self._local = local_client
         self._nursery = nursery
@@ -350,8 +411,7 @@ class _Supervisor:
             async with trio.open_nursery() as nursery:
                 nursery.start_soon(self._drain, instance)
                 try:
-                    record = make_tunnel_record(process.pid, options.local_port)
-                    await trio.to_thread.run_sync(write_tunnel_record, options.run_dir, record)
+                    await self._record(process.pid)
                     options.log("INFO", "tunnel", "cloudflared started", {"pid": process.pid})
                     await self._wait_ready(instance)
                     instance.ready_at = trio.current_time()
@@ -372,6 +432,18 @@ class _Supervisor:
             instance.ended.set()
         if failure is not None:
             raise failure
+
+    async def _record(self, pid: int) -> None:
+        try:
+            await trio.to_thread.run_sync(self._owner.record, pid, self._options.local_port)
+        except ProcessLookupError:
+            raise TunnelRecordError(
+                "could not identify the cloudflared process for orphan cleanup"
+            ) from None
+        except OSError as exc:
+            raise TunnelRecordError(
+                f"could not record cloudflared for orphan cleanup: {exc}"
+            ) from None
 
     async def _drain(self, instance: _Instance) -> None:
         stream = instance.process.stderr
@@ -552,17 +624,13 @@ class _Supervisor:
                 return failure
 
     async def _stop(self, instance: _Instance) -> None:
-        """SIGTERM the group, SIGKILL after the grace; drop ``tunnel.json`` only if confirmed."""
+        """Stop the process through the owner; release it only once it is confirmed gone."""
         options = self._options
-        pgid = instance.process.pid  # session leader: its pid is its group id
-        if instance.process.returncode is None or group_members(pgid):
-            await terminate_group(pgid, options.stop_grace)
-        with trio.move_on_after(1.0):
-            await instance.process.wait()
-        confirmed = instance.process.returncode is not None and not group_members(pgid)
-        self._handle._stop_confirmed = confirmed
+        process = instance.process
+        confirmed = await self._owner.stop(process, options.stop_grace)
+        self._state.stop_confirmed = confirmed
         if confirmed:
-            await trio.to_thread.run_sync(remove_tunnel_record, options.run_dir)
+            await trio.to_thread.run_sync(self._owner.release, process.pid)
         else:
             options.log(
                 "WARNING",
@@ -577,15 +645,15 @@ class _Supervisor:
     async def heal(self, instance: _Instance) -> None:
         """Restart the tunnel whenever it is lost; return once it failed for good."""
         options = self._options
-        handle = self._handle
+        state = self._state
         failed_attempts = 0
         while True:
             await instance.ended.wait()
             reason = instance.end_reason or "the cloudflared tunnel ended"
-            handle._lost()
+            state.lost()
             if trio.current_time() - instance.ready_at >= options.stable_after:
                 failed_attempts = 0
-            elif handle.restarts > 0:
+            elif state.restarts > 0:
                 failed_attempts += 1  # the last restart did not hold
             last_error = reason
             while True:
@@ -613,16 +681,16 @@ class _Supervisor:
                     )
                     continue
                 break
-            handle._restarts += 1
-            handle._publish(instance.url or "", instance.process.pid)
+            state.restarts += 1
+            state.publish(instance.url or "", instance.process.pid)
             options.log(
                 "INFO",
                 "tunnel",
                 "cloudflared tunnel restarted",
-                {"url": handle.public_url, "restarts": handle.restarts},
+                {"url": state.url, "restarts": state.restarts},
             )
             options.milestone(
-                f"tunnel ready again: {handle.public_url} (restart {handle.restarts}); "
+                f"tunnel ready again: {state.url} (restart {state.restarts}); "
                 "rollouts dispatched from now on use it"
             )
 
@@ -635,4 +703,4 @@ class _Supervisor:
                 f"{UNREACHABLE_TAIL}"
             )
         self._options.log("ERROR", "tunnel", message, None)
-        self._handle._fail(message)
+        self._state.fail(message)

@@ -24,4 +24,4 @@ class TunnelRateLimited(TunnelStartError):
 
 
 class TunnelRecordError(TunnelError):
-    """The ``tunnel.json`` ownership record could not be written."""
+    """The tunnel's :class:`~tunnel.cloudflared.ChildOwner` could not record a cloudflared."""

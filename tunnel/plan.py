@@ -2,22 +2,22 @@
 
 Pure logic apart from one bind probe of ``--listener-port``; the supervisor calls
 :func:`validate_tunnel_flags` before anything starts and :func:`choose_tunnel` once the rollout
-server's health report is known.
+server's health report is known (the caller reads that report; this package takes plain
+values and imports nothing else of the project).
 """
 
 from __future__ import annotations
 
 import errno
 import socket
-from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Final, Literal
 from urllib.parse import urlsplit
 
 from tunnel.errors import TunnelConfigError
 
 #: The only managed tunnel provider.
-CLOUDFLARED = "cloudflared"
+CLOUDFLARED: Final = "cloudflared"
 
 #: Warning code for an ``http://`` advertise URL that leaves this machine.
 INSECURE_ADVERTISE_URL = "INSECURE_ADVERTISE_URL"
@@ -183,33 +183,20 @@ def _check_port_free(port: int) -> None:
         sock.close()
 
 
-def public_chat_endpoint_environment(health: Mapping[str, Any] | None) -> str | None:
-    """The sandbox label when the health report asks for a public chat endpoint, else None.
-
-    Only ``chat_endpoint.requires_public_url`` that is exactly JSON ``true`` counts; the label is
-    ``chat_endpoint.environment`` stripped, or ``"remote"`` when missing or blank.
-    """
-    if not isinstance(health, Mapping):
-        return None
-    endpoint = health.get("chat_endpoint")
-    if not isinstance(endpoint, Mapping) or endpoint.get("requires_public_url") is not True:
-        return None
-    label = endpoint.get("environment")
-    if isinstance(label, str) and label.strip():
-        return label.strip()
-    return "remote"
-
-
-def choose_tunnel(plan: TunnelPlan, health: Mapping[str, Any] | None) -> TunnelDecision:
+def choose_tunnel(
+    plan: TunnelPlan, *, requires_public_url: bool | None, environment: str | None
+) -> TunnelDecision:
     """Decide how rollouts reach the bridge: forced, advertised, automatic from health, or none.
 
-    Automatic detection runs only when neither ``--tunnel`` nor ``--advertise-url`` was given.
+    Automatic detection runs only when neither ``--tunnel`` nor ``--advertise-url`` was given,
+    and only ``requires_public_url is True`` (the health report's ``chat_endpoint``) triggers
+    it; the sandbox label is ``environment`` stripped, or ``"remote"`` when missing or blank.
     """
     if plan.advertise_url is not None:
         return TunnelDecision("advertise", advertise_url=plan.advertise_url)
     if plan.forced is not None:
         return TunnelDecision("managed")
-    environment = public_chat_endpoint_environment(health)
-    if environment is not None:
-        return TunnelDecision("managed", environment=environment)
+    if requires_public_url is True:
+        label = environment.strip() if environment is not None else ""
+        return TunnelDecision("managed", environment=label or "remote")
     return TunnelDecision("none")

@@ -15,7 +15,7 @@ import math
 import os
 import threading
 import warnings
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable
 from types import ModuleType
 from typing import Any, TypeVar
 
@@ -103,7 +103,7 @@ class LiteLLMWorker:
 
     async def stream(
         self, fn: Callable[[ModuleType], Awaitable[AsyncIterator[Any]]]
-    ) -> AsyncIterator[Any]:
+    ) -> AsyncGenerator[Any, None]:
         """Relay the items of the async iterator ``await fn(litellm)`` into trio as they come."""
         send, receive = trio.open_memory_channel[tuple[str, Any]](math.inf)
         token = trio.lowlevel.current_trio_token()

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import json
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncGenerator, Callable
 from typing import Any
 
 import httpx
@@ -109,7 +109,10 @@ class DirectUpstream:
         # Once the answer is arriving it is paid for: finish reading it (within a grace
         # period) even if the rollout goes away now, so that its usage is counted.
         delivery = trio.CancelScope(shield=True)
-        outcome: dict[str, Any] | Exception
+        # Stays this when the grace period runs out before the answer has arrived.
+        outcome: dict[str, Any] | Exception = UpstreamError(
+            408, "the provider's answer did not finish arriving", kind="Timeout"
+        )
         try:
             async with trio.open_nursery() as watcher:
                 watcher.start_soon(_limit_when_cancelled, delivery)
@@ -124,17 +127,13 @@ class DirectUpstream:
         finally:
             with trio.CancelScope(shield=True):
                 await response.aclose()
-        if delivery.cancelled_caught:
-            raise UpstreamError(
-                408, "the provider's answer did not finish arriving", kind="Timeout"
-            )
         if isinstance(outcome, httpx.TransportError):
             raise _transport_error(outcome) from outcome
         if isinstance(outcome, Exception):
             raise outcome
         return outcome
 
-    async def stream(self, prepared: PreparedRequest) -> AsyncIterator[dict[str, Any]]:
+    async def stream(self, prepared: PreparedRequest) -> AsyncGenerator[dict[str, Any], None]:
         """Stream raw chunks as the provider sends them (a whole completion if it did not stream)."""
         route = resolve_direct(self.model)
         request = self._client.build_request(
@@ -198,7 +197,7 @@ def _stream_error(parsed: Any) -> UpstreamError:
     return UpstreamError(502, json.dumps(parsed, ensure_ascii=False))
 
 
-async def _sse_events(response: httpx.Response) -> AsyncIterator[tuple[str, str]]:
+async def _sse_events(response: httpx.Response) -> AsyncGenerator[tuple[str, str], None]:
     """(event name, data) pairs of a server-sent-events body."""
     event = "message"
     data: list[str] = []

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import hashlib
 import re
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncGenerator, Callable
 from typing import Any
 
 import trio
@@ -32,8 +32,8 @@ def _text(content: Any) -> str:
     return ""
 
 
-def count_tokens(text: str) -> int:
-    """Roughly what a BPE tokenizer would say for English text."""
+def _count_tokens(text: str) -> int:
+    # Roughly what a BPE tokenizer would say for English text.
     return len(_TOKEN.findall(text))
 
 
@@ -52,8 +52,8 @@ def answer(prepared: PreparedRequest) -> str:
 
 def _usage(prepared: PreparedRequest, reply: str) -> dict[str, int]:
     # Each message costs a few tokens of chat framing, as with real chat models.
-    prompt = sum(count_tokens(_text(m.get("content"))) + 4 for m in _messages(prepared)) + 3
-    completion = max(count_tokens(reply), 1)
+    prompt = sum(_count_tokens(_text(m.get("content"))) + 4 for m in _messages(prepared)) + 3
+    completion = max(_count_tokens(reply), 1)
     return {
         "prompt_tokens": prompt,
         "completion_tokens": completion,
@@ -99,7 +99,7 @@ class EchoUpstream:
             "usage": usage,
         }
 
-    async def stream(self, prepared: PreparedRequest) -> AsyncIterator[dict[str, Any]]:
+    async def stream(self, prepared: PreparedRequest) -> AsyncGenerator[dict[str, Any], None]:
         """The reply one word per chunk, then the finish reason, then usage."""
         reply = answer(prepared)
         chunk_id = _id(prepared, reply)

@@ -1,9 +1,8 @@
-"""The LiteLLM upstream path, for providers that need translation (bridge.md §6.2, §6.3)."""
+"""The LiteLLM upstream path, for providers that need translation (docs/spec/bridge.md §6.2, §6.3)."""
 
 from __future__ import annotations
 
-import os
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncGenerator, Callable
 from dataclasses import dataclass
 from types import ModuleType
 from typing import Any
@@ -13,8 +12,7 @@ import httpx
 from bridge.errors import BridgeRequestError, UpstreamError
 from bridge.policy import PreparedRequest
 from bridge.upstreams._loop import LiteLLMWorker, worker
-
-_OFFICIAL_OPENAI_BASE = "https://api.openai.com/v1"
+from bridge.upstreams.routing import OFFICIAL_OPENAI_BASE, openai_base
 
 
 @dataclass(frozen=True)
@@ -39,13 +37,10 @@ def _classify(litellm: ModuleType, model: str) -> Classification:
     except Exception as exc:
         raise InvalidModel(getattr(exc, "message", None) or str(exc)) from exc
     native_claude = provider in ("azure_ai", "vertex_ai") and "claude" in resolved
-    base = (os.environ.get("OPENAI_BASE_URL") or os.environ.get("OPENAI_API_BASE") or "").rstrip(
-        "/"
-    ) or _OFFICIAL_OPENAI_BASE
     wire = not native_claude and (
         provider == "openrouter"
         or provider in litellm.constants.openai_compatible_providers
-        or (provider == "openai" and base != _OFFICIAL_OPENAI_BASE)
+        or (provider == "openai" and openai_base() != OFFICIAL_OPENAI_BASE)
     )
     return Classification(provider, resolved, wire, native_claude)
 
@@ -95,7 +90,7 @@ def _dump(obj: Any) -> Any:
 
 
 def to_upstream_error(exc: BaseException) -> UpstreamError | BridgeRequestError:
-    """Map a LiteLLM (or SDK) exception onto the bridge's errors (bridge.md §12)."""
+    """Map a LiteLLM (or SDK) exception onto the bridge's errors (docs/spec/bridge.md §12)."""
     if isinstance(exc, UpstreamError | BridgeRequestError):
         return exc
     status = getattr(exc, "status_code", None)
@@ -138,23 +133,21 @@ class LiteLLMUpstream:
         redactor scrubs anyway."""
         return []
 
-    async def classify(self) -> Classification:
-        """LiteLLM's view of the model (cached). Raises :class:`InvalidModel`."""
+    async def _classification(self) -> Classification:
+        # Cached. A model string LiteLLM cannot parse is a 400 whose cause is the InvalidModel
+        # (preflight reports it in its own words).
         if self._how is None:
-            self._how = await self._worker.call(lambda litellm: _classify(litellm, self.model))
+            try:
+                self._how = await self._worker.call(lambda litellm: _classify(litellm, self.model))
+            except InvalidModel as exc:
+                raise UpstreamError(400, str(exc), kind="BadRequestError") from exc
         return self._how
-
-    async def _how_or_400(self) -> Classification:
-        try:
-            return await self.classify()
-        except InvalidModel as exc:
-            raise UpstreamError(400, str(exc), kind="BadRequestError") from exc
 
     async def complete(
         self, prepared: PreparedRequest, record: Callable[[Any], None]
     ) -> dict[str, Any]:
         """One non-streaming call. ``record`` runs on the loop thread as soon as it returns."""
-        kw = _kwargs(self.model, await self._how_or_400(), prepared, stream=False)
+        kw = _kwargs(self.model, await self._classification(), prepared, stream=False)
 
         async def call(litellm: ModuleType) -> Any:
             response = _dump(await litellm.acompletion(**kw))
@@ -169,14 +162,14 @@ class LiteLLMUpstream:
             raise UpstreamError(502, "LiteLLM returned something that is not a completion")
         return data
 
-    async def stream(self, prepared: PreparedRequest) -> AsyncIterator[dict[str, Any]]:
+    async def stream(self, prepared: PreparedRequest) -> AsyncGenerator[dict[str, Any], None]:
         """Relay LiteLLM's stream chunks as plain dicts."""
-        kw = _kwargs(self.model, await self._how_or_400(), prepared, stream=True)
+        kw = _kwargs(self.model, await self._classification(), prepared, stream=True)
 
-        async def open_stream(litellm: ModuleType) -> AsyncIterator[Any]:
+        async def open_stream(litellm: ModuleType) -> AsyncGenerator[Any, None]:
             response = await litellm.acompletion(**kw)
 
-            async def items() -> AsyncIterator[Any]:
+            async def items() -> AsyncGenerator[Any, None]:
                 async for chunk in response:
                     yield _dump(chunk)
 

@@ -17,7 +17,8 @@ from bridge.errors import UpstreamError
 #: The built-in offline model (see :mod:`bridge.upstreams.echo`).
 OFFLINE_MODEL = "rollbridge/echo"
 
-_OFFICIAL_OPENAI_BASE = "https://api.openai.com/v1"
+OFFICIAL_OPENAI_BASE = "https://api.openai.com/v1"
+"""OpenAI's own API; any other ``openai/…`` base is an OpenAI-compatible server."""
 _OPENROUTER_BASE = "https://openrouter.ai/api/v1"
 
 PathKind = Literal["echo", "direct", "litellm"]
@@ -42,6 +43,11 @@ def _env(*names: str) -> str | None:
     return None
 
 
+def openai_base() -> str:
+    """The base URL ``openai/…`` models are sent to, without a trailing slash."""
+    return (_env("OPENAI_BASE_URL", "OPENAI_API_BASE") or "").rstrip("/") or OFFICIAL_OPENAI_BASE
+
+
 @dataclass(frozen=True)
 class DirectRoute:
     """Where and how to send one direct call, resolved from the environment at call time."""
@@ -63,7 +69,7 @@ def resolve_direct(model: str) -> DirectRoute:
     headers = {"Content-Type": "application/json", "Accept": "application/json"}
     extra: dict[str, Any] = {}
     if provider == "openai":
-        base = _env("OPENAI_BASE_URL", "OPENAI_API_BASE") or _OFFICIAL_OPENAI_BASE
+        base = openai_base()
         key = _env("OPENAI_API_KEY")
         if not key:
             raise _missing("OPENAI_API_KEY", model)

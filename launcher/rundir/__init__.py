@@ -2,7 +2,7 @@
 
 ``directory`` holds :class:`RunDirectory` (open, gate, record, finalize); the journal, manifest,
 projections, metrics, run names, ``logs.txt`` and the durable-write helpers each have a module
-of their own beside it. See ``docs/run-directory.md`` for the files and their contracts.
+of their own beside it. See ``docs/spec/supervisor.md`` §3 for the files and their contracts.
 """
 
 from launcher.rundir.directory import (
@@ -11,7 +11,6 @@ from launcher.rundir.directory import (
     RunDirectory,
     RunLock,
     RunMeta,
-    WorkItem,
     compute_pending,
     lock_path,
 )
@@ -22,7 +21,6 @@ __all__ = [
     "RunDirectory",
     "RunLock",
     "RunMeta",
-    "WorkItem",
     "compute_pending",
     "lock_path",
 ]

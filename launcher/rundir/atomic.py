@@ -1,4 +1,4 @@
-"""Durable file writes (runner.md §3.1): temp file + fsync + rename + directory fsync.
+"""Durable file writes (docs/spec/supervisor.md §3.1): temp file + fsync + rename + directory fsync.
 
 Every file written here gets mode 0600 (``mkstemp``); directories created here get 0700.
 ``durable=False`` keeps the atomic rename but skips both fsyncs: used for projection copies

@@ -1,4 +1,4 @@
-"""The run directory (runner.md §3, §4; seed): lock, manifest gate, journal, projections.
+"""The run directory (docs/spec/supervisor.md §3, §4): lock, manifest gate, journal, projections.
 
 Typical use by the supervisor::
 
@@ -14,12 +14,14 @@ Typical use by the supervisor::
 The journal is the only authority: ``index.jsonl``/``summary.jsonl`` get one appended line per
 finished item (O(1)), ``metrics.json`` is refreshed at most every ``metrics_interval_s``, and
 every projection is rebuilt from the journal in one pass at open and at finalize.
+
+Why one module of this size: :class:`RunDirectory` is the single writer of the run directory;
+open, record and finalize share its in-memory projection state (latest records, counters, the
+index already written), which is what keeps per-item work O(1).
 """
 
 from __future__ import annotations
 
-import errno
-import fcntl
 import math
 import os
 import time
@@ -27,17 +29,16 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
-from types import TracebackType
 from typing import Any
 
 import msgspec
 import trio
 
-from launcher.dataset import SelectedRow, dataset_rows_jsonl
-from launcher.errors import ConflictError
+from launcher.dataset import SelectedRow, WorkItem, dataset_rows_jsonl
 from launcher.redact import Redactor
-from launcher.rundir.atomic import atomic_write_bytes, atomic_write_json, ensure_dir
+from launcher.rundir.atomic import atomic_write_bytes, atomic_write_json
 from launcher.rundir.journal import Journal, TerminalRecord, WorkKey
+from launcher.rundir.lock import RunLock, lock_path
 from launcher.rundir.logs import RunLog, utc_now_iso
 from launcher.rundir.manifest import GateOutcome, Manifest, manifest_gate
 from launcher.rundir.metrics import LiveCounters, aggregate_metrics
@@ -50,22 +51,12 @@ __all__ = [
     "RunDirectory",
     "RunLock",
     "RunMeta",
-    "WorkItem",
     "compute_pending",
     "lock_path",
 ]
 
 TRAJECTORY_GRACE_S = 30.0
 TRAJECTORY_POLL_S = 0.2
-
-
-@dataclass(frozen=True)
-class WorkItem:
-    """One unit of work: run ``run_index`` of selected row ``row_index``."""
-
-    row_index: int
-    run_index: int
-    source_row_index: int
 
 
 @dataclass(frozen=True)
@@ -117,68 +108,8 @@ class FinalizeResult:
     @property
     def summary(self) -> dict[str, Any]:
         """``metrics.json.summary``."""
-        return self.metrics["summary"]
-
-
-def lock_path(output_root: Path, name: str) -> Path:
-    """``<output_root>/.locks/<name>.lock`` (outside the run directory, §3.10)."""
-    return Path(output_root) / ".locks" / f"{name}.lock"
-
-
-class RunLock:
-    """The exclusive, non-blocking ``flock`` of a named run. Never deleted; released on close."""
-
-    def __init__(self, path: Path, fd: int) -> None:
-        self.path = path
-        self._fd = fd
-
-    @classmethod
-    def try_acquire(cls, output_root: Path, name: str) -> RunLock | None:
-        """Take the lock, or return None when another holder has it."""
-        path = lock_path(output_root, name)
-        ensure_dir(path.parent)
-        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except OSError as exc:
-            os.close(fd)
-            if exc.errno in (errno.EAGAIN, errno.EACCES, errno.EWOULDBLOCK):
-                return None
-            raise
-        return cls(path, fd)
-
-    @classmethod
-    def acquire(
-        cls, output_root: Path, name: str, *, command: str = "rollbridge eval run"
-    ) -> RunLock:
-        """Take the lock or raise ConflictError naming the lock file."""
-        lock = cls.try_acquire(output_root, name)
-        if lock is None:
-            raise ConflictError(
-                f"another `{command}` already holds {lock_path(output_root, name)}. "
-                "Wait for it to finish, or use a different --name."
-            )
-        return lock
-
-    def release(self) -> None:
-        """Unlock and close (idempotent)."""
-        if self._fd >= 0:
-            try:
-                fcntl.flock(self._fd, fcntl.LOCK_UN)
-            finally:
-                os.close(self._fd)
-                self._fd = -1
-
-    def __enter__(self) -> RunLock:
-        return self
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self.release()
+        summary: dict[str, Any] = self.metrics["summary"]
+        return summary
 
 
 def compute_pending(
@@ -194,7 +125,7 @@ def compute_pending(
         for run_index in range(n):
             record = latest.get((row.row_index, run_index))
             if record is None or (retry_failed and record.status in ("failed", "skipped")):
-                pending.append(WorkItem(row.row_index, run_index, row.source_row_index))
+                pending.append(WorkItem(row, run_index))
     return pending
 
 

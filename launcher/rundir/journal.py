@@ -1,4 +1,4 @@
-"""The terminal-result journal ``events.jsonl`` (runner.md §3.3): the resume authority.
+"""The terminal-result journal ``events.jsonl`` (docs/spec/supervisor.md §3.3): the resume authority.
 
 One canonical JSON line per terminal attempt. A result counts only once its line is written
 in full and fsync'd; the last line for a ``(row_index, run_index)`` wins. Replay discards a
@@ -20,6 +20,7 @@ import trio
 
 from launcher.errors import JournalCorruptError, LocalEvalError
 from launcher.rundir.atomic import canonical_json, fsync_dir
+from rollout_server.protocol import is_single_path_segment
 
 __all__ = [
     "STATUSES",
@@ -87,15 +88,11 @@ class TerminalRecord(msgspec.Struct, kw_only=True):
         return (canonical_json(self.to_dict()) + "\n").encode("utf-8", "backslashreplace")
 
 
-def _is_single_segment(value: str) -> bool:
-    return bool(value) and value not in (".", "..") and not any(c in value for c in "/\\\x00")
-
-
 def validate_record(record: TerminalRecord) -> None:
     """Raise ValueError when ``record`` could not be replayed (used before appending)."""
     if record.status not in STATUSES:
         raise ValueError(f"status must be one of {list(STATUSES)}")
-    if not _is_single_segment(record.rollout_id):
+    if not is_single_path_segment(record.rollout_id):
         raise ValueError("rollout_id must be a single path segment")
 
 
@@ -116,7 +113,7 @@ def _field_problem(obj: dict[str, Any]) -> str | None:
         value = obj.get(name)
         if value is not None and (isinstance(value, bool) or not isinstance(value, int | float)):
             return f"{name} must be a number"
-    if not _is_single_segment(obj["rollout_id"]):
+    if not is_single_path_segment(obj["rollout_id"]):
         return "rollout_id must be a single path segment (no '/', '\\\\', '.' or '..')"
     if obj["status"] not in STATUSES:
         return f"status must be one of {list(STATUSES)}"
@@ -178,7 +175,7 @@ def replay_journal(path: Path) -> JournalReplay:
         decoded = _DECODER.decode_lines(committed)
         # decode_lines skips blank lines, so a count mismatch means a blank line (corruption).
         if len(decoded) == committed.count(b"\n") and all(
-            r.status in STATUSES and _is_single_segment(r.rollout_id) for r in decoded
+            r.status in STATUSES and is_single_path_segment(r.rollout_id) for r in decoded
         ):
             records = decoded
     except (msgspec.DecodeError, msgspec.ValidationError):

@@ -1,4 +1,4 @@
-"""``logs.txt`` (runner.md §3.8): one redacted line per event, appended across invocations.
+"""``logs.txt`` (docs/spec/supervisor.md §3.8): one redacted line per event, appended across invocations.
 
 Line format: ``<UTC ISO µs Z> <LEVEL> [<step>] <message>[ <canonical JSON details>]``.
 Every line passes through the :class:`~launcher.redact.Redactor` before it is written or
@@ -21,10 +21,16 @@ from launcher.redact import Redactor
 __all__ = ["RunLog", "utc_now_iso"]
 
 
-def utc_now_iso(now: datetime | None = None) -> str:
-    """UTC ISO-8601 with microseconds and a ``Z`` suffix: ``2026-08-20T12:34:56.123456Z``."""
+def utc_now_iso(now: datetime | None = None, *, timespec: str = "microseconds") -> str:
+    """UTC ISO-8601 with a ``Z`` suffix: ``2026-08-20T12:34:56.123456Z``.
+
+    The one timestamp formatter of the run directory. ``timespec`` is
+    :meth:`datetime.isoformat`'s: the default always writes six fractional digits (``logs.txt``,
+    the manifest, ``metrics.json``, ``server.json``); ``"auto"`` drops them when the microsecond
+    is 0, which is how ``tunnel.json`` has always been written.
+    """
     moment = (now or datetime.now(UTC)).astimezone(UTC)
-    return moment.strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+    return moment.isoformat(timespec=timespec).replace("+00:00", "Z")
 
 
 def _details_json(details: dict[str, Any]) -> str:

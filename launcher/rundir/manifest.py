@@ -1,4 +1,4 @@
-"""``manifest.json`` (runner.md §3.2, §4.2-§4.5): the resolved-input lock and provenance,
+"""``manifest.json`` (docs/spec/supervisor.md §3.2, §4.2-§4.5): the resolved-input lock and provenance,
 the manifest gate (create, open or archive) and the ``--fresh`` archive.
 """
 
@@ -19,6 +19,7 @@ from launcher.errors import ConflictError, LocalEvalError
 from launcher.rundir.atomic import atomic_write_json, ensure_dir, fsync_dir
 from launcher.rundir.logs import utc_now_iso
 from launcher.workspace import GitState, Workspace
+from rollout_server.protocol import PROTOCOL_VERSION
 
 __all__ = [
     "INPUT_GROUPS",
@@ -38,7 +39,7 @@ __all__ = [
 
 MANIFEST_NAME = "manifest.json"
 STATE_SCHEMA = 1
-ROLLOUT_PROTOCOL = "0.4"
+ROLLOUT_PROTOCOL = PROTOCOL_VERSION
 DATASET_NORMALIZATION = 1
 _MISSING = object()
 INPUT_GROUPS = (

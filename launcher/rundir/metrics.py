@@ -1,4 +1,4 @@
-"""Metrics (runner.md §6.2, §3.6): pure functions over index rows, plus O(1) live counters.
+"""Metrics (docs/spec/supervisor.md §6.2, §3.6): pure functions over index rows, plus O(1) live counters.
 
 Skipped rows are counted and otherwise excluded; failed rows are scored non-passing attempts
 unless they carry a reward meeting the threshold.
@@ -10,12 +10,12 @@ import math
 import statistics
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeGuard
 
 __all__ = ["LiveCounters", "aggregate_metrics", "pass_at_k", "pass_at_k_estimate", "reward_stats"]
 
 
-def _numeric(value: Any) -> bool:
+def _numeric(value: Any) -> TypeGuard[int | float]:
     return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
 
 

@@ -1,4 +1,4 @@
-"""Run names (runner.md §4.1): generated ``adjective-animal-number`` names and ``--name`` checks."""
+"""Run names (docs/spec/supervisor.md §4.1): generated ``adjective-animal-number`` names and ``--name`` checks."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Projections of the journal (runner.md §3.4, §3.7; seed): index/summary rows, trajectory
+"""Projections of the journal (docs/spec/supervisor.md §3.4, §3.7): index/summary rows, trajectory
 checks with token fallbacks, and the safe ``trajectories/`` and ``artifacts/`` copies.
 
 Everything here is derived from the journal plus ``rollout_trials/``, so it can be rebuilt at
@@ -65,10 +65,12 @@ def trajectory_identity(doc: dict[str, Any]) -> str | None:
     extra = doc.get("extra")
     if isinstance(extra, dict):
         osmosis = extra.get("osmosis")
-        if isinstance(osmosis, dict) and isinstance(osmosis.get("rollout_id"), str):
-            return osmosis["rollout_id"]
-    if isinstance(doc.get("session_id"), str):
-        return doc["session_id"]
+        rollout_id = osmosis.get("rollout_id") if isinstance(osmosis, dict) else None
+        if isinstance(rollout_id, str):
+            return rollout_id
+    session_id = doc.get("session_id")
+    if isinstance(session_id, str):
+        return session_id
     trajectory_id = doc.get("trajectory_id")
     if isinstance(trajectory_id, str) and "/" in trajectory_id:
         return trajectory_id.split("/", 1)[0]

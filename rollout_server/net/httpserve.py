@@ -15,40 +15,114 @@ connection that sleeps until the idle deadline and re-checks it, so a request co
 attribute writes. Idle connections still close ``keep_alive_timeout`` seconds after their
 last response, and at once when the server shuts down, as before.
 
-Only servers started with a :class:`CoalescingConfig` behave differently; every other
-hypercorn server in the process (it installs a subclass of hypercorn's TCP server for all
-of them) keeps hypercorn's own behaviour.
+Both rely on hypercorn internals, so nothing changes until :func:`install_write_coalescing`
+is called (the rollout server and the bridge call it when they start). It checks that the
+installed hypercorn is one this module was written against and still has the internals it
+uses; otherwise it logs a warning and leaves hypercorn alone, and a :class:`CoalescingConfig`
+then serves exactly like a plain ``Config``. Once installed, only servers started with a
+:class:`CoalescingConfig` behave differently; every other hypercorn server in the process
+(the patch replaces hypercorn's trio TCP server class for all of them) keeps hypercorn's own
+behaviour.
 """
 
 from __future__ import annotations
 
+import logging
 import math
+import re
 from collections.abc import Awaitable, Callable
-from typing import Any
+from importlib import metadata
+from typing import Any, Final
 
 import h11
 import hypercorn.trio.run as _hypercorn_run
 import trio
 from hypercorn.config import Config
 from hypercorn.events import Event, RawData
+from hypercorn.trio.task_group import TaskGroup as _TrioTaskGroup
 from hypercorn.trio.tcp_server import TCPServer
+from hypercorn.trio.worker_context import TrioSingleTask, WorkerContext
+from hypercorn.typing import AppWrapper, LifespanState, TaskGroup
+from hypercorn.typing import Event as WorkerEvent
 
-__all__ = ["CoalescingConfig"]
+__all__ = ["TESTED_HYPERCORN", "CoalescingConfig", "install_write_coalescing"]
+
+logger = logging.getLogger(__name__)
+
+TESTED_HYPERCORN: Final = ((0, 17), (0, 19))
+"""The hypercorn minor versions (from inclusive, to exclusive) whose internals this module fits."""
+
+# The name under which hypercorn's trio worker looks its TCP server class up per connection.
+_SERVER_CLASS: Final = "TCPServer"
+# Everything of hypercorn's that the subclasses below override or call.
+_INTERNALS: Final = (
+    (TCPServer, ("_read_data", "protocol_send", "_initiate_server_close")),
+    (TrioSingleTask, ("restart", "stop")),
+    (_TrioTaskGroup, ("spawn",)),
+)
 
 
 class CoalescingConfig(Config):
-    """A hypercorn :class:`~hypercorn.config.Config` whose HTTP/1.1 responses leave in one write."""
+    """A hypercorn :class:`~hypercorn.config.Config` whose HTTP/1.1 responses leave in one write.
+
+    It takes effect once :func:`install_write_coalescing` has succeeded; before (or when it
+    declines) it is a plain ``Config``.
+    """
 
 
-class _IdleTimer:
+def install_write_coalescing() -> bool:
+    """Make servers started with a :class:`CoalescingConfig` coalesce; ``True`` when they will.
+
+    Idempotent. When the installed hypercorn is outside :data:`TESTED_HYPERCORN` or lacks an
+    internal the patch needs, it logs a warning naming the problem, changes nothing and
+    returns ``False``: those servers then behave as plain hypercorn, which is correct, only
+    a little more expensive per request.
+    """
+    current = getattr(_hypercorn_run, _SERVER_CLASS, None)
+    if current is _CoalescingTCPServer:
+        return True
+    problem = _incompatibility(_installed_hypercorn(), current)
+    if problem is not None:
+        logger.warning("hypercorn write coalescing is off: %s", problem)
+        return False
+    setattr(_hypercorn_run, _SERVER_CLASS, _CoalescingTCPServer)
+    return True
+
+
+def _installed_hypercorn() -> str:
+    try:
+        return metadata.version("hypercorn")
+    except metadata.PackageNotFoundError:
+        return "(version unknown)"
+
+
+def _incompatibility(version: str, server_class: object) -> str | None:
+    """Why the patch must not be installed over hypercorn ``version``, or ``None``."""
+    found = re.match(r"(\d+)\.(\d+)", version)
+    low, high = TESTED_HYPERCORN
+    if found is None or not low <= (int(found[1]), int(found[2])) < high:
+        tested = f"{low[0]}.{low[1]} up to (not including) {high[0]}.{high[1]}"
+        return f"hypercorn {version} is installed, the patch fits {tested}"
+    if server_class is not TCPServer:
+        return f"hypercorn.trio.run.{_SERVER_CLASS} is not hypercorn's trio TCPServer"
+    for owner, names in _INTERNALS:
+        for name in names:
+            if not hasattr(owner, name):
+                return f"hypercorn {version} has no {owner.__name__}.{name}"
+    return None
+
+
+class _IdleTimer(TrioSingleTask):
     """Closes a keep-alive connection idle for ``timeout`` seconds, or idle at shutdown.
 
-    Stands in for hypercorn's ``TrioSingleTask`` (same ``restart``/``stop`` calls).
+    Stands in for hypercorn's ``TrioSingleTask`` (same ``restart``/``stop`` calls), with one
+    long-lived task instead of a new one per response.
     """
 
     def __init__(
-        self, terminated: Any, timeout: float, close: Callable[[], Awaitable[None]]
+        self, terminated: WorkerEvent, timeout: float, close: Callable[[], Awaitable[None]]
     ) -> None:
+        super().__init__()
         self._terminated = terminated
         self._timeout = timeout
         self._close = close
@@ -57,16 +131,18 @@ class _IdleTimer:
         self._resumed: trio.Event | None = None
         self._scope: trio.CancelScope | None = None
 
-    async def restart(self, task_group: Any, action: Any) -> None:
+    async def restart(self, task_group: TaskGroup, action: Callable[..., Any]) -> None:
+        """The connection went idle: (re)start the countdown. ``action`` is not needed."""
         self._idle = True
         self._deadline = trio.current_time() + self._timeout
         if self._scope is None:
             self._scope = trio.CancelScope()
-            task_group._nursery.start_soon(self._watch, self._scope)
+            task_group.spawn(self._watch, self._scope)
         elif self._resumed is not None:
             self._resumed.set()
 
     async def stop(self) -> None:
+        """A request arrived: the connection is busy, not idle."""
         self._idle = False
 
     def cancel(self) -> None:
@@ -94,8 +170,15 @@ class _IdleTimer:
 
 
 class _CoalescingTCPServer(TCPServer):
-    def __init__(self, app: Any, config: Config, *args: Any) -> None:
-        super().__init__(app, config, *args)
+    def __init__(
+        self,
+        app: AppWrapper,
+        config: Config,
+        context: WorkerContext,
+        state: LifespanState,
+        stream: trio.SSLStream[trio.SocketStream],
+    ) -> None:
+        super().__init__(app, config, context, state, stream)
         self._coalesce = isinstance(config, CoalescingConfig)
         self._in_body = False
         self._held: bytes | None = None
@@ -103,7 +186,7 @@ class _CoalescingTCPServer(TCPServer):
             self._idle_timer = _IdleTimer(
                 self.context.terminated, config.keep_alive_timeout, self._initiate_server_close
             )
-            self.idle_task = self._idle_timer  # type: ignore[assignment]
+            self.idle_task = self._idle_timer
 
     async def _read_data(self) -> None:
         try:
@@ -135,7 +218,3 @@ class _CoalescingTCPServer(TCPServer):
             held, self._held = self._held, None
             await super().protocol_send(RawData(data=held))
         await super().protocol_send(event)
-
-
-if _hypercorn_run.TCPServer is TCPServer:
-    _hypercorn_run.TCPServer = _CoalescingTCPServer  # type: ignore[misc]

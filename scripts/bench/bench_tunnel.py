@@ -72,7 +72,7 @@ async def main(calls: int, starts: int) -> None:
                 if step == "cloudflared" and ".trycloudflare.com" in message and not url_seen:
                     url_seen.append(time.perf_counter())
 
-            options = TunnelOptions(binary, bridge.port, root / "run", log=log)
+            options = TunnelOptions(binary, bridge.port, log=log)
 
             startup: list[float] = []
             baseline_start: list[float] = []

@@ -1,4 +1,4 @@
-"""The frozen blocked-name set covers what the installed LiteLLM would block (bridge.md §5.4)."""
+"""The frozen blocked-name set covers what the installed LiteLLM would block (docs/spec/bridge.md §5.4)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""The bridge over HTTP, against the fake upstream: routes, auth, bodies, policy (bridge.md §15)."""
+"""The bridge over HTTP, against the fake upstream: routes, auth, bodies, policy (docs/spec/bridge.md §15)."""
 
 from __future__ import annotations
 

@@ -39,7 +39,7 @@ async def test_usage_exact_under_concurrency(
 
 
 async def test_keepalive_posts_all_answered(start_bridge: StartBridge) -> None:
-    """hazards.md #1: 1000 keep-alive POSTs with bodies at 32 concurrent, every one answered."""
+    """docs/hazards.md #1: 1000 keep-alive POSTs with bodies at 32 concurrent, every one answered."""
     handle = await start_bridge(model="rollbridge/echo")
     answered = 0
     with trio.fail_after(120):

@@ -1,4 +1,4 @@
-"""The request policy as plain functions (bridge.md §2–§5)."""
+"""The request policy as plain functions (docs/spec/bridge.md §2–§5)."""
 
 from __future__ import annotations
 
@@ -45,8 +45,10 @@ def test_valid_rollout_ids(rid: str) -> None:
     assert valid_rollout_id(rid)
 
 
-@pytest.mark.parametrize("rid", ["", ".", "..", "a\\b", "a/b", "a\x00b"])
+@pytest.mark.parametrize("rid", ["", ".", "..", "a\\b", "a/b", "a\x00b", "c:x"])
 def test_invalid_rollout_ids(rid: str) -> None:
+    # "c:x" is one segment on posix but a drive-relative path on Windows: the protocol's floor
+    # rejects it for both.
     assert not valid_rollout_id(rid)
 
 

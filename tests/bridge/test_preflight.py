@@ -1,4 +1,4 @@
-"""Model preflight: which failures stop a run (runner.md §2.8, bridge.md §13)."""
+"""Model preflight: which failures stop a run (docs/spec/supervisor.md §2.8, docs/spec/bridge.md §13)."""
 
 from __future__ import annotations
 

@@ -7,7 +7,7 @@ import socket
 import pytest
 import trio
 
-from bridge import BridgeBindError, BridgeConfig, run_bridge
+from bridge import BridgeBindError, BridgeConfig, rollout_url, run_bridge
 from tests.bridge.conftest import TOKEN, StartBridge
 
 
@@ -38,8 +38,17 @@ async def test_handle(start_bridge: StartBridge) -> None:
         "https://x.trycloudflare.com/v1/rollouts/r"
     )
     assert not handle.keepalive
-    handle.set_keepalive(True)
+    handle.keepalive = True
     assert handle.keepalive
+    handle.keepalive = False
+    assert not handle.keepalive
+
+
+def test_rollout_url_is_one_encoded_segment_under_any_base() -> None:
+    assert rollout_url("http://127.0.0.1:9", "a b/c") == "http://127.0.0.1:9/v1/rollouts/a%20b%2Fc"
+    assert rollout_url("https://x.trycloudflare.com/", "r?#%") == (
+        "https://x.trycloudflare.com/v1/rollouts/r%3F%23%25"
+    )
 
 
 def test_import_is_cheap() -> None:

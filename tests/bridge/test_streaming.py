@@ -313,7 +313,7 @@ async def test_keepalive_slow_failure_is_200_with_error(
     release = trio.Event()
     scripted.reply(Reply(400, parts=[(release, b'{"error":{"message":"bad"}}')]))
     handle = await start_bridge(keepalive=False, keepalive_grace=0.01, keepalive_interval=0.01)
-    handle.set_keepalive(True)
+    handle.keepalive = True
     received = b""
     with trio.fail_after(20):
         async with (

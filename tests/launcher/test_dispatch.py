@@ -9,17 +9,17 @@ import pytest
 import trio
 import trio.testing
 
-from launcher.dataset import SelectedRow
+from launcher.dataset import SelectedRow, WorkItem
 from launcher.dispatch import (
-    AdmissionRefused,
     Dispatcher,
-    WorkItem,
+    ItemLimits,
+    RolloutRefused,
     classify,
     resolve_concurrency,
 )
+from launcher.report import format_duration_ms
 from launcher.rundir.journal import TerminalRecord
 from launcher.signals import Interrupts
-from launcher.supervisor import format_duration_ms
 from rollout_server.protocol import (
     RolloutErrorCategory,
     RolloutInitRequest,
@@ -83,6 +83,39 @@ class ScriptedTransport:
     async def cancel(self, rollout_id: str) -> None:
         self.cancelled.append(rollout_id)
 
+    async def explain(self, exc: BaseException) -> str | None:
+        return None
+
+
+class FixedEndpoint:
+    """A model endpoint at a fixed base URL that reports 7 tokens, context 5, per rollout."""
+
+    bearer = "tok"
+
+    def chat_url(self, rollout_id: str) -> str:
+        return f"http://127.0.0.1:9/v1/rollouts/{rollout_id}"
+
+    async def ready(self) -> None:
+        return None
+
+    def take_usage(self, rollout_id: str) -> tuple[int | None, int | None]:
+        return 7, 5
+
+    def forget(self, rollout_id: str) -> None:
+        return None
+
+
+class ListSink:
+    def __init__(self) -> None:
+        self.records: list[TerminalRecord] = []
+        self.halts: list[str] = []
+
+    async def record(self, record: TerminalRecord, *, has_sample: bool) -> None:
+        self.records.append(record)
+
+    def halted(self, reason: str) -> None:
+        self.halts.append(reason)
+
 
 def _success(request: RolloutInitRequest) -> RolloutResultResponse:
     return _result(
@@ -93,28 +126,20 @@ def _success(request: RolloutInitRequest) -> RolloutResultResponse:
 def _dispatcher(
     items: list[WorkItem], transport: ScriptedTransport, interrupts: Interrupts, **kw: Any
 ) -> tuple[Dispatcher, list[TerminalRecord], list[str]]:
-    records: list[TerminalRecord] = []
-    halts: list[str] = []
-
-    async def record(rec: TerminalRecord, has_sample: bool) -> None:
-        records.append(rec)
-
+    sink = ListSink()
     dispatcher = Dispatcher(
-        items=items,
+        items,
         concurrency=kw.pop("concurrency", 2),
         transport=transport,
-        chat_base=lambda: "http://127.0.0.1:9/",
-        bearer="tok",
-        agent_timeout_sec=5.0,
-        grader_timeout_sec=5.0,
-        item_deadline_s=kw.pop("deadline", 70.0),
-        record=record,
-        usage=lambda rid: (7, 5),
-        forget=lambda rid: None,
+        endpoint=FixedEndpoint(),
+        sink=sink,
+        limits=ItemLimits(
+            item_deadline_s=kw.pop("deadline", 70.0), agent_timeout_sec=5.0, grader_timeout_sec=5.0
+        ),
         interrupts=interrupts,
         log=lambda *a: None,
-        on_halt=halts.append,
     )
+    records, halts = sink.records, sink.halts
     return dispatcher, records, halts
 
 
@@ -178,7 +203,7 @@ async def test_runs_every_item_within_the_concurrency(
 async def test_admission_refusal_is_a_failed_record(autojump_clock: trio.testing.MockClock) -> None:
     def outcome(request: RolloutInitRequest) -> Any:
         if request.extra_fields == {"row_index": 1, "run_index": 0}:
-            return AdmissionRefused(409, "POST /rollout returned 409")
+            return RolloutRefused(409, "POST /rollout returned 409")
         return _success(request)
 
     dispatcher, records, _ = _dispatcher(

@@ -1,4 +1,4 @@
-"""The async client's retry rules and typed errors (protocol.md §11), via httpx transports."""
+"""The async client's retry rules and typed errors (docs/spec/protocol.md §11), via httpx transports."""
 
 from __future__ import annotations
 
@@ -43,8 +43,10 @@ RUNNING = {
 DONE = {**RUNNING, "status": "success", "sample": {"messages": [], "reward": 1.0}}
 
 
-def scripted(responses: list[Any], calls: list[httpx.Request]) -> RolloutClient:
-    """A client whose transport answers from ``responses`` (exceptions are raised)."""
+def scripted(responses: list[Any], calls: list[httpx.Request], **options: Any) -> RolloutClient:
+    """A client whose transport answers from ``responses`` (exceptions are raised).
+
+    ``options`` go to :class:`RolloutClient` (e.g. ``server_alive``)."""
 
     async def handler(req: httpx.Request) -> httpx.Response:
         calls.append(req)
@@ -55,7 +57,7 @@ def scripted(responses: list[Any], calls: list[httpx.Request]) -> RolloutClient:
         return httpx.Response(status, json=body, headers=headers[0] if headers else None)
 
     http = httpx.AsyncClient(transport=httpx.MockTransport(handler))
-    return RolloutClient("http://server/", http_client=http)
+    return RolloutClient("http://server/", http_client=http, **options)
 
 
 def admission(deadline: float = 120.0) -> Admission:
@@ -196,6 +198,144 @@ async def test_lease_deadline_renews_from_send_time(autojump_clock: Any) -> None
     await trio.sleep(3.0)
     await client.poll_once(a)
     assert a.lease_deadline == pytest.approx(trio.current_time() + 120.0)
+
+
+# -- the connect-phase retry (only with server_alive) ------------------------------------------
+
+REFUSED = httpx.ConnectError("refused")
+CONNECT_TIMEOUT = httpx.ConnectTimeout("no SYN-ACK")
+
+
+def alive() -> bool:
+    return True
+
+
+@pytest.mark.parametrize("failure", [REFUSED, CONNECT_TIMEOUT])
+async def test_admission_resends_after_connect_failures(
+    autojump_clock: Any, failure: Exception
+) -> None:
+    calls: list[httpx.Request] = []
+    client = scripted([failure, failure, failure, (202, ACCEPTED)], calls, server_alive=alive)
+    start = trio.current_time()
+    got = await client.admit(request("r"), admission_timeout_sec=60.0)
+    assert got.rollout_id == "r"
+    assert len(calls) == 4
+    assert trio.current_time() - start == pytest.approx(0.05 + 0.1 + 0.2)
+
+
+async def test_connect_backoff_doubles_to_two_seconds(autojump_clock: Any) -> None:
+    calls: list[httpx.Request] = []
+    client = scripted([REFUSED] * 8 + [(202, ACCEPTED)], calls, server_alive=alive)
+    start = trio.current_time()
+    await client.admit(request("r"))
+    assert len(calls) == 9
+    assert trio.current_time() - start == pytest.approx(
+        0.05 + 0.1 + 0.2 + 0.4 + 0.8 + 1.6 + 2.0 + 2.0
+    )
+
+
+async def test_connect_retry_and_429_share_the_admission_deadline(autojump_clock: Any) -> None:
+    calls: list[httpx.Request] = []
+    client = scripted(
+        [REFUSED, (429, {}, {"Retry-After": "0.3"}), REFUSED, (202, ACCEPTED)],
+        calls,
+        server_alive=alive,
+    )
+    start = trio.current_time()
+    await client.admit(request("r"), admission_timeout_sec=5.0)
+    assert len(calls) == 4
+    # The backoff is not reset by the 429 in between: 0.05, 0.3 (Retry-After), then 0.1.
+    assert trio.current_time() - start == pytest.approx(0.45)
+
+
+async def test_connect_retry_stops_before_the_admission_deadline(autojump_clock: Any) -> None:
+    calls: list[httpx.Request] = []
+    client = scripted([REFUSED] * 10, calls, server_alive=alive)
+    start = trio.current_time()
+    with pytest.raises(RolloutServerUnreachable) as info:
+        await client.admit(request("r"), admission_timeout_sec=1.0)
+    # 0.05 + 0.1 + 0.2 + 0.4 = 0.75 s; the next 0.8 s would pass the deadline, so the
+    # failure is raised as it is (no admission timeout: nothing was in flight).
+    assert trio.current_time() - start == pytest.approx(0.75)
+    assert len(calls) == 5
+    assert isinstance(info.value.__cause__, httpx.ConnectError)
+
+
+@pytest.mark.parametrize(
+    ("failure", "options"),
+    [
+        (REFUSED, {}),  # no server_alive: the rule is off
+        (REFUSED, {"server_alive": lambda: False}),  # the server process is gone
+        (httpx.ReadError("reset"), {"server_alive": alive}),  # the request may have arrived
+        (httpx.RemoteProtocolError("eof"), {"server_alive": alive}),
+    ],
+)
+async def test_admission_does_not_resend_otherwise(
+    autojump_clock: Any, failure: Exception, options: dict[str, Any]
+) -> None:
+    calls: list[httpx.Request] = []
+    client = scripted([failure, (202, ACCEPTED)], calls, **options)
+    with pytest.raises(RolloutServerUnreachable):
+        await client.admit(request("r"))
+    assert len(calls) == 1
+
+
+async def test_result_wait_resends_after_connect_failures(autojump_clock: Any) -> None:
+    calls: list[httpx.Request] = []
+    seen: list[str] = []
+    client = scripted(
+        [CONNECT_TIMEOUT, CONNECT_TIMEOUT, (200, RUNNING), CONNECT_TIMEOUT, (200, DONE)],
+        calls,
+        server_alive=alive,
+    )
+    start = trio.current_time()
+    result = await client.wait_for_result(admission(), on_status=lambda r: seen.append(r.status))
+    assert result.status == RolloutStatus.SUCCESS
+    assert len(calls) == 5
+    # One backoff for the whole wait: 0.05, 0.1, then 0.2 after the answered poll.
+    assert trio.current_time() - start == pytest.approx(0.35)
+    assert seen == ["running", "success"]
+
+
+async def test_result_wait_retries_over_the_poll_retries(autojump_clock: Any) -> None:
+    # poll_once retries a refused connection twice (0.1 s, 0.5 s) itself; then the
+    # connect-phase rule sends the poll again after 0.05 s.
+    calls: list[httpx.Request] = []
+    client = scripted([REFUSED, REFUSED, REFUSED, (200, DONE)], calls, server_alive=alive)
+    start = trio.current_time()
+    assert (await client.wait_for_result(admission())).status == RolloutStatus.SUCCESS
+    assert len(calls) == 4
+    assert trio.current_time() - start == pytest.approx(0.1 + 0.5 + 0.05)
+
+
+async def test_result_wait_keeps_a_second_of_lease(autojump_clock: Any) -> None:
+    calls: list[httpx.Request] = []
+    client = scripted([CONNECT_TIMEOUT] * 10, calls, server_alive=alive)
+    start = trio.current_time()
+    with pytest.raises(RolloutServerUnreachable):
+        await client.wait_for_result(admission(deadline=1.5))
+    # Resent at 0.05, 0.15 and 0.35 s; at 0.35 s, 0.35 + 0.4 + 1 s reaches the deadline.
+    assert len(calls) == 4
+    assert trio.current_time() - start == pytest.approx(0.35)
+
+
+@pytest.mark.parametrize(
+    ("failure", "options"),
+    [
+        (CONNECT_TIMEOUT, {}),
+        (CONNECT_TIMEOUT, {"server_alive": lambda: False}),
+        (httpx.ReadTimeout("slow"), {"server_alive": alive}),
+    ],
+)
+async def test_result_wait_does_not_resend_otherwise(
+    autojump_clock: Any, failure: Exception, options: dict[str, Any]
+) -> None:
+    calls: list[httpx.Request] = []
+    # A read timeout is retried twice by poll_once itself, and no more.
+    client = scripted([failure] * 3 + [(200, DONE)], calls, **options)
+    with pytest.raises(RolloutServerUnreachable):
+        await client.wait_for_result(admission())
+    assert len(calls) == (3 if isinstance(failure, httpx.ReadTimeout) else 1)
 
 
 async def test_unreachable_server_is_typed(tmp_path: Path) -> None:

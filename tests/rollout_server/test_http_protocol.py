@@ -1,4 +1,4 @@
-"""protocol.md §2–§3 and §19 against a real server: status codes, bodies, headers."""
+"""docs/spec/protocol.md §2–§3 and §19 against a real server: status codes, bodies, headers."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ import trio
 
 from rollout_server import ExecutionBackend, ExecutionOutcome, ExecutionRequest, LocalBackend
 from rollout_server.client import Admission
-from rollout_server.protocol import LEASE_HEADER, RolloutStatus
+from rollout_server.protocol import LEASE_HEADER, ChatEndpoint, RolloutStatus
 
 from .conftest import Served
 from .helpers import GATES, ScriptedGrader, ScriptedWorkflow, gate, request, start, started
@@ -236,7 +236,11 @@ async def test_health_defaults_and_chat_endpoint(
         assert health.body["instance_id"] == health.body["process_id"]
         assert health.capacity == 4
         assert health.requires_public_url is True
-        assert health.chat_endpoint == {"environment": "docker", "requires_public_url": True}
+        assert health.chat_endpoint == ChatEndpoint(environment="docker", requires_public_url=True)
+        assert health.body["chat_endpoint"] == {
+            "environment": "docker",
+            "requires_public_url": True,
+        }
         await client.aclose()
         running.force_stop()
 

@@ -1,13 +1,30 @@
-"""rollout_server stays light: the wire types import alone, and nothing pulls in the CLI stack."""
+"""rollout_server stays light: the wire types import alone, nothing pulls in the CLI stack, and
+installing the project without extras gives a rollout environment only the light base."""
 
 from __future__ import annotations
 
+import os
 import re
+import shutil
+import signal
+import socket
 import subprocess
 import sys
+import textwrap
+import tomllib
 from pathlib import Path
 
+import httpx
+import pytest
+import trio
+
+from rollout_server.protocol import ENV_ARTIFACT_ROOT, ENV_PORT
+
 REPO = Path(__file__).resolve().parents[2]
+
+BASE_DEPENDENCIES = {"trio", "hypercorn", "httpx", "msgspec"}
+# Never in a rollout environment: the CLI stack and a web framework.
+NOT_INSTALLED = ("quart", "flask", "werkzeug", "litellm", "rich", "click")
 
 CHECK = """
 import sys
@@ -39,3 +56,97 @@ def test_sources_import_only_the_base_dependencies() -> None:
         for match in pattern.finditer(path.read_text())
     ]
     assert offenders == []
+
+
+def test_declared_base_dependencies_are_the_light_set() -> None:
+    project = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]
+    names = {re.split(r"[\s<>=!~\[;]", spec, maxsplit=1)[0] for spec in project["dependencies"]}
+    assert names == BASE_DEPENDENCIES
+
+
+ROLLOUT = textwrap.dedent(
+    """
+    from rollout_server import AgentWorkflow, AgentWorkflowOutput, Grader, LocalBackend, serve
+
+
+    class Workflow(AgentWorkflow):
+        async def run(self, ctx):
+            return AgentWorkflowOutput(messages=list(ctx.prompt))
+
+
+    class Judge(Grader):
+        async def grade(self, ctx):
+            ctx.set_reward(1.0)
+
+
+    if __name__ == "__main__":
+        serve(LocalBackend(workflow=Workflow, grader=Judge))
+    """
+)
+
+
+def _uv() -> str:
+    beside = Path(sys.executable).with_name("uv")
+    found = str(beside) if beside.exists() else shutil.which("uv")
+    if found is None:
+        pytest.skip("no uv binary next to the test interpreter or on PATH")
+    return found
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port: int = sock.getsockname()[1]
+        return port
+
+
+async def _wait_healthy(url: str, process: trio.Process) -> httpx.Response:
+    async with httpx.AsyncClient(timeout=2.0) as client:
+        while True:
+            assert process.poll() is None, "the rollout server exited before answering /health"
+            try:
+                return await client.get(url)
+            except httpx.TransportError:
+                await trio.sleep(0.1)
+
+
+@pytest.mark.slow
+async def test_install_without_extras_serves_a_rollout(tmp_path: Path) -> None:
+    uv = _uv()
+    venv = tmp_path / "venv"
+    python = venv / "bin" / "python"
+    with trio.fail_after(300):
+        # The default uv cache keeps reruns fast; only the project itself is rebuilt.
+        await trio.run_process([uv, "venv", "-q", "--python", sys.executable, str(venv)])
+        await trio.run_process([uv, "pip", "install", "-q", "--python", str(python), str(REPO)])
+    check = (
+        "import importlib.util as u, rollout_server; "
+        f"print(rollout_server.__file__); print([m for m in {NOT_INSTALLED!r} if u.find_spec(m)])"
+    )
+    found = await trio.run_process([str(python), "-c", check], capture_stdout=True, cwd=tmp_path)
+    location, installed = found.stdout.decode().split()
+    assert Path(location).is_relative_to(venv), "rollout_server came from outside the venv"
+    assert installed == "[]"
+
+    main = tmp_path / "rollout" / "main.py"
+    main.parent.mkdir()
+    main.write_text(ROLLOUT)
+    port = _free_port()
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    env[ENV_PORT] = str(port)
+    env[ENV_ARTIFACT_ROOT] = str(tmp_path / "artifacts")
+    log = tmp_path / "server.log"
+    with log.open("wb") as stderr:
+        process = await trio.lowlevel.open_process(
+            [str(python), str(main)], cwd=main.parent, env=env, stderr=stderr
+        )
+    try:
+        with trio.fail_after(60):
+            response = await _wait_healthy(f"http://127.0.0.1:{port}/health", process)
+            assert response.status_code == 200, log.read_text()
+            process.send_signal(signal.SIGTERM)
+            assert await process.wait() == 0, log.read_text()
+    finally:
+        if process.poll() is None:
+            process.kill()
+            await process.wait()

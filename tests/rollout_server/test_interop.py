@@ -1,4 +1,4 @@
-"""osmosis-ai 0.3.8's own RolloutClient drives our server (protocol.md §11, §19).
+"""osmosis-ai 0.3.8's own RolloutClient drives our server (docs/spec/protocol.md §11, §19).
 
 The reference client runs in a Python 3.12 virtual environment (built once, cached; see
 interop_env.py) as a subprocess; our server runs in this test's trio loop on a real port.

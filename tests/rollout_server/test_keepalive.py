@@ -1,4 +1,4 @@
-"""hazards.md #1: 1000 keep-alive POSTs with bodies at 32 concurrent, every one answered."""
+"""docs/hazards.md #1: 1000 keep-alive POSTs with bodies at 32 concurrent, every one answered."""
 
 from __future__ import annotations
 

@@ -11,33 +11,40 @@ from functools import partial
 from pathlib import Path
 
 import httpx
+import pytest
 import trio
 from hypercorn.config import Config
 from hypercorn.trio import serve as hypercorn_serve
 
-from rollout_server import LocalBackend, create_app
-from rollout_server.client import RolloutClient, ServerShuttingDown
-from rollout_server.protocol import LEASE_HEADER, RolloutStatus
+from rollout_server import LocalBackend, RunningServer, create_app
+from rollout_server.client import Admission, RolloutClient, ServerShuttingDown
+from rollout_server.protocol import LEASE_HEADER, RolloutResultResponse, RolloutStatus
 
 from .helpers import CANCELLED, ScriptedGrader, ScriptedWorkflow, gate, request, start, started
 
 REPO = Path(__file__).resolve().parents[2]
 
 
-async def test_unpolled_rollout_expires_and_is_cancelled(
-    nursery: trio.Nursery, tmp_path: Path
-) -> None:
+async def parked(running: RunningServer, count: int) -> None:
+    """Return once ``count`` long-polls are held on the server (observably, not by a sleep)."""
+    while running.service.waiting_polls != count:
+        await trio.sleep(0.005)
+
+
+async def test_lease_expiry_over_http(nursery: trio.Nursery, tmp_path: Path) -> None:
+    """The wire form of a lease failure. The timing rule itself (expiry without polls, the
+    execution cancelled) is proven in virtual time in test_service.py."""
     with trio.fail_after(20):
         running, client = await start(
             nursery, tmp_path, result_wait_timeout_sec=0.1, polling_lease_timeout_sec=0.3
         )
         admission = await client.admit(request("lx", label="L", metadata={"gate": "lx-never"}))
-        await started("lx").wait()
-        while "lx" not in CANCELLED:
+        while running.service.status_of("lx") != RolloutStatus.FAILURE:
             await trio.sleep(0.05)
         result = await client.poll_once(admission)
-        assert (result.status, result.err_message, result.err_category) == (
+        assert (result.status, result.sample, result.err_message, result.err_category) == (
             RolloutStatus.FAILURE,
+            None,
             "polling lease expired",
             "lease_expired",
         )
@@ -47,7 +54,6 @@ async def test_unpolled_rollout_expires_and_is_cancelled(
 
 async def test_graceful_shutdown_drains_and_refuses(nursery: trio.Nursery, tmp_path: Path) -> None:
     with trio.fail_after(30):
-        done = trio.Event()
         running, client = await start(
             nursery,
             tmp_path,
@@ -56,40 +62,40 @@ async def test_graceful_shutdown_drains_and_refuses(nursery: trio.Nursery, tmp_p
             drain_timeout_sec=0.5,
             cancel_timeout_sec=5.0,
         )
-
-        async def serve_until_done() -> None:
-            await done.wait()
-
         finishing = await client.admit(request("sd1", label="L", metadata={"gate": "sd1"}))
         stuck = await client.admit(request("sd2", label="L", metadata={"gate": "sd2-never"}))
         await started("sd1").wait()
         await started("sd2").wait()
-        results: dict[str, object] = {}
+        results: dict[str, RolloutResultResponse] = {}
 
-        async def wait(name: str, admission: object) -> None:
-            results[name] = await client.wait_for_result(admission)  # type: ignore[arg-type]
+        async def wait(name: str, admission: Admission) -> None:
+            results[name] = await client.wait_for_result(admission)
 
         async with trio.open_nursery() as waiters:
             waiters.start_soon(wait, "sd1", finishing)
             waiters.start_soon(wait, "sd2", stuck)
-            await trio.sleep(0.05)
+            # Both long-polls are held (30 s hold) before the shutdown starts.
+            await parked(running, 2)
             running.request_shutdown()
             while running.service.accepting:
                 await trio.sleep(0.01)
-            try:
+            with pytest.raises(ServerShuttingDown) as refused:
                 await client.admit(request("late"))
-            except ServerShuttingDown as exc:
-                assert exc.status_code == 503
-            else:
-                raise AssertionError("admission during shutdown must be refused")
+            assert refused.value.status_code == 503
             health = await client.health()
             assert health.accepting_rollouts is False
+            # The held polls are still open while the server drains.
+            assert running.service.waiting_polls == 2
             gate("sd1").set()
-        # sd1 drained to success; sd2 was cancelled after the drain window; the long-polls
-        # were answered although their hold is 30 s.
-        assert results["sd1"].status == RolloutStatus.SUCCESS  # type: ignore[attr-defined]
-        assert results["sd2"].status == RolloutStatus.CANCELLED  # type: ignore[attr-defined]
-        done.set()
+        # sd1 drained to success; sd2 was cancelled after the drain window; the held polls
+        # were answered well inside their 30 s hold.
+        assert results["sd1"].status == RolloutStatus.SUCCESS
+        assert results["sd1"].sample is not None and results["sd1"].sample.reward == 1.0
+        assert (results["sd2"].status, results["sd2"].err_message) == (
+            RolloutStatus.CANCELLED,
+            "cancelled",
+        )
+        assert "sd2" in CANCELLED and "sd1" not in CANCELLED
         await client.aclose()
 
 
@@ -100,19 +106,33 @@ async def test_open_long_poll_answers_on_force_stop(nursery: trio.Nursery, tmp_p
         )
         admission = await client.admit(request("fs", label="L", metadata={"gate": "fs-never"}))
         await started("fs").wait()
+        answers: list[httpx.Response] = []
+
+        async def poll() -> None:
+            async with httpx.AsyncClient(base_url=running.url, timeout=30) as http:
+                answers.append(
+                    await http.get("/rollout/fs/result", headers={LEASE_HEADER: admission.token})
+                )
+
         async with trio.open_nursery() as inner:
-
-            async def poll() -> None:
-                async with httpx.AsyncClient(base_url=running.url, timeout=30) as http:
-                    r = await http.get(
-                        "/rollout/fs/result", headers={LEASE_HEADER: admission.token}
-                    )
-                    assert r.status_code == 200
-                    assert r.json()["status"] in ("running", "cancelled")
-
             inner.start_soon(poll)
-            await trio.sleep(0.2)
+            await parked(running, 1)
             running.force_stop()
+            # Answered at once, not after the 60 s hold.
+            with trio.fail_after(5):
+                while not answers:
+                    await trio.sleep(0.01)
+        # The stop wakes the poll before the cancelled execution finishes, so the answer is
+        # the status the rollout had: still running.
+        (answer,) = answers
+        assert answer.status_code == 200
+        assert answer.json() == {
+            "rollout_id": "fs",
+            "status": "running",
+            "sample": None,
+            "err_message": None,
+            "err_category": None,
+        }
         await client.aclose()
 
 

@@ -5,6 +5,7 @@ No sockets and no threads here, so trio's clock can jump: a 900 s retention take
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import msgspec
@@ -18,6 +19,7 @@ from rollout_server import (
     ExecutionOutcome,
     ExecutionRequest,
     ExecutionResult,
+    LocalBackend,
     RolloutSample,
     RolloutService,
 )
@@ -27,6 +29,8 @@ from rollout_server.protocol import (
     RolloutStatus,
 )
 from rollout_server.service import AdmissionRefused, LeaseMismatch, UnknownRollout
+
+from .helpers import ScriptedGrader, ScriptedWorkflow
 
 
 class SleepyBackend(ExecutionBackend):
@@ -149,6 +153,45 @@ async def test_completion_after_lease_deadline_is_replaced(
     token = service.admit(req("a", sleep=10.0))["polling_lease_token"]
     await trio.sleep(11.0)
     assert decoded(await service.poll("a", token))["err_category"] == "lease_expired"
+
+
+async def test_queued_time_comes_out_of_the_agent_budget(
+    nursery: trio.Nursery, tmp_path: Path, autojump_clock: trio.testing.MockClock
+) -> None:
+    """LocalBackend: time spent waiting for a slot is charged to ``agent_timeout_sec``."""
+    backend = LocalBackend(ScriptedWorkflow, ScriptedGrader, max_concurrent=1)
+    service = await started(nursery, backend, artifact_root=tmp_path)
+    first = service.admit(
+        RolloutInitRequest(
+            initial_messages=[],
+            rollout_id="q1",
+            chat_completions_url="http://x",
+            label="L",
+            metadata={"sleep": 1.0},
+        )
+    )
+    await trio.testing.wait_all_tasks_blocked()  # q1 holds the one slot
+    second = service.admit(
+        RolloutInitRequest(
+            initial_messages=[],
+            rollout_id="q2",
+            chat_completions_url="http://x",
+            label="L",
+            metadata={"sleep": 0.01},
+            agent_timeout_sec=0.5,
+        )
+    )
+    await trio.testing.wait_all_tasks_blocked()
+    assert backend.health()["concurrency"] == {"max_concurrent": 1, "queued": 1, "running": 1}
+    assert (await final(service, "q1", first["polling_lease_token"]))["status"] == "success"
+    # q2 waited the whole 1.0 s of q1 for the slot: its 0.5 s budget was gone before it ran.
+    assert await final(service, "q2", second["polling_lease_token"]) == {
+        "rollout_id": "q2",
+        "status": "failure",
+        "sample": None,
+        "err_message": "workflow exceeded its 0.5s deadline (1.0s of it spent queued)",
+        "err_category": "timeout",
+    }
 
 
 async def test_retention_then_404_and_reuse(

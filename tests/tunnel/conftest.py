@@ -12,6 +12,7 @@ from typing import Any
 import psutil
 import pytest
 
+from launcher.process import TunnelOwner
 from tests.fakes.cloudflared_support import FakeTunnelTransport, install_fake_cloudflared
 from tunnel import TunnelOptions
 
@@ -81,13 +82,14 @@ def recorder() -> Recorder:
 def make_options(
     fake_cloudflared: FakeCloudflared, run_dir: Path, recorder: Recorder
 ) -> Callable[..., TunnelOptions]:
-    """TunnelOptions for the fake, with timings shortened so tests stay fast."""
+    """TunnelOptions for the fake, owned by the launcher's :class:`TunnelOwner` (so each process
+    is recorded in ``run_dir/tunnel.json``), with timings shortened so tests stay fast."""
 
     def make(port: int, **overrides: Any) -> TunnelOptions:
         options = TunnelOptions(
             binary=fake_cloudflared.binary,
             local_port=port,
-            run_dir=run_dir,
+            owner=TunnelOwner(run_dir),
             log=recorder.log,
             milestone=recorder.milestone,
             start_timeout=20.0,

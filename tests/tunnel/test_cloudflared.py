@@ -13,6 +13,7 @@ import httpx
 import pytest
 import trio
 
+from launcher.process import group_members, start_token
 from tests.fakes.cloudflared_support import fake_info
 from tests.fakes.upstream import FakeUpstream
 from tests.tunnel.conftest import FakeCloudflared, Recorder, alive, fake_processes
@@ -25,7 +26,6 @@ from tunnel import (
     TunnelStartError,
     run_cloudflared_tunnel,
 )
-from tunnel.record import group_members, read_start_token
 
 MakeOptions = Callable[..., TunnelOptions]
 CHAT = {"model": "m", "messages": [{"role": "user", "content": "through the tunnel"}]}
@@ -33,12 +33,6 @@ CHAT = {"model": "m", "messages": [{"role": "user", "content": "through the tunn
 
 def _port(upstream: FakeUpstream) -> int:
     return int(upstream.base_url.rsplit(":", 1)[1])
-
-
-def fake_info_pid(fake: FakeCloudflared) -> int:
-    (info,) = [json.loads(p.read_text()) for p in fake.state.glob("*.trycloudflare.com.json")]
-    pid: int = info["pid"]
-    return pid
 
 
 async def _chat(fake: FakeCloudflared, base_url: str) -> httpx.Response:
@@ -77,7 +71,7 @@ async def test_tunnel_forwards_real_traffic_and_cleans_up(
         assert record == {
             "pid": handle.pid,
             "pgid": handle.pid,
-            "start_token": read_start_token(handle.pid or 0),
+            "start_token": start_token(handle.pid or 0),
             "instance_id": "cloudflared",
             "port": _port(fake_upstream),
             "created_at": record["created_at"],
@@ -144,82 +138,77 @@ async def test_readiness_through_the_public_probe_without_registration(
         await handle.wait_closed()
 
 
-async def test_readiness_timeout_reports_the_last_probe_failure(
+QUICK_TUNNEL_DOCS = (
+    "https://developers.cloudflare.com/cloudflare-one/networks/connectors/cloudflare-tunnel/"
+    "do-more-with-tunnels/trycloudflare/"
+)
+
+
+@pytest.mark.parametrize(
+    ("knobs", "start_timeout", "error", "message"),
+    [
+        pytest.param(
+            {"REGISTER": "0", "EDGE_READY": "0"},
+            1.5,
+            TunnelStartError,
+            "cloudflared published a tunnel URL, but it neither registered a connection nor "
+            "passed this host's readiness check within 1.5s; last readiness failure: HTTP 502. "
+            "Retry, or run your own tunnel and pass --advertise-url. Quick-tunnel documentation: "
+            + QUICK_TUNNEL_DOCS,
+            id="readiness-timeout-reports-the-last-probe-failure",
+        ),
+        pytest.param(
+            {"URL_DELAY": "30"},
+            1.0,
+            TunnelStartError,
+            "cloudflared did not publish a trycloudflare.com URL within 1s; "
+            "see the run log for its output",
+            id="no-url-within-the-budget",
+        ),
+        pytest.param(
+            {"RATE_LIMIT": "1"}, 20.0, TunnelRateLimited, RATE_LIMIT_MESSAGE, id="rate-limit"
+        ),
+        pytest.param(
+            {"EXIT_BEFORE_URL": "3"},
+            20.0,
+            TunnelStartError,
+            "cloudflared exited with code 3 before publishing a tunnel URL",
+            id="exit-before-url-is-not-fooled-by-the-api-url",
+        ),
+        pytest.param(
+            {"EXIT_AFTER_URL": "4"},
+            20.0,
+            TunnelStartError,
+            "cloudflared exited with code 4 before the tunnel became reachable",
+            id="exit-after-url-before-reachable",
+        ),
+    ],
+)
+async def test_startup_failure_is_one_line_and_leaves_nothing_behind(
     nursery: trio.Nursery,
     fake_upstream: FakeUpstream,
     fake_cloudflared: FakeCloudflared,
     make_options: MakeOptions,
     run_dir: Path,
+    knobs: dict[str, str],
+    start_timeout: float,
+    error: type[TunnelStartError],
+    message: str,
 ) -> None:
-    fake_cloudflared.knobs(REGISTER="0", EDGE_READY="0")
-    options = make_options(_port(fake_upstream), start_timeout=1.5)
-    with trio.fail_after(30), pytest.raises(TunnelStartError) as info:
+    fake_cloudflared.knobs(**knobs)
+    options = make_options(_port(fake_upstream), start_timeout=start_timeout)
+    with trio.fail_after(30), pytest.raises(error) as info:
         await nursery.start(run_cloudflared_tunnel, options)
-    message = str(info.value)
-    assert message.startswith(
-        "cloudflared published a tunnel URL, but it neither registered a connection nor passed "
-        "this host's readiness check within 1.5s; last readiness failure: HTTP 502. Retry, or "
-        "run your own tunnel and pass --advertise-url."
-    )
+    assert str(info.value) == message
     assert "\n" not in message
     assert not (run_dir / "tunnel.json").exists()
-    assert not group_members(fake_info_pid(fake_cloudflared))
+    assert fake_processes(fake_cloudflared.binary) == []
 
 
-async def test_no_url_within_the_budget(
-    nursery: trio.Nursery,
-    fake_upstream: FakeUpstream,
-    fake_cloudflared: FakeCloudflared,
-    make_options: MakeOptions,
-) -> None:
-    fake_cloudflared.knobs(URL_DELAY="30")
-    options = make_options(_port(fake_upstream), start_timeout=1.0)
-    with trio.fail_after(30), pytest.raises(TunnelStartError) as info:
-        await nursery.start(run_cloudflared_tunnel, options)
-    assert str(info.value) == (
-        "cloudflared did not publish a trycloudflare.com URL within 1s; see the run log for its output"
-    )
-
-
-async def test_rate_limit_is_recognised(
-    nursery: trio.Nursery,
-    fake_upstream: FakeUpstream,
-    fake_cloudflared: FakeCloudflared,
-    make_options: MakeOptions,
-    run_dir: Path,
-) -> None:
-    fake_cloudflared.knobs(RATE_LIMIT="1")
-    with trio.fail_after(30), pytest.raises(TunnelRateLimited) as info:
-        await nursery.start(run_cloudflared_tunnel, make_options(_port(fake_upstream)))
-    assert str(info.value) == RATE_LIMIT_MESSAGE
-    assert str(info.value).startswith(
+def test_rate_limit_message_names_the_cause() -> None:
+    assert RATE_LIMIT_MESSAGE.startswith(
         "Cloudflare is rate-limiting quick-tunnel creation for this network (HTTP 429)."
     )
-    assert not (run_dir / "tunnel.json").exists()
-
-
-async def test_exit_before_url_is_not_fooled_by_the_api_url(
-    nursery: trio.Nursery,
-    fake_upstream: FakeUpstream,
-    fake_cloudflared: FakeCloudflared,
-    make_options: MakeOptions,
-) -> None:
-    fake_cloudflared.knobs(EXIT_BEFORE_URL="3")
-    with trio.fail_after(30), pytest.raises(TunnelStartError) as info:
-        await nursery.start(run_cloudflared_tunnel, make_options(_port(fake_upstream)))
-    assert str(info.value) == "cloudflared exited with code 3 before publishing a tunnel URL"
-
-
-async def test_exit_after_url_before_reachable(
-    nursery: trio.Nursery,
-    fake_upstream: FakeUpstream,
-    fake_cloudflared: FakeCloudflared,
-    make_options: MakeOptions,
-) -> None:
-    fake_cloudflared.knobs(EXIT_AFTER_URL="4")
-    with trio.fail_after(30), pytest.raises(TunnelStartError) as info:
-        await nursery.start(run_cloudflared_tunnel, make_options(_port(fake_upstream)))
-    assert str(info.value) == "cloudflared exited with code 4 before the tunnel became reachable"
 
 
 async def test_spawn_failure(
@@ -410,3 +399,24 @@ async def test_stop_during_a_restart_leaves_nothing_behind(
     assert handle.failure is None
     assert fake_processes(fake_cloudflared.binary) == []
     assert not (run_dir / "tunnel.json").exists()
+
+
+async def test_without_an_owner_nothing_is_recorded_and_the_process_is_stopped(
+    nursery: trio.Nursery,
+    fake_upstream: FakeUpstream,
+    fake_cloudflared: FakeCloudflared,
+    make_options: MakeOptions,
+    run_dir: Path,
+) -> None:
+    with trio.fail_after(30):
+        handle: TunnelHandle = await nursery.start(
+            run_cloudflared_tunnel, make_options(_port(fake_upstream), owner=None)
+        )
+        assert os.listdir(run_dir) == []
+        assert (await _chat(fake_cloudflared, handle.public_url)).status_code == 200
+        pid = handle.pid or 0
+        handle.stop()
+        await handle.wait_closed()
+    assert handle.stop_confirmed is True
+    assert not alive(pid)
+    assert os.listdir(run_dir) == []

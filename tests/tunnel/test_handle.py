@@ -7,10 +7,12 @@ import trio
 import trio.testing
 
 from tunnel import TunnelFailed, TunnelHandle
+from tunnel.cloudflared import _TunnelState
 
 
 async def test_waiters_follow_restarts(autojump_clock: trio.testing.MockClock) -> None:
-    handle = TunnelHandle()
+    state = _TunnelState()
+    handle = TunnelHandle(state)
     seen: list[str] = []
 
     async def dispatcher() -> None:
@@ -22,20 +24,21 @@ async def test_waiters_follow_restarts(autojump_clock: trio.testing.MockClock) -
             nursery.start_soon(dispatcher)
             await trio.sleep(5)
             assert seen == [] and not handle.available
-            handle._publish("https://a.trycloudflare.com", 10)
+            state.publish("https://a.trycloudflare.com", 10)
             await trio.sleep(5)
-            handle._lost()
+            state.lost()
             assert handle.public_url == "https://a.trycloudflare.com" and not handle.available
             await trio.sleep(5)
-            handle._publish("https://b.trycloudflare.com", 11)
+            state.publish("https://b.trycloudflare.com", 11)
     assert seen == ["https://a.trycloudflare.com", "https://b.trycloudflare.com"]
     assert handle.generation == 2 and handle.pid == 11
 
 
 async def test_failure_wakes_every_waiter(autojump_clock: trio.testing.MockClock) -> None:
-    handle = TunnelHandle()
-    handle._publish("https://a.trycloudflare.com", 10)
-    handle._lost()
+    state = _TunnelState()
+    handle = TunnelHandle(state)
+    state.publish("https://a.trycloudflare.com", 10)
+    state.lost()
     errors: list[str] = []
 
     async def wait_url() -> None:
@@ -47,7 +50,7 @@ async def test_failure_wakes_every_waiter(autojump_clock: trio.testing.MockClock
         async with trio.open_nursery() as nursery:
             nursery.start_soon(wait_url)
             await trio.sleep(1)
-            handle._fail("the cloudflared tunnel exited with code 1; gone")
+            state.fail("the cloudflared tunnel exited with code 1; gone")
             assert await handle.wait_failed() == "the cloudflared tunnel exited with code 1; gone"
     assert errors == ["the cloudflared tunnel exited with code 1; gone"]
     assert handle.failure is not None and not handle.available

@@ -12,7 +12,6 @@ from tunnel import (
     TunnelConfigError,
     TunnelPlan,
     choose_tunnel,
-    public_chat_endpoint_environment,
     validate_tunnel_flags,
 )
 
@@ -153,35 +152,36 @@ def test_forced_tunnel_plan() -> None:
     assert plan.resume_flags() == ["--tunnel", "cloudflared"]
 
 
-HARBOR_DOCKER = {
-    "status": "ok",
-    "chat_endpoint": {"environment": " docker ", "requires_public_url": True},
-}
-LOCAL = {"status": "ok", "concurrency": {"max_concurrent": 4}}
+# What the health report of a sandbox backend and of a LocalBackend yields (the parsing of the
+# body itself is tested with HealthReport in tests/rollout_server/test_health_report.py).
+HARBOR_DOCKER: dict[str, Any] = {"requires_public_url": True, "environment": " docker "}
+LOCAL: dict[str, Any] = {"requires_public_url": False, "environment": None}
 
 
 @pytest.mark.parametrize(
-    ("health", "label"),
+    ("requires_public_url", "environment", "label"),
     [
-        (HARBOR_DOCKER, "docker"),
-        ({"chat_endpoint": {"requires_public_url": True}}, "remote"),
-        ({"chat_endpoint": {"requires_public_url": True, "environment": "   "}}, "remote"),
-        ({"chat_endpoint": {"requires_public_url": True, "environment": 7}}, "remote"),
-        ({"chat_endpoint": {"requires_public_url": "true", "environment": "daytona"}}, None),
-        ({"chat_endpoint": {"requires_public_url": 1, "environment": "daytona"}}, None),
-        ({"chat_endpoint": {"requires_public_url": False, "environment": "docker"}}, None),
-        ({"chat_endpoint": "docker"}, None),
-        (LOCAL, None),
-        ({}, None),
-        (None, None),
+        (True, " docker ", "docker"),
+        (True, None, "remote"),
+        (True, "   ", "remote"),
+        (True, "", "remote"),
+        (False, "docker", None),
+        (None, "daytona", None),
+        (None, None, None),
     ],
 )
-def test_health_capability_detection(health: Any, label: str | None) -> None:
-    assert public_chat_endpoint_environment(health) == label
+def test_health_capability_detection(
+    requires_public_url: bool | None, environment: str | None, label: str | None
+) -> None:
+    decision = choose_tunnel(
+        TunnelPlan(), requires_public_url=requires_public_url, environment=environment
+    )
+    assert decision.environment == label
+    assert decision.mode == ("none" if label is None else "managed")
 
 
 def test_auto_tunnel_from_health() -> None:
-    decision = choose_tunnel(TunnelPlan(), HARBOR_DOCKER)
+    decision = choose_tunnel(TunnelPlan(), **HARBOR_DOCKER)
     assert decision.mode == "managed"
     assert decision.environment == "docker"
     assert decision.keepalive
@@ -189,14 +189,14 @@ def test_auto_tunnel_from_health() -> None:
 
 
 def test_no_tunnel_for_local_backend() -> None:
-    decision = choose_tunnel(TunnelPlan(), LOCAL)
+    decision = choose_tunnel(TunnelPlan(), **LOCAL)
     assert decision.mode == "none"
     assert not decision.keepalive
     assert decision.milestone is None
 
 
 def test_forced_tunnel_ignores_health() -> None:
-    decision = choose_tunnel(TunnelPlan(forced="cloudflared"), LOCAL)
+    decision = choose_tunnel(TunnelPlan(forced="cloudflared"), **LOCAL)
     assert decision.mode == "managed"
     assert decision.environment is None
     assert decision.milestone is None
@@ -205,7 +205,7 @@ def test_forced_tunnel_ignores_health() -> None:
 
 def test_advertise_url_disables_auto_detection() -> None:
     plan = TunnelPlan(advertise_url="https://mine.example", listener_port=9000)
-    decision = choose_tunnel(plan, HARBOR_DOCKER)
+    decision = choose_tunnel(plan, **HARBOR_DOCKER)
     assert decision.mode == "advertise"
     assert decision.advertise_url == "https://mine.example"
     assert decision.keepalive

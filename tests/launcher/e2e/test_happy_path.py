@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.launcher.e2e.conftest import (
+from tests.launcher.e2e.helpers import (
     base_env,
     journal,
     metrics,

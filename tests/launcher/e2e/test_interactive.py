@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import trio
 
-from tests.launcher.e2e.conftest import cli_argv, journal, run_dir
+from tests.launcher.e2e.helpers import cli_argv, journal, run_dir
 
 pytestmark = pytest.mark.slow
 

@@ -13,7 +13,7 @@ import pytest
 import trio
 
 from tests.fakes.upstream import FakeUpstream
-from tests.launcher.e2e.conftest import (
+from tests.launcher.e2e.helpers import (
     count_log,
     fake_model_config,
     journal,

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from tests.fakes.upstream import FakeUpstream
-from tests.launcher.e2e.conftest import fake_model_config, run_cli, run_dir, write_config
+from tests.launcher.e2e.helpers import fake_model_config, run_cli, run_dir, write_config
 
 pytestmark = pytest.mark.slow
 

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from tests.fakes.upstream import FakeUpstream
-from tests.launcher.e2e.conftest import (
+from tests.launcher.e2e.helpers import (
     count_log,
     fake_model_config,
     journal,

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import trio
 
-from tests.launcher.e2e.conftest import (
+from tests.launcher.e2e.helpers import (
     base_env,
     journal,
     metrics,

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from tests.fakes.upstream import FakeUpstream
-from tests.launcher.e2e.conftest import (
+from tests.launcher.e2e.helpers import (
     fake_model_config,
     journal,
     metrics,

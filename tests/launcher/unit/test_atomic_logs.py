@@ -1,4 +1,4 @@
-"""Atomic writes and permissions (§3.1) and logs.txt (§3.8)."""
+"""Atomic writes and permissions (docs/spec/supervisor.md §3.1) and logs.txt (§3.8)."""
 
 from __future__ import annotations
 
@@ -6,6 +6,7 @@ import json
 import os
 import re
 import stat
+from datetime import UTC, datetime, timedelta, timezone
 from pathlib import Path
 
 import pytest
@@ -85,6 +86,22 @@ def test_ensure_dir_is_idempotent(tmp_path: Path) -> None:
 
 def test_utc_timestamp_format() -> None:
     assert re.fullmatch(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{6}Z", utc_now_iso())
+
+
+@pytest.mark.parametrize(
+    "moment",
+    [
+        datetime(2026, 8, 20, 12, 34, 56, 123456, tzinfo=UTC),
+        datetime(2026, 8, 20, 12, 34, 56, 0, tzinfo=UTC),
+        datetime(1999, 12, 31, 23, 59, 59, 999999, tzinfo=timezone(timedelta(hours=-5))),
+    ],
+)
+def test_one_formatter_keeps_each_files_timestamp_format(moment: datetime) -> None:
+    # logs.txt, the manifest, metrics.json and server.json were written with strftime,
+    # tunnel.json with isoformat(); the one formatter reproduces both exactly.
+    assert utc_now_iso(moment) == moment.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+    tunnel_format = moment.astimezone(UTC).isoformat().replace("+00:00", "Z")
+    assert utc_now_iso(moment, timespec="auto") == tunnel_format
 
 
 def test_log_lines_are_formatted_redacted_and_echoed(tmp_path: Path) -> None:

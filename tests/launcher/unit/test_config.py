@@ -1,4 +1,4 @@
-"""Eval config loading (runner.md §1.1) and [evaluation] value checks (§1.3)."""
+"""Eval config loading (docs/spec/supervisor.md §1.1) and [evaluation] value checks (§1.3)."""
 
 from __future__ import annotations
 

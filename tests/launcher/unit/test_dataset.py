@@ -1,4 +1,4 @@
-"""Dataset readers, row normalization, --rows, limit, dataset_rows.jsonl (runner.md §5, seed)."""
+"""Dataset readers, row normalization, --rows, limit, dataset_rows.jsonl (docs/spec/supervisor.md §5)."""
 
 from __future__ import annotations
 

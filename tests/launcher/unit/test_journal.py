@@ -1,4 +1,4 @@
-"""events.jsonl: canonical lines, durable append, torn-tail repair, corruption refusal (§3.3)."""
+"""events.jsonl: canonical lines, durable append, torn-tail repair, corruption refusal (docs/spec/supervisor.md §3.3)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""manifest.json, the manifest gate, --fresh archive, Changed: groups, source digest (§3.2, §4)."""
+"""manifest.json, the manifest gate, --fresh archive, Changed: groups, source digest (docs/spec/supervisor.md §3.2, §4)."""
 
 from __future__ import annotations
 

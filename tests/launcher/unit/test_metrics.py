@@ -1,4 +1,4 @@
-"""metrics.json summary values against hand-computed numbers (§6.2)."""
+"""metrics.json summary values against hand-computed numbers (docs/spec/supervisor.md §6.2)."""
 
 from __future__ import annotations
 

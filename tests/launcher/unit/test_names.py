@@ -1,4 +1,4 @@
-"""Generated run names and --name validation (runner.md §4.1)."""
+"""Generated run names and --name validation (docs/spec/supervisor.md §4.1)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""index rows, trajectory identity and token fallbacks, safe projection copies (§3.4, §3.7)."""
+"""index rows, trajectory identity and token fallbacks, safe projection copies (docs/spec/supervisor.md §3.4, §3.7)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Redaction of secret values and their spellings (runner.md §8.3, seed)."""
+"""Redaction of secret values and their spellings (docs/spec/supervisor.md §8.3)."""
 
 from __future__ import annotations
 
@@ -62,7 +62,7 @@ def test_known_env_values_need_eight_characters() -> None:
     env = {
         "OPENAI_API_KEY": "sk-12345678",
         "HF_TOKEN": "short",
-        "UNRELATED_KEY": "unrelated-long-value",
+        "UNRELATED_SETTING": "unrelated-long-value",
         "OSMOSIS_TOKEN": "  osm-long-token  ",
     }
     r = Redactor()
@@ -74,12 +74,46 @@ def test_known_env_values_need_eight_characters() -> None:
     assert r("short") == REDACTED
 
 
+def test_env_secrets_follow_the_bridge_policy() -> None:
+    # One answer to "which variables are secrets" for the launcher and the bridge: the known
+    # names, and any name containing KEY, TOKEN, SECRET or PASSWORD (case-sensitive).
+    env = {
+        "ACME_KEY": "acme-key-value",
+        "DB_PASSWORD": "db-password-value",
+        "lower_key": "lower-case-name-value",
+        "HOME": "/home/someone/long",
+    }
+    r = Redactor()
+    r.add_known_env(env)
+    text = "acme-key-value db-password-value lower-case-name-value /home/someone/long"
+    assert r(text) == f"{REDACTED} {REDACTED} lower-case-name-value /home/someone/long"
+
+
 def test_known_env_name_list_is_the_spec_list() -> None:
     assert len(KNOWN_SECRET_ENV_NAMES) == 25
     assert "GOOGLE_APPLICATION_CREDENTIALS" not in KNOWN_SECRET_ENV_NAMES
     assert {"OPENAI_API_KEY", "OSMOSIS_TOKEN", "AWS_SECRET_ACCESS_KEY", "MSWEA_API_KEY"} <= set(
         KNOWN_SECRET_ENV_NAMES
     )
+
+
+def test_repr_form_inside_a_larger_repr() -> None:
+    # Alone, "it's-a-secret" is shown in double quotes; inside a string that also holds a ",
+    # Python quotes with ' and writes \'.
+    secret = "it's-a-secret"
+    text = repr(f'provider said "no" to {secret}')
+    assert "it\\'s-a-secret" in text
+    assert Redactor([secret])(text) == repr('provider said "no" to X').replace("X", REDACTED)
+
+
+def test_json_inside_a_repr_and_escaped_solidus() -> None:
+    secret = "back\\slash/and/more"
+    r = Redactor([secret])
+    nested = repr(json.dumps({"key": secret}))
+    assert "back\\\\\\\\slash" in nested  # the one backslash, JSON-escaped then repr-doubled
+    assert "slash" not in r(nested)
+    solidus = json.dumps({"key": secret}).replace("/", "\\/")
+    assert r(solidus) == json.dumps({"key": "X"}).replace("X", REDACTED)
 
 
 def test_regex_metacharacters_are_literal() -> None:
@@ -127,7 +161,10 @@ def test_every_spelling_of_a_secret_is_redacted(secret: str, before: str, after:
         secret.strip(),
         json.dumps(secret)[1:-1],
         json.dumps(secret, ensure_ascii=False)[1:-1],
+        json.dumps(secret)[1:-1].replace("/", "\\/"),
         repr(secret)[1:-1],
+        repr(secret + '"')[1:-2],
+        repr(json.dumps(secret)[1:-1])[1:-1],
     }
     for spelling in spellings:
         out = r(before + spelling + after)

@@ -1,4 +1,4 @@
-"""RunDirectory: lock, open/resume, pending items, record_result, finalize (§3, §4, seed)."""
+"""RunDirectory: lock, open/resume, pending items, record_result, finalize (docs/spec/supervisor.md §3, §4)."""
 
 from __future__ import annotations
 
@@ -102,6 +102,14 @@ def test_lock_is_exclusive_and_reusable(tmp_path: Path) -> None:
     assert stat.S_IMODE(lock_path(root, "run1").stat().st_mode) == 0o600
     assert lock_path(root, "run1").exists()  # never deleted
     assert stat.S_IMODE((root / ".locks").stat().st_mode) == 0o700
+
+
+def test_lock_failures_other_than_held_raise(tmp_path: Path) -> None:
+    root = tmp_path / "out"
+    root.mkdir()
+    (root / ".locks").write_text("not a directory")
+    with pytest.raises(OSError):
+        RunLock.try_acquire(root, "run1")
 
 
 async def test_new_run_writes_every_file_before_dispatch(tmp_path: Path) -> None:

@@ -1,4 +1,4 @@
-"""[secrets] resolution, the dotenv file, and environment scoping (runner.md §8.1-8.2)."""
+"""[secrets] resolution, the dotenv file, and environment scoping (docs/spec/supervisor.md §8.1-8.2)."""
 
 from __future__ import annotations
 

@@ -2,17 +2,35 @@
 
 from __future__ import annotations
 
+import logging
+import tomllib
 from functools import partial
+from pathlib import Path
 from typing import Any
 
 import httpx
+import hypercorn.trio.run
 import pytest
 import trio
 from hypercorn.config import Config
 from hypercorn.trio import serve
+from hypercorn.trio.tcp_server import TCPServer
 
+from rollout_server.net import httpserve
 from rollout_server.net.httpclient import skip_empty_cookies
-from rollout_server.net.httpserve import CoalescingConfig
+from rollout_server.net.httpserve import (
+    TESTED_HYPERCORN,
+    CoalescingConfig,
+    install_write_coalescing,
+)
+
+REPO = Path(__file__).resolve().parents[3]
+
+
+@pytest.fixture(autouse=True)
+def _coalescing_installed() -> None:
+    # Fails loudly when a hypercorn upgrade moved an internal the patch relies on.
+    assert install_write_coalescing(), "write coalescing declined the installed hypercorn"
 
 
 async def _app(scope: dict[str, Any], receive: Any, send: Any) -> None:
@@ -142,3 +160,51 @@ async def test_skip_empty_cookies_still_keeps_cookies_that_are_set() -> None:
                 await client.get("/json")
                 assert dict(client.cookies) == {"session": "abc"}
             nursery.cancel_scope.cancel()
+
+
+def test_install_is_explicit_and_idempotent() -> None:
+    assert hypercorn.trio.run.TCPServer is not TCPServer
+    assert issubclass(hypercorn.trio.run.TCPServer, TCPServer)
+    patched = hypercorn.trio.run.TCPServer
+    assert install_write_coalescing()
+    assert hypercorn.trio.run.TCPServer is patched
+
+
+def test_pyproject_pins_hypercorn_to_the_tested_range() -> None:
+    project = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]
+    (spec,) = [d for d in project["dependencies"] if d.startswith("hypercorn")]
+    (low_major, low_minor), (high_major, high_minor) = TESTED_HYPERCORN
+    assert spec == f"hypercorn>={low_major}.{low_minor},<{high_major}.{high_minor}"
+
+
+@pytest.fixture
+def unpatched(monkeypatch: pytest.MonkeyPatch) -> None:
+    """hypercorn as it is before the install (restored, patched again, after the test)."""
+    monkeypatch.setattr(hypercorn.trio.run, "TCPServer", TCPServer)
+
+
+@pytest.mark.usefixtures("unpatched")
+async def test_untested_hypercorn_is_left_alone_with_a_warning(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    monkeypatch.setattr(httpserve, "_installed_hypercorn", lambda: "0.99.0")
+    with caplog.at_level(logging.WARNING, logger="rollout_server.net.httpserve"):
+        assert not install_write_coalescing()
+    assert hypercorn.trio.run.TCPServer is TCPServer
+    assert "hypercorn 0.99.0 is installed" in caplog.text
+    # A CoalescingConfig then serves exactly as hypercorn does: heads leave on their own.
+    writes = await _writes(CoalescingConfig(), monkeypatch)
+    heads = [w for w in writes if w.startswith(b"HTTP/1.1")]
+    assert len(heads) == 3
+    assert all(w.endswith(b"\r\n\r\n") for w in heads)
+
+
+@pytest.mark.usefixtures("unpatched")
+def test_a_moved_internal_is_named_and_the_patch_declined(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    monkeypatch.delattr(TCPServer, "_initiate_server_close")
+    with caplog.at_level(logging.WARNING, logger="rollout_server.net.httpserve"):
+        assert not install_write_coalescing()
+    assert hypercorn.trio.run.TCPServer is TCPServer
+    assert "has no TCPServer._initiate_server_close" in caplog.text

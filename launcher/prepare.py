@@ -1,0 +1,223 @@
+"""Preparing ``rollbridge eval run`` before the trio program starts (docs/spec/supervisor.md §0 steps 1-11).
+
+Everything here is synchronous and has no lifetime: validate the flags, resolve the workspace,
+config, dataset and row selection, print the warnings and the plan table. The result is one
+frozen-in-spirit :class:`Prepared` record that the supervisor reads and never changes.
+"""
+
+from __future__ import annotations
+
+import os
+import shlex
+from dataclasses import dataclass
+from pathlib import Path
+
+from launcher.config import (
+    EvalConfig,
+    RunSpec,
+    advanced_keys_warning,
+    load_eval_config,
+    resolve_run_spec,
+)
+from launcher.dataset import DatasetSelection, select_rows
+from launcher.errors import ValidationError
+from launcher.redact import Redactor
+from launcher.report import COMMAND
+from launcher.rundir import RunMeta
+from launcher.rundir.names import validate_run_name
+from launcher.ui import UI
+from launcher.workspace import (
+    DatasetSource,
+    GitState,
+    RolloutPaths,
+    Workspace,
+    check_rollout_paths,
+    provenance_warnings,
+    read_git_state,
+    resolve_dataset_source,
+    resolve_output_root,
+    resolve_workspace,
+)
+from tunnel.errors import TunnelError
+from tunnel.plan import TunnelPlan, validate_tunnel_flags
+
+__all__ = ["EvalOptions", "Prepared", "plan_rows", "prepare"]
+
+
+@dataclass
+class EvalOptions:
+    """The flags of ``rollbridge eval run`` (see ``docs/eval-run.md``)."""
+
+    config: str
+    name: str | None = None
+    output: str | None = None
+    dataset_file: str | None = None
+    secrets_file: str | None = None
+    rows: str | None = None
+    limit: int | None = None
+    fresh: bool = False
+    retry_failed: bool = False
+    max_in_flight: int | None = None
+    yes: bool = False
+    tunnel: str | None = None
+    cloudflared: str | None = None
+    download_cloudflared: bool = False
+    rollout_port: int | None = None
+    listener_port: int | None = None
+    advertise_url: str | None = None
+    verbose: bool = False
+
+
+@dataclass
+class Prepared:
+    """Everything resolved before the trio program starts."""
+
+    options: EvalOptions
+    cwd: Path
+    workspace: Workspace
+    config: EvalConfig
+    spec: RunSpec
+    paths: RolloutPaths
+    output_root: Path
+    dataset: DatasetSource
+    selection: DatasetSelection
+    git: GitState | None
+    tunnel_plan: TunnelPlan
+    redactor: Redactor
+
+    @property
+    def meta(self) -> RunMeta:
+        """Facts for projections and metrics."""
+        return RunMeta(
+            n=self.spec.n,
+            pass_threshold=self.spec.pass_threshold,
+            sampled_rows=len(self.selection.rows),
+            total_dataset_rows=self.selection.total_dataset_rows,
+            dataset_name=self.dataset.name,
+            model_name=self.config.experiment.model_path,
+            rollout_name=self.config.experiment.rollout,
+        )
+
+    def display(self, path: Path) -> str:
+        """``path`` relative to the CWD when it lies under it, else absolute."""
+        try:
+            return str(path.relative_to(self.cwd)) or "."
+        except ValueError:
+            return str(path)
+
+    def command(self, *extra: str) -> str:
+        """A re-run command line: the config, the flags that pin the same inputs, ``extra``,
+        then the runtime tunnel flags (never part of the manifest)."""
+        parts = [COMMAND, shlex.quote(self.display(self.workspace.config_path))]
+        opts = self.options
+        if opts.output is not None:
+            parts += ["-o", shlex.quote(self.display(self.output_root))]
+        if opts.dataset_file is not None:
+            parts += ["--dataset-file", shlex.quote(self.display(self.dataset.path))]
+        if opts.rows is not None:
+            parts += ["--rows", shlex.quote(opts.rows)]
+        if opts.limit is not None:
+            parts += ["--limit", str(opts.limit)]
+        parts += list(extra)
+        parts += [shlex.quote(f) for f in self.tunnel_plan.resume_flags()]
+        if opts.cloudflared is not None:
+            parts += ["--cloudflared", shlex.quote(opts.cloudflared)]
+        return " ".join(parts)
+
+
+# -- preparation (synchronous) --------------------------------------------------------------
+
+
+def prepare(options: EvalOptions, ui: UI, cwd: Path | None = None) -> Prepared:
+    """Steps 1-11 of docs/spec/supervisor.md §0: validate flags, resolve the workspace, config, dataset and
+    selection, and print the warnings and the plan table. Raises :class:`CLIError`."""
+    cwd = cwd or Path.cwd()
+    redactor = Redactor()
+    redactor.add_known_env(os.environ)
+    ui.set_redactor(redactor)
+    try:
+        plan = validate_tunnel_flags(options.tunnel, options.advertise_url, options.listener_port)
+    except TunnelError as exc:
+        raise ValidationError(str(exc)) from None
+    if options.max_in_flight is not None and options.max_in_flight <= 0:
+        raise ValidationError(
+            f"--max-in-flight must be a positive integer, got {options.max_in_flight}"
+        )
+    if options.rollout_port is not None and not 1 <= options.rollout_port <= 65535:
+        raise ValidationError(
+            f"--rollout-port must be between 1 and 65535, got {options.rollout_port}"
+        )
+    if options.name is not None:
+        validate_run_name(options.name)
+    if options.fresh and options.retry_failed:
+        raise ValidationError(
+            "--fresh and --retry-failed cannot be combined: --fresh starts over, "
+            "--retry-failed keeps the successes of the existing run"
+        )
+    for tunnel_warning in plan.warnings:
+        ui.warning(tunnel_warning.message, tunnel_warning.code)
+
+    workspace = resolve_workspace(Path(options.config), cwd)
+    config = load_eval_config(workspace.config_path)
+    paths = check_rollout_paths(workspace, config.experiment.rollout, config.experiment.entrypoint)
+    spec = resolve_run_spec(config, limit_override=options.limit)
+    advanced = advanced_keys_warning(config, COMMAND)
+    if advanced:
+        ui.warning(advanced, "ADVANCED_KEYS_IGNORED")
+    output_root = resolve_output_root(workspace, options.output, cwd)
+    if output_root.resolve() == paths.rollout_dir.resolve():
+        raise ValidationError(
+            f"--output must not be the rollout source directory {paths.rollout_dir}: excluding "
+            "the output tree would then exclude the whole project, freezing the resume "
+            "fingerprint."
+        )
+    dataset = resolve_dataset_source(
+        workspace, config.experiment.dataset, options.dataset_file, cwd
+    )
+    selection = select_rows(
+        dataset.path,
+        rows=options.rows,
+        limit=spec.limit,
+        name=dataset.name,
+        extension=dataset.extension,
+    )
+    git = read_git_state(workspace.root)
+    for warning in provenance_warnings(config, git):
+        ui.warning(warning, "PROVENANCE_MISMATCH")
+    prepared = Prepared(
+        options=options,
+        cwd=cwd,
+        workspace=workspace,
+        config=config,
+        spec=spec,
+        paths=paths,
+        output_root=output_root,
+        dataset=dataset,
+        selection=selection,
+        git=git,
+        tunnel_plan=plan,
+        redactor=redactor,
+    )
+    ui.plan_table(plan_rows(prepared))
+    return prepared
+
+
+def plan_rows(p: Prepared) -> list[tuple[str, str]]:
+    """The rows of the "Local Evaluation" plan table (§10.1)."""
+    exp = p.config.experiment
+    rows = [
+        ("Rollout", exp.rollout),
+        ("Entrypoint", exp.entrypoint),
+        ("Model", exp.model_path),
+        ("Dataset", f"{p.dataset.name} ({p.dataset.source})"),
+    ]
+    if exp.branch:
+        rows.append(("Branch", exp.branch))
+    if exp.commit_sha:
+        rows.append(("Commit", exp.commit_sha))
+    rows.append(("Rows", f"{len(p.selection.rows)} of {p.selection.total_dataset_rows}"))
+    if p.spec.n > 1:
+        rows.append(("Runs Per Row", str(p.spec.n)))
+    rows.append(("Work Items", str(len(p.selection.rows) * p.spec.n)))
+    rows.append(("Output", p.display(p.output_root)))
+    return rows

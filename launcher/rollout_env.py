@@ -1,0 +1,90 @@
+"""The rollout's own uv environment: locate ``uv``, run ``uv sync`` on the rollout project, and
+find the environment's interpreter (the rollout server runs on it directly, never through
+``uv run``, docs/hazards.md #3)."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import sys
+import sysconfig
+from collections.abc import Callable, Mapping
+from pathlib import Path
+
+import trio
+
+from launcher.errors import DependencyError, LocalEvalError
+from launcher.process import STOP_GRACE_S, OutputSink, child_environment, spawn_child
+
+__all__ = ["find_uv", "rollout_python", "uv_sync"]
+
+
+def find_uv(rollout: str) -> Path:
+    """Locate the ``uv`` executable: next to this interpreter's scripts, then next to
+    ``sys.executable``, then on ``PATH`` (``pip install rollbridge[cli]`` installs it as a
+    package, so the first two places find it in a fresh virtual environment)."""
+    names = ("uv.exe", "uv") if os.name == "nt" else ("uv",)
+    candidates: list[Path] = []
+    scripts = sysconfig.get_path("scripts")
+    if scripts:
+        candidates.extend(Path(scripts) / n for n in names)
+    candidates.extend(Path(sys.executable).parent / n for n in names)
+    for candidate in candidates:
+        if candidate.is_file() and os.access(candidate, os.X_OK):
+            return candidate
+    found = shutil.which("uv")
+    if found:
+        return Path(found)
+    raise LocalEvalError(
+        f"uv is required to launch the rollout server from rollouts/{rollout}/pyproject.toml; "
+        "install uv and retry"
+    )
+
+
+def rollout_python(rollout_dir: Path, env: Mapping[str, str]) -> Path:
+    """The interpreter of the rollout's uv environment: ``rollouts/<r>/.venv`` unless
+    ``UV_PROJECT_ENVIRONMENT`` moves it (uv sync honours that variable, so we must too)."""
+    venv = rollout_dir / ".venv"
+    moved = env.get("UV_PROJECT_ENVIRONMENT")
+    if moved:
+        venv = Path(moved) if os.path.isabs(moved) else rollout_dir / moved
+    if os.name == "nt":
+        return venv / "Scripts" / "python.exe"
+    return venv / "bin" / "python"
+
+
+async def uv_sync(
+    uv: Path,
+    rollout_dir: Path,
+    rollout: str,
+    *,
+    env: Mapping[str, str],
+    sink: OutputSink,
+    logs_hint: str,
+    redact: Callable[[str], str],
+) -> None:
+    """Run ``uv sync --project <rollout_dir>`` to completion (no timeout: the first sync may
+    download a lot). Output goes to ``sink``. Cancellation stops uv's group (5 s grace).
+    A non-zero exit raises :class:`DependencyError` with uv's last line."""
+    async with trio.open_nursery() as nursery:
+        child = await spawn_child(
+            nursery,
+            [uv, "sync", "--project", rollout_dir],
+            cwd=rollout_dir,
+            env=child_environment(env),
+            sink=sink,
+            name="uv",
+        )
+        try:
+            rc = await child.process.wait()
+        except BaseException:
+            await child.stop(STOP_GRACE_S)
+            raise
+        assert child.output_done is not None
+        with trio.move_on_after(0.5):
+            await child.output_done.wait()
+    if rc != 0:
+        tail = f": {redact(child.last_line)}" if child.last_line else ""
+        raise DependencyError(
+            f"uv sync failed for rollouts/{rollout} with exit code {rc}{tail}\nLogs: {logs_hint}"
+        )

@@ -1,0 +1,368 @@
+"""The services one run needs, started and stopped in one place.
+
+:func:`open_services` is an async context manager. On entry it resolves the run's secrets and
+scopes them into the environment, then runs ``uv sync`` with the model preflight and the
+bridge's start-up alongside, starts the rollout server once the preflight has passed (a server
+may provision sandboxes, so it waits for a model that answers), decides whether the bridge
+needs a public URL, sizes the worker pool and starts the tunnel. It yields typed handles
+(:class:`Services`), or ``None`` when a Ctrl-C arrived during start-up.
+
+On exit, whatever happened, the stop order is: rollout server (its process group: 5 s grace,
+or 330 s after an interrupt or halt unless a second Ctrl-C hurries it), tunnel, bridge, then the
+environment is restored. Foreign errors (bridge, tunnel, preflight) become
+:class:`LocalEvalError` with their one-line message here, so the supervisor sees only ours.
+"""
+
+from __future__ import annotations
+
+import importlib
+import os
+import uuid
+from collections.abc import AsyncIterator, Callable
+from contextlib import ExitStack, asynccontextmanager
+from dataclasses import dataclass
+from functools import partial
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import trio
+
+from launcher.dispatch import resolve_concurrency
+from launcher.dispatch_io import BridgeEndpoint, RolloutClientTransport
+from launcher.errors import LocalEvalError
+from launcher.prepare import Prepared
+from launcher.process import LONG_STOP_GRACE_S, STOP_GRACE_S, TunnelOwner
+from launcher.rollout_child import (
+    LogFn,
+    RolloutServer,
+    ServerLaunch,
+    start_rollout_server,
+)
+from launcher.rollout_env import find_uv, rollout_python, uv_sync
+from launcher.rundir import RunDirectory
+from launcher.secrets import read_secrets_file, resolve_secrets, scoped_environ
+from launcher.signals import Interrupts
+from launcher.ui import CLI_VERSION, UI
+from rollout_server.client import RolloutClient
+from tunnel.errors import TunnelError
+from tunnel.plan import TunnelDecision, choose_tunnel
+
+if TYPE_CHECKING:
+    from bridge.server import BridgeHandle
+    from tunnel.cloudflared import TunnelHandle
+
+__all__ = [
+    "RunContext",
+    "Services",
+    "open_services",
+]
+
+
+@dataclass(frozen=True)
+class RunContext:
+    """What the services of one run are started for, and how they report."""
+
+    prepared: Prepared
+    run_dir: RunDirectory
+    ui: UI
+    interrupts: Interrupts
+    log: LogFn
+    stage: Callable[..., None]
+    """``stage(message, step=..., details=...)``: a milestone, logged and shown."""
+    long_stop: Callable[[], bool]
+    """Whether the rollout server gets the long stop grace (after an interrupt or halt)."""
+
+    def sink(self, step: str) -> Callable[[str], None]:
+        """A sink that writes a child's output lines to ``logs.txt`` under ``step``."""
+
+        def sink(line: str) -> None:
+            self.log("INFO", step, line, None)
+
+        return sink
+
+    @property
+    def logs_hint(self) -> str:
+        """``logs.txt`` as the user should read its path."""
+        return self.prepared.display(self.run_dir.logs_path)
+
+
+@dataclass
+class Services:
+    """The running services of one run."""
+
+    server: RolloutServer
+    bridge: BridgeHandle
+    tunnel: TunnelHandle | None
+    decision: TunnelDecision
+    concurrency: int
+    endpoint: BridgeEndpoint
+
+    @asynccontextmanager
+    async def rollout_transport(
+        self, admission_timeout_s: float
+    ) -> AsyncIterator[RolloutClientTransport]:
+        """A long-poll client to the rollout server, for the length of a dispatch."""
+        server = self.server
+        async with RolloutClient(
+            server.base_url,
+            admission_timeout_sec=admission_timeout_s,
+            server_alive=lambda: server.child.returncode is None,
+        ) as client:
+            yield RolloutClientTransport(client, server)
+
+    async def watch_faults(self, halt: Callable[[str], None]) -> None:
+        """Call ``halt(reason)`` when the rollout server exits on its own or the tunnel fails
+        for good (runs until cancelled)."""
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(self._watch_server, halt)
+            if self.tunnel is not None:
+                nursery.start_soon(self._watch_tunnel, self.tunnel, halt)
+
+    async def _watch_server(self, halt: Callable[[str], None]) -> None:
+        code = await self.server.child.process.wait()
+        if not self.server.stopping:
+            halt(f"the rollout server exited with code {code}; see logs.txt")
+
+    @staticmethod
+    async def _watch_tunnel(tunnel: TunnelHandle, halt: Callable[[str], None]) -> None:
+        halt(await tunnel.wait_failed())
+
+
+@dataclass
+class _Started:
+    server: RolloutServer | None = None
+    bridge: BridgeHandle | None = None
+    tunnel: TunnelHandle | None = None
+
+
+@asynccontextmanager
+async def open_services(ctx: RunContext) -> AsyncIterator[Services | None]:
+    """Start the run's services (see the module docstring); stop them all on exit."""
+    started = _Started()
+    with ExitStack() as env_scope:
+        async with trio.open_nursery() as nursery:
+            try:
+                services: Services | None = None
+                with ctx.interrupts.work_scope():
+                    services = await _start(ctx, nursery, started, env_scope)
+                yield None if ctx.interrupts.interrupted else services
+            finally:
+                with trio.CancelScope(shield=True):
+                    await _shutdown(ctx, started)
+                nursery.cancel_scope.cancel()
+
+
+async def _start(
+    ctx: RunContext, nursery: trio.Nursery, started: _Started, env_scope: ExitStack
+) -> Services:
+    p = ctx.prepared
+    secrets = await trio.to_thread.run_sync(partial(_resolve_secrets, ctx), abandon_on_cancel=True)
+    env_scope.enter_context(scoped_environ(secrets))
+    p.redactor.add_known_env(os.environ)
+    token = uuid.uuid4().hex
+    p.redactor.add(token)
+    # The model probe and the bridge's start-up overlap `uv sync`, but the rollout server
+    # (which may provision sandboxes) starts only once the model is known to answer; a fatal
+    # probe cancels the sync.
+    async with trio.open_nursery() as startup:
+        model_checked = trio.Event()
+        startup.start_soon(_preflight, ctx, model_checked)
+        startup.start_soon(_start_bridge, ctx, nursery, token, started)
+        await _sync(ctx)
+        await model_checked.wait()
+        started.server = await _start_server(ctx, nursery, secrets)
+    server, bridge = started.server, started.bridge
+    assert bridge is not None
+    decision = choose_tunnel(
+        p.tunnel_plan,
+        requires_public_url=server.health.requires_public_url,
+        environment=server.health.chat_environment,
+    )
+    if decision.environment is not None:
+        ctx.stage(
+            decision.milestone or "", step="tunnel", details={"environment": decision.environment}
+        )
+    bridge.keepalive = decision.keepalive
+    capacity = await server.probe_capacity()
+    concurrency = resolve_concurrency(p.options.max_in_flight, p.spec.batch_size, capacity)
+    if decision.mode == "managed":
+        started.tunnel = await _start_tunnel(ctx, nursery, bridge.port)
+    elif decision.mode == "advertise":
+        ctx.stage(decision.milestone or "", step="tunnel")
+    endpoint = BridgeEndpoint(bridge, token, started.tunnel, decision.advertise_url)
+    return Services(server, bridge, started.tunnel, decision, concurrency, endpoint)
+
+
+def _resolve_secrets(ctx: RunContext) -> dict[str, str]:
+    p = ctx.prepared
+    names = list(p.config.secrets_required)
+    if not names:
+        return {}
+    file_values = (
+        read_secrets_file(p.options.secrets_file, cwd=p.cwd)
+        if p.options.secrets_file is not None
+        else None
+    )
+    values = resolve_secrets(
+        names, file_values=file_values, environ=os.environ, interactive=ctx.ui.interactive
+    )
+    for value in values.values():
+        p.redactor.add(value)
+    return values
+
+
+async def _preflight(ctx: RunContext, done: trio.Event) -> None:
+    from bridge.errors import PreflightError
+    from bridge.preflight import preflight
+
+    model = ctx.prepared.config.experiment.model_path
+    ctx.stage(f"checking model {model}", step="preflight")
+    try:
+        warning = await preflight(model, redact=ctx.prepared.redactor)
+    except PreflightError as exc:
+        raise LocalEvalError(str(exc)) from None
+    if warning:
+        ctx.log("WARNING", "preflight", warning, None)
+    else:
+        ctx.log("INFO", "preflight", "model preflight passed", None)
+    done.set()
+
+
+async def _sync(ctx: RunContext) -> None:
+    p = ctx.prepared
+    rollout = p.config.experiment.rollout
+    uv = find_uv(rollout)
+    ctx.stage(f"syncing rollout dependencies ({rollout})", step="deps")
+    await uv_sync(
+        uv,
+        p.paths.rollout_dir,
+        rollout,
+        env=os.environ,
+        sink=ctx.sink("deps"),
+        logs_hint=ctx.logs_hint,
+        redact=p.redactor,
+    )
+
+
+async def _start_server(
+    ctx: RunContext, nursery: trio.Nursery, secrets: dict[str, str]
+) -> RolloutServer:
+    p = ctx.prepared
+    launch = ServerLaunch(
+        python=rollout_python(p.paths.rollout_dir, os.environ),
+        entrypoint=p.paths.entrypoint,
+        rollout_dir=p.paths.rollout_dir,
+        run_dir=ctx.run_dir.path,
+        base_env=dict(os.environ),
+        config_env=p.config.env,
+        secrets=secrets,
+        fixed_port=p.options.rollout_port,
+        logs_hint=ctx.logs_hint,
+    )
+    server = await start_rollout_server(
+        nursery,
+        launch,
+        sink=ctx.sink("rollout-server"),
+        log=ctx.log,
+        stage=ctx.ui.stage,
+        redact=p.redactor,
+    )
+    version = server.sdk_version
+    if version and version != "unknown" and version != CLI_VERSION:
+        rollout = p.config.experiment.rollout
+        message = (
+            f"rollout server uses rollbridge {version}, but this CLI uses {CLI_VERSION}; "
+            f"update rollouts/{rollout}/pyproject.toml and run uv sync --project "
+            f"rollouts/{rollout} if the run misbehaves"
+        )
+        ctx.log(
+            "WARNING",
+            "server",
+            message,
+            {"cli_sdk_version": CLI_VERSION, "server_sdk_version": version},
+        )
+        if not ctx.ui.verbose:
+            ctx.ui.warning(message, "ROLLOUT_SDK_VERSION_MISMATCH")
+    return server
+
+
+async def _start_bridge(
+    ctx: RunContext, nursery: trio.Nursery, token: str, started: _Started
+) -> None:
+    """Start the bridge as a service of ``nursery``.
+
+    Keepalive starts on when the flags already force a public URL; the health report may
+    switch it on later (automatic tunnel)."""
+    from bridge.errors import BridgeBindError
+    from bridge.server import BridgeConfig, run_bridge
+
+    p = ctx.prepared
+
+    def bridge_log(level: str, message: str) -> None:
+        ctx.log(level.upper(), "listener", message, None)
+
+    config = BridgeConfig(
+        model=p.config.experiment.model_path,
+        token=token,
+        port=p.tunnel_plan.listener_port or 0,
+        keepalive=not p.tunnel_plan.auto_detect,
+        redact=p.redactor,
+        log=bridge_log,
+    )
+    # The bridge's web stack takes ~0.3 s to import; doing it on a worker thread keeps the
+    # event loop free to notice uv finishing and to spawn the rollout server meanwhile.
+    await trio.to_thread.run_sync(_import_bridge_stack)
+    try:
+        handle: BridgeHandle = await nursery.start(run_bridge, config)
+    except BridgeBindError as exc:
+        raise LocalEvalError(str(exc)) from None
+    ctx.log("INFO", "listener", "LLM bridge started", {"port": handle.port})
+    started.bridge = handle
+
+
+def _import_bridge_stack() -> None:
+    for module in ("hypercorn.trio.run", "bridge.app", "bridge.handler", "bridge.upstreams.direct"):
+        importlib.import_module(module)
+
+
+async def _start_tunnel(ctx: RunContext, nursery: trio.Nursery, port: int) -> TunnelHandle:
+    from tunnel.cloudflared import TunnelOptions, run_cloudflared_tunnel
+    from tunnel.locate import locate_cloudflared
+
+    p = ctx.prepared
+
+    def tunnel_log(level: str, step: str, message: str, details: Any = None) -> None:
+        ctx.log(level.upper(), step, message, dict(details) if details else None)
+
+    explicit = Path(p.options.cloudflared) if p.options.cloudflared else None
+    try:
+        if p.options.download_cloudflared and explicit is None:
+            binary = await trio.to_thread.run_sync(
+                partial(locate_cloudflared, None, allow_download=True)
+            )
+        else:
+            binary = locate_cloudflared(explicit)
+        options = TunnelOptions(
+            binary=binary,
+            local_port=port,
+            owner=TunnelOwner(ctx.run_dir.path),
+            log=tunnel_log,
+            milestone=ctx.ui.stage,
+            redact=p.redactor,
+        )
+        handle: TunnelHandle = await nursery.start(run_cloudflared_tunnel, options)
+    except TunnelError as exc:
+        raise LocalEvalError(str(exc)) from None
+    return handle
+
+
+async def _shutdown(ctx: RunContext, started: _Started) -> None:
+    """Stop the rollout server, then the tunnel (the bridge stops with the nursery)."""
+    if started.server is not None:
+        grace = LONG_STOP_GRACE_S if ctx.long_stop() else STOP_GRACE_S
+        await started.server.stop(grace, hurry=ctx.interrupts.hurry)
+    if started.tunnel is not None:
+        started.tunnel.stop()
+        # The tunnel package itself logs when it cannot confirm the stop.
+        with trio.move_on_after(10.0):
+            await started.tunnel.wait_closed()
