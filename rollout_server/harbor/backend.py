@@ -1,0 +1,450 @@
+"""HarborBackend: each rollout is one Harbor trial, run as its own ``harbor trial start``.
+
+Why a subprocess per trial rather than Harbor's asyncio ``TrialQueue`` in-process: the rollout
+server stays pure trio (no asyncio loop, no Harbor import in the server), a Harbor crash cannot
+take the server down, cancelling is a signal to one process group, and the trial config is a file
+that can be replayed by hand. The cost is one Harbor start-up per trial (measured by
+``scripts/bench/bench_harbor.py``; about 5 s of a ~25 s oracle trial on 2 cores).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import trio
+
+from ..backend import ExecutionBackend, ExecutionOutcome, ExecutionRequest, ExecutionResult
+from ..protocol import RolloutErrorCategory, RolloutStatus
+from ..sdk import get_rollout_context
+from . import containers
+from .archive import archive_trial, log_tail, retire_trial_dir
+from .locate import HarborSetupError, find_harbor
+from .results import outcome_from_result, read_result
+
+__all__ = ["HOST_SIDE_AGENTS", "HarborBackend", "HarborSetupError", "find_harbor"]
+
+logger = logging.getLogger("rollout_server.harbor")
+
+#: Agents that run on the host and drive the sandbox through ``exec``: they reach the loopback
+#: bridge directly, so they never need a public URL.
+HOST_SIDE_AGENTS = frozenset({"oracle", "nop", "terminus", "terminus-1", "terminus-2"})
+#: Agents that make no model calls at all.
+MODEL_FREE_AGENTS = frozenset({"oracle", "nop"})
+_SECRET_NAME = re.compile(r"KEY|SECRET|TOKEN|PASSWORD|CREDENTIAL|AUTH", re.IGNORECASE)
+_WATCHDOG = Path(__file__).with_name("_watchdog.py")
+_STATUS_POLL_S = 1.0
+_KILL_WAIT_S = 10.0
+#: Harbor and LiteLLM phone home unless told not to; a trial must only talk to this machine.
+_QUIET_ENV = {"HARBOR_TELEMETRY": "0", "LITELLM_LOCAL_MODEL_COST_MAP": "True"}
+
+
+def _is_task_dir(path: Path) -> bool:
+    return (path / "task.toml").is_file()
+
+
+def _prompt_text(prompt: list[dict[str, Any]]) -> str:
+    """The instruction a template task gets: the text of the row's messages, in order."""
+    parts: list[str] = []
+    for message in prompt:
+        content = message.get("content")
+        if isinstance(content, str):
+            parts.append(content)
+        elif isinstance(content, list):
+            parts.extend(
+                str(p.get("text", "")) for p in content if isinstance(p, dict) and "text" in p
+            )
+    return "\n\n".join(p.strip() for p in parts if p and p.strip()) + "\n"
+
+
+class HarborBackend(ExecutionBackend):
+    """Run each rollout as a Harbor trial in a sandbox.
+
+    ``tasks_dir``: in ``mode="template"`` one Harbor task (the directory itself, or its only
+    task subdirectory, or ``task`` inside it) whose ``instruction.md`` is replaced by the row's
+    prompt; in ``mode="dataset"`` a directory of tasks, and each row names its task with
+    ``metadata["harbor_task"]`` (a path relative to ``tasks_dir``).
+    ``environment_type``/``environment_kwargs``: Harbor's environment (``podman``, ``docker``,
+    ...). ``agent``: a Harbor agent name or an ``module:Class`` import path, with
+    ``agent_kwargs`` and ``model_name``. ``concurrency`` trials run at once; up to
+    ``max_queue_depth`` more wait (admission answers 429 beyond that).
+    ``cleanup_successful_trials`` removes a trial's Harbor dir once it succeeded and its archive
+    is complete. ``extra_docker_compose``: compose overlays added to every trial (the backend adds
+    its own, with ``init: true`` when ``init`` and the labels orphan reaping needs).
+    ``secret_env``: names of environment variables whose values are scrubbed from archives (the
+    rollout's bearer and variables named like secrets always are). ``cancel_grace_sec``: how long
+    Harbor gets to clean up after SIGINT before SIGKILL.
+    """
+
+    def __init__(
+        self,
+        tasks_dir: str | os.PathLike[str],
+        *,
+        mode: str = "template",
+        task: str | None = None,
+        environment_type: str = "podman",
+        environment_kwargs: Mapping[str, Any] | None = None,
+        agent: str = "oracle",
+        agent_kwargs: Mapping[str, Any] | None = None,
+        model_name: str | None = None,
+        concurrency: int = 4,
+        max_queue_depth: int = 1024,
+        cleanup_successful_trials: bool = True,
+        extra_docker_compose: Sequence[str | os.PathLike[str]] = (),
+        init: bool = True,
+        secret_env: Sequence[str] = (),
+        harbor_command: str | Sequence[str] | None = None,
+        trials_root: str | os.PathLike[str] | None = None,
+        cancel_grace_sec: float = 60.0,
+        reap_orphans: bool = True,
+    ) -> None:
+        if mode not in ("template", "dataset"):
+            raise ValueError("mode must be 'template' or 'dataset'")
+        if isinstance(concurrency, bool) or not isinstance(concurrency, int) or concurrency < 1:
+            raise ValueError("concurrency must be a positive int")
+        if not re.fullmatch(r"[a-z][a-z0-9-]*|[\w.]+:[\w.]+", agent):
+            raise ValueError(f"agent must be a Harbor agent name or 'module:Class', got {agent!r}")
+        self.tasks_dir = Path(tasks_dir).resolve()
+        self.mode = mode
+        self.template_task: Path | None = self._template_task(task) if mode == "template" else None
+        if mode == "dataset" and not self.tasks_dir.is_dir():
+            raise HarborSetupError(f"tasks directory {self.tasks_dir} does not exist")
+        self.environment_type = environment_type
+        self.environment_kwargs = dict(environment_kwargs or {})
+        self.agent = agent
+        self.agent_kwargs = dict(agent_kwargs or {})
+        self.model_name = model_name
+        self.concurrency = concurrency
+        self.max_queue_depth = max_queue_depth
+        self.cleanup_successful_trials = cleanup_successful_trials
+        self.extra_docker_compose = [Path(p).resolve() for p in extra_docker_compose]
+        self.init = init
+        self.secret_env = tuple(secret_env)
+        self.harbor_command = harbor_command
+        self.cancel_grace_sec = cancel_grace_sec
+        default_root = Path(tempfile.gettempdir()) / f"rollbridge-harbor-{os.getuid()}"
+        self.trials_root = Path(trials_root) if trials_root is not None else default_root
+        self._slots = trio.Semaphore(concurrency)
+        self._queued = 0
+        self._running = 0
+        self._owner = containers.owner_token()
+        self.engine: str | None = (
+            environment_type if environment_type in ("podman", "docker") else None
+        )
+        if reap_orphans and self.engine is not None and shutil.which(self.engine):
+            containers.reap_orphans(self.engine)
+
+    # -- configuration ---------------------------------------------------------------------
+
+    def _template_task(self, task: str | None) -> Path:
+        root = self.tasks_dir
+        if task is not None:
+            root = root / task
+        if _is_task_dir(root):
+            return root
+        found = sorted(p for p in root.iterdir() if _is_task_dir(p)) if root.is_dir() else []
+        if len(found) != 1:
+            raise HarborSetupError(
+                f"template mode needs exactly one Harbor task in {root} (found {len(found)}); "
+                "pass task=<name> or mode='dataset'"
+            )
+        return found[0]
+
+    @property
+    def uses_chat_endpoint(self) -> bool:
+        """Whether the agent calls the model (through the rollout's bridge URL)."""
+        return self.agent not in MODEL_FREE_AGENTS
+
+    @property
+    def host_side_agent(self) -> bool:
+        """Whether the agent runs on the host (so the loopback bridge URL reaches it)."""
+        return self.agent in HOST_SIDE_AGENTS
+
+    def health(self) -> dict[str, Any]:
+        """The reference's Harbor ``/health`` fields; host-side agents need no public URL."""
+        return {
+            "status": "ok",
+            "backend": "harbor",
+            "agent": self.agent,
+            "in_flight": self._queued + self._running,
+            "running": self._running,
+            "queued": self._queued,
+            "max_queue_depth": self.max_queue_depth,
+            "chat_endpoint": {
+                "environment": self.environment_type or "custom",
+                # Placement decides: a host-side agent dials the loopback bridge itself; an
+                # in-sandbox agent on a bridged network cannot reach this machine's loopback.
+                "requires_public_url": self.uses_chat_endpoint and not self.host_side_agent,
+            },
+        }
+
+    def has_capacity(self) -> bool:
+        """False once ``max_queue_depth`` rollouts wait for a trial slot."""
+        return self._queued < self.max_queue_depth
+
+    def _task_for(self, request: ExecutionRequest) -> Path:
+        if self.template_task is not None:
+            return self.template_task
+        name = (request.metadata or {}).get("harbor_task")
+        if not isinstance(name, str) or not name:
+            raise ValueError("dataset mode: the row's metadata must name its 'harbor_task'")
+        path = (self.tasks_dir / name).resolve()
+        if not path.is_relative_to(self.tasks_dir) or not _is_task_dir(path):
+            raise ValueError(f"harbor_task {name!r} is not a task under {self.tasks_dir}")
+        return path
+
+    def _secrets(self, bearer: str | None) -> list[str]:
+        values = [bearer] if bearer else []
+        for name, value in os.environ.items():
+            if value and (name in self.secret_env or _SECRET_NAME.search(name)):
+                values.append(value)
+        return values
+
+    def _trial_config(
+        self, request: ExecutionRequest, task_dir: Path, overlay: Path, chat_url: str
+    ) -> dict[str, Any]:
+        agent: dict[str, Any] = {"kwargs": dict(self.agent_kwargs)}
+        if ":" in self.agent:
+            agent["import_path"] = self.agent
+        else:
+            agent["name"] = self.agent
+        if self.model_name is not None:
+            agent["model_name"] = self.model_name
+        if self.agent.startswith("terminus"):
+            # The bearer travels in the child's environment (OPENAI_API_KEY), never in a file.
+            agent["kwargs"].setdefault("api_base", chat_url)
+            agent["kwargs"].setdefault("enable_summarize", False)
+            agent["kwargs"].setdefault("record_terminal_session", False)
+        if request.agent_timeout_sec is not None:
+            agent["override_timeout_sec"] = float(request.agent_timeout_sec)
+        verifier: dict[str, Any] = {"disable": not request.grade}
+        if request.grader_timeout_sec is not None:
+            verifier["override_timeout_sec"] = float(request.grader_timeout_sec)
+        environment: dict[str, Any] = {
+            "type": self.environment_type,
+            "kwargs": dict(self.environment_kwargs),
+            "extra_docker_compose": [str(p) for p in (*self.extra_docker_compose, overlay)],
+        }
+        return {
+            "task": {"path": str(task_dir)},
+            "trial_name": f"trial-{request.id}",
+            "trials_dir": str(self.trials_root / "trials"),
+            "agent": agent,
+            "environment": environment,
+            "verifier": verifier,
+        }
+
+    def _stage(self, request: ExecutionRequest, chat_url: str) -> tuple[Path, Path]:
+        """Copy the task into a private staging dir; write the overlay and the trial config."""
+        source = self._task_for(request)
+        staging = self.trials_root / "staging" / request.id
+        shutil.rmtree(staging, ignore_errors=True)
+        staging.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+        os.chmod(self.trials_root, 0o700)
+        task_dir = staging / "task"
+        shutil.copytree(source, task_dir, symlinks=False)
+        os.chmod(staging, 0o700)
+        if self.template_task is not None:
+            (task_dir / "instruction.md").write_text(_prompt_text(request.prompt))
+        trial_name = f"trial-{request.id}"
+        service: dict[str, Any] = {
+            "labels": {containers.TRIAL_LABEL: trial_name, containers.OWNER_LABEL: self._owner}
+        }
+        if self.init:
+            # PID 1 `sleep infinity` ignores SIGTERM; an init cuts ~10 s off every teardown.
+            service["init"] = True
+        overlay = staging / "rollbridge-overlay.json"
+        overlay.write_text(json.dumps({"services": {"main": service}}))
+        config = staging / "trial-config.json"
+        fd = os.open(config, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "w") as handle:
+            json.dump(self._trial_config(request, task_dir, overlay, chat_url), handle, indent=2)
+        (self.trials_root / "trials").mkdir(mode=0o700, exist_ok=True)
+        shutil.rmtree(self.trials_root / "trials" / trial_name, ignore_errors=True)
+        return staging, config
+
+    def _child_env(self, harbor: list[str], bearer: str | None, chat_url: str) -> dict[str, str]:
+        env = dict(os.environ)
+        env.update(_QUIET_ENV)
+        # podman-compose lives next to harbor in its venv; Harbor finds it on PATH.
+        env["PATH"] = os.pathsep.join([str(Path(harbor[0]).parent), env.get("PATH", "")])
+        env.pop("VIRTUAL_ENV", None)
+        if self.uses_chat_endpoint and bearer:
+            env["OPENAI_API_KEY"] = bearer
+            env["OPENAI_BASE_URL"] = chat_url
+        return env
+
+    # -- execution ---------------------------------------------------------------------------
+
+    async def execute(self, request: ExecutionRequest) -> ExecutionOutcome:
+        """Wait for a trial slot, run the trial, archive it, report its outcome."""
+        ctx = get_rollout_context()
+        bearer = ctx.api_key if ctx is not None else None
+        chat_url = ctx.chat_completions_url if ctx is not None else ""
+        if self.uses_chat_endpoint and not chat_url:
+            return _failed(
+                f"rollout {request.id!r} has no chat_completions_url; refusing to run "
+                f"{self.agent!r} without the bridge endpoint",
+                RolloutErrorCategory.VALIDATION_ERROR,
+            )
+        self._queued += 1
+        try:
+            await self._slots.acquire()
+        finally:
+            self._queued -= 1
+        self._running += 1
+        try:
+            return await self._run_trial(request, bearer, chat_url)
+        finally:
+            self._running -= 1
+            self._slots.release()
+
+    async def _run_trial(
+        self, request: ExecutionRequest, bearer: str | None, chat_url: str
+    ) -> ExecutionOutcome:
+        try:
+            harbor = find_harbor(self.harbor_command)
+            staging, config = await trio.to_thread.run_sync(self._stage, request, chat_url)
+        except (HarborSetupError, ValueError, OSError) as exc:
+            category = (
+                RolloutErrorCategory.VALIDATION_ERROR
+                if isinstance(exc, ValueError)
+                else RolloutErrorCategory.INTERNAL_ERROR
+            )
+            return _failed(str(exc), category)
+        trial_name = f"trial-{request.id}"
+        trial_dir = self.trials_root / "trials" / trial_name
+        log_path = staging / "harbor.log"
+        secrets = self._secrets(bearer)
+        try:
+            if self.engine is not None:
+                await containers.sweep_trial(self.engine, trial_name)
+            returncode = await self._run_process(
+                harbor, config, log_path, self._child_env(harbor, bearer, chat_url), trial_dir
+            )
+            result = read_result(trial_dir)
+            if result is None:
+                outcome = _failed(
+                    f"Harbor trial {trial_name} wrote no result.json (exit code {returncode}): "
+                    + log_tail(log_path, secrets),
+                    RolloutErrorCategory.INTERNAL_ERROR,
+                )
+            else:
+                outcome = outcome_from_result(
+                    result, prompt=request.prompt, label=request.label, grade=request.grade
+                )
+            if request.rollout_dir is not None:
+                report = await trio.to_thread.run_sync(
+                    archive_trial, trial_dir, log_path, request.rollout_dir, secrets
+                )
+                if report.dropped:
+                    logger.warning(
+                        "rollout %s: %d trial file(s) not archived (unreadable or unscrubbable)",
+                        request.id,
+                        len(report.dropped),
+                    )
+                keep = not (
+                    self.cleanup_successful_trials
+                    and report.complete
+                    and outcome.reported().status == RolloutStatus.SUCCESS
+                )
+            else:
+                keep = True
+            await trio.to_thread.run_sync(retire_trial_dir, trial_dir, keep, secrets)
+            return outcome
+        finally:
+            with trio.CancelScope(shield=True):
+                await trio.to_thread.run_sync(shutil.rmtree, staging, True)
+
+    async def _run_process(
+        self,
+        harbor: list[str],
+        config: Path,
+        log_path: Path,
+        env: dict[str, str],
+        trial_dir: Path,
+    ) -> int | None:
+        argv = [
+            sys.executable,
+            # By path, not -m: importing the package would cost ~0.6 s of trio/msgspec imports.
+            str(_WATCHDOG),
+            str(os.getpid()),
+            str(self.cancel_grace_sec),
+            *harbor,
+            "trial",
+            "start",
+            "-c",
+            str(config),
+        ]
+        fd = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        try:
+            process = await trio.lowlevel.open_process(
+                argv,
+                stdin=subprocess.DEVNULL,
+                stdout=fd,
+                stderr=fd,
+                env=env,
+                start_new_session=True,
+                cwd=str(config.parent),
+            )
+        finally:
+            os.close(fd)
+        try:
+            grading = False
+            ctx = get_rollout_context()
+            while process.returncode is None:
+                with trio.move_on_after(_STATUS_POLL_S):
+                    await process.wait()
+                if not grading and (trial_dir / "verifier").is_dir():
+                    grading = True
+                    if ctx is not None:
+                        await ctx.set_status(RolloutStatus.GRADING)
+            return process.returncode
+        except trio.Cancelled:
+            with trio.CancelScope(shield=True):
+                await self._stop(process, trial_dir)
+            raise
+
+    async def _stop(self, process: trio.Process, trial_dir: Path) -> None:
+        """SIGINT the trial's group (Harbor tears down), SIGKILL after the grace, then sweep."""
+        _signal_group(process.pid, signal.SIGINT)
+        with trio.move_on_after(self.cancel_grace_sec):
+            await process.wait()
+        if process.returncode is None:
+            _signal_group(process.pid, signal.SIGKILL)
+            with trio.move_on_after(_KILL_WAIT_S):
+                await process.wait()
+        if self.engine is not None:
+            removed = await containers.sweep_trial(self.engine, trial_dir.name)
+            if removed:
+                logger.info("harbor: removed %d container(s) of %s", len(removed), trial_dir.name)
+        await trio.to_thread.run_sync(shutil.rmtree, trial_dir, True)
+
+    async def shutdown(self) -> None:
+        """Remove any container this server still owns (every trial has been cancelled)."""
+        if self.engine is None or not shutil.which(self.engine):
+            return
+        with trio.move_on_after(60):
+            await trio.to_thread.run_sync(containers.reap_orphans, self.engine)
+
+
+def _signal_group(pgid: int, sig: signal.Signals) -> None:
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(pgid, sig)
+
+
+def _failed(message: str, category: RolloutErrorCategory) -> ExecutionOutcome:
+    return ExecutionOutcome(
+        ExecutionResult(RolloutStatus.FAILURE, err_message=message, err_category=category)
+    )

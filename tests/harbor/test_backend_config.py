@@ -1,0 +1,95 @@
+"""HarborBackend configuration and ``/health`` without podman: placement decides the URL need."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from rollout_server.backend import ExecutionRequest
+from rollout_server.harbor import HarborBackend, HarborSetupError
+from rollout_server.harbor.results import outcome_from_result
+from rollout_server.protocol import RolloutErrorCategory, RolloutStatus
+from tests.harbor.conftest import EXAMPLE
+
+TASKS = EXAMPLE / "tasks"
+
+
+def _backend(agent: str, **kwargs: object) -> HarborBackend:
+    return HarborBackend(TASKS / "hello", agent=agent, reap_orphans=False, **kwargs)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(
+    ("agent", "public"),
+    [("oracle", False), ("nop", False), ("terminus-2", False), ("mini-swe-agent", True)],
+)
+def test_health_reports_the_reference_fields(agent: str, public: bool) -> None:
+    health = _backend(agent, concurrency=3).health()
+    assert health == {
+        "status": "ok",
+        "backend": "harbor",
+        "agent": agent,
+        "in_flight": 0,
+        "running": 0,
+        "queued": 0,
+        "max_queue_depth": 1024,
+        "chat_endpoint": {"environment": "podman", "requires_public_url": public},
+    }
+
+
+def test_template_mode_finds_the_one_task_and_dataset_rows_name_theirs(tmp_path: Path) -> None:
+    assert _backend("oracle").template_task == TASKS / "hello"
+    assert HarborBackend(TASKS, reap_orphans=False).template_task == TASKS / "hello"
+    with pytest.raises(HarborSetupError):
+        HarborBackend(tmp_path, reap_orphans=False)
+    dataset = HarborBackend(TASKS, mode="dataset", reap_orphans=False)
+    row = ExecutionRequest(id="r1", prompt=[], metadata={"harbor_task": "hello"})
+    assert dataset._task_for(row) == TASKS / "hello"
+    with pytest.raises(ValueError):
+        dataset._task_for(ExecutionRequest(id="r2", prompt=[], metadata={"harbor_task": ".."}))
+
+
+def test_terminus_config_carries_the_bridge_url_but_never_the_bearer(tmp_path: Path) -> None:
+    backend = _backend("terminus-2", trials_root=tmp_path, model_name="openai/m")
+    request = ExecutionRequest(id="r1", prompt=[{"role": "user", "content": "do it"}])
+    staging, config = backend._stage(request, "http://127.0.0.1:9/v1/rollouts/r1")
+    document = json.loads(config.read_text())
+    assert document["agent"]["kwargs"]["api_base"] == "http://127.0.0.1:9/v1/rollouts/r1"
+    assert document["agent"]["model_name"] == "openai/m"
+    assert (staging / "task" / "instruction.md").read_text() == "do it\n"
+    env = backend._child_env(["/x/bin/harbor"], "secret-bearer-1234", "http://u")
+    assert env["OPENAI_API_KEY"] == "secret-bearer-1234"
+    assert "secret-bearer-1234" not in config.read_text()
+
+
+@pytest.mark.parametrize(
+    ("kind", "workflow", "grader", "category"),
+    [
+        ("CancelledError", RolloutStatus.CANCELLED, None, None),
+        ("AgentTimeoutError", RolloutStatus.FAILURE, None, RolloutErrorCategory.TIMEOUT),
+        ("RuntimeError", RolloutStatus.FAILURE, None, RolloutErrorCategory.AGENT_ERROR),
+        ("VerifierTimeoutError", RolloutStatus.SUCCESS, RolloutStatus.FAILURE, "timeout"),
+        ("RewardFileNotFoundError", RolloutStatus.SUCCESS, RolloutStatus.FAILURE, "agent_error"),
+    ],
+)
+def test_failure_categories_come_from_the_exception_type(
+    kind: str, workflow: RolloutStatus, grader: RolloutStatus | None, category: str | None
+) -> None:
+    result = {"trial_name": "t", "exception_info": {"exception_type": kind}}
+    outcome = outcome_from_result(result, prompt=[], label=None, grade=True)
+    assert outcome.workflow.status == workflow
+    assert (outcome.grader.status if outcome.grader else None) == grader
+    assert outcome.reported().err_category == category
+
+
+def test_reward_comes_from_the_reward_channel_only() -> None:
+    good = {"verifier_result": {"rewards": {"reward": 1}}, "exception_info": None}
+    outcome = outcome_from_result(good, prompt=[], label="x", grade=True)
+    sample = outcome.reported().sample
+    assert sample is not None
+    assert sample.reward == 1.0
+    other = {"verifier_result": {"rewards": {"score": 1}}, "exception_info": None}
+    assert outcome_from_result(other, prompt=[], label=None, grade=True).reported().status == (
+        RolloutStatus.FAILURE
+    )
