@@ -39,6 +39,7 @@ MANIFEST_SCHEMA = "rollbridge-harbor-evidence-v1"
 MAX_FILE_BYTES = 64 * 1024 * 1024
 #: Shorter values would redact ordinary text and protect nothing.
 MIN_SECRET_LENGTH = 4
+_HARBOR_ARTIFACT_MANIFEST = "artifacts/manifest.json"
 _EVIDENCE = (
     "result.json",
     "config.json",
@@ -171,6 +172,15 @@ def archive_trial(
                 entries.append({"path": rel, "size_bytes": copied[0], "sha256": copied[1]})
     for source in _walk(trial_dir / "artifacts"):
         rel = source.relative_to(trial_dir).as_posix()
+        if rel == _HARBOR_ARTIFACT_MANIFEST:
+            # Harbor's record of what it collected is evidence; the supervisor reserves the name
+            # artifacts/manifest.json for its own.
+            copied = _copy_scrubbed(
+                source, dest / "harbor" / rel, spellings, f"harbor/{rel}", report
+            )
+            if copied is not None:
+                entries.append({"path": rel, "size_bytes": copied[0], "sha256": copied[1]})
+            continue
         _copy_scrubbed(source, dest / rel, spellings, rel, report)
     if process_log is not None and (process_log.exists() or process_log.is_symlink()):
         _copy_scrubbed(

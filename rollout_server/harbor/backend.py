@@ -31,7 +31,9 @@ from ..sdk import get_rollout_context
 from . import containers
 from .archive import archive_trial, log_tail, retire_trial_dir
 from .locate import HarborSetupError, find_harbor
+from .reaper import reap_dead_owners
 from .results import outcome_from_result, read_result
+from .staging import StagedTrial, prompt_text, stage_trial, write_private
 
 __all__ = ["HOST_SIDE_AGENTS", "HarborBackend", "HarborSetupError", "find_harbor"]
 
@@ -52,20 +54,6 @@ _QUIET_ENV = {"HARBOR_TELEMETRY": "0", "LITELLM_LOCAL_MODEL_COST_MAP": "True"}
 
 def _is_task_dir(path: Path) -> bool:
     return (path / "task.toml").is_file()
-
-
-def _prompt_text(prompt: list[dict[str, Any]]) -> str:
-    """The instruction a template task gets: the text of the row's messages, in order."""
-    parts: list[str] = []
-    for message in prompt:
-        content = message.get("content")
-        if isinstance(content, str):
-            parts.append(content)
-        elif isinstance(content, list):
-            parts.extend(
-                str(p.get("text", "")) for p in content if isinstance(p, dict) and "text" in p
-            )
-    return "\n\n".join(p.strip() for p in parts if p and p.strip()) + "\n"
 
 
 class HarborBackend(ExecutionBackend):
@@ -142,8 +130,9 @@ class HarborBackend(ExecutionBackend):
         self.engine: str | None = (
             environment_type if environment_type in ("podman", "docker") else None
         )
-        if reap_orphans and self.engine is not None and shutil.which(self.engine):
-            containers.reap_orphans(self.engine)
+        if reap_orphans:
+            engine = self.engine if self.engine and shutil.which(self.engine) else None
+            reap_dead_owners(engine, self.trials_root)
 
     # -- configuration ---------------------------------------------------------------------
 
@@ -245,34 +234,29 @@ class HarborBackend(ExecutionBackend):
             "verifier": verifier,
         }
 
-    def _stage(self, request: ExecutionRequest, chat_url: str) -> tuple[Path, Path]:
-        """Copy the task into a private staging dir; write the overlay and the trial config."""
-        source = self._task_for(request)
-        staging = self.trials_root / "staging" / request.id
-        shutil.rmtree(staging, ignore_errors=True)
-        staging.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
-        os.chmod(self.trials_root, 0o700)
-        task_dir = staging / "task"
-        shutil.copytree(source, task_dir, symlinks=False)
-        os.chmod(staging, 0o700)
-        if self.template_task is not None:
-            (task_dir / "instruction.md").write_text(_prompt_text(request.prompt))
-        trial_name = f"trial-{request.id}"
+    def _stage(self, request: ExecutionRequest, chat_url: str) -> StagedTrial:
+        """Stage the task privately (owner file first) and write the trial config."""
         service: dict[str, Any] = {
-            "labels": {containers.TRIAL_LABEL: trial_name, containers.OWNER_LABEL: self._owner}
+            "labels": {
+                containers.TRIAL_LABEL: f"trial-{request.id}",
+                containers.OWNER_LABEL: self._owner,
+            }
         }
         if self.init:
             # PID 1 `sleep infinity` ignores SIGTERM; an init cuts ~10 s off every teardown.
             service["init"] = True
-        overlay = staging / "rollbridge-overlay.json"
-        overlay.write_text(json.dumps({"services": {"main": service}}))
-        config = staging / "trial-config.json"
-        fd = os.open(config, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-        with os.fdopen(fd, "w") as handle:
-            json.dump(self._trial_config(request, task_dir, overlay, chat_url), handle, indent=2)
-        (self.trials_root / "trials").mkdir(mode=0o700, exist_ok=True)
-        shutil.rmtree(self.trials_root / "trials" / trial_name, ignore_errors=True)
-        return staging, config
+        instruction = prompt_text(request.prompt) if self.template_task is not None else None
+        staged = stage_trial(
+            self.trials_root,
+            request.id,
+            self._task_for(request),
+            owner=self._owner,
+            instruction=instruction,
+            service=service,
+        )
+        config = self._trial_config(request, staged.task_dir, staged.overlay, chat_url)
+        write_private(staged.config, json.dumps(config, indent=2).encode())
+        return staged
 
     def _child_env(self, harbor: list[str], bearer: str | None, chat_url: str) -> dict[str, str]:
         env = dict(os.environ)
@@ -315,8 +299,9 @@ class HarborBackend(ExecutionBackend):
     ) -> ExecutionOutcome:
         try:
             harbor = find_harbor(self.harbor_command)
-            staging, config = await trio.to_thread.run_sync(self._stage, request, chat_url)
+            staged = await trio.to_thread.run_sync(self._stage, request, chat_url)
         except (HarborSetupError, ValueError, OSError) as exc:
+            shutil.rmtree(self.trials_root / "staging" / request.id, ignore_errors=True)
             category = (
                 RolloutErrorCategory.VALIDATION_ERROR
                 if isinstance(exc, ValueError)
@@ -325,13 +310,17 @@ class HarborBackend(ExecutionBackend):
             return _failed(str(exc), category)
         trial_name = f"trial-{request.id}"
         trial_dir = self.trials_root / "trials" / trial_name
-        log_path = staging / "harbor.log"
+        log_path = staged.log
         secrets = self._secrets(bearer)
         try:
             if self.engine is not None:
                 await containers.sweep_trial(self.engine, trial_name)
             returncode = await self._run_process(
-                harbor, config, log_path, self._child_env(harbor, bearer, chat_url), trial_dir
+                harbor,
+                staged.config,
+                log_path,
+                self._child_env(harbor, bearer, chat_url),
+                trial_dir,
             )
             result = read_result(trial_dir)
             if result is None:
@@ -365,7 +354,7 @@ class HarborBackend(ExecutionBackend):
             return outcome
         finally:
             with trio.CancelScope(shield=True):
-                await trio.to_thread.run_sync(shutil.rmtree, staging, True)
+                await trio.to_thread.run_sync(shutil.rmtree, staged.staging, True)
 
     async def _run_process(
         self,
@@ -436,7 +425,14 @@ class HarborBackend(ExecutionBackend):
         if self.engine is None or not shutil.which(self.engine):
             return
         with trio.move_on_after(60):
-            await trio.to_thread.run_sync(containers.reap_orphans, self.engine)
+            owned = await trio.to_thread.run_sync(
+                containers.orphan_trials, self.engine, self._owner
+            )
+            ids = [cid for found in owned.values() for cid in found]
+            if ids:
+                await trio.to_thread.run_sync(
+                    containers.remove_trials, self.engine, ids, sorted(owned)
+                )
 
 
 def _signal_group(pgid: int, sig: signal.Signals) -> None:

@@ -2,8 +2,8 @@
 
 Every trial's compose overlay labels its containers with :data:`TRIAL_LABEL` (the trial name) and
 :data:`OWNER_LABEL` (the rollout server's pid and kernel start time, so a reused pid is not
-mistaken for the owner). A sweep removes one trial's containers and its compose network; the
-start-up reap removes every labelled container whose owner process is gone.
+mistaken for the owner). A sweep removes one trial's containers, compose networks and built
+images; the start-up reap (:mod:`.reaper`) does the same for every trial whose owner is gone.
 """
 
 from __future__ import annotations
@@ -20,9 +20,11 @@ __all__ = [
     "OWNER_LABEL",
     "TRIAL_LABEL",
     "compose_project",
+    "orphan_trials",
     "owner_alive",
     "owner_token",
-    "reap_orphans",
+    "project_prefix",
+    "remove_trials",
     "sweep_trial",
 ]
 
@@ -103,14 +105,41 @@ def _rm_argv(engine: str, ids: Sequence[str]) -> list[str]:
     return [engine, "rm", "-f", "-t", "0", *ids]
 
 
-def _leftover_argvs(engine: str, trial_name: str) -> list[list[str]]:
-    """Commands removing what compose made for a trial besides containers: its network and
-    the image it built (``down --rmi local`` never ran when Harbor was killed)."""
-    project = compose_project(trial_name)
-    return [
-        [engine, "network", "rm", "-f", f"{project}_default"],
-        [engine, "rmi", "-f", f"localhost/{project}_main"],
+def project_prefix(trial_name: str) -> str:
+    """The prefix of every compose project of a trial: its environment's (``<trial>__env``)
+    and its separate verifiers' (``<trial>__verifier__<key>``)."""
+    return compose_project(trial_name)[: -len("env")]
+
+
+def _list_argvs(engine: str) -> tuple[list[str], list[str]]:
+    # Go templates work on podman and docker alike (their JSON output differs).
+    return (
+        [engine, "network", "ls", "--format", "{{.Name}}"],
+        [engine, "images", "--format", "{{.Repository}}:{{.Tag}}"],
+    )
+
+
+def _leftover_argvs(
+    engine: str, trial_names: Sequence[str], networks: bytes, images: bytes
+) -> list[list[str]]:
+    """Commands removing what compose made for the trials besides containers: their networks
+    and the images they built (``down --rmi local`` never ran when Harbor was killed), found by
+    their compose project's name, whatever phase the trial died in."""
+    prefixes = tuple(project_prefix(name) for name in trial_names)
+    if not prefixes:
+        return []
+    nets = [n for n in networks.decode(errors="replace").split() if n.startswith(prefixes)]
+    # By name, never by id: an image that also carries another tag (a base image) only loses
+    # the trial's tag.
+    tags = [
+        t
+        for t in images.decode(errors="replace").split()
+        if t.removeprefix("localhost/").startswith(prefixes)
     ]
+    argvs = [[engine, "network", "rm", "-f", *nets]] if nets else []
+    if tags:
+        argvs.append([engine, "rmi", "-f", *tags])
+    return argvs
 
 
 async def _run(argv: list[str]) -> bytes:
@@ -121,7 +150,7 @@ async def _run(argv: list[str]) -> bytes:
 
 
 async def sweep_trial(engine: str, trial_name: str) -> list[str]:
-    """Remove every container labelled with ``trial_name`` and the trial's compose network.
+    """Remove every container labelled with ``trial_name``, and its compose networks and images.
 
     Returns the names of the containers removed. Best effort: a missing engine removes nothing.
     """
@@ -129,50 +158,40 @@ async def sweep_trial(engine: str, trial_name: str) -> list[str]:
         found = _parse_ps(await _run(_ps_argv(engine, f"{TRIAL_LABEL}={trial_name}")))
         if found:
             await _run(_rm_argv(engine, [c.id for c in found]))
-        for argv in _leftover_argvs(engine, trial_name):
+        list_networks, list_images = _list_argvs(engine)
+        networks, images = await _run(list_networks), await _run(list_images)
+        for argv in _leftover_argvs(engine, [trial_name], networks, images):
             await _run(argv)
     except OSError:
         return []
     return [c.name for c in found]
 
 
-def reap_orphans(engine: str) -> list[str]:
-    """Remove the labelled containers whose owner process is gone; log one line if any.
+def _run_blocking(argv: list[str]) -> bytes:
+    try:
+        done = subprocess.run(argv, capture_output=True, timeout=_ENGINE_TIMEOUT_S, check=False)
+    except (OSError, subprocess.TimeoutExpired):
+        return b""
+    return done.stdout
 
-    Blocking (run at start-up, before the server serves). Returns the removed containers' names.
-    """
-    try:
-        listed = subprocess.run(
-            _ps_argv(engine, OWNER_LABEL),
-            capture_output=True,
-            timeout=_ENGINE_TIMEOUT_S,
-            check=False,
-        )
-    except (OSError, subprocess.TimeoutExpired):
-        return []
-    orphans = [
-        c for c in _parse_ps(listed.stdout) if not owner_alive(c.labels.get(OWNER_LABEL, ""))
-    ]
-    if not orphans:
-        return []
-    trials = sorted({c.labels.get(TRIAL_LABEL, "?") for c in orphans})
-    try:
-        subprocess.run(
-            _rm_argv(engine, [c.id for c in orphans]),
-            capture_output=True,
-            timeout=_ENGINE_TIMEOUT_S,
-            check=False,
-        )
-        for trial in trials:
-            for argv in _leftover_argvs(engine, trial):
-                subprocess.run(argv, capture_output=True, timeout=_ENGINE_TIMEOUT_S, check=False)
-    except (OSError, subprocess.TimeoutExpired):
-        pass
-    names = [c.name for c in orphans]
-    message = (
-        f"harbor: reaped {len(names)} orphaned container(s) of dead rollout servers "
-        f"(trials {', '.join(trials)})"
-    )
-    # A milestone line on stdout: reaping runs before the server configures logging.
-    print(message, flush=True)
-    return names
+
+def orphan_trials(engine: str, owner: str | None = None) -> dict[str, list[str]]:
+    """Trial name -> ids of its labelled containers whose owner process is gone (or, with
+    ``owner``, whose owner is ``owner``). Blocking."""
+    orphans: dict[str, list[str]] = {}
+    for container in _parse_ps(_run_blocking(_ps_argv(engine, OWNER_LABEL))):
+        token = container.labels.get(OWNER_LABEL, "")
+        if token == owner if owner is not None else not owner_alive(token):
+            trial = container.labels.get(TRIAL_LABEL, "?")
+            orphans.setdefault(trial, []).append(container.id)
+    return orphans
+
+
+def remove_trials(engine: str, containers: Sequence[str], trial_names: Sequence[str]) -> None:
+    """Remove ``containers``, then the networks and images of ``trial_names``. Blocking."""
+    if containers:
+        _run_blocking(_rm_argv(engine, containers))
+    list_networks, list_images = _list_argvs(engine)
+    networks, images = _run_blocking(list_networks), _run_blocking(list_images)
+    for argv in _leftover_argvs(engine, trial_names, networks, images):
+        _run_blocking(argv)

@@ -56,3 +56,15 @@ def test_scrub_fails_closed_when_a_secret_would_survive() -> None:
     assert scrub_bytes(f"x{BEARER}y".encode(), spellings) == b"x[REDACTED]y"
     # A spelling list that cannot remove what it finds must refuse, never pass the bytes on.
     assert scrub_bytes(b"aaaa", [b"aaaa", b"[REDACTED]"]) is None
+
+
+def test_harbors_artifact_list_is_evidence_not_an_artifact(tmp_path: Path) -> None:
+    trial = _trial(tmp_path)
+    (trial / "artifacts" / "manifest.json").write_text('[{"source": "/logs/artifacts"}]')
+    dest = tmp_path / "rollout"
+    archive_trial(trial, None, dest, [BEARER])
+    # The supervisor reserves artifacts/manifest.json (and skips it with a warning).
+    assert not (dest / "artifacts" / "manifest.json").exists()
+    assert (dest / "harbor" / "artifacts" / "manifest.json").read_text().startswith("[{")
+    manifest = json.loads((dest / "harbor" / "manifest.json").read_text())
+    assert "artifacts/manifest.json" in {e["path"] for e in manifest["files"]}

@@ -53,11 +53,12 @@ def test_template_mode_finds_the_one_task_and_dataset_rows_name_theirs(tmp_path:
 def test_terminus_config_carries_the_bridge_url_but_never_the_bearer(tmp_path: Path) -> None:
     backend = _backend("terminus-2", trials_root=tmp_path, model_name="openai/m")
     request = ExecutionRequest(id="r1", prompt=[{"role": "user", "content": "do it"}])
-    staging, config = backend._stage(request, "http://127.0.0.1:9/v1/rollouts/r1")
+    staged = backend._stage(request, "http://127.0.0.1:9/v1/rollouts/r1")
+    config = staged.config
     document = json.loads(config.read_text())
     assert document["agent"]["kwargs"]["api_base"] == "http://127.0.0.1:9/v1/rollouts/r1"
     assert document["agent"]["model_name"] == "openai/m"
-    assert (staging / "task" / "instruction.md").read_text() == "do it\n"
+    assert (staged.staging / "task" / "instruction.md").read_text() == "do it\n"
     env = backend._child_env(["/x/bin/harbor"], "secret-bearer-1234", "http://u")
     assert env["OPENAI_API_KEY"] == "secret-bearer-1234"
     assert "secret-bearer-1234" not in config.read_text()

@@ -142,3 +142,49 @@ def _trial_groups(server_pid: int) -> list[int]:
                 with contextlib.suppress(ProcessLookupError):
                     groups.add(os.getpgid(proc.pid))
     return sorted(groups)
+
+
+SEPARATE_TASK = """schema_version = "1.4"
+artifacts = ["/app/answer.txt"]
+
+[task]
+name = "local/hello"
+
+[agent]
+timeout_sec = 120
+
+[verifier]
+timeout_sec = 60
+environment_mode = "separate"
+
+[environment]
+network_mode = "public"
+build_timeout_sec = 120
+"""
+
+
+@pytest.mark.timeout(300)
+async def test_separate_verifier_container_gets_the_labels(
+    harbor_workspace: Path, harbor_env: dict[str, str], tmp_path: Path
+) -> None:
+    task = harbor_workspace / "tasks" / "hello"
+    (task / "task.toml").write_text(SEPARATE_TASK)
+    (task / "tests" / "Dockerfile").write_text(
+        "FROM localhost/local/bookworm-harbor\nCOPY . /tests/\n"
+    )
+    args = ["eval", "run", "ws/configs/eval/oracle.toml", "--yes", "--name", "sep", "--rows", "0"]
+    live = await start_cli(args, cwd=tmp_path, env=harbor_env, logdir=tmp_path / "o")
+    seen: set[str] = set()
+
+    def finished() -> bool:
+        seen.update(labelled_containers())
+        return live.process.returncode is not None
+
+    await wait_for(finished, timeout=240, interval=0.2)
+    result = await live.wait(timeout=30)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert _rewards(run_dir(harbor_workspace, "sep")) == [("success", 1.0)]
+    # Harbor gives a separate verifier no run-level overlay; the staged docker-compose.yaml
+    # labels it anyway, so a sweep or a start-up reap can find it.
+    assert any("__verifier__" in name for name in seen), seen
+    assert any("__env" in name for name in seen), seen

@@ -1,0 +1,162 @@
+"""A trial's private scratch: the staged task copy, its compose overlays, its owner file.
+
+Layout under the backend's trials root (``/tmp/rollbridge-harbor-<uid>`` by default, 0700)::
+
+    staging/<rollout_id>/owner.json      {"owner": "<pid>:<start time>", "trial": "trial-<id>"}
+    staging/<rollout_id>/task/           the task, copied (the row's prompt as instruction.md)
+    staging/<rollout_id>/rollbridge-overlay.json, trial-config.json, harbor.log
+    trials/trial-<rollout_id>/           Harbor's own trial dir
+
+The owner file is written before anything else, and the staging dir lives exactly as long as its
+trial: the backend removes it when the trial ends, however it ends. So a staging dir whose owner
+process is gone (``kill -9`` of the rollout server) marks an abandoned trial, and
+:func:`stale_trials` finds it; a trial dir kept on purpose for debugging has no staging dir and is
+never touched.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from .containers import owner_alive
+
+__all__ = [
+    "OWNER_FILE",
+    "StagedTrial",
+    "prompt_text",
+    "remove_scratch",
+    "stage_trial",
+    "stale_trials",
+    "write_private",
+]
+
+OWNER_FILE = "owner.json"
+#: A staging dir with no readable owner file is only judged once it is this old (its owner may
+#: be between ``mkdir`` and writing the file).
+_UNOWNED_GRACE_S = 300.0
+#: Where a verifier environment of its own (``environment_mode = "separate"``) can be defined;
+#: Harbor does not pass run-level compose overlays to it, but it does read a
+#: ``docker-compose.yaml`` found next to its Dockerfile.
+_ENVIRONMENT_DIRS = ("environment", "tests", "steps/*/tests")
+
+
+@dataclass(frozen=True)
+class StagedTrial:
+    """Paths of one staged trial."""
+
+    staging: Path
+    task_dir: Path
+    overlay: Path
+    config: Path
+    log: Path
+
+
+def prompt_text(prompt: list[dict[str, Any]]) -> str:
+    """The instruction a template task gets: the text of the row's messages, in order."""
+    parts: list[str] = []
+    for message in prompt:
+        content = message.get("content")
+        if isinstance(content, str):
+            parts.append(content)
+        elif isinstance(content, list):
+            parts.extend(
+                str(p.get("text", "")) for p in content if isinstance(p, dict) and "text" in p
+            )
+    return "\n\n".join(p.strip() for p in parts if p and p.strip()) + "\n"
+
+
+def write_private(path: Path, data: bytes) -> None:
+    """Write ``data`` to ``path`` as a 0600 file."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "wb") as handle:
+        handle.write(data)
+
+
+def stage_trial(
+    trials_root: Path,
+    rollout_id: str,
+    source: Path,
+    *,
+    owner: str,
+    instruction: str | None,
+    service: Mapping[str, Any],
+) -> StagedTrial:
+    """Create ``staging/<rollout_id>`` (owner file first), copy the task, write the overlays.
+
+    ``service`` is the compose ``main`` service overlay (labels, init). Besides the run-level
+    overlay file, it is written as ``docker-compose.yaml`` into every environment directory of
+    the copy that builds an image and has no compose file of its own, so that a separate
+    verifier environment gets the labels (orphan reaping) and the init (fast teardown) too.
+    """
+    trial_name = f"trial-{rollout_id}"
+    staging = trials_root / "staging" / rollout_id
+    shutil.rmtree(staging, ignore_errors=True)
+    staging.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+    os.chmod(trials_root, 0o700)
+    staging.mkdir(mode=0o700)
+    owner_doc = {"owner": owner, "trial": trial_name}
+    write_private(staging / OWNER_FILE, json.dumps(owner_doc).encode())
+    task_dir = staging / "task"
+    shutil.copytree(source, task_dir, symlinks=False)
+    if instruction is not None:
+        (task_dir / "instruction.md").write_text(instruction)
+    overlay_doc = json.dumps({"services": {"main": dict(service)}}).encode()
+    for pattern in _ENVIRONMENT_DIRS:
+        for env_dir in sorted(task_dir.glob(pattern)):
+            compose = env_dir / "docker-compose.yaml"
+            if (env_dir / "Dockerfile").is_file() and not compose.exists():
+                # JSON is YAML; Harbor (and podman-compose) merge it over their own files.
+                compose.write_bytes(overlay_doc)
+    overlay = staging / "rollbridge-overlay.json"
+    overlay.write_bytes(overlay_doc)
+    (trials_root / "trials").mkdir(mode=0o700, exist_ok=True)
+    shutil.rmtree(trials_root / "trials" / trial_name, ignore_errors=True)
+    return StagedTrial(
+        staging, task_dir, overlay, staging / "trial-config.json", staging / "harbor.log"
+    )
+
+
+def _owner_of(staging: Path) -> str | None:
+    try:
+        document = json.loads((staging / OWNER_FILE).read_bytes())
+    except (OSError, ValueError):
+        return None
+    owner = document.get("owner") if isinstance(document, dict) else None
+    return owner if isinstance(owner, str) else None
+
+
+def stale_trials(trials_root: Path) -> list[str]:
+    """Rollout ids of the staged trials whose owner process is gone (sorted)."""
+    try:
+        entries = sorted((trials_root / "staging").iterdir())
+    except OSError:
+        return []
+    stale = []
+    for staging in entries:
+        if not staging.is_dir() or staging.is_symlink():
+            continue
+        owner = _owner_of(staging)
+        if owner is None:
+            try:
+                age = time.time() - staging.stat().st_mtime
+            except OSError:
+                continue
+            if age < _UNOWNED_GRACE_S:
+                continue
+        elif owner_alive(owner):
+            continue
+        stale.append(staging.name)
+    return stale
+
+
+def remove_scratch(trials_root: Path, rollout_id: str) -> None:
+    """Remove a trial's staging dir and Harbor trial dir."""
+    shutil.rmtree(trials_root / "trials" / f"trial-{rollout_id}", ignore_errors=True)
+    shutil.rmtree(trials_root / "staging" / rollout_id, ignore_errors=True)
