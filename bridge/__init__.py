@@ -12,9 +12,7 @@ from bridge.secret_policy import (
     AMBIENT_MIN_LENGTH,
     KNOWN_SECRET_ENV_NAMES,
     REDACTED,
-    literal_pattern,
     secret_env_values,
-    value_variants,
 )
 from bridge.server import BridgeConfig, BridgeHandle, rollout_url, run_bridge
 from bridge.upstreams.routing import OFFLINE_MODEL
@@ -31,10 +29,8 @@ __all__ = [
     "PreflightError",
     "RolloutUsage",
     "UsageLedger",
-    "literal_pattern",
     "preflight",
     "rollout_url",
     "run_bridge",
     "secret_env_values",
-    "value_variants",
 ]

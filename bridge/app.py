@@ -12,6 +12,7 @@ from __future__ import annotations
 import re
 from collections.abc import AsyncGenerator
 from contextlib import aclosing
+from typing import Any
 from urllib.parse import quote
 
 import trio
@@ -216,6 +217,45 @@ async def _send_stream(
     await send({"type": "http.response.body", "body": b"", "more_body": False})
 
 
+def _usage_doc(bridge: Bridge) -> dict[str, Any]:
+    """``GET /v1/usage``: the usage counted per id so far and its totals."""
+    rollouts = {rid: u.to_json() for rid, u in sorted(bridge.ledger.snapshot().items())}
+    keys = ("calls", "prompt_tokens", "completion_tokens", "total_tokens")
+    totals = {key: sum(doc.get(key, 0) for doc in rollouts.values()) for key in keys}
+    largest = max((doc["max_context_tokens"] for doc in rollouts.values()), default=0)
+    return {"rollouts": rollouts, "totals": {**totals, "max_context_tokens": largest}}
+
+
+def _daemon_routes(app: QuartTrio, bridge: Bridge, token: str) -> None:
+    """``bridge serve`` only: a health route (no token: it says nothing but "up"), the model
+    list OpenAI clients ask for, and the usage counted so far (token required)."""
+    from quart import request
+
+    def unauthorized() -> Response | None:
+        if check_auth(request.headers.get("Authorization"), token):
+            return None
+        return _detail(401, "Unauthorized")
+
+    @app.get("/health")
+    async def health() -> Response:
+        return Response(dumps({"status": "ok"}), content_type="application/json")
+
+    @app.get("/v1/models")
+    async def models() -> Response:
+        refused = unauthorized()
+        if refused is not None:
+            return refused
+        entry = {"id": bridge.model, "object": "model", "created": 0, "owned_by": "rollbridge"}
+        return Response(dumps({"object": "list", "data": [entry]}), content_type="application/json")
+
+    @app.get("/v1/usage")
+    async def usage() -> Response:
+        refused = unauthorized()
+        if refused is not None:
+            return refused
+        return Response(dumps(_usage_doc(bridge)), content_type="application/json")
+
+
 def create_app(
     bridge: Bridge,
     *,
@@ -247,6 +287,7 @@ def create_app(
     )
     if plain_chat_route:
         app.add_url_rule("/v1/chat/completions", "plain_chat", declared_only, methods=["POST"])
+        _daemon_routes(app, bridge, token)
 
     @app.errorhandler(404)
     async def not_found(_: Exception) -> Response:

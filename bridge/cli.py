@@ -2,13 +2,20 @@
 
 from __future__ import annotations
 
+import json
+import os
 import secrets
 import signal
 import sys
+from pathlib import Path
+from typing import TYPE_CHECKING
 
 import click
 
 from bridge.upstreams.routing import OFFLINE_MODEL
+
+if TYPE_CHECKING:
+    from bridge.server import BridgeHandle
 
 TOKEN_ENV = "ROLLBRIDGE_BRIDGE_TOKEN"
 
@@ -34,18 +41,41 @@ def bridge() -> None:
     default=None,
     help=f"Bearer token clients must send (or ${TOKEN_ENV}); generated and printed when not given.",
 )
-def serve(model: str, host: str, port: int, token: str | None) -> None:
+@click.option(
+    "--json",
+    "json_output",
+    is_flag=True,
+    help="Print one JSON ready line (url, port, model, generated token) instead of the text.",
+)
+@click.option(
+    "--port-file",
+    type=click.Path(dir_okay=False, writable=True),
+    default=None,
+    help="Write the bound port to this file once listening (removed at exit).",
+)
+@click.option("--no-preflight", is_flag=True, help="Skip the model probe at start (offline work).")
+def serve(
+    model: str,
+    host: str,
+    port: int,
+    token: str | None,
+    json_output: bool,
+    port_file: str | None,
+    no_preflight: bool,
+) -> None:
     """Serve an OpenAI-compatible endpoint for MODEL until Ctrl-C.
 
     Rollouts call <url>/v1/rollouts/<id>/chat/completions; IDE tools can call
     <url>/v1/chat/completions and name their usage bucket with the X-Rollbridge-Rollout-Id
     header. A token you pass is never printed; a generated one is printed once, because you
-    need it to call the bridge.
+    need it to call the bridge. The model is probed once before the bridge listens (as a run
+    does), so a model that cannot answer fails here. GET /health, /v1/models and /v1/usage
+    (live usage per id) are served too.
     """
     import trio
 
-    from bridge.errors import BridgeBindError
-    from bridge.server import BridgeConfig, BridgeHandle, run_bridge
+    from bridge.errors import BridgeBindError, PreflightError
+    from bridge.server import BridgeConfig, run_bridge
 
     generated = token is None
     if token is not None and not token.strip():
@@ -61,23 +91,29 @@ def serve(model: str, host: str, port: int, token: str | None) -> None:
     )
 
     async def main() -> None:
+        handle: BridgeHandle | None = None
         with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
             async with trio.open_nursery() as nursery:
-                handle: BridgeHandle = await nursery.start(run_bridge, config)
-                click.echo(f"Bridge for {model} listening on {handle.base_url}")
-                click.echo(
-                    f"  rollouts: {handle.base_url}/v1/rollouts/<rollout-id>/chat/completions"
-                )
-                click.echo(f"  plain:    {handle.base_url}/v1/chat/completions")
-                if generated:
-                    click.echo(
-                        f"  token:    {token}  (generated; pass --token or ${TOKEN_ENV} to choose)"
-                    )
-                click.echo("Press Ctrl-C to stop.")
+
+                async def stop_on_signal() -> None:
+                    # Also during the preflight, which may wait on a slow provider.
+                    async for _ in signals:
+                        nursery.cancel_scope.cancel()
+                        return
+
+                nursery.start_soon(stop_on_signal)
+                if not no_preflight:
+                    await _preflight(model)
+                handle = await nursery.start(run_bridge, config)
+                if port_file is not None:
+                    _write_port_file(Path(port_file), handle.port)
+                if json_output:
+                    _ready_line(handle, model, token if generated else None)
+                else:
+                    _ready_text(handle, model, token if generated else None)
                 sys.stdout.flush()
-                async for _ in signals:
-                    nursery.cancel_scope.cancel()
-                    break
+        if json_output or handle is None:
+            return
         click.echo("Bridge stopped.")
         for rollout_id, usage in sorted(handle.ledger.snapshot().items()):
             click.echo(
@@ -88,5 +124,48 @@ def serve(model: str, host: str, port: int, token: str | None) -> None:
 
     try:
         trio.run(main)
-    except* BridgeBindError as group:
+    except* (BridgeBindError, PreflightError) as group:
         raise click.ClickException(str(group.exceptions[0])) from None
+    finally:
+        if port_file is not None:
+            Path(port_file).unlink(missing_ok=True)
+
+
+async def _preflight(model: str) -> None:
+    """The run's model probe: a fatal failure raises PreflightError, a warning goes to stderr."""
+    from bridge.preflight import preflight
+
+    warning = await preflight(model)
+    if warning:
+        click.echo(f"WARNING: {warning}", err=True)
+
+
+def _write_port_file(path: Path, port: int) -> None:
+    """The port and a newline, atomically (a reader never sees a partial file)."""
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    tmp.write_text(f"{port}\n", encoding="ascii")
+    os.replace(tmp, path)
+
+
+def _ready_line(handle: BridgeHandle, model: str, generated_token: str | None) -> None:
+    doc = {
+        "ready": True,
+        "url": handle.base_url,
+        "port": handle.port,
+        "model": model,
+        "pid": os.getpid(),
+        # Only a generated token: the caller that chose one already has it.
+        "token": generated_token,
+    }
+    click.echo(json.dumps(doc))
+
+
+def _ready_text(handle: BridgeHandle, model: str, generated_token: str | None) -> None:
+    click.echo(f"Bridge for {model} listening on {handle.base_url}")
+    click.echo(f"  rollouts: {handle.base_url}/v1/rollouts/<rollout-id>/chat/completions")
+    click.echo(f"  plain:    {handle.base_url}/v1/chat/completions")
+    if generated_token:
+        click.echo(
+            f"  token:    {generated_token}  (generated; pass --token or ${TOKEN_ENV} to choose)"
+        )
+    click.echo("Press Ctrl-C to stop.")

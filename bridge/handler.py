@@ -17,10 +17,13 @@ import trio
 from bridge.errors import BridgeError, UpstreamError, error_body, final_status
 from bridge.policy import prepare, response_model
 from bridge.reasoning import ReasoningMemory, StreamedMessage
+from bridge.retry import OnFault, ProviderFault, RetryPolicy, retrying, retrying_stream
 from bridge.scrub import ErrorScrubber
 from bridge.shaping import (
     NO_CHOICES_MESSAGE,
+    OWNED_ENVELOPE,
     completion_to_chunk,
+    passed_through,
     shape_chunk,
     shape_completion,
 )
@@ -69,6 +72,7 @@ class Bridge:
         log: Callable[[str, str], None] | None = None,
         timing: Timing | None = None,
         keepalive: bool = False,
+        retry: RetryPolicy | None = None,
     ) -> None:
         self.upstream = upstream
         self.model = upstream.model
@@ -76,6 +80,8 @@ class Bridge:
         self.ledger = UsageLedger(on_forget=self.memory.forget)
         self.scrubber = ErrorScrubber([token, *upstream.secrets()], extra=redact)
         self.timing = timing or Timing()
+        self.retry = retry or RetryPolicy()
+        """Which transient provider faults are retried, and for how long."""
         self.keepalive = keepalive
         """Keepalive mode (behind a public URL): may be switched while serving; a request
         follows the mode it started in."""
@@ -104,10 +110,21 @@ class Bridge:
 
         return record
 
+    def _on_fault(self, rollout_id: str) -> OnFault:
+        def on_fault(fault: ProviderFault, retrying: bool) -> None:
+            self.ledger.fault(rollout_id, fault.status, retried=retrying)
+            if retrying:
+                self.log("info", f"retrying a call after a provider fault: {fault.kind}")
+
+        return on_fault
+
     async def complete(self, rollout_id: str, body: dict[str, Any]) -> dict[str, Any]:
         """Answer one non-streaming request; raises on any failure (see :meth:`error`)."""
         prepared = self.memory.replay(rollout_id, prepare(body))
-        data = await self.upstream.complete(prepared, self._recorder(rollout_id))
+        record = self._recorder(rollout_id)
+        data = await retrying(
+            lambda: self.upstream.complete(prepared, record), self.retry, self._on_fault(rollout_id)
+        )
         if not data.get("choices"):
             raise UpstreamError(502, NO_CHOICES_MESSAGE)
         out = shape_completion(
@@ -197,7 +214,9 @@ class Bridge:
         started = False
         any_choices = False
         held: dict[str, Any] | None = None
-        chunks = self.upstream.stream(prepared)
+        chunks = retrying_stream(
+            lambda: self.upstream.stream(prepared), self.retry, self._on_fault(rollout_id)
+        )
         try:
             async for raw in chunks:
                 started = True
@@ -218,6 +237,10 @@ class Bridge:
                 if not chunk["choices"]:
                     if held is None and raw.get("usage") is not None:
                         chunk["usage"] = CallUsage.from_json(usage).to_json()
+                        await send.send(_sse(chunk))
+                    elif held is None and passed_through(raw, OWNED_ENVELOPE):
+                        # Provider fields without a choice (Azure's prompt_filter_results
+                        # come first, alone): relayed like any other field.
                         await send.send(_sse(chunk))
                     continue
                 any_choices = True

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import os
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from bridge.errors import PreflightError, UpstreamError
 from bridge.policy import PreparedRequest
 from bridge.scrub import ErrorScrubber
+from bridge.secret_policy import is_secret_env_name
 
 #: Failures that stop the run: the configuration is wrong and every rollout would fail.
 FATAL = frozenset(
@@ -33,8 +35,40 @@ INVALID_FORMAT = (
 )
 
 
+# Where a provider's credentials live when their names do not start with the provider's own
+# name in capitals (``openai/...`` reads ``OPENAI_API_KEY``, ``anthropic/...`` ``ANTHROPIC_*``).
+_CREDENTIAL_PREFIXES = {
+    "openrouter": ("OPENROUTER_", "OR_"),
+    "bedrock": ("AWS_",),
+    "sagemaker": ("AWS_",),
+    "vertex_ai": ("VERTEXAI_", "VERTEX_"),
+    "gemini": ("GEMINI_", "GOOGLE_"),
+    "together_ai": ("TOGETHER_", "TOGETHERAI_"),
+    "fireworks_ai": ("FIREWORKS_",),
+    "huggingface": ("HUGGINGFACE_", "HF_"),
+}
+
+
 def _ignore(_: Any) -> None:
     """Preflight usage belongs to no rollout."""
+
+
+def non_ascii_credential(model: str, environ: Mapping[str, str]) -> str | None:
+    """The name of a credential variable of ``model``'s provider whose value is not ASCII.
+
+    HTTP headers carry keys as ASCII, so such a key fails every call, and fails it before the
+    provider sees it, with an encoding error that does not say which variable is wrong; a
+    pasted typographic quote or a non-breaking space is the usual cause. Only the provider's
+    own secret-named variables are looked at (others may hold anything).
+    """
+    provider = model.split("/", 1)[0].lower() if "/" in model else ""
+    if not provider:
+        return None
+    prefixes = _CREDENTIAL_PREFIXES.get(provider, (provider.upper() + "_",))
+    for name in sorted(environ):
+        if name.startswith(prefixes) and is_secret_env_name(name) and not environ[name].isascii():
+            return name
+    return None
 
 
 async def preflight(model: str, *, redact: Callable[[str], str] | None = None) -> str | None:
@@ -42,8 +76,16 @@ async def preflight(model: str, *, redact: Callable[[str], str] | None = None) -
 
     Returns None on success, a warning text for a failure that does not stop the run, and
     raises :class:`PreflightError` (``model preflight failed for '<model>': <ExcName>: <msg>``)
-    for a fatal one.
+    for a fatal one. A provider key that is not ASCII is fatal before any call is made (the
+    message names the variable, never its value).
     """
+    bad = non_ascii_credential(model, os.environ)
+    if bad is not None:
+        raise PreflightError(
+            f"model preflight failed for '{model}': {bad} contains non-ASCII characters, so no "
+            "request can carry it (often a pasted typographic quote or non-breaking space); "
+            f"set {bad} to the key exactly as the provider issued it"
+        )
     from bridge.upstreams import make_upstream
     from bridge.upstreams.direct import new_client
 

@@ -7,13 +7,7 @@ import re
 from collections.abc import Callable, Iterable
 
 from bridge.errors import MAX_ERROR_MESSAGE
-from bridge.secret_policy import (
-    AMBIENT_MIN_LENGTH,
-    REDACTED,
-    literal_pattern,
-    secret_env_values,
-    value_variants,
-)
+from bridge.secret_policy import AMBIENT_MIN_LENGTH, REDACTED, SecretMatcher, secret_env_values
 
 _PATTERN_MASK = "REDACTED"
 
@@ -42,7 +36,8 @@ class ErrorScrubber:
 
     Known values (``secrets``: the run's bearer token, the provider key) and the secret values
     of the environment as it is when the scrubber is made (:mod:`bridge.secret_policy`) become
-    ``[REDACTED]`` in every spelling the policy knows; only then is credential-shaped text
+    ``[REDACTED]`` in every spelling the policy knows (:class:`~bridge.secret_policy.SecretMatcher`,
+    the launcher's mechanism too); only then is credential-shaped text
     masked as ``REDACTED``, so a known value is masked whole even where its prefix looks like a
     key. ``extra`` is an outside redactor (the run's) applied last.
     """
@@ -50,18 +45,16 @@ class ErrorScrubber:
     def __init__(
         self, secrets: Iterable[str] = (), extra: Callable[[str], str] | None = None
     ) -> None:
-        spellings: set[str] = set()
+        self._known = SecretMatcher()
         for secret in secrets:
-            spellings |= value_variants(secret)
+            self._known.add(secret)
         for value in secret_env_values(os.environ):
-            spellings |= value_variants(value, min_length=AMBIENT_MIN_LENGTH)
-        self._known = literal_pattern(spellings)
+            self._known.add(value, min_length=AMBIENT_MIN_LENGTH)
         self._extra = extra
 
     def scrub(self, text: str) -> str:
         """Redact ``text`` without reshaping it (for log lines)."""
-        if self._known is not None:
-            text = self._known.sub(REDACTED, text)
+        text = self._known.sub(REDACTED, text)
         text = _PATTERNS.sub(_PATTERN_MASK, text)
         if self._extra is not None:
             text = self._extra(text)

@@ -8,14 +8,22 @@ A secret in the environment is the value of a variable on :data:`KNOWN_SECRET_EN
 any variable whose name contains ``KEY``, ``TOKEN``, ``SECRET`` or ``PASSWORD``, when the value
 is at least :data:`AMBIENT_MIN_LENGTH` characters long. A secret is redacted in every spelling
 a program is likely to print it in: as is, whitespace-stripped, JSON-escaped (with or without
-``\\/`` for ``/``) and Python-quoted (alone, or inside a larger single-quoted ``repr``).
+``\\/`` for ``/``) and Python-quoted (alone, or inside a larger single-quoted ``repr``), each
+at any depth (JSON inside a repr inside JSON...), and URL-encoded.
+
+:class:`SecretMatcher` is the mechanism both redactors use. Rather than listing spellings (there
+are exponentially many once escapes nest), it matches each character of a secret in any of the
+forms an escaper can give it: itself (after any number of backslashes, for the characters
+escapers prefix), a backslash escape (``\\n``, ``\\x0a``, ``\\u000a``, ``\\U0001f600``, a
+surrogate pair) behind one or more backslashes, or its UTF-8 bytes as ``%XX`` (``+`` for a
+space). Backslashes may themselves be URL-encoded (``%5C``), hex digits in either case.
 """
 
 from __future__ import annotations
 
-import json
 import re
-from collections.abc import Iterable, Mapping
+import string
+from collections.abc import Mapping
 
 REDACTED = "[REDACTED]"
 """What a known secret value is replaced with."""
@@ -74,38 +82,117 @@ def secret_env_values(environ: Mapping[str, str]) -> list[str]:
     ]
 
 
-def _python_quoted(text: str) -> set[str]:
-    # A lone string containing ' (and no ") is shown in double quotes with ' as is; inside a
-    # larger string that also contains ", Python quotes with ' and escapes it as \'.
-    return {repr(text)[1:-1], repr(text + '"')[1:-2]}
+# The characters escapers put a backslash in front of while keeping the character itself.
+_PREFIXED = frozenset("\"'\\/")
+_SHORT_ESCAPES = {
+    "\n": "n",
+    "\t": "t",
+    "\r": "r",
+    "\b": "b",
+    "\f": "f",
+    "\v": "v",
+    "\a": "a",
+    "\0": "0",
+}
+# No escaper (JSON, repr, URL quoting) touches these: they stand for themselves in every spelling.
+_NEVER_ESCAPED = frozenset(string.ascii_letters + string.digits + "_-")
+# A value is looked for only where one of its runs of such characters occurs (a plain literal
+# search, cheap on text holding no secret), when its longest run is at least this long.
+_ANCHOR_MIN = 4
+_ANCHOR_RUN = re.compile(r"[A-Za-z0-9_-]+")
+# One or more backslashes, raw or URL-encoded: the depth of the escaping.
+_BACKSLASHES = r"(?:\\|%5[cC])+"
 
 
-def value_variants(value: str, *, min_length: int = 1) -> set[str]:
-    """The spellings of ``value`` that get redacted (see the module docstring).
+def _hex(number: int, width: int) -> str:
+    """A regex for ``number`` as ``width`` hex digits in either case."""
+    return "".join(f"[{d}{d.upper()}]" if d.isalpha() else d for d in f"{number:0{width}x}")
 
-    A blank value has none (it would turn every space into a mask). Spellings shorter than
-    ``min_length`` are dropped, so that a long value padded with whitespace does not turn a
-    short stripped form into a pattern.
+
+def _char_forms(char: str) -> str:
+    """A regex matching ``char`` in any spelling an escaper (at any depth) can give it."""
+    if char in _NEVER_ESCAPED:
+        return char
+    forms = [re.escape(char)]
+    code = ord(char)
+    if char in _SHORT_ESCAPES:
+        forms.append(_BACKSLASHES + _SHORT_ESCAPES[char])
+    if code < 0x100:
+        forms.append(_BACKSLASHES + "x" + _hex(code, 2))
+    if code < 0x10000:
+        forms.append(_BACKSLASHES + "u" + _hex(code, 4))
+    else:
+        high, low = divmod(code - 0x10000, 0x400)
+        forms.append(_BACKSLASHES + "U" + _hex(code, 8))
+        forms.append(
+            _BACKSLASHES + "u" + _hex(0xD800 + high, 4) + _BACKSLASHES + "u" + _hex(0xDC00 + low, 4)
+        )
+    try:
+        encoded = char.encode("utf-8")
+    except UnicodeEncodeError:  # a lone surrogate has no URL form
+        encoded = b""
+    if encoded:
+        forms.append("".join("%" + _hex(byte, 2) for byte in encoded))
+    if char == " ":
+        forms.append(r"\+")
+    pattern = forms[0] if len(forms) == 1 else "(?:" + "|".join(forms) + ")"
+    # Escaping a prefixed character adds backslashes in front of whichever form it has
+    # (``\\"``, and ``%5C%22`` once that is URL-encoded).
+    return rf"(?:\\|%5[cC])*{pattern}" if char in _PREFIXED else pattern
+
+
+def spelling_pattern(value: str) -> str:
+    """A regex (source) matching ``value`` in every spelling of the module docstring."""
+    return "".join(_char_forms(char) for char in value)
+
+
+class SecretMatcher:
+    """The known secrets, matched in every spelling by one compiled regex.
+
+    Values are matched longest first, so a value containing another is replaced whole; the
+    regex is rebuilt only when a value is added.
     """
-    if not value.strip():
-        return set()
-    out: set[str] = set()
-    for base in {value, value.strip()}:
-        for plain in (
-            base,
-            json.dumps(base)[1:-1],
-            json.dumps(base, ensure_ascii=False)[1:-1],
-        ):
-            # JSON allows "/" to be written as "\/", and some encoders (PHP's, by default) do.
-            for spelling in {plain, plain.replace("/", "\\/")}:
-                out.add(spelling)
-                out |= _python_quoted(spelling)
-    return {v for v in out if len(v) >= min_length}
 
+    def __init__(self) -> None:
+        self._values: set[str] = set()
+        self._regex: re.Pattern[str] | None = None
+        self._anchors: re.Pattern[str] | None = None
+        self._dirty = False
 
-def literal_pattern(spellings: Iterable[str]) -> re.Pattern[str] | None:
-    """One regex matching any of ``spellings`` literally, longest first; None when empty."""
-    ordered = sorted({s for s in spellings if s}, key=lambda s: (-len(s), s))
-    # Alternation is leftmost-first, so longest-first ordering makes the longest spelling win
-    # at any position where several match (a value containing another is masked whole).
-    return re.compile("|".join(re.escape(s) for s in ordered)) if ordered else None
+    def add(self, value: str | None, *, min_length: int = 1) -> None:
+        """Know ``value`` and its whitespace-stripped form, each when at least ``min_length``
+        long (so that a long padded value does not turn a short stripped form into a secret).
+
+        A blank value is ignored: it would turn every space into a mask.
+        """
+        if not value or not value.strip():
+            return
+        new = {v for v in (value, value.strip()) if len(v) >= min_length} - self._values
+        if new:
+            self._values |= new
+            self._dirty = True
+
+    @property
+    def values(self) -> frozenset[str]:
+        """Every value currently matched."""
+        return frozenset(self._values)
+
+    def sub(self, replacement: str, text: str) -> str:
+        """``text`` with every spelling of every known value replaced by ``replacement``."""
+        if self._dirty:
+            self._compile()
+        if self._regex is None or not text:
+            return text
+        if self._anchors is not None and self._anchors.search(text) is None:
+            return text
+        return self._regex.sub(replacement, text)
+
+    def _compile(self) -> None:
+        ordered = sorted(self._values, key=lambda v: (-len(v), v))
+        # Alternation is leftmost-first: longest first makes the longest value win.
+        self._regex = re.compile("|".join(spelling_pattern(v) for v in ordered))
+        anchors = [max(_ANCHOR_RUN.findall(v) or [""], key=len) for v in ordered]
+        # One value without a usable anchor means every text must go through the full regex.
+        usable = all(len(a) >= _ANCHOR_MIN for a in anchors)
+        self._anchors = re.compile("|".join(map(re.escape, anchors))) if usable else None
+        self._dirty = False

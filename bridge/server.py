@@ -17,6 +17,7 @@ from bridge.upstreams.routing import OFFLINE_MODEL
 
 if TYPE_CHECKING:
     from bridge.handler import Bridge
+    from bridge.retry import RetryPolicy
 
 
 @dataclass(frozen=True)
@@ -48,6 +49,9 @@ class BridgeConfig:
     """Keepalive mode: seconds between trickled spaces after that."""
     max_body_bytes: int = MAX_BODY_BYTES
     """Largest accepted request body; larger ones get 413."""
+    retry: RetryPolicy | None = None
+    """How transient upstream faults are retried (None: the default policy of
+    :mod:`bridge.retry`; ``RetryPolicy(max_attempts=1)`` turns retries off)."""
 
     def __post_init__(self) -> None:
         if not isinstance(self.token, str) or not self.token.strip():
@@ -152,6 +156,7 @@ async def run_bridge(
                         keepalive_interval=config.keepalive_interval,
                     ),
                     keepalive=config.keepalive,
+                    retry=config.retry,
                 )
                 app = create_app(
                     bridge,

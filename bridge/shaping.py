@@ -1,4 +1,14 @@
-"""Shaping provider answers into what the rollout receives (docs/spec/bridge.md §7)."""
+"""Shaping provider answers into what the rollout receives (docs/spec/bridge.md §7).
+
+The bridge owns a few fields of every answer: the envelope (``id``, ``object``, ``created``,
+``model``, ``usage``), each choice's ``index`` and ``finish_reason``, and the assistant
+message's ``role``, ``content`` (never null), reasoning fields, ``tool_calls`` and ``refusal``.
+Every other field the provider sends, at any of those three levels (``system_fingerprint``,
+``service_tier``, a choice's ``logprobs``, a message's ``annotations`` or ``audio``, a
+provider's own additions), is relayed as sent: RL rollouts need ``logprobs`` in particular.
+Null values are not relayed, because LiteLLM fills every field it knows with null whether the
+provider sent it or not, and a missing field means the same to OpenAI clients.
+"""
 
 from __future__ import annotations
 
@@ -12,6 +22,23 @@ from bridge.usage import CallUsage
 REASONING_FIELDS = ("reasoning_content", "thinking_blocks", "reasoning_details")
 
 NO_CHOICES_MESSAGE = "LLM response carried no choices; refusing to emit an empty completion"
+
+#: Envelope fields the bridge sets itself.
+OWNED_ENVELOPE = frozenset({"id", "object", "created", "model", "choices", "usage"})
+#: Choice fields the bridge sets itself (``message`` or ``delta`` is reshaped).
+OWNED_CHOICE = frozenset({"index", "message", "delta", "finish_reason"})
+#: Message and delta fields the bridge sets itself.
+OWNED_MESSAGE = frozenset({"role", "content", "tool_calls", "refusal", *REASONING_FIELDS})
+#: LiteLLM's own bookkeeping rather than the provider's answer (the reasoning it carries is
+#: taken out of it), never relayed.
+LITELLM_INTERNAL = "provider_specific_fields"
+
+
+def passed_through(obj: dict[str, Any], owned: frozenset[str]) -> dict[str, Any]:
+    """The fields of ``obj`` the bridge does not own, as the provider sent them (nulls dropped)."""
+    return {
+        k: v for k, v in obj.items() if k not in owned and k != LITELLM_INTERNAL and v is not None
+    }
 
 
 def _reasoning(message: dict[str, Any]) -> dict[str, Any]:
@@ -35,7 +62,8 @@ def _created(value: Any) -> int:
 
 
 def shape_message(message: Any) -> dict[str, Any]:
-    """The assistant message the rollout sees: content (never null), reasoning, tools, refusal."""
+    """The assistant message the rollout sees: content (never null), reasoning, tools, refusal,
+    then every other field the provider sent."""
     message = message if isinstance(message, dict) else {}
     content = message.get("content")
     out: dict[str, Any] = {"role": "assistant", "content": "" if content is None else content}
@@ -45,11 +73,12 @@ def shape_message(message: Any) -> dict[str, Any]:
         out["tool_calls"] = tool_calls
     if message.get("refusal") is not None:
         out["refusal"] = message["refusal"]
+    out.update(passed_through(message, OWNED_MESSAGE))
     return out
 
 
 def shape_completion(data: dict[str, Any], model: str, usage: CallUsage | None) -> dict[str, Any]:
-    """A non-streaming ``chat.completion``; everything not listed in docs/spec/bridge.md §7 is dropped."""
+    """A non-streaming ``chat.completion``: the owned fields reshaped, the rest relayed."""
     out = _envelope(data, model, "chat.completion", "message", shape_message)
     if usage is not None:
         out["usage"] = usage.to_json()
@@ -57,9 +86,12 @@ def shape_completion(data: dict[str, Any], model: str, usage: CallUsage | None) 
 
 
 def shape_delta(delta: Any) -> dict[str, Any]:
-    """A streamed delta: content, reasoning, tool calls and refusal (no ``role``)."""
+    """A streamed delta: ``role`` when the provider sent it (its first delta does), content,
+    reasoning, tool calls, refusal, then every other field the provider sent."""
     delta = delta if isinstance(delta, dict) else {}
     out: dict[str, Any] = {}
+    if delta.get("role") is not None:
+        out["role"] = delta["role"]
     if delta.get("content") is not None:
         out["content"] = delta["content"]
     out.update(_reasoning(delta))
@@ -67,6 +99,7 @@ def shape_delta(delta: Any) -> dict[str, Any]:
         out["tool_calls"] = delta["tool_calls"]
     if delta.get("refusal") is not None:
         out["refusal"] = delta["refusal"]
+    out.update(passed_through(delta, OWNED_MESSAGE))
     return out
 
 
@@ -82,17 +115,20 @@ def _envelope(
     part: str,
     shape_part: Callable[[Any], dict[str, Any]],
 ) -> dict[str, Any]:
-    """The fields a completion and a chunk share; each choice's ``part`` is reshaped."""
+    """The fields a completion and a chunk share; each choice's ``part`` is reshaped, and the
+    fields the bridge does not own are relayed at both levels."""
     choices = data.get("choices")
     return {
         "id": data.get("id") or "chatcmpl-eval",
         "object": kind,
         "created": _created(data.get("created")),
         "model": model,
+        **passed_through(data, OWNED_ENVELOPE),
         "choices": [
             {
                 "index": choice.get("index", i),
                 part: shape_part(choice.get(part)),
+                **passed_through(choice, OWNED_CHOICE),
                 "finish_reason": choice.get("finish_reason"),
             }
             for i, choice in enumerate(choices if isinstance(choices, list) else [])
@@ -104,19 +140,19 @@ def _envelope(
 def completion_to_chunk(completion: dict[str, Any]) -> dict[str, Any]:
     """Turn a shaped completion into the single chunk that carries it whole.
 
-    Used when the provider answered a streaming request without streaming. Tool call
-    indices are rewritten to their position, as streamed tool calls require.
+    Used when the provider answered a streaming request without streaming. The message
+    becomes the delta whole (``role`` included: it is the stream's first delta), with tool
+    call indices rewritten to their position, as streamed tool calls require.
     """
     choices = []
     for choice in completion["choices"]:
-        delta = {k: v for k, v in choice["message"].items() if k != "role"}
+        delta = dict(choice["message"])
         if "tool_calls" in delta:
             delta["tool_calls"] = [
                 {**call, "index": i} if isinstance(call, dict) else call
                 for i, call in enumerate(delta["tool_calls"])
             ]
-        choices.append(
-            {"index": choice["index"], "delta": delta, "finish_reason": choice["finish_reason"]}
-        )
+        others = {k: v for k, v in choice.items() if k != "message"}
+        choices.append({**others, "delta": delta})
     out = {**completion, "object": "chat.completion.chunk", "choices": choices}
     return out

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 
@@ -99,10 +99,13 @@ class RolloutUsage:
     reasoning_tokens: int | None
     max_context_tokens: int
     """The largest single call's prompt + completion tokens."""
+    retries: int = 0
+    """Calls the bridge made again after a transient provider fault (bridge/retry.py)."""
 
     def plus(self, call: CallUsage) -> RolloutUsage:
         """This total with one more call added."""
         return RolloutUsage(
+            retries=self.retries,
             calls=self.calls + 1,
             prompt_tokens=self.prompt_tokens + call.prompt_tokens,
             completion_tokens=self.completion_tokens + call.completion_tokens,
@@ -127,7 +130,20 @@ class RolloutUsage:
             out["cached_tokens"] = self.cached_tokens
         if self.reasoning_tokens is not None:
             out["reasoning_tokens"] = self.reasoning_tokens
+        if self.retries:
+            out["retries"] = self.retries
         return out
+
+
+@dataclass(frozen=True)
+class UpstreamPressure:
+    """Running totals over every rollout, for whoever paces the calls (the supervisor's
+    adaptive concurrency): they only grow, so a reader compares two snapshots."""
+
+    rate_limited: int = 0
+    """Provider 429 answers, retried or not."""
+    answered: int = 0
+    """Calls the provider answered (the calls counted in the usage)."""
 
 
 _EMPTY = RolloutUsage(0, 0, 0, 0, None, None, 0)
@@ -145,11 +161,29 @@ class UsageLedger:
         self._lock = threading.Lock()
         self._usage: dict[str, RolloutUsage] = {}
         self._on_forget = on_forget
+        self._pressure = UpstreamPressure()
 
     def record(self, rollout_id: str, call: CallUsage) -> None:
         """Add one provider call's usage to ``rollout_id``."""
         with self._lock:
             self._usage[rollout_id] = self._usage.get(rollout_id, _EMPTY).plus(call)
+            self._pressure = replace(self._pressure, answered=self._pressure.answered + 1)
+
+    def fault(self, rollout_id: str, status: int, *, retried: bool) -> None:
+        """Count a transient provider fault of ``rollout_id``'s call (a retry when ``retried``)."""
+        with self._lock:
+            if retried:
+                usage = self._usage.get(rollout_id, _EMPTY)
+                self._usage[rollout_id] = replace(usage, retries=usage.retries + 1)
+            if status == 429:
+                self._pressure = replace(
+                    self._pressure, rate_limited=self._pressure.rate_limited + 1
+                )
+
+    def pressure(self) -> UpstreamPressure:
+        """The running totals of 429s and answered calls."""
+        with self._lock:
+            return self._pressure
 
     def get(self, rollout_id: str) -> RolloutUsage | None:
         """The usage so far, without removing it."""

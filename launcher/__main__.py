@@ -1,5 +1,5 @@
 """``python -m launcher``: the same as the ``rollbridge`` command."""
 
-from launcher.cli import main
+from launcher.entry import main
 
 main()

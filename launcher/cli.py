@@ -1,8 +1,11 @@
 """The ``rollbridge`` command line: ``rollbridge eval run CONFIG`` and ``rollbridge bridge serve``.
 
 Every error a user can cause ends as one redacted ``Error: ...`` line (or a JSON error envelope
-with ``--json``) and exit code 1, never a traceback. ``ROLLBRIDGE_DEBUG=1`` adds the (redacted)
-traceback of unexpected errors on stderr.
+with ``--json``) and exit code 1, never a traceback. A usage error (an unknown option, a bad
+option value, a missing argument) is click's: the usage line, a hint and the ``Error:`` line,
+exit code 2, as click and the reference CLI do. A group called without a command prints its
+help and exits 0. ``ROLLBRIDGE_DEBUG=1`` adds the (redacted) traceback of unexpected errors on
+stderr.
 """
 
 from __future__ import annotations
@@ -15,11 +18,19 @@ import click
 
 from bridge.cli import bridge as bridge_group
 from launcher.errors import CLIError
+from launcher.export import eval_export
+from launcher.init import eval_init
 from launcher.redact import Redactor
+from launcher.reporting.cli import eval_diff, eval_report
+from launcher.rubric.cli import eval_rubric
+from launcher.runs import eval_clean, eval_list
 from launcher.signals import EXIT_INTERRUPTED
-from launcher.ui import UI, OutputMode
+from launcher.ui import CLI_VERSION, UI, OutputMode
 
-__all__ = ["EXIT_INTERRUPTED", "cli", "main"]
+__all__ = ["EXIT_INTERRUPTED", "EXIT_USAGE", "cli", "main"]
+
+#: Exit code of a usage error (click's own convention).
+EXIT_USAGE = 2
 
 
 def _mode(json_flag: bool, plain_flag: bool) -> OutputMode:
@@ -31,6 +42,9 @@ def _mode(json_flag: bool, plain_flag: bool) -> OutputMode:
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(
+    CLI_VERSION, "--version", prog_name="rollbridge", message="%(prog)s %(version)s"
+)
 @click.option("--json", "json_output", is_flag=True, help="Print one JSON result envelope.")
 @click.option("--plain", is_flag=True, help="Plain text output: result and next steps only.")
 @click.pass_context
@@ -97,7 +111,26 @@ def eval_run(ctx: click.Context, /, config: str, **flags: object) -> None:
     ctx.exit(run_eval(options, ui))
 
 
+eval_group.add_command(eval_report)
+eval_group.add_command(eval_diff)
+eval_group.add_command(eval_rubric, "rubric")
+eval_group.add_command(eval_list)
+eval_group.add_command(eval_clean)
+eval_group.add_command(eval_export)
+cli.add_command(eval_init)
 cli.add_command(bridge_group, "bridge")
+
+
+def _register_daemon() -> None:
+    # launcher.daemon.command and launcher.ctl import only click at the top: help stays fast.
+    from launcher.ctl import ctl
+    from launcher.daemon.command import daemon_command
+
+    cli.add_command(daemon_command, "daemon")
+    cli.add_command(ctl, "ctl")
+
+
+_register_daemon()
 
 
 def _ambient_redactor() -> Redactor:
@@ -122,11 +155,18 @@ def main(argv: list[str] | None = None) -> None:
         sys.exit(exc.exit_code)
     except click.exceptions.Abort:
         sys.exit(EXIT_INTERRUPTED)
+    except click.exceptions.NoArgsIsHelpError as exc:
+        # `rollbridge` (or `rollbridge eval`) alone asks for help: it is not an error.
+        click.echo(exc.ctx.get_help())
+        sys.exit(0)
     except click.UsageError as exc:
         ui = obj.get("ui") or _fallback_ui(args)
         assert isinstance(ui, UI)
+        if ui.mode != "json" and exc.ctx is not None:
+            hint = f"Try '{exc.ctx.command_path} --help' for help."
+            sys.stderr.write(ui.redact(f"{exc.ctx.get_usage()}\n{hint}\n\n"))
         ui.error(exc.format_message(), code="VALIDATION")
-        sys.exit(1)
+        sys.exit(EXIT_USAGE)
     except click.ClickException as exc:
         ui = obj.get("ui") or _fallback_ui(args)
         assert isinstance(ui, UI)

@@ -10,21 +10,26 @@ from __future__ import annotations
 import math
 import re
 import tomllib
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit, urlunsplit
 
+from bridge.upstreams.routing import OFFICIAL_OPENAI_BASE, OFFLINE_MODEL
 from launcher.errors import ValidationError
 
 __all__ = [
     "ALLOWED_SECTIONS",
     "EVALUATION_KEYS",
+    "MAX_N",
     "EvalConfig",
     "ExperimentConfig",
     "RunSpec",
     "advanced_keys_warning",
     "load_eval_config",
     "resolve_run_spec",
+    "upstream_base_url",
 ]
 
 ALLOWED_SECTIONS = ("experiment", "evaluation", "advanced", "env", "secrets")
@@ -44,6 +49,9 @@ _COMMIT_SHA = re.compile(r"^[0-9a-fA-F]{7,40}$")
 # Extra time on top of the agent + grader timeouts before the supervisor gives up on an item.
 _NETWORK_GRACE_S = 60.0
 _DEFAULT_ITEM_DEADLINE_S = 3600.0
+MAX_N = 10_000
+"""The most runs per row ``evaluation.n`` may ask for: far above any pass@k in use, and low
+enough that a typo (``n = 100000000``) is refused before anything is allocated for it."""
 
 
 @dataclass(frozen=True)
@@ -125,6 +133,10 @@ def _read_toml(path: Path) -> dict[str, Any]:
         raise ValidationError(f"Invalid TOML in {path}: {exc}") from None
     except tomllib.TOMLDecodeError as exc:
         raise ValidationError(f"Invalid TOML in {path}: {exc}") from None
+    except RecursionError:
+        raise ValidationError(
+            f"Invalid TOML in {path}: arrays or tables nested too deeply to read"
+        ) from None
 
 
 def _check_secrets_section(data: dict[str, Any], path: Path) -> list[Any]:
@@ -308,6 +320,11 @@ def resolve_run_spec(config: EvalConfig, *, limit_override: int | None = None) -
             raise ValidationError(f"evaluation.n must be an integer, got {ev['n']!r}")
         if ev["n"] <= 0:
             raise ValidationError(f"evaluation.n must be a positive integer, got {ev['n']}")
+        if ev["n"] > MAX_N:
+            raise ValidationError(
+                f"evaluation.n is {ev['n']}, above the maximum of {MAX_N} runs per row; "
+                "lower it (a typo?)"
+            )
         n = ev["n"]
     batch_size: int | None = None
     if ev.get("batch_size") is not None:
@@ -333,3 +350,34 @@ def resolve_run_spec(config: EvalConfig, *, limit_override: int | None = None) -
         grader_timeout_sec=grader,
         limit=limit,
     )
+
+
+# Where each direct-path provider's base URL comes from (the variables LiteLLM reads, in its
+# order; bridge.upstreams.routing resolves the same ones per call) and its default.
+_DIRECT_BASES: dict[str, tuple[tuple[str, ...], str | None]] = {
+    "openai": (("OPENAI_BASE_URL", "OPENAI_API_BASE"), OFFICIAL_OPENAI_BASE),
+    "openrouter": (("OPENROUTER_API_BASE",), "https://openrouter.ai/api/v1"),
+    "hosted_vllm": (("HOSTED_VLLM_API_BASE",), None),
+}
+
+
+def upstream_base_url(model_path: str, environ: Mapping[str, str]) -> str | None:
+    """The base URL the bridge will send ``model_path``'s calls to, as far as the environment
+    says; None for the offline model and for a provider left at LiteLLM's default.
+
+    Part of the run's model lock, so a resume against another server (another
+    ``OPENAI_BASE_URL``) is refused. It never holds a credential: user info, query and
+    fragment are removed (a key can hide in any of them).
+    """
+    if model_path == OFFLINE_MODEL or "/" not in model_path:
+        return None
+    provider = model_path.split("/", 1)[0]
+    names, default = _DIRECT_BASES.get(
+        provider, ((f"{provider.upper()}_API_BASE", f"{provider.upper()}_BASE_URL"), None)
+    )
+    value = next((environ[n] for n in names if environ.get(n)), default)
+    if not value:
+        return None
+    parts = urlsplit(value.strip())
+    netloc = parts.netloc.rpartition("@")[2]
+    return urlunsplit((parts.scheme, netloc, parts.path.rstrip("/"), "", ""))

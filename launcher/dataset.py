@@ -6,6 +6,7 @@ All problems raise :class:`~launcher.errors.ValidationError` before any run dire
 
 from __future__ import annotations
 
+import bisect
 import csv
 import hashlib
 import json
@@ -34,6 +35,9 @@ __all__ = [
 PROMPT_MAX_CHARS = 2000
 LABEL_MAX_CHARS = 500
 _CSV_FIELD_LIMIT = 16 * 1024 * 1024
+_TOO_DEEP = "JSON nested too deeply to read; flatten the value"
+# An out-of-range --rows error lists at most this many offsets (else it shows ranges).
+_LISTED_OFFSETS = 20
 _ROWS_SYNTAX = re.compile(r"^\d+(?:-\d+)?(?:,\d+(?:-\d+)?)*$")
 
 
@@ -116,24 +120,42 @@ def file_sha256(path: Path) -> str:
     return digest.hexdigest()
 
 
-def parse_rows_selector(text: str) -> list[int]:
-    """Parse ``--rows`` (``"3,7,10-20"``, inclusive ranges) into sorted unique source offsets."""
+def parse_rows_selector(text: str) -> list[tuple[int, int]]:
+    """Parse ``--rows`` (``"3,7,10-20"``, inclusive ranges) into sorted, merged ``(lo, hi)`` ranges.
+
+    Ranges, not offsets: a typo such as ``0-200000000`` costs one tuple here, and
+    :func:`select_rows` refuses it against the dataset's real size.
+    """
     value = text.strip()
     if not _ROWS_SYNTAX.match(value):
         raise ValidationError(
             f"--rows must be comma-separated indices or ranges, for example '3,7,10-20': got '{text}'"
         )
-    offsets: set[int] = set()
+    ranges: list[tuple[int, int]] = []
     for part in value.split(","):
-        if "-" in part:
-            lo_text, hi_text = part.split("-", 1)
-            lo, hi = int(lo_text), int(hi_text)
-            if lo > hi:
-                raise ValidationError(f"--rows range '{part}' is inverted; write it as {hi}-{lo}")
-            offsets.update(range(lo, hi + 1))
+        lo_text, _, hi_text = part.partition("-")
+        lo = int(lo_text)
+        hi = int(hi_text) if hi_text else lo
+        if lo > hi:
+            raise ValidationError(f"--rows range '{part}' is inverted; write it as {hi}-{lo}")
+        ranges.append((lo, hi))
+    merged: list[tuple[int, int]] = []
+    for lo, hi in sorted(ranges):
+        if merged and lo <= merged[-1][1] + 1:
+            merged[-1] = (merged[-1][0], max(merged[-1][1], hi))
         else:
-            offsets.add(int(part))
-    return sorted(offsets)
+            merged.append((lo, hi))
+    return merged
+
+
+def _out_of_range(ranges: Sequence[tuple[int, int]], total: int) -> str | None:
+    """The selected offsets at or past ``total``, listed when few, else as a compact selector."""
+    beyond = [(max(lo, total), hi) for lo, hi in ranges if hi >= total]
+    if not beyond:
+        return None
+    if sum(hi - lo + 1 for lo, hi in beyond) <= _LISTED_OFFSETS:
+        return str([o for lo, hi in beyond for o in range(lo, hi + 1)])
+    return ",".join(str(lo) if lo == hi else f"{lo}-{hi}" for lo, hi in beyond)
 
 
 def compact_selector(offsets: Iterable[int]) -> str:
@@ -159,6 +181,8 @@ def _iter_jsonl(path: Path) -> Iterator[dict[str, Any]]:
                 obj = json.loads(line)
             except json.JSONDecodeError as exc:
                 raise ValidationError(f"{path}:{lineno}: invalid JSON ({exc})") from None
+            except RecursionError:
+                raise ValidationError(f"{path}:{lineno}: {_TOO_DEEP}") from None
             if not isinstance(obj, dict):
                 raise ValidationError(f"{path}:{lineno}: each line must be a JSON object")
             yield obj
@@ -170,9 +194,15 @@ def _iter_csv(path: Path) -> Iterator[dict[str, Any]]:
         reader = csv.DictReader(fh)
         if reader.fieldnames is None:
             raise ValidationError(f"{path} has no CSV header row")
-        for row in reader:
-            row.pop(None, None)  # type: ignore[call-overload,unused-ignore]
-            yield row
+        try:
+            for row in reader:
+                row.pop(None, None)  # type: ignore[call-overload,unused-ignore]
+                yield row
+        except csv.Error as exc:
+            # For example a field over the size limit, or a NUL byte.
+            raise ValidationError(
+                f"{path}: unreadable CSV after line {reader.line_num}: {exc}"
+            ) from None
 
 
 def _iter_parquet(path: Path) -> Iterator[dict[str, Any]]:
@@ -236,6 +266,8 @@ def _metadata(value: Any, source_index: int) -> dict[str, Any] | None:
             raise ValidationError(
                 f"row {source_index}: metadata is not valid JSON ({exc})"
             ) from None
+        except RecursionError:
+            raise ValidationError(f"row {source_index}: metadata {_TOO_DEEP}") from None
         if not isinstance(parsed, dict):
             raise ValidationError(f"row {source_index}: metadata must be a JSON object")
         return parsed or None
@@ -287,21 +319,22 @@ def select_rows(
     """
     path = Path(path)
     wanted = parse_rows_selector(rows) if rows is not None else None
-    wanted_set = set(wanted) if wanted is not None else None
+    starts = [lo for lo, _ in wanted or ()]
     take = limit if (wanted is None and limit is not None and limit > 0) else None
     chosen: list[tuple[int, dict[str, Any]]] = []
     total = 0
     for offset, raw in enumerate(iter_raw_rows(path, extension)):
         total = offset + 1
-        if wanted_set is not None:
-            if offset in wanted_set:
+        if wanted is not None:
+            at = bisect.bisect_right(starts, offset) - 1
+            if at >= 0 and offset <= wanted[at][1]:
                 chosen.append((offset, raw))
         elif take is None or offset < take:
             chosen.append((offset, raw))
     display_name = name or path.name
     if wanted is not None:
-        out_of_range = [o for o in wanted if o >= total]
-        if out_of_range:
+        out_of_range = _out_of_range(wanted, total)
+        if out_of_range is not None:
             raise ValidationError(
                 f"--rows selects {out_of_range} but {display_name} has {total} rows "
                 f"(valid indices are 0-{max(total - 1, 0)})"

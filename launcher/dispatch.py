@@ -7,7 +7,9 @@ long-poll within the per-item deadline. Its terminal result becomes one journal 
 
 Process-wide faults (the server died, the tunnel failed, a transport or protocol failure, the
 item deadline) *halt* dispatch: the first reason is kept, no new item starts, and the items
-that never ran stay pending for a resume. A cancelled worker (Ctrl-C, or a halt that cancels
+that never ran stay pending for a resume. So do :data:`RUN_WIDE_FAILURES` different rows in a
+row failing the same way (a bad key, an unreachable advertised URL): a run-wide fault seen
+only in the results. A cancelled worker (Ctrl-C, or a halt that cancels
 everyone) first asks the server to cancel its rollout and waits for the rollout's cleanup in a
 shielded settle scope, which the second Ctrl-C cuts short.
 
@@ -20,21 +22,25 @@ scripted fakes in virtual time: a :class:`RolloutTransport` (the rollout server)
 from __future__ import annotations
 
 import math
+import re
 import uuid
 from collections import deque
 from collections.abc import Callable, Sequence
+from contextlib import nullcontext
 from dataclasses import dataclass
 from typing import Any, Protocol
 
 import trio
 
+from launcher.concurrency import InFlightLimit
 from launcher.dataset import WorkItem
-from launcher.rundir.journal import TerminalRecord
+from launcher.rundir.journal import ErrorInfo, TerminalRecord
 from launcher.signals import Interrupts
 from rollout_server.protocol import RolloutInitRequest, RolloutResultResponse, RolloutStatus
 
 __all__ = [
     "CANCEL_SETTLE_S",
+    "RUN_WIDE_FAILURES",
     "DispatchReport",
     "Dispatcher",
     "ItemLimits",
@@ -44,6 +50,7 @@ __all__ = [
     "RolloutRefused",
     "RolloutTransport",
     "classify",
+    "failure_reason",
     "resolve_concurrency",
 ]
 
@@ -52,17 +59,25 @@ CANCEL_SETTLE_S = 120.0
 #: and it keeps a burst of hundreds of new connections from overflowing the server's listen
 #: backlog when the pool is very wide.
 MAX_CONCURRENT_ADMISSIONS = 64
+#: Consecutive failures of different rows with the same reason that make a run-wide fault
+#: (small: the rows in flight when it trips stay pending, and waiting longer only burns rows).
+RUN_WIDE_FAILURES = 5
+# Ids that differ from row to row but say nothing about the cause (uuids, long hex runs).
+_IDS = re.compile(r"[0-9a-fA-F]{8}(?:-?[0-9a-fA-F]{4}){3}-?[0-9a-fA-F]{12}|[0-9a-fA-F]{16,}")
 
 #: ``log(level, step, message, details)``.
 LogFn = Callable[[str, str, str, "dict[str, Any] | None"], None]
 
 
 class RolloutRefused(Exception):
-    """``POST /rollout`` answered a 4xx other than 429: the item is recorded as failed."""
+    """The rollout server will not take this item: ``POST /rollout`` answered a 4xx other than
+    429 (``status_code``), or the request could not be sent at all (``status_code`` None,
+    ``kind`` the reason's exception type). The item is recorded as failed."""
 
-    def __init__(self, status_code: int, message: str) -> None:
+    def __init__(self, status_code: int | None, message: str, *, kind: str | None = None) -> None:
         super().__init__(message)
         self.status_code = status_code
+        self.kind = kind
 
 
 class RolloutHandle(Protocol):
@@ -108,8 +123,9 @@ class ModelEndpoint(Protocol):
         """Wait until the endpoint can be reached (a restarting tunnel publishes first)."""
         ...
 
-    def take_usage(self, rollout_id: str) -> tuple[int | None, int | None]:
-        """Pop a finished rollout's ``(tokens, max_context_tokens)``."""
+    def take_usage(self, rollout_id: str) -> tuple[int | None, ...]:
+        """Pop a finished rollout's ``(tokens, max_context_tokens)``, followed by the model
+        calls retried for it when the endpoint counts them (``None`` for none)."""
         ...
 
     def forget(self, rollout_id: str) -> None:
@@ -121,7 +137,8 @@ class ResultSink(Protocol):
     """Where finished items go."""
 
     async def record(self, record: TerminalRecord, *, has_sample: bool) -> None:
-        """Make ``record`` durable (journal fsync) before returning."""
+        """Make ``record`` durable (journal fsync) before returning; it may first complete
+        ``record.error`` in place (redacted, bounded), which the dispatcher reads afterwards."""
         ...
 
     def halted(self, reason: str) -> None:
@@ -159,6 +176,30 @@ def resolve_concurrency(
     return capacity or 1
 
 
+#: Where a failure happened when the server did not say (``diagnostics.json`` completes it).
+_PHASE_BY_CATEGORY = {"lease_expired": "transport", "internal_error": "server"}
+
+
+def failure_reason(result: RolloutResultResponse) -> ErrorInfo:
+    """Why a failed result failed, as far as the wire says: its ``err_message``, and a phase
+    guessed from ``err_category`` (``rollout`` when it tells nothing)."""
+    category = str(result.err_category.value) if result.err_category else ""
+    return ErrorInfo(
+        phase=_PHASE_BY_CATEGORY.get(category, "rollout"), message=result.err_message or ""
+    )
+
+
+def _cause(record: TerminalRecord) -> tuple[Any, ...] | None:
+    """What makes two failures "the same way" (phase, type, status, category and the message
+    without ids); None for a record that cannot be part of a run-wide streak (a deadline is
+    a per-row verdict the user asked for)."""
+    error = record.error
+    if record.status != "failed" or error is None or record.error_type == "timeout":
+        return None
+    message = _IDS.sub("<id>", error.message.replace(record.rollout_id, "<id>"))
+    return (error.phase, error.type, error.status, record.error_type, message)
+
+
 def classify(
     item: WorkItem, rollout_id: str, result: RolloutResultResponse, duration_ms: float
 ) -> TerminalRecord | None:
@@ -182,7 +223,10 @@ def classify(
             or result.err_message
             or "rollout_failed"
         )
-        return TerminalRecord(status="failed", reward=reward, error_type=error_type, **base)
+        reason = failure_reason(result)
+        return TerminalRecord(
+            status="failed", reward=reward, error_type=error_type, error=reason, **base
+        )
     if sample is not None and sample.remove_sample:
         return TerminalRecord(status="skipped", **base)
     return TerminalRecord(status="success", reward=reward, **base)
@@ -208,9 +252,12 @@ class Dispatcher:
         limits: ItemLimits,
         interrupts: Interrupts,
         log: LogFn,
+        limit: InFlightLimit | None = None,
     ) -> None:
         self.items = items
         self.concurrency = concurrency
+        self.limit = limit
+        """Lowers the rollouts in flight below ``concurrency`` while the provider rate-limits."""
         self.transport = transport
         self.endpoint = endpoint
         self.sink = sink
@@ -221,6 +268,9 @@ class Dispatcher:
         self._queue: deque[WorkItem] = deque()
         self._scope: trio.CancelScope | None = None
         self._admissions = trio.Semaphore(MAX_CONCURRENT_ADMISSIONS)
+        # The current streak of identical failures: its cause and the rows it covers.
+        self._streak_cause: tuple[Any, ...] | None = None
+        self._streak_rows: set[int] = set()
 
     def halt(self, reason: str, *, cancel_all: bool = False, **details: Any) -> None:
         """Stop dispatching (first reason wins); ``cancel_all`` also cancels running items."""
@@ -246,20 +296,24 @@ class Dispatcher:
 
     async def _worker(self) -> None:
         while self._queue and self.report.halted is None:
-            item = self._queue.popleft()
-            try:
-                await self._run_item(item)
-            except trio.Cancelled:
-                raise
-            except Exception as exc:
-                cause = await self.transport.explain(exc)
-                self.halt(
-                    cause or f"{type(exc).__name__}: {exc}",
-                    cancel_all=cause is not None,
-                    row_index=item.row_index,
-                    run_index=item.run_index,
-                )
-                return
+            # A slot of the adaptive limit first: while it is lowered, workers wait here.
+            async with self.limit.slot() if self.limit is not None else nullcontext():
+                if not self._queue or self.report.halted is not None:
+                    return
+                item = self._queue.popleft()
+                try:
+                    await self._run_item(item)
+                except trio.Cancelled:
+                    raise
+                except Exception as exc:
+                    cause = await self.transport.explain(exc)
+                    self.halt(
+                        cause or f"{type(exc).__name__}: {exc}",
+                        cancel_all=cause is not None,
+                        row_index=item.row_index,
+                        run_index=item.run_index,
+                    )
+                    return
 
     def _request(self, item: WorkItem, rollout_id: str) -> RolloutInitRequest:
         return RolloutInitRequest(
@@ -295,6 +349,9 @@ class Dispatcher:
                 rollout_id=slot.rollout_id,
                 status="failed",
                 error_type="rollout_protocol_error",
+                error=ErrorInfo(
+                    phase="admission", message=str(exc), type=exc.kind, status=exc.status_code
+                ),
                 duration_ms=(trio.current_time() - started) * 1000.0,
             )
             self.log(
@@ -317,9 +374,30 @@ class Dispatcher:
         await self._record(classified, has_sample=result.sample is not None)
 
     async def _record(self, record: TerminalRecord, *, has_sample: bool) -> None:
-        record.tokens, record.max_context_tokens = self.endpoint.take_usage(record.rollout_id)
+        tokens, max_context, *retries = self.endpoint.take_usage(record.rollout_id)
+        record.tokens, record.max_context_tokens = tokens, max_context
+        record.retries = retries[0] if retries else None
         await self.sink.record(record, has_sample=has_sample)
         self.report.recorded += 1
+        self._watch_streak(record)
+
+    def _watch_streak(self, record: TerminalRecord) -> None:
+        """Halt (cancelling what is in flight) once :data:`RUN_WIDE_FAILURES` different rows in a
+        row failed the same way; anything else recorded ends the streak, and the runs of one row
+        count once (a row can fail for its own reasons)."""
+        cause = _cause(record)
+        if cause is None or cause != self._streak_cause:
+            self._streak_cause = cause
+            self._streak_rows = set()
+        if cause is None:
+            return
+        self._streak_rows.add(record.row_index)
+        if len(self._streak_rows) >= RUN_WIDE_FAILURES and record.error is not None:
+            self.halt(
+                f"all recent rows failed the same way: {record.error.describe(limit=300)}",
+                cancel_all=True,
+                rows=sorted(self._streak_rows),
+            )
 
     async def _admit_and_wait(self, item: WorkItem, slot: _Slot) -> RolloutResultResponse:
         await self.endpoint.ready()

@@ -1,27 +1,38 @@
-"""The dispatcher's real collaborators: the bridge as the model endpoint, and the long-poll
-client as the rollout transport (see the seams in :mod:`launcher.dispatch`)."""
+"""The dispatcher's real collaborators: the bridge as the model endpoint, the long-poll
+client as the rollout transport, and the run directory as the result sink (see the seams in
+:mod:`launcher.dispatch`)."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 import trio
 
-from launcher.dispatch import RolloutRefused
+from launcher.dispatch import LogFn, RolloutRefused
+from launcher.report import describe
 from launcher.rollout_child import RolloutServer
+from launcher.rundir.journal import ErrorInfo, TerminalRecord
+from launcher.rundir.projections import load_failure_detail
 from rollout_server.client import (
     Admission,
     AdmissionRejected,
     RolloutClient,
     RolloutServerUnreachable,
+    UnsendableRequest,
 )
-from rollout_server.protocol import RolloutInitRequest, RolloutResultResponse
+from rollout_server.protocol import (
+    RequestValidationError,
+    RolloutInitRequest,
+    RolloutResultResponse,
+)
 
 if TYPE_CHECKING:
     from bridge.server import BridgeHandle
+    from launcher.rundir import RunDirectory
     from tunnel.cloudflared import TunnelHandle
 
-__all__ = ["BridgeEndpoint", "RolloutClientTransport"]
+__all__ = ["BridgeEndpoint", "RolloutClientTransport", "RunSink"]
 
 
 class BridgeEndpoint:
@@ -62,12 +73,15 @@ class BridgeEndpoint:
         if self._tunnel is not None:
             await self._tunnel.wait_available()
 
-    def take_usage(self, rollout_id: str) -> tuple[int | None, int | None]:
-        """Pop the bridge's token counts for a finished rollout."""
+    def take_usage(self, rollout_id: str) -> tuple[int | None, int | None, int | None]:
+        """Pop the bridge's token counts and retries for a finished rollout (tokens stay
+        unknown when the provider answered none of its calls)."""
         found = self._bridge.ledger.pop(rollout_id)
         if found is None:
-            return None, None
-        return found.total_tokens, found.max_context_tokens
+            return None, None, None
+        if not found.calls:
+            return None, None, found.retries or None
+        return found.total_tokens, found.max_context_tokens, found.retries or None
 
     def forget(self, rollout_id: str) -> None:
         """Drop the counts of a rollout that will not be recorded."""
@@ -87,7 +101,9 @@ class RolloutClientTransport:
     """The :class:`launcher.dispatch.RolloutTransport` over the long-poll client.
 
     Retries (429, connect-phase failures while the server lives) are the client's; this adapter
-    only turns a 4xx refusal into :class:`RolloutRefused` and names a dead server as the cause.
+    only turns a 4xx refusal, and a request that cannot be sent at all (a row holding text that
+    is not valid Unicode, or breaking the protocol's rules), into :class:`RolloutRefused`, and
+    names a dead server as the cause.
     """
 
     def __init__(self, client: RolloutClient, server: RolloutServer) -> None:
@@ -97,13 +113,17 @@ class RolloutClientTransport:
     async def admit(
         self, request: RolloutInitRequest, admission_timeout_s: float
     ) -> _AdmittedRollout:
-        """``POST /rollout``; a 4xx other than 429 is a refusal of this item."""
+        """``POST /rollout``; a 4xx other than 429, or a request that cannot be sent, is a
+        refusal of this item."""
         try:
             admission = await self._client.admit(request, admission_timeout_sec=admission_timeout_s)
+        except (UnsendableRequest, RequestValidationError) as exc:
+            raise RolloutRefused(None, str(exc), kind=type(exc).__name__) from None
         except AdmissionRejected as exc:
             code = exc.status_code or 0
             if 400 <= code < 500 and code != 429:
-                raise RolloutRefused(code, str(exc)) from None
+                detail = f": {exc.detail}" if exc.detail else ""
+                raise RolloutRefused(code, f"{exc}{detail}") from None
             raise
         return _AdmittedRollout(self._client, admission)
 
@@ -120,3 +140,58 @@ class RolloutClientTransport:
             code = await self._server.child.process.wait()
             return f"the rollout server exited with code {code}; see logs.txt"
         return None
+
+
+class RunSink:
+    """The :class:`launcher.dispatch.ResultSink` of a run: a failure's reason completed from the
+    rollout server's ``diagnostics.json`` and redacted, the journal (through the run
+    directory), a ``work item failed`` log line with the reason, then ``progress``."""
+
+    def __init__(
+        self,
+        run_dir: RunDirectory,
+        redact: Callable[[str], str],
+        log: LogFn,
+        progress: Callable[[str], None],
+        on_halt: Callable[[str], None],
+    ) -> None:
+        self._run_dir = run_dir
+        self._redact = redact
+        self._log = log
+        self._progress = progress
+        self._on_halt = on_halt
+
+    async def record(self, record: TerminalRecord, *, has_sample: bool) -> None:
+        """Complete and redact ``record.error``, journal the record, log a failure's reason."""
+        if record.error is not None:
+            record.error = await self._reason(record, record.error)
+        await self._run_dir.record_result(record, wait_for_trajectory=has_sample)
+        if record.status == "failed" and record.error is not None:
+            self._log(
+                "WARNING",
+                "result",
+                "work item failed",
+                {
+                    "error": record.error.to_json(),
+                    "error_type": record.error_type,
+                    "rollout_id": record.rollout_id,
+                    "row_index": record.row_index,
+                    "run_index": record.run_index,
+                },
+            )
+        self._progress(describe(record))
+
+    async def _reason(self, record: TerminalRecord, error: ErrorInfo) -> ErrorInfo:
+        """``error`` with what the rollout server wrote about it in ``diagnostics.json`` (not
+        for a refused admission or an expired lease: nothing the server wrote explains those),
+        redacted with the run's redactor, then bounded."""
+        if error.phase not in ("admission", "transport"):
+            detail = await trio.to_thread.run_sync(
+                load_failure_detail, self._run_dir.path / "rollout_trials", record.rollout_id
+            )
+            error = error.with_detail(detail)
+        return error.redacted(self._redact)
+
+    def halted(self, reason: str) -> None:
+        """Dispatch stopped: tell the supervisor."""
+        self._on_halt(reason)

@@ -1,29 +1,22 @@
 """Secret redaction (docs/spec/supervisor.md §8.3, all CLI output included).
 
-A :class:`Redactor` knows a set of secret values and replaces each occurrence of any of them,
-in every spelling :func:`bridge.value_variants` lists (stripped, JSON-escaped, Python-quoted),
-with ``[REDACTED]``. Which environment variables hold secrets is the bridge's one policy
-(:func:`bridge.secret_env_values`), shared with the bridge's own scrubber. Matching is plain
-substring matching, longest first, so a value containing another is redacted whole. One
-compiled regex serves all values; it is rebuilt only when the set of values changes.
+A :class:`Redactor` knows a set of secret values and replaces each occurrence of any of them
+with ``[REDACTED]``, in every spelling the bridge's one policy knows (stripped, JSON-escaped
+and Python-quoted at any depth, URL-encoded: :class:`bridge.secret_policy.SecretMatcher`, the
+mechanism the bridge's own scrubber uses too). Which environment variables hold secrets is
+that policy's as well (:func:`bridge.secret_env_values`). Values are matched longest first, so
+a value containing another is redacted whole.
 """
 
 from __future__ import annotations
 
-import re
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from bridge import (
-    AMBIENT_MIN_LENGTH,
-    KNOWN_SECRET_ENV_NAMES,
-    REDACTED,
-    literal_pattern,
-    secret_env_values,
-    value_variants,
-)
+from bridge import AMBIENT_MIN_LENGTH, KNOWN_SECRET_ENV_NAMES, REDACTED, secret_env_values
+from bridge.secret_policy import SecretMatcher
 
-__all__ = ["AMBIENT_MIN_LENGTH", "KNOWN_SECRET_ENV_NAMES", "REDACTED", "Redactor", "value_variants"]
+__all__ = ["AMBIENT_MIN_LENGTH", "KNOWN_SECRET_ENV_NAMES", "REDACTED", "Redactor"]
 
 
 class Redactor:
@@ -34,9 +27,7 @@ class Redactor:
     """
 
     def __init__(self, values: Iterable[str] = ()) -> None:
-        self._patterns: set[str] = set()
-        self._regex: re.Pattern[str] | None = None
-        self._dirty = False
+        self._matcher = SecretMatcher()
         for value in values:
             self.add(value)
 
@@ -46,13 +37,7 @@ class Redactor:
         ``min_length`` drops variants shorter than it (used for ambient values, so that a
         long value padded with whitespace does not turn a short stripped form into a pattern).
         """
-        if not value:
-            return
-        # A whitespace-only value has no variants: it would turn every space into [REDACTED].
-        new = value_variants(value, min_length=min_length) - self._patterns
-        if new:
-            self._patterns |= new
-            self._dirty = True
+        self._matcher.add(value, min_length=min_length)
 
     def add_known_env(self, environ: Mapping[str, str]) -> None:
         """Know the secret values of ``environ`` (:func:`bridge.secret_env_values`)."""
@@ -61,21 +46,12 @@ class Redactor:
 
     @property
     def patterns(self) -> frozenset[str]:
-        """Every string currently redacted (values and their variants)."""
-        return frozenset(self._patterns)
-
-    def _compiled(self) -> re.Pattern[str] | None:
-        if self._dirty:
-            self._regex = literal_pattern(self._patterns)
-            self._dirty = False
-        return self._regex
+        """Every value currently redacted (as given, and whitespace-stripped)."""
+        return self._matcher.values
 
     def __call__(self, text: str) -> str:
-        """``text`` with every known value replaced by ``[REDACTED]``."""
-        regex = self._compiled()
-        if regex is None or not text:
-            return text
-        return regex.sub(REDACTED, text)
+        """``text`` with every known value, in any spelling, replaced by ``[REDACTED]``."""
+        return self._matcher.sub(REDACTED, text)
 
     def redact_obj(self, obj: Any) -> Any:
         """A copy of JSON-like ``obj`` with every string (keys included) redacted."""

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
-from launcher.rundir.journal import TerminalRecord
+from launcher.rundir.journal import ErrorInfo, TerminalRecord
 
 __all__ = [
     "COMMAND",
@@ -28,14 +28,17 @@ __all__ = [
     "next_steps",
     "result_resource",
     "results_rows",
+    "row_sections",
 ]
 
 COMMAND = "rollbridge eval run"
+#: A failure's reason is cut to this many characters on the terminal (the journal, index.jsonl,
+#: logs.txt and ``--json`` keep up to 2 KiB).
+REASON_DISPLAY_CHARS = 500
 
 
 class FailedItem(Protocol):
-    """What a report needs of a work item that did not succeed (a journal record or
-    :class:`launcher.rundir.FailedRow` both fit)."""
+    """What a report needs of a work item that did not succeed (a journal record fits)."""
 
     @property
     def row_index(self) -> int: ...
@@ -46,7 +49,11 @@ class FailedItem(Protocol):
     @property
     def rollout_id(self) -> str: ...
     @property
+    def status(self) -> str: ...
+    @property
     def error_type(self) -> str | None: ...
+    @property
+    def error(self) -> ErrorInfo | None: ...
 
 
 @dataclass(frozen=True)
@@ -76,11 +83,19 @@ def _ordered(records: Iterable[FailedItem]) -> list[FailedItem]:
 
 
 def failed_row_lines(
-    records: Iterable[FailedItem], run_dir: Path, display: Callable[[Path], str]
+    records: Iterable[FailedItem],
+    run_dir: Path,
+    display: Callable[[Path], str],
+    *,
+    status: str = "failed",
 ) -> list[str]:
-    """One line per item that did not succeed, in row order, naming its trial directory."""
+    """The items whose latest status is ``status``, in row order: one line each naming its
+    trial directory (§10.4), then, for a failure with a known reason, an indented line saying
+    why (``  agent: ValueError: <message>``)."""
     lines = []
     for r in _ordered(records):
+        if r.status != status:
+            continue
         source = (
             f" (source {r.source_row_index})"
             if r.source_row_index is not None and r.source_row_index != r.row_index
@@ -89,7 +104,21 @@ def failed_row_lines(
         where = display(run_dir / "rollout_trials" / r.rollout_id)
         kind = r.error_type or "unknown"
         lines.append(f"row {r.row_index}{source} run {r.run_index}: error_type={kind} -> {where}")
+        if r.error is not None:
+            lines.append(f"  {r.error.describe(limit=REASON_DISPLAY_CHARS)}")
     return lines
+
+
+def row_sections(
+    records: Iterable[FailedItem], run_dir: Path, display: Callable[[Path], str]
+) -> list[tuple[str, list[str]]]:
+    """``(title, lines)`` of the "Failed rows" and then the "Skipped rows" sections: a skipped
+    row is not a failure, so it is never listed as one."""
+    items = list(records)
+    return [
+        ("Failed rows", failed_row_lines(items, run_dir, display)),
+        ("Skipped rows", failed_row_lines(items, run_dir, display, status="skipped")),
+    ]
 
 
 def results_rows(
@@ -211,6 +240,8 @@ def result_resource(
                 "rollout_id": r.rollout_id,
                 "error_type": r.error_type,
                 "rollout_dir": str(run_dir / "rollout_trials" / r.rollout_id),
+                "status": r.status,
+                "error": r.error.to_json() if r.error is not None else None,
             }
             for r in _ordered(failed_rows)
         ],

@@ -6,6 +6,10 @@ through ``uv run`` (docs/hazards.md #3), with the environment of docs/spec/super
 one retry on a new port when the first attempt fails its health check (the pick-free-port
 probe can race with another program); a fixed ``--rollout-port`` gets one attempt.
 
+The server does not inherit the supervisor's secrets or provider settings (keys, tokens, base
+URLs, accounts: :func:`is_provider_env_name`); the bridge holds those. It gets a variable of
+that kind only when the eval config names it in ``[env]`` or ``[secrets]``.
+
 ``/health`` is read through :class:`rollout_server.client.RolloutClient` and its
 :class:`~rollout_server.protocol.HealthReport`, the one reader of that body.
 """
@@ -23,6 +27,7 @@ from typing import Any
 import httpx
 import trio
 
+from bridge.secret_policy import is_secret_env_name
 from launcher.errors import LocalEvalError
 from launcher.process import (
     SERVER_RECORD,
@@ -42,6 +47,8 @@ __all__ = [
     "LogFn",
     "RolloutServer",
     "ServerLaunch",
+    "is_provider_env_name",
+    "rollout_base_env",
     "start_rollout_server",
 ]
 
@@ -51,6 +58,46 @@ HEALTH_POLL_S = 0.05
 HEALTH_REQUEST_TIMEOUT_S = 5.0
 OUTPUT_DRAIN_S = 0.5
 SUPERVISOR_OWNED = (ENV_PORT, ENV_ARTIFACT_ROOT, ENV_INSTANCE_ID)
+#: Provider settings that are not secrets by name but belong to the bridge: where a provider
+#: is (base URLs: besides these, every ``*_API_BASE`` LiteLLM reads), which account, project
+#: or region it bills, and credential files and profiles.
+PROVIDER_ENV_PREFIXES = (
+    "OPENAI_",
+    "ANTHROPIC_",
+    "AZURE_",
+    "OPENROUTER_",
+    "GEMINI_",
+    "VERTEXAI_",
+    "VERTEX_",
+    "XAI_",
+    "MISTRAL_",
+    "GROQ_",
+    "COHERE_",
+    "DEEPSEEK_",
+    "TOGETHER_",
+    "TOGETHERAI_",
+    "FIREWORKS_",
+    "CEREBRAS_",
+    "HOSTED_VLLM_",
+    "HUGGINGFACE_",
+    "DATABRICKS_",
+    "PERPLEXITY_",
+    "BEDROCK_",
+    "WATSONX_",
+    "LITELLM_PROXY_",
+)
+PROVIDER_ENV_NAMES = frozenset(
+    {
+        "GOOGLE_APPLICATION_CREDENTIALS",
+        "AWS_PROFILE",
+        "AWS_DEFAULT_PROFILE",
+        "AWS_REGION_NAME",
+        "AWS_BEDROCK_RUNTIME_ENDPOINT",
+        "OR_SITE_URL",
+        "OR_APP_NAME",
+        "PROXY_BASE_URL",
+    }
+)
 
 #: ``log(level, step, message, details)``: a logs.txt line (redacted by the log).
 LogFn = Callable[[str, str, str, "dict[str, Any] | None"], None]
@@ -129,14 +176,33 @@ class _StartupFailure(LocalEvalError):
     """A failed start-up attempt (may be retried on a new port)."""
 
 
+def is_provider_env_name(name: str) -> bool:
+    """True for a variable the rollout server must not inherit: a secret by the one secret
+    policy (:func:`bridge.is_secret_env_name`), or a provider setting the bridge reads."""
+    return (
+        is_secret_env_name(name)
+        or name in PROVIDER_ENV_NAMES
+        or name.startswith(PROVIDER_ENV_PREFIXES)
+        or name.endswith("_API_BASE")
+    )
+
+
+def rollout_base_env(base: Mapping[str, str]) -> dict[str, str]:
+    """``base`` without the credentials and provider settings (:func:`is_provider_env_name`):
+    the bridge holds those, and the rollout reaches the model only through the bridge."""
+    return {name: value for name, value in base.items() if not is_provider_env_name(name)}
+
+
 def _child_env(launch: ServerLaunch, port: int, instance_id: str) -> dict[str, str]:
     clash = sorted(set(SUPERVISOR_OWNED) & (set(launch.config_env) | set(launch.secrets)))
     if clash:
         raise LocalEvalError(
             f"[env]/[secrets] must not set supervisor-owned variables: {', '.join(clash)}"
         )
+    # [env] and [secrets] come after the filtered base, so a name the config asks for by name
+    # reaches the rollout even when the filter would drop it.
     return child_environment(
-        launch.base_env,
+        rollout_base_env(launch.base_env),
         launch.config_env,
         launch.secrets,
         {

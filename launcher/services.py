@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING, Any
 
 import trio
 
+from launcher.daemon.live_usage import publish_live_usage
 from launcher.dispatch import resolve_concurrency
 from launcher.dispatch_io import BridgeEndpoint, RolloutClientTransport
 from launcher.errors import LocalEvalError
@@ -54,6 +55,7 @@ if TYPE_CHECKING:
 __all__ = [
     "RunContext",
     "Services",
+    "cap_notice",
     "open_services",
 ]
 
@@ -109,6 +111,11 @@ class Services:
             server_alive=lambda: server.child.returncode is None,
         ) as client:
             yield RolloutClientTransport(client, server)
+
+    async def live_usage(self, run_dir: Path, in_flight: Callable[[], int]) -> None:
+        """Keep ``<run>/usage_live.json`` (the bridge's usage of the rollouts in flight) current
+        for the daemon, docs/daemon.md; runs until cancelled."""
+        await publish_live_usage(run_dir, self.bridge.ledger.snapshot, in_flight)
 
     async def watch_faults(self, halt: Callable[[str], None]) -> None:
         """Call ``halt(reason)`` when the rollout server exits on its own or the tunnel fails
@@ -185,12 +192,31 @@ async def _start(
     bridge.keepalive = decision.keepalive
     capacity = await server.probe_capacity()
     concurrency = resolve_concurrency(p.options.max_in_flight, p.spec.batch_size, capacity)
+    capped = cap_notice(p.options.max_in_flight, p.spec.batch_size, capacity)
+    if capped is not None:
+        ctx.log("WARNING", "dispatch", capped, None)
+        ctx.ui.warning(capped, "CONCURRENCY_CAPPED")
     if decision.mode == "managed":
         started.tunnel = await _start_tunnel(ctx, nursery, bridge.port)
     elif decision.mode == "advertise":
         ctx.stage(decision.milestone or "", step="tunnel")
     endpoint = BridgeEndpoint(bridge, token, started.tunnel, decision.advertise_url)
     return Services(server, bridge, started.tunnel, decision, concurrency, endpoint)
+
+
+def cap_notice(
+    max_in_flight: int | None, batch_size: int | None, capacity: int | None
+) -> str | None:
+    """The line announcing that the asked concurrency is above the server's capacity, if it is."""
+    for flag, value in (("--max-in-flight", max_in_flight), ("evaluation.batch_size", batch_size)):
+        if isinstance(value, int) and not isinstance(value, bool) and value > 0:
+            if capacity and value > capacity:
+                return (
+                    f"{flag} {value} is above the rollout server's capacity; "
+                    f"running {capacity} rollouts at a time"
+                )
+            return None
+    return None
 
 
 def _resolve_secrets(ctx: RunContext) -> dict[str, str]:

@@ -17,9 +17,11 @@ from typing import Any
 
 import trio
 
+from launcher.concurrency import InFlightLimit
 from launcher.dataset import WorkItem
 from launcher.digest import source_digest
 from launcher.dispatch import Dispatcher, DispatchReport, ItemLimits
+from launcher.dispatch_io import RunSink
 from launcher.errors import CLIError, Declined, InteractiveRequiredError, unwrap_group
 from launcher.prepare import EvalOptions, Prepared, prepare
 from launcher.process import reap_orphans, reap_run_dir
@@ -29,11 +31,10 @@ from launcher.report import (
     FailedItem,
     RunFacts,
     count_statuses,
-    describe,
-    failed_row_lines,
     next_steps,
     result_resource,
     results_rows,
+    row_sections,
 )
 from launcher.rundir import FinalizeResult, RunDirectory, RunLock
 from launcher.rundir.journal import TerminalRecord, WorkKey
@@ -70,22 +71,6 @@ class _Request:
     name: str | None
     fresh: bool
     retry_failed: bool
-
-
-class _RunSink:
-    """The dispatcher's :class:`launcher.dispatch.ResultSink`: journal, then progress."""
-
-    def __init__(self, supervisor: Supervisor, run_dir: RunDirectory) -> None:
-        self._supervisor = supervisor
-        self._run_dir = run_dir
-
-    async def record(self, record: TerminalRecord, *, has_sample: bool) -> None:
-        await self._run_dir.record_result(record, wait_for_trajectory=has_sample)
-        self._supervisor.ui.progress_update(describe(record))
-
-    def halted(self, reason: str) -> None:
-        self._supervisor.halted = reason
-        self._supervisor.ui.note(f"stopping dispatch: {reason}")
 
 
 class Supervisor:
@@ -131,6 +116,10 @@ class Supervisor:
             self.log("WARNING", "cancel", "supervisor cancellation requested")
         self.log("WARNING", "cancel", message)
         self.ui.note(message)
+
+    def _halt(self, reason: str) -> None:
+        self.halted = reason
+        self.ui.note(f"stopping dispatch: {reason}")
 
     @property
     def _stopped_early(self) -> bool:
@@ -288,18 +277,26 @@ class Supervisor:
         )
         concurrency = services.concurrency
         admission_timeout = limits.item_deadline_s * max(1, concurrency)
+        workers = max(1, min(concurrency, len(pending)))
+        limit = InFlightLimit(
+            workers,
+            milestone=partial(self.stage, step="schedule"),
+            log=lambda message: self.log("INFO", "schedule", message),
+        )
         async with services.rollout_transport(admission_timeout) as transport:
             dispatcher = Dispatcher(
                 pending,
                 concurrency=concurrency,
                 transport=transport,
                 endpoint=services.endpoint,
-                sink=_RunSink(self, rd),
+                sink=RunSink(
+                    rd, self.prepared.redactor, self.log, self.ui.progress_update, self._halt
+                ),
                 limits=limits,
                 interrupts=self.interrupts,
                 log=self.log,
+                limit=limit,
             )
-            workers = max(1, min(concurrency, len(pending)))
             self.stage(
                 f"running {len(pending)} work items, up to {workers} in flight", step="schedule"
             )
@@ -309,6 +306,8 @@ class Supervisor:
                     watchers.start_soon(
                         services.watch_faults, partial(dispatcher.halt, cancel_all=True)
                     )
+                    watchers.start_soon(limit.follow, services.bridge.ledger.pressure)
+                    watchers.start_soon(services.live_usage, rd.path, lambda: limit.in_flight)
                     self.dispatch_report = await dispatcher.run()
                     watchers.cancel_scope.cancel()
             finally:
@@ -329,7 +328,8 @@ class Supervisor:
         counts: Counts,
     ) -> None:
         p = self.prepared
-        self.ui.failed_rows(failed_row_lines(failed, run_dir, p.display))
+        for heading, lines in row_sections(failed, run_dir, p.display):
+            self.ui.failed_rows(lines, title=heading)
         rows = results_rows(
             name,
             p.display(run_dir),
@@ -403,7 +403,8 @@ class Supervisor:
         p = self.prepared
         cancelled = self._stopped_early
         counts = Counts(result.succeeded, result.failed, result.skipped)
-        failed: list[FailedItem] = list(result.failed_rows)
+        latest = rd.journal.latest  # its records (not FailedRow) carry each failure's reason
+        failed: list[FailedItem] = [latest[(r.row_index, r.run_index)] for r in result.failed_rows]
         self._show(
             rd.name,
             rd.path,
@@ -415,10 +416,13 @@ class Supervisor:
             counts=counts,
         )
         display = p.display(rd.path)
+        failure = result.write_failure  # a full disk, an I/O error: the file and what to do
         self.ui.result(
-            status="success" if result.complete else "partial",
+            status="success" if result.complete and failure is None else "partial",
             message=(
-                f"Evaluation run finished: {display}"
+                f"Evaluation run stopped: {failure.cause()}"
+                if failure is not None
+                else f"Evaluation run finished: {display}"
                 if result.complete
                 else f"Evaluation run interrupted: {display}"
             ),
@@ -441,4 +445,4 @@ class Supervisor:
         )
         if self.interrupts.interrupted:
             return EXIT_INTERRUPTED
-        return 0 if result.complete else 1
+        return 0 if result.complete and failure is None else 1

@@ -220,14 +220,15 @@ class UI:
             return default
         return answer in ("y", "yes")
 
-    def failed_rows(self, lines: Iterable[str]) -> None:
-        """The "Failed rows" section (§10.4)."""
+    def failed_rows(self, lines: Iterable[str], *, title: str = "Failed rows") -> None:
+        """The "Failed rows" section (§10.4), or another list of rows under ``title`` (the
+        skipped rows, which are not failures); a reason line (indented) is shown dim red."""
         lines = list(lines)
         if not self.rich or not lines:
             return
-        self.console.rule(Text("Failed rows"))
+        self.console.rule(Text(title))
         for line in lines:
-            self._print(line)
+            self._print(line, style="red" if line.startswith("  ") else None)
 
     def results_table(self, title: str, rows: Sequence[tuple[str, str]]) -> None:
         """The "Results" table (§10.5)."""

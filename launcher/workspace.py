@@ -28,7 +28,8 @@ __all__ = [
     "resolve_workspace",
 ]
 
-REQUIRED_DIRS = ("rollouts", "configs/eval", "configs/training", "data")
+#: What a local eval needs; ``configs/training/`` (the platform's) is not required here.
+REQUIRED_DIRS = ("rollouts", "configs/eval", "data")
 DATASET_EXTENSIONS = ("csv", "jsonl", "parquet")
 _GIT_TIMEOUT_S = 5.0
 
@@ -92,8 +93,8 @@ def resolve_workspace(config_path: Path, cwd: Path) -> Workspace:
     """Find the workspace of ``config_path`` (relative to ``cwd``) and check its layout.
 
     The config must be a ``.toml`` file under ``<workspace>/configs/eval/``; the nearest such
-    ancestor is the workspace. The directories ``rollouts/``, ``configs/eval/``,
-    ``configs/training/`` and ``data/`` must exist.
+    ancestor is the workspace. The directories ``rollouts/``, ``configs/eval/`` and ``data/``
+    must exist.
     """
     resolved = (cwd / Path(config_path).expanduser()).resolve()
     if resolved.suffix != ".toml":
@@ -114,8 +115,8 @@ def resolve_workspace(config_path: Path, cwd: Path) -> Workspace:
     if missing:
         listed = ", ".join(f"{d}/" for d in missing)
         raise ValidationError(
-            f"workspace {root} is missing {listed}; a workspace needs rollouts/, configs/eval/, "
-            "configs/training/ and data/ directories"
+            f"workspace {root} is missing {listed}; a workspace needs rollouts/, configs/eval/ "
+            "and data/ directories"
         )
     return Workspace(root=root, config_path=resolved)
 
@@ -208,10 +209,24 @@ def resolve_dataset_source(
 
 
 def resolve_output_root(workspace: Workspace, output: str | None, cwd: Path) -> Path:
-    """The output root: ``-o`` (``~`` expanded, relative to ``cwd``) or ``<ws>/.osmosis/evals``."""
+    """The output root: ``-o`` (``~`` expanded, relative to ``cwd``) or ``<ws>/.osmosis/evals``.
+
+    It need not exist yet, but the nearest part of it that does must be a directory: a regular
+    file there is refused now rather than failing deep inside the first write.
+    """
     if output is None:
-        return workspace.default_output_root.resolve()
-    return (cwd / Path(output).expanduser()).resolve()
+        root = workspace.default_output_root.resolve()
+        flag = "the output root"
+    else:
+        root = (cwd / Path(output).expanduser()).resolve()
+        flag = f"-o {output}"
+    existing = root
+    while not existing.exists() and existing != existing.parent:
+        existing = existing.parent
+    if not existing.is_dir():
+        what = "is" if existing == root else f"is under {existing}, which is"
+        raise ValidationError(f"{flag} {what} a file, not a directory; choose a directory")
+    return root
 
 
 def _git(root: Path, *args: str) -> str | None:

@@ -199,6 +199,12 @@ class RolloutApp:
         except msgspec.DecodeError as exc:
             # Also NaN / Infinity literals and out-of-range numbers: not JSON, so refused.
             raise _json_error("json_invalid", "JSON decode error", str(exc)) from None
+        except RecursionError:
+            # msgspec guards its recursion with the interpreter's limit; the body is the
+            # client's mistake, not the server's.
+            raise _json_error(
+                "json_invalid", "JSON decode error", "arrays or objects nested too deeply"
+            ) from None
 
     async def _body_or_error(
         self, scope: HTTPScope, receive: ASGIReceiveCallable, send: ASGISendCallable

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import abc
+import json
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -18,12 +20,21 @@ from .protocol import (
 from .sdk import RolloutSample
 
 __all__ = [
+    "FAILURE_KEY",
     "ExecutionBackend",
     "ExecutionOutcome",
     "ExecutionRequest",
     "ExecutionResult",
     "categorize_exception",
+    "describe_exception",
 ]
+
+FAILURE_KEY = "failure"
+"""The ``extra_fields`` (``diagnostics.json``) key that says why a rollout failed: ``phase``
+(``agent``, ``grader``, ``bridge``, ``server``), ``type`` (the exception class), ``status`` (an
+HTTP status) and ``message`` (only when it says more than ``err_message``). The wire result has
+no room for these, and a client that does not read the file loses nothing."""
+_BRIDGE_MESSAGE_LIMIT = 4096
 
 _HTTP_ERROR_CLASSES = frozenset(
     {
@@ -50,6 +61,38 @@ def categorize_exception(exc: BaseException) -> RolloutErrorCategory:
     if isinstance(exc, ValueError | TypeError | AssertionError):
         return RolloutErrorCategory.VALIDATION_ERROR
     return RolloutErrorCategory.AGENT_ERROR
+
+
+def _bridge_message(body: str) -> str:
+    """The error text inside a bridge/provider error body (``{"error": {"message": …}}``), else
+    the body itself."""
+    try:
+        doc = json.loads(body)
+    except (ValueError, RecursionError):
+        return body[:_BRIDGE_MESSAGE_LIMIT]
+    error = doc.get("error") if isinstance(doc, dict) else None
+    message = error.get("message") if isinstance(error, dict) else None
+    return (message if isinstance(message, str) else body)[:_BRIDGE_MESSAGE_LIMIT]
+
+
+def describe_exception(exc: BaseException, phase: str) -> dict[str, Any]:
+    """The :data:`FAILURE_KEY` object for ``exc`` raised in ``phase``.
+
+    A :class:`~rollout_server.chat.ChatError` is the model endpoint (the bridge) answering an
+    error: its phase becomes ``bridge``, with the status and the endpoint's own message. Any
+    other exception carrying an integer ``status_code`` (HTTP client errors) keeps that status.
+    """
+    detail: dict[str, Any] = {"phase": phase, "type": type(exc).__name__}
+    # Looked up, not imported: importing the submodule here would shadow the lazily exported
+    # ``rollout_server.chat`` function with the module (and a ChatError implies it is loaded).
+    chat_error = getattr(sys.modules.get(f"{__package__}.chat"), "ChatError", None)
+    if chat_error is not None and isinstance(exc, chat_error):
+        detail.update(phase="bridge", status=exc.status_code, message=_bridge_message(exc.body))
+        return detail
+    status = getattr(exc, "status_code", None)
+    if isinstance(status, int) and not isinstance(status, bool):
+        detail["status"] = status
+    return detail
 
 
 @dataclass

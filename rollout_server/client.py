@@ -86,6 +86,7 @@ __all__ = [
     "RolloutProtocolError",
     "RolloutServerUnreachable",
     "ServerShuttingDown",
+    "UnsendableRequest",
 ]
 
 _TRANSPORT_RETRY_DELAYS = (0.1, 0.5)
@@ -140,6 +141,49 @@ class CapacityExhausted(RolloutProtocolError):
     def __init__(self, message: str, *, retry_after: float, detail: Any = None):
         super().__init__(message, status_code=429, detail=detail)
         self.retry_after = retry_after
+
+
+class UnsendableRequest(RolloutClientError, ValueError):
+    """The request cannot be written as JSON (text that is not valid Unicode, such as a lone
+    surrogate from a ``\\udXXX`` escape in a dataset row); nothing was sent. It is about this
+    request only: other requests are unaffected."""
+
+
+def _unencodable_at(value: Any, path: str = "") -> str | None:
+    """The path (``initial_messages[0].content``) of the first string in ``value`` that is not
+    valid Unicode, or None."""
+    if isinstance(value, str):
+        try:
+            value.encode("utf-8")
+        except UnicodeEncodeError:
+            return path or "the request"
+        return None
+    if isinstance(value, dict):
+        for key, item in value.items():
+            found = _unencodable_at(key, f"{path} (a key)") if isinstance(key, str) else None
+            found = found or _unencodable_at(item, f"{path}.{key}" if path else str(key))
+            if found:
+                return found
+    elif isinstance(value, list | tuple):
+        for index, item in enumerate(value):
+            found = _unencodable_at(item, f"{path}[{index}]")
+            if found:
+                return found
+    return None
+
+
+def _encode_request(request: RolloutInitRequest) -> bytes:
+    """The JSON body of ``request``; :class:`UnsendableRequest` names the text that cannot be
+    encoded."""
+    try:
+        return _encode(request)
+    except UnicodeEncodeError as exc:
+        where = _unencodable_at(msgspec.to_builtins(request)) or "the request"
+        bad = exc.object[exc.start : exc.end] if isinstance(exc.object, str) else ""
+        raise UnsendableRequest(
+            f"{where} holds text that is not valid Unicode ({bad!r}: {exc.reason}); "
+            "fix the dataset row"
+        ) from None
 
 
 class RolloutAdmissionTimeout(RolloutClientError, TimeoutError):
@@ -350,7 +394,7 @@ class RolloutClient:
         (:class:`~rollout_server.protocol.RequestValidationError`, nothing sent).
         """
         request.validate()
-        body = _encode(request)
+        body = _encode_request(request)
         sent_at = trio.current_time()
         response = await self._request(
             "POST",

@@ -5,12 +5,20 @@ from __future__ import annotations
 import copy
 import importlib
 import math
+import os
 from pathlib import Path
 from typing import Any
 
 import trio
 
-from .backend import ExecutionBackend, ExecutionOutcome, ExecutionRequest, ExecutionResult
+from .backend import (
+    FAILURE_KEY,
+    ExecutionBackend,
+    ExecutionOutcome,
+    ExecutionRequest,
+    ExecutionResult,
+    describe_exception,
+)
 from .backend import categorize_exception as _categorize
 from .protocol import RolloutErrorCategory, RolloutStatus
 from .sdk import (
@@ -22,6 +30,7 @@ from .sdk import (
     RolloutSample,
     get_rollout_context,
 )
+from .trajectory import make_private_dirs
 
 __all__ = ["HEALTH_CHECK_MARKER", "LocalBackend"]
 
@@ -29,6 +38,7 @@ HEALTH_CHECK_MARKER = ".osmosis-health-check"
 _MARKER_CONTENT = b"osmosis-health-check"
 _DIR_ATTEMPT_DELAYS = (0.5, 1.0)
 _UNSET: Any = object()
+_NO_GRADER = "no grader ran: the rollout has no grader, or the row has neither a label nor metadata"
 
 
 def _resolve(target: Any) -> Any:
@@ -45,12 +55,15 @@ def _resolve(target: Any) -> Any:
 
 
 def _make_dirs(rollout_dir: Path) -> Path:
-    rollout_dir.mkdir(parents=True, exist_ok=True)
+    artifacts = rollout_dir / "artifacts"
+    make_private_dirs(artifacts)  # 0700 whatever the umask, like every file of the trial (0600)
     marker = rollout_dir / HEALTH_CHECK_MARKER
     if not marker.exists():
-        marker.write_bytes(_MARKER_CONTENT)
-    artifacts = rollout_dir / "artifacts"
-    artifacts.mkdir(exist_ok=True)
+        fd = os.open(marker, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        try:
+            os.write(fd, _MARKER_CONTENT)
+        finally:
+            os.close(fd)
     return artifacts
 
 
@@ -179,6 +192,7 @@ class LocalBackend(ExecutionBackend):
                 status=RolloutStatus.FAILURE,
                 err_message=str(exc) or type(exc).__name__,
                 err_category=_categorize(exc),
+                extra_fields={FAILURE_KEY: describe_exception(exc, "agent")},
             )
         # The deadline fired, or the workflow returned after it (swallowed the cancellation).
         message = f"workflow exceeded its {float(limit or 0.0)}s deadline"
@@ -188,6 +202,7 @@ class LocalBackend(ExecutionBackend):
             status=RolloutStatus.FAILURE,
             err_message=message,
             err_category=RolloutErrorCategory.TIMEOUT,
+            extra_fields={FAILURE_KEY: {"phase": "agent"}},
         )
 
     async def _to_sample(self, output: Any, request: ExecutionRequest) -> RolloutSample | None:
@@ -209,8 +224,12 @@ class LocalBackend(ExecutionBackend):
         self, request: ExecutionRequest, artifacts_dir: Path | None, workflow: ExecutionResult
     ) -> ExecutionResult:
         if self.grader_cls is None or (request.label is None and request.metadata is None):
-            # The reference reports a bare failure here (docs/spec/protocol.md §9.2, §19 item 7).
-            return ExecutionResult(status=RolloutStatus.FAILURE)
+            # The reference reports a bare failure here (docs/spec/protocol.md §9.2, §19 item 7);
+            # the reason goes only to diagnostics.json, where the wire cannot see it.
+            return ExecutionResult(
+                status=RolloutStatus.FAILURE,
+                extra_fields={FAILURE_KEY: {"phase": "grader", "message": _NO_GRADER}},
+            )
         ctx = get_rollout_context()
         if ctx is not None:
             await ctx.set_status(RolloutStatus.GRADING)
@@ -242,10 +261,12 @@ class LocalBackend(ExecutionBackend):
                 sample=sample,
                 err_message=str(exc) or type(exc).__name__,
                 err_category=_categorize(exc),
+                extra_fields={FAILURE_KEY: describe_exception(exc, "grader")},
             )
         return ExecutionResult(
             status=RolloutStatus.FAILURE,
             sample=sample,
             err_message=f"grader exceeded its {float(limit or 0.0)}s deadline",
             err_category=RolloutErrorCategory.TIMEOUT,
+            extra_fields={FAILURE_KEY: {"phase": "grader"}},
         )

@@ -33,7 +33,14 @@ from typing import TYPE_CHECKING, Any
 import msgspec
 import trio
 
-from .backend import ExecutionBackend, ExecutionOutcome, ExecutionRequest, categorize_exception
+from .backend import (
+    FAILURE_KEY,
+    ExecutionBackend,
+    ExecutionOutcome,
+    ExecutionRequest,
+    ExecutionResult,
+    categorize_exception,
+)
 from .jsonsafe import clean_text, wire_sample
 from .protocol import (
     DEFAULT_POLLING_LEASE_TIMEOUT_SEC,
@@ -153,6 +160,19 @@ def _provisional_disposition(entry: _Entry) -> CancelDisposition:
     if entry.status == RolloutStatus.QUEUED:
         return CancelDisposition.CANCELLED_QUEUED
     return CancelDisposition.CANCELLED_RUNNING
+
+
+def _diagnostics(saved: ExecutionResult, reported: ExecutionResult) -> dict[str, Any] | None:
+    """What ``diagnostics.json`` holds: the saved result's ``extra_fields``, plus the reported
+    failure's reason (:data:`~rollout_server.backend.FAILURE_KEY`) when the two differ (a grader
+    that failed without a sample after a successful workflow), so the reason is never lost."""
+    diagnostics = saved.extra_fields
+    if reported is saved or reported.status != RolloutStatus.FAILURE:
+        return diagnostics
+    failure = (reported.extra_fields or {}).get(FAILURE_KEY)
+    if failure is None or (diagnostics is not None and FAILURE_KEY in diagnostics):
+        return diagnostics
+    return {**(diagnostics or {}), FAILURE_KEY: failure}
 
 
 def _check_positive(name: str, value: float, *, allow_zero: bool = False) -> float:
@@ -566,8 +586,9 @@ class RolloutService:
         reported = outcome.reported()
         saved = outcome.saved()
         sample = saved.sample
+        diagnostics = _diagnostics(saved, reported)
         wants_trajectory = sample is not None and sample.trajectory_messages is not None
-        if wants_trajectory or saved.extra_fields is not None:
+        if wants_trajectory or diagnostics is not None:
             try:
                 trajectory = None
                 if wants_trajectory and sample is not None:
@@ -579,7 +600,7 @@ class RolloutService:
                         request_metadata=request.metadata,
                         request_extra_fields=request.extra_fields,
                     )
-                files = render_rollout_files(trajectory=trajectory, diagnostics=saved.extra_fields)
+                files = render_rollout_files(trajectory=trajectory, diagnostics=diagnostics)
                 if sum(len(text) for text in files.values()) <= INLINE_WRITE_LIMIT:
                     # No fsync, so a few KB go to the page cache in microseconds; a thread
                     # round trip would cost more CPU than the write and add two context

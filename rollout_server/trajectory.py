@@ -16,6 +16,7 @@ __all__ = [
     "ATIF_SCHEMA_VERSION",
     "SDK_NAME",
     "build_trajectory",
+    "make_private_dirs",
     "render_rollout_files",
     "write_rollout_files",
 ]
@@ -149,12 +150,33 @@ def render_rollout_files(
     return files
 
 
+_DIR_MODE = 0o700
+_FILE_MODE = 0o600
+
+
+def make_private_dirs(path: Path) -> None:
+    """Create ``path`` and its missing parents, each 0700 (``mkdir(parents=True)`` would give
+    the parents the umask's default instead)."""
+    missing: list[Path] = []
+    while not path.is_dir():
+        missing.append(path)
+        path = path.parent
+    for directory in reversed(missing):
+        directory.mkdir(mode=_DIR_MODE, exist_ok=True)
+
+
 def write_rollout_files(rollout_dir: Path, files: dict[str, str]) -> None:
-    """Create ``rollout_dir`` and ``artifacts/`` if needed, then write each file atomically."""
-    artifacts = rollout_dir / "artifacts"
-    if not artifacts.is_dir():
-        artifacts.mkdir(parents=True, exist_ok=True)
+    """Create ``rollout_dir`` and ``artifacts/`` if needed, then write each file atomically.
+
+    Trajectories hold prompts and model output, so directories are 0700 and files 0600
+    (docs/eval-run.md), whatever the umask.
+    """
+    make_private_dirs(rollout_dir / "artifacts")
     for name, text in files.items():
         tmp = rollout_dir / f".{name}.tmp"
-        tmp.write_text(text, encoding="utf-8")
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, _FILE_MODE)
+        # A temp file left by an earlier crash keeps its old mode through O_CREAT.
+        os.fchmod(fd, _FILE_MODE)
+        with os.fdopen(fd, "w", encoding="utf-8") as fh:
+            fh.write(text)
         os.replace(tmp, rollout_dir / name)

@@ -11,6 +11,7 @@ import trio
 
 from bridge.errors import UpstreamError
 from bridge.policy import PreparedRequest
+from bridge.retry import ProviderFault, status_fault
 from bridge.upstreams.routing import DirectRoute, resolve_direct
 from rollout_server.net.httpclient import ShardedTransport, skip_empty_cookies
 
@@ -30,7 +31,8 @@ _LIMITS = httpx.Limits(
 
 
 def new_client() -> httpx.AsyncClient:
-    """The bridge's one pooled client. It never retries (httpx does not by default)."""
+    """The bridge's one pooled client. It never retries by itself (httpx does not by default):
+    which faults are retried is :mod:`bridge.retry`'s decision."""
     return skip_empty_cookies(
         httpx.AsyncClient(
             timeout=_TIMEOUT, transport=ShardedTransport(_SHARDS, _LIMITS), follow_redirects=False
@@ -48,16 +50,26 @@ def _payload(route: DirectRoute, prepared: PreparedRequest, stream: bool) -> byt
     return json.dumps(body, ensure_ascii=False, separators=(",", ":")).encode("utf-8")
 
 
-def _transport_error(exc: httpx.TransportError) -> UpstreamError:
+def _transport_error(exc: httpx.TransportError, *, answering: bool = False) -> UpstreamError:
+    """The error for a failed exchange; ``answering`` when the provider's answer had begun.
+
+    A connection that failed or was reset before any answer is a :class:`ProviderFault` (the
+    call may be made again); once an answer is arriving it is billed, so it is not.
+    """
     detail = str(exc) or type(exc).__name__
+    if isinstance(exc, httpx.ConnectTimeout):
+        return ProviderFault(408, f"provider request timed out: {detail}", kind="Timeout")
     if isinstance(exc, httpx.TimeoutException):
         return UpstreamError(408, f"provider request timed out: {detail}", kind="Timeout")
-    return UpstreamError(502, f"could not reach the provider: {detail}", kind="APIConnectionError")
+    message = f"could not reach the provider: {detail}"
+    if not answering and isinstance(exc, httpx.NetworkError | httpx.RemoteProtocolError):
+        return ProviderFault(502, message, kind="APIConnectionError")
+    return UpstreamError(502, message, kind="APIConnectionError")
 
 
 def _status_error(response: httpx.Response) -> UpstreamError:
     text = response.text.strip() or f"provider answered HTTP {response.status_code}"
-    return UpstreamError(response.status_code, text)
+    return status_fault(response.status_code, text, response.headers.get("retry-after"))
 
 
 def _parse(text: str) -> Any:
@@ -128,7 +140,7 @@ class DirectUpstream:
             with trio.CancelScope(shield=True):
                 await response.aclose()
         if isinstance(outcome, httpx.TransportError):
-            raise _transport_error(outcome) from outcome
+            raise _transport_error(outcome, answering=True) from outcome
         if isinstance(outcome, Exception):
             raise outcome
         return outcome
@@ -166,7 +178,7 @@ class DirectUpstream:
                 if isinstance(parsed, dict):
                     yield parsed
         except httpx.TransportError as exc:
-            raise _transport_error(exc) from exc
+            raise _transport_error(exc, answering=True) from exc
         finally:
             await response.aclose()
 

@@ -11,6 +11,7 @@ import httpx
 
 from bridge.errors import BridgeRequestError, UpstreamError
 from bridge.policy import PreparedRequest
+from bridge.retry import status_fault
 from bridge.upstreams._loop import LiteLLMWorker, worker
 from bridge.upstreams.routing import OFFICIAL_OPENAI_BASE, openai_base
 
@@ -48,8 +49,8 @@ def _classify(litellm: ModuleType, model: str) -> Classification:
 def _kwargs(
     model: str, how: Classification, prepared: PreparedRequest, stream: bool
 ) -> dict[str, Any]:
-    # max_retries=0: the OpenAI SDK under LiteLLM would otherwise retry 429/5xx twice; the
-    # bridge never retries on a rollout's behalf.
+    # max_retries=0: the OpenAI SDK under LiteLLM would otherwise retry 429/5xx twice on its
+    # own; retries are the bridge's (bridge/retry.py), counted and bounded in one place.
     kw: dict[str, Any] = {
         "model": model,
         "messages": prepared.messages,
@@ -95,12 +96,14 @@ def to_upstream_error(exc: BaseException) -> UpstreamError | BridgeRequestError:
         return exc
     status = getattr(exc, "status_code", None)
     message = getattr(exc, "message", None) or str(exc) or type(exc).__name__
+    retry_after = _retry_after(exc)
     seen: set[int] = set()
     cause: BaseException | None = exc
     while cause is not None and id(cause) not in seen:
         seen.add(id(cause))
         if isinstance(cause, httpx.HTTPStatusError):
             status = cause.response.status_code
+            retry_after = cause.response.headers.get("retry-after") or retry_after
             try:
                 text = cause.response.text
             except httpx.ResponseNotRead:
@@ -113,7 +116,21 @@ def to_upstream_error(exc: BaseException) -> UpstreamError | BridgeRequestError:
         status = 408
     if not isinstance(status, int) or isinstance(status, bool):
         status = 500
-    return UpstreamError(status, str(message), kind=type(exc).__name__)
+    return status_fault(status, str(message), retry_after, kind=type(exc).__name__)
+
+
+def _retry_after(exc: BaseException) -> str | None:
+    """The provider's ``Retry-After`` as LiteLLM kept it: on the exception's response headers
+    (``litellm_response_headers``) or on its ``response``."""
+    for headers in (
+        getattr(exc, "litellm_response_headers", None),
+        getattr(getattr(exc, "response", None), "headers", None),
+    ):
+        if isinstance(headers, httpx.Headers | dict):
+            value = httpx.Headers(headers).get("retry-after")
+            if isinstance(value, str) and value:
+                return value
+    return None
 
 
 class LiteLLMUpstream:

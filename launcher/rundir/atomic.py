@@ -13,12 +13,14 @@ import errno
 import json
 import os
 import tempfile
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 __all__ = [
     "DIR_MODE",
     "FILE_MODE",
+    "WriteFailure",
     "atomic_copy_file",
     "atomic_write_bytes",
     "atomic_write_json",
@@ -30,6 +32,30 @@ __all__ = [
 
 FILE_MODE = 0o600
 DIR_MODE = 0o700
+
+# What a user can do about a failed write, by errno; anything else is a failing device.
+_ADVICE = {
+    errno.ENOSPC: "free space on that disk",
+    errno.EDQUOT: "free space within your disk quota",
+    errno.EROFS: "the file system is read-only; make it writable",
+    errno.EACCES: "make the run directory writable",
+    errno.EPERM: "make the run directory writable",
+}
+
+
+@dataclass(frozen=True)
+class WriteFailure:
+    """A file of the run directory that could not be written, and why (a full disk, a
+    read-only or unwritable directory, an I/O error)."""
+
+    path: Path
+    error: OSError
+
+    def cause(self) -> str:
+        """One line naming the file and what to do (the resume command is a next step)."""
+        reason = self.error.strerror or str(self.error)
+        advice = _ADVICE.get(self.error.errno or 0, "check the disk")
+        return f"could not write {self.path}: {reason}; {advice}"
 
 
 def canonical_json(obj: Any) -> str:
@@ -97,11 +123,14 @@ def atomic_write_bytes(path: Path, data: bytes, *, durable: bool = True) -> None
         os.close(fd)
         fd = -1
         os.replace(tmp_name, path)
-    except BaseException:
+    except BaseException as exc:
         if fd >= 0:
             os.close(fd)
         with contextlib.suppress(FileNotFoundError):
             os.unlink(tmp_name)
+        if isinstance(exc, OSError) and exc.errno is not None and exc.filename is None:
+            # os.write/os.fsync name no file; the caller's message must say which one failed.
+            raise OSError(exc.errno, exc.strerror, str(path)) from exc
         raise
     if durable:
         fsync_dir(path.parent)

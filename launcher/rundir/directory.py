@@ -15,6 +15,12 @@ The journal is the only authority: ``index.jsonl``/``summary.jsonl`` get one app
 finished item (O(1)), ``metrics.json`` is refreshed at most every ``metrics_interval_s``, and
 every projection is rebuilt from the journal in one pass at open and at finalize.
 
+A full disk, a directory that turned read-only or an I/O error is a :class:`WriteFailure`:
+at open it refuses the run with one line naming the file; later the first one is kept in
+:attr:`RunDirectory.write_failure` (a journal failure also halts dispatch through the
+exception :meth:`record_result` raises), and :meth:`finalize` never raises for one, so the
+run still ends with its results table, its cause and a resume hint.
+
 Why one module of this size: :class:`RunDirectory` is the single writer of the run directory;
 open, record and finalize share its in-memory projection state (latest records, counters, the
 index already written), which is what keeps per-item work O(1).
@@ -22,6 +28,7 @@ index already written), which is what keeps per-item work O(1).
 
 from __future__ import annotations
 
+import contextlib
 import math
 import os
 import time
@@ -35,8 +42,14 @@ import msgspec
 import trio
 
 from launcher.dataset import SelectedRow, WorkItem, dataset_rows_jsonl
+from launcher.errors import LocalEvalError
 from launcher.redact import Redactor
-from launcher.rundir.atomic import atomic_write_bytes, atomic_write_json
+from launcher.rundir.atomic import (
+    WriteFailure,
+    atomic_write_bytes,
+    atomic_write_json,
+    pretty_json_bytes,
+)
 from launcher.rundir.journal import Journal, TerminalRecord, WorkKey
 from launcher.rundir.lock import RunLock, lock_path
 from launcher.rundir.logs import RunLog, utc_now_iso
@@ -104,6 +117,8 @@ class FinalizeResult:
     resumed: int
     duration_ms: float
     failed_rows: list[FailedRow] = field(default_factory=list)
+    write_failure: WriteFailure | None = None
+    """The first file of the run that could not be written, if any (the run then exits 1)."""
 
     @property
     def summary(self) -> dict[str, Any]:
@@ -161,6 +176,8 @@ class RunDirectory:
             if key in self._expected:
                 self.counters.apply(record.status, record.reward)
         self._projection_lock = trio.Lock()
+        self._journal_failure: WriteFailure | None = None
+        self._other_failure: WriteFailure | None = None
 
     @classmethod
     def open(
@@ -183,9 +200,41 @@ class RunDirectory:
         A ``Changed: ...`` refusal or a corrupt journal raises before anything is modified.
         ``self.gate.archived_to`` tells whether ``--fresh`` archived a previous directory.
         Log lines written here (and in :meth:`finalize`) reach ``echo`` on the calling thread.
+        A file that cannot be written raises :class:`LocalEvalError` naming it.
         """
         validate_run_name(name)
         run_dir = Path(output_root) / name
+        try:
+            return cls._open(
+                run_dir,
+                name,
+                inputs,
+                provenance,
+                fresh,
+                meta,
+                selected_rows,
+                redactor,
+                echo,
+                metrics_interval_s,
+            )
+        except OSError as exc:
+            failure = WriteFailure(Path(exc.filename or run_dir), exc)
+            raise LocalEvalError(failure.cause()) from None
+
+    @classmethod
+    def _open(
+        cls,
+        run_dir: Path,
+        name: str,
+        inputs: dict[str, Any],
+        provenance: dict[str, Any],
+        fresh: bool,
+        meta: RunMeta,
+        selected_rows: Sequence[SelectedRow],
+        redactor: Redactor,
+        echo: Callable[[str], None] | None,
+        metrics_interval_s: float,
+    ) -> RunDirectory:
         gate = manifest_gate(run_dir, name, inputs, provenance, fresh=fresh)
         # A corrupt journal must refuse the run before the log or projections are touched.
         journal = Journal.open(run_dir / "events.jsonl")
@@ -242,6 +291,18 @@ class RunDirectory:
         return self.trials_dir / rollout_id
 
     @property
+    def write_failure(self) -> WriteFailure | None:
+        """The failed write that explains how the run ended: the journal's first (results
+        stopped counting there), else the first of projections, finalize or ``logs.txt``."""
+        return self._journal_failure or self._other_failure or self.log.write_failure
+
+    def _note_failure(self, exc: OSError, default: Path) -> WriteFailure:
+        failure = WriteFailure(Path(exc.filename or default), exc)
+        if self._other_failure is None:
+            self._other_failure = failure
+        return failure
+
+    @property
     def recorded_count(self) -> int:
         """Work items (of this selection) that have any terminal record."""
         return sum(1 for key in self.journal.latest if key in self._expected)
@@ -290,7 +351,14 @@ class RunDirectory:
             # JSON cannot hold NaN/inf; the journal, index and metrics all treat it as ungraded.
             record = msgspec.structs.replace(record, reward=None)
         previous = self.journal.latest.get(record.key)
-        await self.journal.append(record)
+        try:
+            await self.journal.append(record)
+        except LocalEvalError as exc:
+            # The journal cut its partial line off and refuses further appends; the error
+            # still halts dispatch, and the run's last line names the journal file.
+            if isinstance(exc.__cause__, OSError) and self._journal_failure is None:
+                self._journal_failure = WriteFailure(self.journal.path, exc.__cause__)
+            raise
         self._fresh.add(record.key)
         if record.key in self._expected:
             prev = (previous.status, previous.reward) if previous is not None else None
@@ -332,6 +400,7 @@ class RunDirectory:
                     self._project_one, record, warnings, require_trajectory
                 )
             except OSError as exc:
+                self._note_failure(exc, self.path)
                 self.log.error(
                     "result",
                     "could not update projections; they are rebuilt at finalize",
@@ -461,19 +530,51 @@ class RunDirectory:
         self, *, status: str, duration_ms: float = 0.0, completed_at: str | None = None
     ) -> dict[str, Any]:
         """One pass over the journal: index/summary, every item's projection, metrics.json."""
-        rows: dict[WorkKey, dict[str, Any]] = {}
+        valid: dict[WorkKey, bool] = {}
+        self._rows = self._index_rows(valid)
+        rows = self._rows
         for record in self._latest_expected():
-            trajectory = load_valid_trajectory(self.trials_dir, record.rollout_id)
-            rows[record.key] = index_row(record, trajectory, resumed=record.key not in self._fresh)
-            project_item(
-                self.path, record, trajectory_valid=trajectory is not None, warn=self._warn
-            )
-        self._rows = rows
+            project_item(self.path, record, trajectory_valid=valid[record.key], warn=self._warn)
         data = b"".join(index_line(rows[k]) for k in sorted(rows))
         atomic_write_bytes(self.path / "index.jsonl", data)
         atomic_write_bytes(self.path / "summary.jsonl", data)
         self._last_metrics = time.monotonic()
         return self._write_metrics(status, duration_ms=duration_ms, completed_at=completed_at)
+
+    def _index_rows(
+        self, valid: dict[WorkKey, bool] | None = None
+    ) -> dict[WorkKey, dict[str, Any]]:
+        """The index row of every expected item (reads trajectories, writes nothing);
+        ``valid`` receives whether each item's trajectory is usable."""
+        rows: dict[WorkKey, dict[str, Any]] = {}
+        for record in self._latest_expected():
+            trajectory = load_valid_trajectory(self.trials_dir, record.rollout_id)
+            rows[record.key] = index_row(record, trajectory, resumed=record.key not in self._fresh)
+            if valid is not None:
+                valid[record.key] = trajectory is not None
+        return rows
+
+    def _salvage_metrics(self, doc: dict[str, Any]) -> None:
+        """Write the final ``metrics.json`` in place when the atomic write could not be made
+        (a full disk still lets an existing file's blocks be rewritten), so a reader never
+        sees a run that ended as ``running``. A torn file here is repaired by the next open,
+        which rebuilds every projection from the journal."""
+        target = self.path / "metrics.json"
+        data = pretty_json_bytes(doc)
+        try:
+            fd = os.open(target, os.O_WRONLY | getattr(os, "O_NOFOLLOW", 0))
+        except OSError:
+            return
+        try:
+            view = memoryview(data)
+            while view:
+                view = view[os.write(fd, view) :]
+            os.ftruncate(fd, len(data))
+            os.fsync(fd)
+        except OSError:
+            pass
+        finally:
+            os.close(fd)
 
     def failed_rows(self) -> list[FailedRow]:
         """Latest records that are not ``success``, sorted by ``(row_index, run_index)``."""
@@ -500,12 +601,23 @@ class RunDirectory:
         duration_ms = (time.monotonic() - self._t0) * 1000.0
         complete = self.is_complete() and not cancelled
         completed_at = utc_now_iso(datetime.now(UTC)) if complete else None
-        self._write_progress()
-        doc = self._rebuild(
-            status="finished" if complete else "incomplete",
-            duration_ms=duration_ms,
-            completed_at=completed_at,
-        )
+        status = "finished" if complete else "incomplete"
+        try:
+            self._write_progress()
+            doc = self._rebuild(status=status, duration_ms=duration_ms, completed_at=completed_at)
+        except OSError as exc:
+            # Never raise from here: finalize runs in a `finally`, and the results recorded
+            # so far (the journal, in memory) still make the table and the resume hint.
+            failure = self._note_failure(exc, self.path)
+            complete, completed_at, status = False, None, "incomplete"
+            self.log.error(
+                "finalize",
+                "could not write the run's projections",
+                {"error": str(exc), "path": str(failure.path)},
+            )
+            self._rows = self._index_rows()
+            doc = self._metrics_doc(status, duration_ms, completed_at)
+            self._salvage_metrics(doc)
         latest = self._latest_expected()
         return FinalizeResult(
             metrics=doc,
@@ -518,9 +630,13 @@ class RunDirectory:
             resumed=sum(1 for r in latest if r.key not in self._fresh),
             duration_ms=duration_ms,
             failed_rows=self.failed_rows(),
+            write_failure=self.write_failure,
         )
 
     def close(self) -> None:
         """Close the journal and the log (the lock is the caller's)."""
-        self.journal.close()
+        # Both are fsync'd or unbuffered, so a failing close loses nothing; it runs in a
+        # `finally` and must not replace the error that ended the run.
+        with contextlib.suppress(OSError):
+            self.journal.close()
         self.log.close()

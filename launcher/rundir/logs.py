@@ -2,11 +2,15 @@
 
 Line format: ``<UTC ISO µs Z> <LEVEL> [<step>] <message>[ <canonical JSON details>]``.
 Every line passes through the :class:`~launcher.redact.Redactor` before it is written or
-echoed; the file is 0600 and written with flush, not fsync (the journal is the authority).
+echoed; the file is 0600 and each line is one ``write``, not fsync'd (the journal is the
+authority). A line that cannot be written (a full disk, an I/O error) never raises into the
+caller: the log is cut back to its last whole line, the first such error is kept in
+:attr:`RunLog.write_failure` for the run's final message, and later lines are tried again.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import threading
@@ -17,6 +21,7 @@ from types import TracebackType
 from typing import Any
 
 from launcher.redact import Redactor
+from launcher.rundir.atomic import WriteFailure
 
 __all__ = ["RunLog", "utc_now_iso"]
 
@@ -53,9 +58,12 @@ class RunLog:
         self.path = Path(path)
         self.redactor = redactor
         self.echo = echo
-        fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
-        self._fh = os.fdopen(fd, "a", encoding="utf-8", errors="backslashreplace")
+        self._fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+        # We are the only writer (the run lock), so the size is tracked rather than asked for.
+        self._size = os.fstat(self._fd).st_size
         self._mutex = threading.Lock()
+        self.write_failure: WriteFailure | None = None
+        """The first line that could not be written, if any."""
 
     def log(
         self, level: str, step: str, message: str, details: dict[str, Any] | None = None
@@ -67,9 +75,8 @@ class RunLog:
         # Child output can contain newlines-in-lines (\r); keep one physical line per event.
         line = self.redactor(line.replace("\n", "\\n"))
         with self._mutex:
-            if not self._fh.closed:
-                self._fh.write(line + "\n")
-                self._fh.flush()
+            if self._fd >= 0:
+                self._write((line + "\n").encode("utf-8", "backslashreplace"))
         if self.echo is not None:
             self.echo(line)
         return line
@@ -86,11 +93,29 @@ class RunLog:
         """An ``ERROR`` line."""
         return self.log("ERROR", step, message, details)
 
+    def _write(self, data: bytes) -> None:
+        try:
+            view = memoryview(data)
+            while view:
+                view = view[os.write(self._fd, view) :]
+        except OSError as exc:
+            if self.write_failure is None:
+                self.write_failure = WriteFailure(self.path, exc)
+            # A torn line would glue itself to the next one; cut the file back (best effort).
+            with contextlib.suppress(OSError):
+                os.ftruncate(self._fd, self._size)
+            return
+        self._size += len(data)
+
     def close(self) -> None:
         """Close the file (idempotent); later calls still echo but write nothing."""
         with self._mutex:
-            if not self._fh.closed:
-                self._fh.close()
+            if self._fd >= 0:
+                fd, self._fd = self._fd, -1
+                with contextlib.suppress(OSError):
+                    # Nothing is buffered, so a failing close loses nothing: never let it
+                    # replace the error that ends the run.
+                    os.close(fd)
 
     def __enter__(self) -> RunLog:
         return self

@@ -8,12 +8,13 @@ import contextlib
 import json
 import os
 import uuid
+from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from launcher.config import EvalConfig, RunSpec
+from launcher.config import EvalConfig, RunSpec, upstream_base_url
 from launcher.dataset import DatasetSelection
 from launcher.errors import ConflictError, LocalEvalError
 from launcher.rundir.atomic import atomic_write_json, ensure_dir, fsync_dir
@@ -23,6 +24,7 @@ from rollout_server.protocol import PROTOCOL_VERSION
 
 __all__ = [
     "INPUT_GROUPS",
+    "LATER_GROUPS",
     "MANIFEST_NAME",
     "STATE_SCHEMA",
     "GateOutcome",
@@ -45,6 +47,7 @@ _MISSING = object()
 INPUT_GROUPS = (
     "dataset",
     "env",
+    "model",
     "model_path",
     "n",
     "rollout",
@@ -52,6 +55,9 @@ INPUT_GROUPS = (
     "timeouts",
     "versions",
 )
+#: Groups added after the first manifests were written: a manifest without one predates it,
+#: and the group counts as unchanged (so those runs still resume).
+LATER_GROUPS = frozenset({"model"})
 
 
 @dataclass(frozen=True)
@@ -78,11 +84,22 @@ class Manifest:
 
 
 def build_inputs(
-    config: EvalConfig, spec: RunSpec, selection: DatasetSelection, source_digest: str
+    config: EvalConfig,
+    spec: RunSpec,
+    selection: DatasetSelection,
+    source_digest: str,
+    environ: Mapping[str, str] | None = None,
 ) -> dict[str, Any]:
-    """The resolved-input lock (§4.3). Excludes names, paths, concurrency, thresholds, UI flags."""
+    """The resolved-input lock (§4.3). Excludes names, paths, concurrency, thresholds, UI flags.
+
+    ``model`` locks the upstream's identity next to ``model_path``: the base URL the bridge
+    will call, resolved from ``environ`` (default: this process's environment), never a key.
+    """
+    model_path = config.experiment.model_path
+    upstream = upstream_base_url(model_path, os.environ if environ is None else environ)
     return {
-        "model_path": config.experiment.model_path,
+        "model_path": model_path,
+        "model": {"upstream_base_url": upstream},
         "dataset": {
             "sha256": selection.sha256,
             "selected_source_rows": selection.selected_source_rows,
@@ -173,8 +190,13 @@ def read_manifest(path: Path) -> Manifest:
 
 
 def changed_groups(old: dict[str, Any], new: dict[str, Any]) -> list[str]:
-    """Sorted top-level input keys whose values differ (added or removed keys included)."""
-    return sorted(k for k in set(old) | set(new) if old.get(k, _MISSING) != new.get(k, _MISSING))
+    """Sorted top-level input keys whose values differ (added or removed keys included, except
+    a :data:`LATER_GROUPS` group the old manifest predates)."""
+    return sorted(
+        k
+        for k in set(old) | set(new)
+        if old.get(k, _MISSING) != new.get(k, _MISSING) and not (k in LATER_GROUPS and k not in old)
+    )
 
 
 def changed_inputs_message(name: str, groups: list[str]) -> str:

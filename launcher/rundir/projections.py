@@ -25,6 +25,7 @@ __all__ = [
     "SafeArtifacts",
     "index_line",
     "index_row",
+    "load_failure_detail",
     "load_valid_trajectory",
     "project_item",
     "projection_stem",
@@ -34,6 +35,8 @@ __all__ = [
 ]
 
 TRAJECTORY_FILENAME = "trajectory.json"
+DIAGNOSTICS_FILENAME = "diagnostics.json"
+DIAGNOSTICS_MAX_BYTES = 1024 * 1024
 # Per-file cap for projection copies: a runaway artifact must not double its disk use here.
 # The canonical copy under rollout_trials/ is untouched.
 ARTIFACT_MAX_BYTES = 64 * 1024 * 1024
@@ -46,8 +49,10 @@ INDEX_KEYS = (
     "reward",
     "tokens",
     "max_context_tokens",
+    "retries",
     "duration_ms",
     "error_type",
+    "error",
     "resumed",
 )
 
@@ -97,6 +102,30 @@ def load_valid_trajectory(trials_dir: Path, rollout_id: str) -> dict[str, Any] |
     return doc
 
 
+def load_failure_detail(trials_dir: Path, rollout_id: str) -> dict[str, Any] | None:
+    """The ``failure`` object the rollout server put in ``rollout_trials/<id>/diagnostics.json``
+    (phase, exception type, status: what the wire's ``err_message`` cannot say), or None.
+
+    Read like the trajectory: never through a symlink, and only a small file (the object is a
+    few hundred bytes; anything huge is not ours to parse on the way to the journal).
+    """
+    trial = trials_dir / rollout_id
+    if trial.is_symlink() or not trial.is_dir():
+        return None
+    try:
+        fd = os.open(trial / DIAGNOSTICS_FILENAME, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0))
+    except OSError:
+        return None
+    try:
+        with os.fdopen(fd, "rb") as fh:
+            data = fh.read(DIAGNOSTICS_MAX_BYTES + 1)
+        doc = json.loads(data) if len(data) <= DIAGNOSTICS_MAX_BYTES else None
+    except (OSError, ValueError, RecursionError):
+        return None
+    failure = doc.get("failure") if isinstance(doc, dict) else None
+    return failure if isinstance(failure, dict) else None
+
+
 def _int(value: Any) -> int | None:
     return value if isinstance(value, int) and not isinstance(value, bool) else None
 
@@ -133,7 +162,8 @@ def trajectory_usage(doc: dict[str, Any]) -> tuple[int | None, int | None]:
 def index_row(
     record: TerminalRecord, trajectory: dict[str, Any] | None, *, resumed: bool
 ) -> dict[str, Any]:
-    """One index.jsonl row in §3.4 key order, None values left out.
+    """One index.jsonl row in §3.4 key order, None values left out (``error``, why a failed
+    attempt failed, is our addition).
 
     ``tokens``/``max_context_tokens`` come from the journal record, falling back to the valid
     trajectory's metrics when the bridge saw no usage.
@@ -152,8 +182,10 @@ def index_row(
         "reward": float(record.reward) if record.reward is not None else None,
         "tokens": tokens,
         "max_context_tokens": max_context,
+        "retries": record.retries,
         "duration_ms": float(record.duration_ms or 0.0),
         "error_type": record.error_type,
+        "error": record.error.to_json() if record.error is not None else None,
         "resumed": True if resumed else None,
     }
     return {k: values[k] for k in INDEX_KEYS if values[k] is not None}

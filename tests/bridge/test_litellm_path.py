@@ -16,9 +16,13 @@ import pytest
 import trio
 
 from bridge import BridgeHandle
+from bridge.retry import RetryPolicy
 from tests.bridge.conftest import AUTH, HI, StartBridge, url
 from tests.bridge.scripted import Reply, Scripted, run_scripted
 from tests.fakes.upstream import FakeUpstream
+
+#: Retries off: these tests pin down how a final upstream answer is relayed.
+NO_RETRY = RetryPolicy(max_attempts=1)
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -122,7 +126,7 @@ async def test_anthropic_errors_map(
 ) -> None:
     body = {"type": "error", "error": {"type": "x", "message": "upstream says no"}}
     anthropic.reply(Reply(status, body))
-    handle = await start_bridge(model=ANTHROPIC_MODEL)
+    handle = await start_bridge(model=ANTHROPIC_MODEL, retry=NO_RETRY)
     response = await call(handle, {"messages": HI, "max_tokens": 5})
     assert response.status_code == expected
     assert "upstream says no" in response.json()["error"]["message"]
@@ -200,7 +204,7 @@ async def test_forced_litellm_does_not_retry(
     start_bridge: StartBridge, provider_env: FakeUpstream
 ) -> None:
     provider_env.fail_statuses.extend([500, 500, 500])
-    handle = await start_bridge(via_litellm=True)
+    handle = await start_bridge(via_litellm=True, retry=NO_RETRY)  # LiteLLM itself must not
     response = await call(handle, {"messages": HI})
     assert response.status_code == 502
     assert len(provider_env.requests) == 1

@@ -116,3 +116,40 @@ async def test_litellm_path_rate_limit_passes(
     monkeypatch.setenv("ANTHROPIC_API_KEY", "sk-ant-test-key-0123456789abcdef")
     with trio.fail_after(60):
         assert await preflight("anthropic/claude-sonnet-4-6") is None
+
+
+@pytest.mark.parametrize(
+    ("model", "name"),
+    [
+        ("openai/test-model", "OPENAI_API_KEY"),
+        ("openrouter/vendor/model", "OR_API_KEY"),
+        ("anthropic/claude-sonnet-4-6", "ANTHROPIC_API_KEY"),
+    ],
+)
+async def test_a_non_ascii_key_is_fatal_and_named_not_shown(
+    scripted: Scripted, monkeypatch: pytest.MonkeyPatch, model: str, name: str
+) -> None:
+    # Before the fix this was a "non-fatal" warning, and every rollout then failed.
+    value = "sk-\u201cpasted-key-0123456789\u201d"
+    monkeypatch.setenv(name, value)
+    with trio.fail_after(20), pytest.raises(PreflightError) as info:
+        await preflight(model)
+    message = str(info.value)
+    assert message.startswith(f"model preflight failed for '{model}': {name} contains non-ASCII")
+    assert "\n" not in message
+    assert "pasted-key" not in message and value not in message
+    assert scripted.requests == []  # refused before any call
+
+
+async def test_non_ascii_values_of_other_variables_do_not_matter(
+    scripted: Scripted, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    scripted.reply(
+        Reply(
+            200, {"choices": [{"index": 0, "message": {"content": "x"}, "finish_reason": "stop"}]}
+        )
+    )
+    monkeypatch.setenv("ANTHROPIC_API_KEY", "sk-ant-\u00e9t\u00e9-0123456789")
+    monkeypatch.setenv("MY_PASSWORD", "caf\u00e9-caf\u00e9-caf\u00e9")
+    with trio.fail_after(20):
+        assert await preflight("openai/test-model") is None

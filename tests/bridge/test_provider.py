@@ -9,8 +9,12 @@ import pytest
 import trio
 
 from bridge import BridgeHandle
+from bridge.retry import RetryPolicy
 from tests.bridge.conftest import AUTH, HI, StartBridge, url
 from tests.bridge.scripted import Reply, Scripted
+
+#: Retries off: these tests pin down how a final upstream answer is relayed.
+NO_RETRY = RetryPolicy(max_attempts=1)
 
 USAGE = {"prompt_tokens": 11, "completion_tokens": 7, "total_tokens": 18}
 
@@ -100,7 +104,7 @@ async def test_upstream_4xx_kept(
     start_bridge: StartBridge, scripted: Scripted, status: int
 ) -> None:
     scripted.reply(Reply(status, '{"error":{"message":"nope"}}'))
-    handle = await start_bridge()
+    handle = await start_bridge(retry=NO_RETRY)  # the final answer, not the retries
     response = await call(handle, {"messages": HI})
     assert response.status_code == status
     assert response.json()["error"] == {
@@ -123,7 +127,7 @@ async def test_upstream_5xx_becomes_502(
     start_bridge: StartBridge, scripted: Scripted, status: int, body: str, message: str
 ) -> None:
     scripted.reply(Reply(status, body, content_type="text/plain"))
-    handle = await start_bridge()
+    handle = await start_bridge(retry=NO_RETRY)  # the final answer, not the retries
     response = await call(handle, {"messages": HI})
     assert response.status_code == 502
     assert response.json()["error"] == {"message": message, "type": "bridge_error", "code": 502}
@@ -230,11 +234,12 @@ async def test_tool_call_shape(start_bridge: StartBridge, scripted: Scripted) ->
                 "content": "",
                 "reasoning_content": "thinking...",
                 "tool_calls": [tool_call],
+                "annotations": [],
             },
             "finish_reason": "tool_calls",
         }
     ]
-    assert "system_fingerprint" not in data
+    assert data["system_fingerprint"] == "fp_1"  # fields the bridge does not own pass through
 
 
 async def test_refusal_shape(start_bridge: StartBridge, scripted: Scripted) -> None:

@@ -9,9 +9,13 @@ from typing import Any
 import httpx
 import trio
 
+from bridge.retry import RetryPolicy
 from tests.bridge.conftest import AUTH, HI, StartBridge, url
 from tests.bridge.scripted import Reply, Scripted, sse
 from tests.fakes.upstream import FakeUpstream
+
+#: Retries off: these tests pin down how a final upstream answer is relayed.
+NO_RETRY = RetryPolicy(max_attempts=1)
 
 USAGE = {"prompt_tokens": 11, "completion_tokens": 7, "total_tokens": 18}
 
@@ -64,7 +68,7 @@ async def test_stream_body_exact(start_bridge: StartBridge, scripted: Scripted) 
     assert frames(response.text) == [
         ": ping",
         "data: " + json.dumps(
-            {**first, "choices": [{"index": 0, "delta": {"content": "hello"}, "finish_reason": None}]},
+            {**first, "choices": [{"index": 0, "delta": {"role": "assistant", "content": "hello"}, "finish_reason": None}]},
             separators=(",", ":"),
         ),
         "data: " + json.dumps(
@@ -195,7 +199,7 @@ async def test_relay_is_live_with_heartbeats(start_bridge: StartBridge, scripted
 
 async def test_error_status_in_stream_mode(start_bridge: StartBridge, scripted: Scripted) -> None:
     scripted.reply(Reply(500, '{"error":{"message":"boom"}}'))
-    handle = await start_bridge()
+    handle = await start_bridge(retry=NO_RETRY)
     with trio.fail_after(20):
         async with httpx.AsyncClient() as client:
             response = await client.post(
@@ -332,7 +336,7 @@ async def test_keepalive_fast_call_keeps_real_status(
     start_bridge: StartBridge, scripted: Scripted
 ) -> None:
     scripted.reply(Reply(502, "bad gateway"))
-    handle = await start_bridge(keepalive=True)
+    handle = await start_bridge(keepalive=True, retry=NO_RETRY)
     with trio.fail_after(20):
         async with httpx.AsyncClient() as client:
             response = await client.post(url(handle), json={"messages": HI}, headers=AUTH)

@@ -12,6 +12,13 @@ Faults are injected by setting attributes on the :class:`FakeUpstream` between r
 ``fail_body`` (the body sent with those statuses). Every request is recorded in ``requests``;
 ``disconnects`` counts requests whose client went away before the answer was sent.
 
+Transient faults, at random: ``fault_rate`` (the fraction of chat calls that get one) of the
+kinds in ``fault_kinds``: ``"500"``, ``"429"`` (with ``Retry-After: <retry_after>``) and
+``"reset"`` (the connection is reset before any answer; needs ``run_fake_upstream(resets=True)``,
+which puts a small TCP relay in front of the server so that a request's connection can be
+aborted). :meth:`FakeUpstream.rate_limit_for` answers every chat call with a 429 for the next
+T seconds. ``faults`` counts what was injected, by kind. None of this is on by default.
+
 It is a raw ASGI app on hypercorn's trio worker (no framework), so it has none of the
 framework hazards our own servers must guard against, and trio sockets set TCP_NODELAY.
 """
@@ -19,7 +26,11 @@ framework hazards our own servers must guard against, and trio sockets set TCP_N
 from __future__ import annotations
 
 import json
-from collections import deque
+import math
+import random
+import socket
+import struct
+from collections import Counter, deque
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -51,6 +62,13 @@ class FakeUpstream:
     in_flight: int = 0
     reply_prefix: str = "echo: "
     usage: bool = True
+    fault_rate: float = 0.0
+    fault_kinds: tuple[str, ...] = ("500", "429", "reset")
+    retry_after: str = "1"
+    rng: random.Random = field(default_factory=lambda: random.Random(0))
+    faults: Counter[str] = field(default_factory=Counter)
+    _limited_until: float = -math.inf
+    _links: dict[int, tuple[trio.SocketStream, trio.CancelScope]] = field(default_factory=dict)
     _shutdown: trio.Event = field(default_factory=trio.Event)
 
     @property
@@ -60,6 +78,33 @@ class FakeUpstream:
 
     def stop(self) -> None:
         self._shutdown.set()
+
+    def rate_limit_for(self, seconds: float) -> None:
+        """Answer every chat call with a 429 (and ``Retry-After``) for the next ``seconds``."""
+        self._limited_until = trio.current_time() + seconds
+
+    def _pick_fault(self) -> str | None:
+        if trio.current_time() < self._limited_until:
+            return "429"
+        if self.fault_rate and self.rng.random() < self.fault_rate:
+            return self.rng.choice(self.fault_kinds)
+        return None
+
+    async def _inject(self, fault: str, client_port: int, send: Any) -> None:
+        self.faults[fault] += 1
+        if fault == "reset":
+            link = self._links.get(client_port)
+            if link is None:
+                raise RuntimeError("a reset fault needs run_fake_upstream(resets=True)")
+            inbound, relay = link
+            # SO_LINGER 0: closing sends an RST instead of a FIN.
+            inbound.socket.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+            relay.cancel()
+            # Answer nothing: hypercorn's own 500 must not reach the relay before it is gone.
+            await trio.sleep_forever()
+        body = json.dumps({"error": {"message": f"injected {fault}", "type": "server_error"}})
+        headers = [(b"retry-after", self.retry_after.encode())] if fault == "429" else []
+        await _send_raw(send, int(fault), body.encode(), b"application/json", headers)
 
     async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
         if scope["type"] == "lifespan":
@@ -106,7 +151,11 @@ class FakeUpstream:
             with trio.CancelScope() as scope_guard:
                 async with trio.open_nursery() as nursery:
                     nursery.start_soon(self._watch_disconnect, receive, scope_guard)
-                    await self._answer(parsed, send)
+                    fault = self._pick_fault()
+                    if fault is not None:
+                        await self._inject(fault, scope["client"][1], send)
+                    else:
+                        await self._answer(parsed, send)
                     nursery.cancel_scope.cancel()
             if scope_guard.cancelled_caught:
                 self.disconnects += 1
@@ -246,7 +295,13 @@ async def _send_json(send: Any, status: int, payload: Any) -> None:
     await _send_raw(send, status, json.dumps(payload).encode(), b"application/json")
 
 
-async def _send_raw(send: Any, status: int, body: bytes, content_type: bytes) -> None:
+async def _send_raw(
+    send: Any,
+    status: int,
+    body: bytes,
+    content_type: bytes,
+    extra_headers: list[tuple[bytes, bytes]] | None = None,
+) -> None:
     await send(
         {
             "type": "http.response.start",
@@ -254,19 +309,70 @@ async def _send_raw(send: Any, status: int, body: bytes, content_type: bytes) ->
             "headers": [
                 (b"content-type", content_type),
                 (b"content-length", str(len(body)).encode()),
+                *(extra_headers or []),
             ],
         }
     )
     await send({"type": "http.response.body", "body": body, "more_body": False})
 
 
+async def _pump(source: trio.SocketStream, sink: trio.SocketStream, link: trio.CancelScope) -> None:
+    try:
+        async for data in source:
+            await sink.send_all(data)
+    except (trio.BrokenResourceError, trio.ClosedResourceError):
+        pass
+    link.cancel()
+
+
+async def _serve_relay(
+    upstream: FakeUpstream,
+    target_port: int,
+    backlog: int,
+    task_status: trio.TaskStatus[int] = trio.TASK_STATUS_IGNORED,
+) -> None:
+    """A TCP relay on 127.0.0.1:0 in front of the server. Each client connection gets its own
+    server connection, keyed by that connection's local port (the ``client`` the server sees),
+    so that a request can reset the client's connection."""
+
+    async def link(inbound: trio.SocketStream) -> None:
+        try:
+            outbound = await trio.open_tcp_stream("127.0.0.1", target_port)
+        except OSError:
+            await trio.aclose_forcefully(inbound)
+            return
+        key = outbound.socket.getsockname()[1]
+        with trio.CancelScope() as relay:
+            upstream._links[key] = (inbound, relay)
+            try:
+                async with trio.open_nursery() as nursery:
+                    nursery.start_soon(_pump, inbound, outbound, relay)
+                    nursery.start_soon(_pump, outbound, inbound, relay)
+            finally:
+                upstream._links.pop(key, None)
+                await trio.aclose_forcefully(inbound)
+                await trio.aclose_forcefully(outbound)
+
+    listeners = await trio.open_tcp_listeners(0, host="127.0.0.1", backlog=backlog)
+    port: int = listeners[0].socket.getsockname()[1]
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(trio.serve_listeners, link, listeners)
+        task_status.started(port)
+        await upstream._shutdown.wait()
+        nursery.cancel_scope.cancel()
+
+
 async def run_fake_upstream(
     upstream: FakeUpstream | None = None,
     *,
     backlog: int = 1024,
+    resets: bool = False,
     task_status: trio.TaskStatus[FakeUpstream] = trio.TASK_STATUS_IGNORED,
 ) -> None:
-    """Serve a fake upstream on 127.0.0.1:0 until ``upstream.stop()`` or cancellation."""
+    """Serve a fake upstream on 127.0.0.1:0 until ``upstream.stop()`` or cancellation.
+
+    ``resets`` puts the TCP relay in front (``base_url`` is then the relay's), so that the
+    ``"reset"`` fault can abort a connection."""
     upstream = upstream or FakeUpstream()
     config = Config()
     config.bind = ["127.0.0.1:0"]
@@ -281,4 +387,8 @@ async def run_fake_upstream(
             )
         )
         upstream.base_url = binds[0]
+        if resets:
+            port = int(binds[0].rsplit(":", 1)[1])
+            relay_port = await nursery.start(_serve_relay, upstream, port, backlog)
+            upstream.base_url = f"http://127.0.0.1:{relay_port}"
         task_status.started(upstream)

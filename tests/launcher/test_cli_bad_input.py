@@ -63,8 +63,6 @@ CONFIG = "configs/eval/echo.toml"
         (["--name", ".locks"], "run name '.locks' is reserved"),
         (["--max-in-flight", "0"], "--max-in-flight must be a positive integer, got 0"),
         (["--dataset-file", "nope.jsonl"], "--dataset-file nope.jsonl is not a file"),
-        (["--max-in-flight", "many"], "'many' is not a valid integer"),
-        (["--no-such-flag"], "No such option '--no-such-flag'"),
     ],
 )
 def test_bad_flags(
@@ -170,6 +168,7 @@ def test_flag_parse_errors_are_redacted_too(
     secret = "sk-another-planted-key-5678"
     monkeypatch.setenv("ANTHROPIC_API_KEY", secret)
     code, _, err = _run(capsys, "eval", "run", CONFIG, "--max-in-flight", secret)
-    assert code == 1
-    line = _one_error(err)
-    assert secret not in line and "[REDACTED]" in line
+    assert code == 2  # a usage error: click's usage line, then the one Error: line
+    line = err.splitlines()[-1]
+    assert line.startswith("Error: ")
+    assert secret not in err and secret not in line and "[REDACTED]" in line

@@ -61,7 +61,8 @@ async def test_planted_secrets_never_leave_unredacted(
     workspace: Path, env: dict[str, str], tmp_path: Path, fake_upstream: FakeUpstream
 ) -> None:
     (workspace / "rollouts" / "echo" / "leaky.py").write_text(LEAKY)
-    base = fake_model_config(batch_size=2, secrets=["MY_TOOL_TOKEN"]).replace(
+    # The leaky rollout reads the provider key too, so the config must hand it over by name.
+    base = fake_model_config(batch_size=2, secrets=["MY_TOOL_TOKEN", "OPENAI_API_KEY"]).replace(
         '"main.py"', '"leaky.py"'
     )
     write_config(workspace, "leaky", base)
@@ -108,4 +109,4 @@ async def test_planted_secrets_never_leave_unredacted(
     logs = (run_dir(workspace, "v") / "logs.txt").read_text()
     assert logs.count("[REDACTED]") >= 4
     manifest = json.loads((run_dir(workspace, "v") / "manifest.json").read_text())
-    assert manifest["inputs"]["secret_names"] == ["MY_TOOL_TOKEN"]
+    assert manifest["inputs"]["secret_names"] == ["MY_TOOL_TOKEN", "OPENAI_API_KEY"]

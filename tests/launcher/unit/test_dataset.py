@@ -185,13 +185,14 @@ def test_normalization_values() -> None:
 @pytest.mark.parametrize(
     ("text", "expected"),
     [
-        ("3", [3]),
-        ("3,7,10-12", [3, 7, 10, 11, 12]),
-        (" 5-5,1,1 ", [1, 5]),
-        ("0-2,1-3", [0, 1, 2, 3]),
+        ("3", [(3, 3)]),
+        ("3,7,10-12", [(3, 3), (7, 7), (10, 12)]),
+        (" 5-5,1,1 ", [(1, 1), (5, 5)]),
+        ("0-2,1-3", [(0, 3)]),
+        ("4,0-2,3", [(0, 4)]),
     ],
 )
-def test_rows_selector(text: str, expected: list[int]) -> None:
+def test_rows_selector(text: str, expected: list[tuple[int, int]]) -> None:
     assert parse_rows_selector(text) == expected
 
 

@@ -15,6 +15,7 @@ from hypothesis import strategies as st
 
 from launcher.errors import CLIError
 from launcher.rundir.journal import Journal, TerminalRecord, replay_journal
+from rollout_server.protocol import is_single_path_segment
 
 
 def rec(row: int = 0, run: int = 0, status: str = "success", **kw: object) -> TerminalRecord:
@@ -214,9 +215,8 @@ _RECORDS = st.builds(
     TerminalRecord,
     row_index=st.integers(0, 10**6),
     run_index=st.integers(0, 64),
-    rollout_id=st.text(min_size=1, max_size=40).filter(
-        lambda s: s not in (".", "..") and not any(c in s for c in "/\\\x00")
-    ),
+    # Any id the protocol accepts as one path segment (the journal applies the same rule).
+    rollout_id=st.text(min_size=1, max_size=40).filter(is_single_path_segment),
     status=st.sampled_from(["success", "failed", "skipped"]),
     source_row_index=st.none() | st.integers(0, 10**6),
     reward=st.none() | st.floats(allow_nan=False, allow_infinity=False),

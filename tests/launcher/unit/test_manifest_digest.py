@@ -34,7 +34,7 @@ def inputs(tmp_path: Path, **over: object) -> dict:
         secrets_required=("TOK", "API"),
     )
     spec = RunSpec(n=2, agent_timeout_sec=10.0)
-    result = build_inputs(config, spec, select_rows(data, rows="0,2"), "f" * 64)
+    result = build_inputs(config, spec, select_rows(data, rows="0,2"), "f" * 64, environ={})
     result.update(over)
     return result
 
@@ -43,6 +43,7 @@ def test_inputs_lock_shape(tmp_path: Path) -> None:
     got = inputs(tmp_path)
     assert got == {
         "model_path": "openai/m",
+        "model": {"upstream_base_url": "https://api.openai.com/v1"},
         "dataset": {"sha256": got["dataset"]["sha256"], "selected_source_rows": "0,2"},
         "n": 2,
         "rollout": {"name": "echo", "entrypoint": "main.py", "source_digest": "f" * 64},

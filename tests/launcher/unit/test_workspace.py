@@ -51,10 +51,12 @@ def test_config_outside_configs_eval_or_not_toml(tmp_path: Path) -> None:
 def test_missing_workspace_directories_are_named(tmp_path: Path) -> None:
     config = make_ws(tmp_path)
     (tmp_path / "data").rmdir()
-    (tmp_path / "configs" / "training").rmdir()
+    (tmp_path / "rollouts" / "echo").rmdir()
+    (tmp_path / "rollouts").rmdir()
+    (tmp_path / "configs" / "training").rmdir()  # not needed for a local eval
     with pytest.raises(CLIError) as info:
         resolve_workspace(config, tmp_path)
-    assert "missing configs/training/, data/" in info.value.message
+    assert "missing rollouts/, data/;" in info.value.message
 
 
 @pytest.mark.parametrize(

@@ -1,0 +1,194 @@
+"""``rollbridge ctl``: a thin client of the workspace daemon's control API (docs/daemon.md).
+
+It finds the daemon through ``.osmosis/daemon.json`` (trusted only when its pid is alive with
+the recorded start token) and talks to it over the unix socket with httpx. Every subcommand is
+one API call; ``watch`` renders the event stream and resumes with ``Last-Event-ID`` when the
+connection drops. Errors are the API's one-line messages: ``Error: …`` and exit code 1.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import click
+
+from launcher.errors import CLIError, NotFoundError
+
+__all__ = ["ctl"]
+
+
+class _Client:
+    """Sync httpx over the daemon's unix socket."""
+
+    def __init__(self, workspace: str | None) -> None:
+        import httpx
+
+        from launcher.daemon.discovery import live_daemon
+
+        root = Path(workspace or ".").resolve()
+        info = live_daemon(root)
+        if info is None:
+            raise NotFoundError(
+                f"no rollbridge daemon is running for {root}; start one with `rollbridge daemon`"
+            )
+        self.http = httpx.Client(
+            transport=httpx.HTTPTransport(uds=info.socket),
+            base_url="http://daemon",
+            timeout=httpx.Timeout(60.0, read=None),
+        )
+
+    def call(self, method: str, path: str, body: Any = None) -> Any:
+        response = self.http.request(method, path, json=body)
+        doc = response.json()
+        if response.status_code >= 400:
+            error = doc.get("error", {}) if isinstance(doc, dict) else {}
+            raise CLIError(str(error.get("message", response.text)), code=error.get("code"))
+        return doc
+
+
+def _print(doc: Any) -> None:
+    click.echo(json.dumps(doc, indent=2, ensure_ascii=False))
+
+
+@click.group("ctl")
+@click.option("--workspace", default=None, help="Workspace of the daemon (default: current).")
+@click.pass_context
+def ctl(ctx: click.Context, workspace: str | None) -> None:
+    """Drive the workspace daemon: start, list, watch, cancel and inspect runs."""
+    ctx.ensure_object(dict)
+    ctx.obj["ctl_workspace"] = workspace
+
+
+def _client(ctx: click.Context) -> _Client:
+    return _Client(ctx.obj.get("ctl_workspace"))
+
+
+@ctl.command("start")
+@click.argument("config")
+@click.option("--name", default=None)
+@click.option("--rows", default=None)
+@click.option("--limit", type=int, default=None)
+@click.option("--fresh", is_flag=True, default=None)
+@click.option("--retry-failed", is_flag=True, default=None)
+@click.option("--max-in-flight", type=int, default=None)
+@click.option("--tunnel", default=None)
+@click.option("--advertise-url", default=None)
+@click.option("--listener-port", type=int, default=None)
+@click.option("--secrets-file", default=None, help="Dotenv file the run reads (path only).")
+@click.pass_context
+def start(ctx: click.Context, /, config: str, **flags: Any) -> None:
+    """Start (or resume, with the same --name) a run of CONFIG."""
+    body = {"config": config, **{k: v for k, v in flags.items() if v not in (None, False)}}
+    if body.get("secrets_file"):
+        body["secrets_file"] = str(Path(body["secrets_file"]).resolve())
+    _print(_client(ctx).call("POST", "/v1/runs", body))
+
+
+@ctl.command("list")
+@click.option("--state", default=None)
+@click.pass_context
+def list_runs(ctx: click.Context, state: str | None) -> None:
+    """Every run with its state."""
+    doc = _client(ctx).call("GET", "/v1/runs" + (f"?state={state}" if state else ""))
+    for run in doc["runs"]:
+        click.echo(f"{run['name']}\t{run['state']}\t{run['done']}/{run['total']}")
+
+
+@ctl.command("status")
+@click.argument("name", required=False)
+@click.pass_context
+def status(ctx: click.Context, name: str | None) -> None:
+    """One run's progress (or the daemon's own status without NAME)."""
+    _print(_client(ctx).call("GET", f"/v1/runs/{name}" if name else "/v1/daemon"))
+
+
+@ctl.command("cancel")
+@click.argument("name")
+@click.option("--stage", type=click.IntRange(1, 2), default=1, show_default=True)
+@click.pass_context
+def cancel(ctx: click.Context, name: str, stage: int) -> None:
+    """Cancel a run: stage 1 = first Ctrl-C, stage 2 = second."""
+    _print(_client(ctx).call("POST", f"/v1/runs/{name}/cancel", {"stage": stage}))
+
+
+@ctl.command("logs")
+@click.argument("name")
+@click.option("--tail", type=int, default=100, show_default=True)
+@click.pass_context
+def logs(ctx: click.Context, name: str, tail: int) -> None:
+    """The last lines of a run's (redacted) logs.txt."""
+    for line in _client(ctx).call("GET", f"/v1/runs/{name}/logs?tail={tail}")["lines"]:
+        click.echo(line)
+
+
+@ctl.command("item")
+@click.argument("name")
+@click.argument("row", type=int)
+@click.argument("run", type=int, default=0)
+@click.pass_context
+def item(ctx: click.Context, name: str, row: int, run: int) -> None:
+    """One work item: index row, trajectory, diagnostics, usage."""
+    _print(_client(ctx).call("GET", f"/v1/runs/{name}/items/{row}/{run}"))
+
+
+@ctl.command("watch")
+@click.argument("name")
+@click.option("--after", type=int, default=0, help="Resume after this journal line.")
+@click.pass_context
+def watch(ctx: click.Context, name: str, after: int) -> None:
+    """Follow a run's event stream until it ends (reconnecting after a dropped connection)."""
+    import httpx
+
+    client = _client(ctx)
+    last = after
+    while True:
+        try:
+            with client.http.stream(
+                "GET", f"/v1/runs/{name}/events", headers={"Last-Event-ID": str(last)}
+            ) as response:
+                if response.status_code >= 400:
+                    response.read()
+                    error = response.json().get("error", {})
+                    raise CLIError(str(error.get("message")), code=error.get("code"))
+                for event, event_id, data in _frames(response.iter_lines()):
+                    if event_id is not None:
+                        last = event_id
+                    if _render(event, data):
+                        return
+        except (httpx.RemoteProtocolError, httpx.ReadError):
+            continue
+
+
+def _frames(lines: Any) -> Any:
+    """``(event, id, data)`` for each SSE frame of ``lines``."""
+    event, event_id, data = "message", None, ""
+    for line in lines:
+        if line == "":
+            if data:
+                yield event, event_id, json.loads(data)
+            event, event_id, data = "message", None, ""
+        elif line.startswith("event: "):
+            event = line[7:]
+        elif line.startswith("id: "):
+            event_id = int(line[4:])
+        elif line.startswith("data: "):
+            data += line[6:]
+
+
+def _render(event: str, data: Any) -> bool:
+    """Print one event; True at the end of the stream."""
+    if event == "record":
+        reward = data.get("reward")
+        shown = f" reward={reward}" if reward is not None else ""
+        err = f" {data['error_type']}" if data.get("error_type") else ""
+        click.echo(f"row {data['row_index']} run {data['run_index']}: {data['status']}{shown}{err}")
+    elif event == "stage":
+        click.echo(f"→ {data['message']}")
+    elif event == "state":
+        click.echo(f"[{data.get('state')}] {data.get('done')}/{data.get('total')}")
+    elif event == "end":
+        click.echo(f"[{data.get('state')}] {data.get('done')}/{data.get('total')} (end)")
+        return True
+    return False

@@ -1,0 +1,363 @@
+"""The control API (JSON under ``/v1``, docs/daemon.md) as a raw ASGI app.
+
+One app instance serves one listener. On the unix socket the kernel already proved the peer
+(0700 directory, 0600 socket, ``SO_PEERCRED`` at accept), so no token is asked. On the loopback
+HTTP listener every request must carry the bearer token and an exact ``Host``
+(``127.0.0.1:<port>`` or ``localhost:<port>``, against DNS rebinding), and any write whose
+``Origin`` is not the daemon's own is refused (against cross-site requests from a browser).
+Request bodies are never logged: a start request may carry secrets.
+"""
+
+from __future__ import annotations
+
+import json
+import secrets as _secrets
+from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+from urllib.parse import parse_qs
+
+import trio
+
+from launcher.daemon.live_usage import dispatched_keys, live_rollouts, read_live_usage
+from launcher.daemon.registry import ApiError, Registry, parse_start
+from launcher.daemon.stream import journal_events, log_events, tail_lines
+from launcher.errors import CLIError
+from launcher.rundir.projections import projection_stem
+from rollout_server.net.asgi import (
+    ASGIReceiveCallable,
+    ASGISendCallable,
+    BodyTooLarge,
+    ClientDisconnected,
+    HTTPScope,
+    Scope,
+    header,
+    read_body,
+    send_json,
+)
+
+__all__ = ["ControlApp", "HttpGuard"]
+
+MAX_BODY = 1 << 20
+_SSE_HEADERS = [
+    (b"content-type", b"text/event-stream"),
+    (b"cache-control", b"no-cache"),
+    (b"x-accel-buffering", b"no"),
+]
+
+
+@dataclass(frozen=True)
+class HttpGuard:
+    """The loopback HTTP listener's checks: bearer token, exact Host, own Origin for writes."""
+
+    token: str
+    port: int
+
+    @property
+    def hosts(self) -> frozenset[bytes]:
+        """The accepted ``Host`` values."""
+        return frozenset({f"127.0.0.1:{self.port}".encode(), f"localhost:{self.port}".encode()})
+
+    def check(self, scope: HTTPScope) -> ApiError | None:
+        """The refusal for this request, or None."""
+        if header(scope, b"host") not in self.hosts:
+            return ApiError(421, "HOST", "the Host header does not name this daemon")
+        auth = header(scope, b"authorization") or b""
+        expected = b"Bearer " + self.token.encode()
+        if not _secrets.compare_digest(auth, expected):
+            return ApiError(401, "UNAUTHORIZED", "missing or wrong bearer token")
+        origin = header(scope, b"origin")
+        write = scope["method"] not in ("GET", "HEAD")
+        if write and origin is not None and origin not in {b"http://" + h for h in self.hosts}:
+            return ApiError(403, "ORIGIN", "cross-origin writes are refused")
+        return None
+
+
+def _json(obj: Any) -> bytes:
+    return json.dumps(obj, ensure_ascii=False, allow_nan=False).encode()
+
+
+def _last_event_id(scope: HTTPScope, query: dict[str, list[str]]) -> int:
+    raw = header(scope, b"last-event-id")
+    text = raw.decode("latin-1") if raw is not None else (query.get("after") or ["0"])[0]
+    try:
+        return max(0, int(text.strip()))
+    except ValueError:
+        raise ApiError(400, "VALIDATION", "Last-Event-ID must be an integer") from None
+
+
+class ControlApp:
+    """The ``/v1`` routes over a :class:`Registry`."""
+
+    def __init__(
+        self,
+        registry: Registry,
+        daemon_info: Callable[[], dict[str, Any]],
+        request_shutdown: Callable[[bool], Awaitable[None]],
+        guard: HttpGuard | None = None,
+    ) -> None:
+        self.registry = registry
+        self._info = daemon_info
+        self._shutdown = request_shutdown
+        self._guard = guard
+
+    async def __call__(
+        self, scope: Scope, receive: ASGIReceiveCallable, send: ASGISendCallable
+    ) -> None:
+        if scope["type"] != "http":
+            return
+        try:
+            await self._route(scope, receive, send)
+        except ApiError as exc:
+            body = _json({"error": {"code": exc.code, "message": exc.message}})
+            await send_json(send, exc.status, body)
+
+    async def _route(
+        self, scope: HTTPScope, receive: ASGIReceiveCallable, send: ASGISendCallable
+    ) -> None:
+        if self._guard is not None:
+            refusal = self._guard.check(scope)
+            if refusal is not None:
+                raise refusal
+        method = scope["method"]
+        parts = [p for p in scope["path"].split("/") if p]
+        query = parse_qs(scope.get("query_string", b"").decode("latin-1"))
+        if parts[:1] != ["v1"]:
+            raise ApiError(404, "NOT_FOUND", "no such route")
+        route = parts[1:]
+        if route == ["daemon"] and method == "GET":
+            return await send_json(send, 200, _json(self._info()))
+        if route == ["shutdown"] and method == "POST":
+            body = await self._body(scope, receive)
+            cancel = bool(isinstance(body, dict) and body.get("cancel_runs"))
+            if self.registry.active() and not cancel:
+                raise ApiError(409, "CONFLICT", "runs are active; pass cancel_runs to cancel them")
+            await send_json(send, 202, _json({"shutting_down": True}))
+            await self._shutdown(cancel)
+            return None
+        if route == ["runs"]:
+            if method == "GET":
+                states = query.get("state")
+                state = states[0] if states else None
+                runs = await trio.to_thread.run_sync(self.registry.summaries, state)
+                return await send_json(send, 200, _json({"runs": runs}))
+            if method == "POST":
+                request = parse_start(await self._body(scope, receive))
+                started = await self.registry.start(request)
+                return await send_json(send, 202, _json(started))
+        if len(route) >= 2 and route[0] == "runs":
+            return await self._run_route(scope, receive, send, route[1], route[2:], query)
+        raise ApiError(404, "NOT_FOUND", "no such route")
+
+    async def _run_route(
+        self,
+        scope: HTTPScope,
+        receive: ASGIReceiveCallable,
+        send: ASGISendCallable,
+        name: str,
+        rest: list[str],
+        query: dict[str, list[str]],
+    ) -> None:
+        method = scope["method"]
+        view = await trio.to_thread.run_sync(self.registry.view, name)
+        if rest == [] and method == "GET":
+            return await send_json(send, 200, _json(view.doc))
+        if rest == ["cancel"] and method == "POST":
+            body = await self._body(scope, receive)
+            stage = body.get("stage", 1) if isinstance(body, dict) else 1
+            if stage not in (1, 2):
+                raise ApiError(400, "VALIDATION", "stage must be 1 or 2")
+            return await send_json(send, 202, _json(self.registry.cancel(name, stage)))
+        if rest == ["events"] and method == "GET":
+            after = _last_event_id(scope, query)
+            stream = journal_events(
+                view.run_dir,
+                after=after,
+                live=lambda: self.registry.live(name),
+                state=lambda: self._brief(name),
+                usage_pid=lambda: self._live_pid(name),
+            )
+            return await self._stream(receive, send, stream)
+        if rest == ["usage"] and method == "GET":
+            usage = await trio.to_thread.run_sync(
+                _usage, view.run_dir, view.doc, self._live_pid(name)
+            )
+            return await send_json(send, 200, _json(usage))
+        if rest == ["report"] and method == "GET":
+            page = await trio.to_thread.run_sync(_report, view.run_dir)
+            return await _send_html(send, page)
+        if rest == ["logs"] and method == "GET":
+            return await self._logs(receive, send, view.run_dir, name, query)
+        if len(rest) == 3 and rest[0] == "items" and method == "GET":
+            item = await trio.to_thread.run_sync(_item, view.run_dir, rest[1], rest[2])
+            return await send_json(send, 200, _json(item))
+        raise ApiError(404, "NOT_FOUND", "no such route")
+
+    def _live_pid(self, name: str) -> int | None:
+        """The pid of run ``name``'s live child (whose ``usage_live.json`` counts), or None."""
+        child = self.registry.child(name)
+        return child.record.pid if child is not None and child.alive else None
+
+    def _brief(self, name: str) -> dict[str, Any]:
+        doc = self.registry.view(name).doc
+        keys = ("state", "stage", "cancel_stage", "total", "done", "pending", "error")
+        return {k: doc[k] for k in keys if k in doc}
+
+    async def _logs(
+        self,
+        receive: ASGIReceiveCallable,
+        send: ASGISendCallable,
+        run_dir: Path,
+        name: str,
+        query: dict[str, list[str]],
+    ) -> None:
+        try:
+            count = int((query.get("tail") or ["100"])[0])
+        except ValueError:
+            raise ApiError(400, "VALIDATION", "tail must be an integer") from None
+        start, lines = await trio.to_thread.run_sync(
+            tail_lines, run_dir / "logs.txt", max(0, count)
+        )
+        if (query.get("follow") or ["0"])[0] not in ("1", "true"):
+            return await send_json(send, 200, _json({"first_line": start + 1, "lines": lines}))
+        stream = log_events(
+            run_dir / "logs.txt", after=start, live=lambda: self.registry.live(name)
+        )
+        await self._stream(receive, send, stream)
+
+    async def _body(self, scope: HTTPScope, receive: ASGIReceiveCallable) -> Any:
+        try:
+            raw = await read_body(scope, receive, MAX_BODY)
+        except BodyTooLarge as exc:
+            raise ApiError(413, "TOO_LARGE", str(exc)) from None
+        except ClientDisconnected:
+            raise ApiError(400, "VALIDATION", "the client went away") from None
+        if not raw.strip():
+            return {}
+        try:
+            return json.loads(raw)
+        except ValueError:
+            raise ApiError(400, "VALIDATION", "the request body is not valid JSON") from None
+
+    async def _stream(
+        self, receive: ASGIReceiveCallable, send: ASGISendCallable, frames: AsyncIterator[bytes]
+    ) -> None:
+        """Send ``frames`` as one streamed response until they end or the client leaves."""
+        await send({"type": "http.response.start", "status": 200, "headers": _SSE_HEADERS})
+        async with trio.open_nursery() as nursery:
+
+            async def watch_disconnect() -> None:
+                while (await receive())["type"] != "http.disconnect":
+                    pass
+                nursery.cancel_scope.cancel()
+
+            nursery.start_soon(watch_disconnect)
+            async for chunk in frames:
+                await send({"type": "http.response.body", "body": chunk, "more_body": True})
+            await send({"type": "http.response.body", "body": b"", "more_body": False})
+            nursery.cancel_scope.cancel()
+
+
+def _usage(run_dir: Path, doc: dict[str, Any], pid: int | None) -> dict[str, Any]:
+    """``GET /v1/runs/{name}/usage``: the rollouts in flight with their calls and tokens so
+    far (``live`` is false when no child of this daemon dispatches), and what the journal
+    already recorded."""
+    live = read_live_usage(run_dir, pid)
+    keys: dict[str, tuple[int, int]] = {}
+    if live is not None:
+        try:
+            with (run_dir / "logs.txt").open(encoding="utf-8", errors="replace") as fh:
+                keys = dispatched_keys(fh)
+        except OSError:
+            keys = {}
+    body = (
+        live_rollouts(live, keys)
+        if live is not None
+        else {
+            "in_flight": None,
+            "rollouts": [],
+            "totals": None,
+            "updated_at": None,
+        }
+    )
+    return {
+        "name": doc["name"],
+        "state": doc["state"],
+        "live": live is not None,
+        **body,
+        "recorded": {"done": doc["done"], "tokens": doc["tokens"]},
+    }
+
+
+def _report(run_dir: Path) -> str:
+    """``GET /v1/runs/{name}/report``: ``rollbridge eval report``'s page, reloading itself
+    while the run is in progress."""
+    from launcher.reporting import load_run, render_report
+
+    try:
+        return render_report(load_run(run_dir), refresh=True)
+    except CLIError as exc:
+        raise ApiError.from_cli(exc.code, exc.message) from None
+
+
+async def _send_html(send: ASGISendCallable, page: str) -> None:
+    body = page.encode("utf-8")
+    headers = [
+        (b"content-type", b"text/html; charset=utf-8"),
+        (b"content-length", str(len(body)).encode()),
+        (b"cache-control", b"no-store"),
+    ]
+    await send({"type": "http.response.start", "status": 200, "headers": headers})
+    await send({"type": "http.response.body", "body": body, "more_body": False})
+
+
+def _item(run_dir: Path, row: str, run: str) -> dict[str, Any]:
+    """``GET /v1/runs/{name}/items/{row}/{run}``: the index row, the trajectory, the journal
+    record, this item's log lines (errors and cancellations) and per-call usage."""
+    try:
+        key = (int(row), int(run))
+    except ValueError:
+        raise ApiError(400, "VALIDATION", "row and run must be integers") from None
+    index = None
+    try:
+        for line in (run_dir / "index.jsonl").read_text(encoding="utf-8").splitlines():
+            doc = json.loads(line) if line.strip() else None
+            if isinstance(doc, dict) and (doc.get("row_index"), doc.get("run_index")) == key:
+                index = doc
+    except (OSError, ValueError):
+        index = None
+    if index is None:
+        raise ApiError(404, "NOT_FOUND", f"no result for row {key[0]} run {key[1]}")
+    trajectory = None
+    try:
+        path = run_dir / "trajectories" / f"{projection_stem(*key)}.json"
+        trajectory = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        trajectory = None
+    rollout_id = str(index.get("rollout_id"))
+    try:
+        lines = (run_dir / "logs.txt").read_text(encoding="utf-8", errors="replace").splitlines()
+    except OSError:
+        lines = []
+    log_lines = [line for line in lines if rollout_id in line and " INFO " not in line]
+    try:
+        trial = run_dir / "rollout_trials" / rollout_id / "diagnostics.json"
+        diagnostics = json.loads(trial.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        diagnostics = None
+    usage = None
+    if isinstance(trajectory, dict):
+        usage = trajectory.get("final_metrics") or trajectory.get("metrics")
+    return {
+        "index": index,
+        "trajectory": trajectory,
+        "error_type": index.get("error_type"),
+        "diagnostics": diagnostics,
+        "log_lines": log_lines,
+        "usage": {
+            "tokens": index.get("tokens"),
+            "max_context_tokens": index.get("max_context_tokens"),
+            "calls": usage,
+        },
+    }

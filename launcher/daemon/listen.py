@@ -1,0 +1,112 @@
+"""The daemon's listeners: a unix socket (0600, in a 0700 directory, peer uid checked with
+``SO_PEERCRED`` at accept) and an optional loopback TCP socket, each served by hypercorn's
+HTTP/1.1 connection handler with its own app.
+
+The accept loop is ours rather than ``hypercorn.trio.serve``'s so a connection from another
+uid is closed before hypercorn reads a byte of it (on Linux; elsewhere the directory and socket
+modes are the barrier).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ipaddress
+import os
+import socket
+import struct
+import sys
+from functools import partial
+from pathlib import Path
+
+import trio
+from hypercorn.config import Config
+from hypercorn.trio.tcp_server import TCPServer
+from hypercorn.trio.worker_context import WorkerContext
+from hypercorn.typing import ConnectionState
+from hypercorn.utils import wrap_app
+
+from launcher.errors import ValidationError
+from rollout_server.net.asgi import ASGIFramework
+
+__all__ = ["bind_tcp", "bind_unix", "peer_uid", "serve"]
+
+
+def bind_unix(path: Path) -> socket.socket:
+    """Bind and listen on ``path`` with mode 0600 (a stale socket file is replaced: the caller
+    holds the daemon lock, so nobody else serves it)."""
+    with contextlib.suppress(FileNotFoundError):
+        path.unlink()
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    old = os.umask(0o177)
+    try:
+        sock.bind(os.fspath(path))
+    finally:
+        os.umask(old)
+    os.chmod(path, 0o600)
+    sock.listen(128)
+    sock.setblocking(False)
+    return sock
+
+
+def bind_tcp(host: str, port: int) -> socket.socket:
+    """Bind a loopback TCP listener; any other address is refused."""
+    try:
+        loopback = ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        loopback = host == "localhost"
+    if not loopback:
+        raise ValidationError(f"--host must be a loopback address, got {host}")
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind(("127.0.0.1" if host == "localhost" else host, port))
+    except OSError as exc:
+        sock.close()
+        raise ValidationError(f"could not bind the daemon on {host}:{port}: {exc}") from None
+    sock.listen(128)
+    sock.setblocking(False)
+    return sock
+
+
+def peer_uid(sock: trio.socket.SocketType) -> int | None:
+    """The uid of a unix-socket peer (Linux ``SO_PEERCRED``), or None where unsupported."""
+    option = getattr(socket, "SO_PEERCRED", None)
+    if option is None or not sys.platform.startswith("linux"):
+        return None
+    raw = sock.getsockopt(socket.SOL_SOCKET, option, struct.calcsize("3i"))
+    _pid, uid, _gid = struct.unpack("3i", raw)
+    return int(uid)
+
+
+async def serve(
+    listeners: list[tuple[socket.socket, ASGIFramework]],
+    *,
+    task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED,
+) -> None:
+    """Serve each socket with its app until cancelled."""
+    config = Config()
+    config.accesslog = None
+    config.errorlog = None
+    config.keep_alive_timeout = 75.0
+    context = WorkerContext(None)
+    uid = os.getuid()
+    async with trio.open_nursery() as nursery:
+        for sock, app in listeners:
+            wrapped = wrap_app(app, config.wsgi_max_body_size, "asgi")
+            is_unix = sock.family == socket.AF_UNIX
+            listener = trio.SocketListener(trio.socket.from_stdlib_socket(sock))
+
+            async def handle(
+                stream: trio.SocketStream, wrapped: object = wrapped, is_unix: bool = is_unix
+            ) -> None:
+                if is_unix:
+                    peer = peer_uid(stream.socket)
+                    if peer is not None and peer != uid:
+                        await stream.aclose()
+                        return
+                server = TCPServer(wrapped, config, context, ConnectionState({}), stream)  # type: ignore[arg-type]
+                await server.run()
+
+            nursery.start_soon(partial(trio.serve_listeners, handle, [listener]))
+        task_status.started()

@@ -1,0 +1,304 @@
+"""The runs a daemon serves: every run directory under ``.osmosis/evals/`` merged with the live
+children it started or adopted after a restart.
+
+Starting a run validates it the way the CLI does (the same ``prepare`` step, in a thread) and
+then spawns the child; the answer waits until the child has either opened its run directory or
+failed, so errors that only the child can see (``Changed: …``, a lock held elsewhere) still
+come back as the CLI's one-line message.
+"""
+
+from __future__ import annotations
+
+import io
+import os
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import trio
+
+from launcher.daemon.children import RunChild, envelope, read_records, spawn_run
+from launcher.daemon.discovery import state_dir
+from launcher.daemon.status import RunView, run_view
+from launcher.errors import CLIError, ValidationError
+from launcher.rundir.journal import replay_journal
+from launcher.rundir.names import generate_run_name, validate_run_name
+
+__all__ = ["ApiError", "Registry", "StartRequest", "parse_start"]
+
+#: How long ``POST /v1/runs`` waits for the child to open its run directory or fail.
+START_WAIT_S = 30.0
+_ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+#: CLI error codes and the HTTP status they map to (anything else: 422).
+_STATUS_BY_CODE = {
+    "VALIDATION": 400,
+    "INTERACTIVE_REQUIRED": 400,
+    "NOT_FOUND": 404,
+    "CONFLICT": 409,
+}
+
+
+class ApiError(Exception):
+    """An error answer: HTTP ``status`` with ``{"error": {"code", "message"}}``."""
+
+    def __init__(self, status: int, code: str, message: str) -> None:
+        super().__init__(message)
+        self.status = status
+        self.code = code
+        self.message = message
+
+    @classmethod
+    def from_cli(cls, code: str | None, message: str) -> ApiError:
+        """The API form of a CLI error."""
+        code = code or "ERROR"
+        return cls(_STATUS_BY_CODE.get(code, 422), code, message)
+
+
+#: ``POST /v1/runs`` fields that become ``eval run`` flags, with their JSON types.
+_FLAG_TYPES: dict[str, type | tuple[type, ...]] = {
+    "rows": str,
+    "limit": int,
+    "fresh": bool,
+    "retry_failed": bool,
+    "max_in_flight": int,
+    "tunnel": str,
+    "advertise_url": str,
+    "listener_port": int,
+    "secrets_file": str,
+}
+
+
+@dataclass
+class StartRequest:
+    """A validated ``POST /v1/runs`` body."""
+
+    config: str
+    name: str | None
+    flags: dict[str, Any]
+    secrets: dict[str, str]
+
+
+def parse_start(body: Any) -> StartRequest:
+    """Check the body's shape (not its meaning: that is the CLI's ``prepare``)."""
+    if not isinstance(body, dict):
+        raise ApiError(400, "VALIDATION", "the request body must be a JSON object")
+    config = body.get("config")
+    if not isinstance(config, str) or not config:
+        raise ApiError(400, "VALIDATION", "config (a path to an eval config) is required")
+    name = body.get("name")
+    if name is not None and not isinstance(name, str):
+        raise ApiError(400, "VALIDATION", "name must be a string")
+    known = {"config", "name", "secrets", *_FLAG_TYPES}
+    unknown = sorted(set(body) - known)
+    if unknown:
+        raise ApiError(400, "VALIDATION", f"unknown field(s): {', '.join(unknown)}")
+    flags: dict[str, Any] = {}
+    for key, kind in _FLAG_TYPES.items():
+        value = body.get(key)
+        if value is None:
+            continue
+        if (isinstance(value, bool) and kind is int) or not isinstance(value, kind):
+            raise ApiError(
+                400, "VALIDATION", f"{key} must be of type {getattr(kind, '__name__', kind)}"
+            )
+        flags[key] = value
+    secrets = body.get("secrets") or {}
+    if not isinstance(secrets, dict) or not all(
+        isinstance(k, str) and _ENV_NAME.match(k) and isinstance(v, str) for k, v in secrets.items()
+    ):
+        raise ApiError(400, "VALIDATION", "secrets must map environment variable names to strings")
+    return StartRequest(config=config, name=name, flags=flags, secrets=dict(secrets))
+
+
+def _prepare_check(workspace: Path, request: StartRequest, name: str) -> None:
+    """The CLI's own validation of the flags, config, dataset and rows (raises CLIError)."""
+    from launcher.prepare import EvalOptions, prepare
+    from launcher.ui import UI
+
+    flags = {k: v for k, v in request.flags.items() if k != "secrets_file"}
+    options = EvalOptions(config=request.config, name=name, yes=True, **flags)
+    ui = UI("json", stdout=io.StringIO(), stderr=io.StringIO(), stdin=io.StringIO())
+    prepared = prepare(options, ui, cwd=workspace)
+    if prepared.workspace.root.resolve() != workspace.resolve():
+        raise ValidationError(
+            f"{request.config} belongs to the workspace {prepared.workspace.root}, "
+            f"not to this daemon's {workspace}"
+        )
+
+
+def _size(path: Path) -> int:
+    """``path``'s size, 0 when missing (one ``stat``: cheap enough for the event loop)."""
+    try:
+        return os.stat(path).st_size
+    except FileNotFoundError:
+        return 0
+
+
+class Registry:
+    """Runs on disk plus live children; one per daemon."""
+
+    def __init__(self, workspace: Path, nursery: trio.Nursery) -> None:
+        self.workspace = workspace
+        self.output_root = workspace / ".osmosis" / "evals"
+        self.runs_dir = state_dir(workspace) / "runs"
+        self._nursery = nursery
+        self._children: dict[str, RunChild] = {}
+        self._starting: set[str] = set()
+
+    # -- children ------------------------------------------------------------------------
+
+    def adopt(self) -> list[str]:
+        """Find the live children a previous daemon started (pid + start token)."""
+        adopted = []
+        for name, record in read_records(self.runs_dir).items():
+            if record.returncode is not None:
+                continue
+            child = RunChild(record, self.runs_dir, None)
+            if child.alive:
+                self._watch(child)
+                adopted.append(name)
+        return adopted
+
+    def _watch(self, child: RunChild) -> None:
+        self._children[child.record.name] = child
+        self._nursery.start_soon(child.watch)
+
+    def child(self, name: str) -> RunChild | None:
+        """The child of run ``name`` if the daemon knows one (live or just ended)."""
+        return self._children.get(name)
+
+    def live(self, name: str) -> bool:
+        """Whether run ``name`` has a live child."""
+        child = self._children.get(name)
+        return child is not None and child.alive
+
+    def active(self) -> list[str]:
+        """Names of runs with a live child."""
+        return sorted(name for name in self._children if self.live(name))
+
+    # -- start ---------------------------------------------------------------------------
+
+    async def start(self, request: StartRequest) -> dict[str, Any]:
+        """Validate, spawn and wait for the child to open its run (or fail)."""
+        try:
+            name = validate_run_name(request.name) if request.name else None
+            name = name or generate_run_name(self.output_root)
+        except CLIError as exc:
+            raise ApiError.from_cli(exc.code, exc.message) from None
+        if self.live(name) or name in self._starting:
+            raise ApiError(409, "CONFLICT", f"run {name} is already running")
+        self._starting.add(name)
+        try:
+            try:
+                await trio.to_thread.run_sync(_prepare_check, self.workspace, request, name)
+            except CLIError as exc:
+                raise ApiError.from_cli(exc.code, exc.message) from None
+            run_dir = self.output_root / name
+            logs = run_dir / "logs.txt"
+            done = len(replay_journal(run_dir / "events.jsonl").latest) if run_dir.is_dir() else 0
+            child = await spawn_run(
+                workspace=self.workspace,
+                runs_dir=self.runs_dir,
+                logs_path=logs,
+                config=request.config,
+                name=name,
+                flags=request.flags,
+                secrets=request.secrets,
+                done_at_start=done,
+            )
+            self._watch(child)
+            await self._wait_opened(child, logs)
+            return {"name": name, "run_dir": str(run_dir)}
+        finally:
+            self._starting.discard(name)
+
+    async def _wait_opened(self, child: RunChild, logs: Path) -> None:
+        """Until ``logs.txt`` grows (the child passed the manifest gate), or the child exits:
+        then its error envelope becomes this request's error."""
+        with trio.move_on_after(START_WAIT_S):
+            while not child.exited.is_set():
+                if _size(logs) > child.record.log_offset:
+                    return
+                await trio.sleep(0.05)
+        if child.exited.is_set():
+            doc = envelope(self.runs_dir, child.record.name) or {}
+            error = doc.get("error")
+            if isinstance(error, dict) and child.record.returncode not in (0, None):
+                raise ApiError.from_cli(str(error.get("code")), str(error.get("message")))
+
+    # -- views ---------------------------------------------------------------------------
+
+    def names(self) -> list[str]:
+        """Every run directory's name (archives excluded) and every live child's."""
+        found = set(self._children)
+        if self.output_root.is_dir():
+            for path in self.output_root.iterdir():
+                if path.is_dir() and not path.name.startswith(".") and ".archive-" not in path.name:
+                    found.add(path.name)
+        return sorted(found)
+
+    def view(self, name: str) -> RunView:
+        """The merged view of run ``name``; ApiError 404 when nothing is known of it."""
+        try:
+            validate_run_name(name)
+        except CLIError:
+            raise ApiError(404, "NOT_FOUND", f"no run named {name!r}") from None
+        run_dir = self.output_root / name
+        child = self._children.get(name)
+        records = {} if child is not None else read_records(self.runs_dir)
+        record = child.record if child is not None else records.get(name)
+        if not run_dir.is_dir() and record is None:
+            raise ApiError(404, "NOT_FOUND", f"no run named {name!r}")
+        alive = child is not None and child.alive
+        return run_view(
+            run_dir,
+            record=record,
+            alive=alive,
+            child_envelope=envelope(self.runs_dir, name)
+            if record is not None and not alive
+            else None,
+        )
+
+    # -- cancel --------------------------------------------------------------------------
+
+    def cancel(self, name: str, stage: int) -> dict[str, Any]:
+        """Stage 1 = the first Ctrl-C, stage 2 = the second (sent twice if none came yet)."""
+        child = self._children.get(name)
+        if child is None or not child.alive:
+            self.view(name)  # 404 for an unknown name
+            raise ApiError(409, "CONFLICT", f"run {name} is not running")
+        sent = child.record.cancel_stage
+        while sent < stage:
+            if not child.send_interrupt():
+                break
+            sent += 1
+        child.record.cancel_stage = max(child.record.cancel_stage, sent)
+        child.record.save(self.runs_dir)
+        return {"name": name, "cancel_stage": child.record.cancel_stage}
+
+    async def cancel_all(self, grace_s: float) -> None:
+        """Stage 1 to every live run, stage 2 after half of ``grace_s``, then wait the rest."""
+        names = self.active()
+        for name in names:
+            self.cancel(name, 1)
+        with trio.move_on_after(grace_s / 2):
+            for name in names:
+                await self._children[name].exited.wait()
+        for name in self.active():
+            self.cancel(name, 2)
+        with trio.move_on_after(grace_s / 2):
+            for name in names:
+                await self._children[name].exited.wait()
+
+    def summaries(self, state: str | None = None) -> list[dict[str, Any]]:
+        """``GET /v1/runs``: one document per run, optionally filtered by state."""
+        out = []
+        for name in self.names():
+            try:
+                doc = self.view(name).doc
+            except ApiError:
+                continue
+            if state is None or doc["state"] == state:
+                out.append(doc)
+        return out

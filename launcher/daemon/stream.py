@@ -1,0 +1,215 @@
+"""Server-Sent Events over a run directory: the journal records of ``events.jsonl`` with
+``id:`` = their line number (1-based), and ephemeral ``state``/``stage``/``progress``/``usage``
+events between them (no ``id:``, so they never move a client's resume cursor).
+
+A reconnect with ``Last-Event-ID: N`` continues at line N + 1, so the union of what a client
+received is exactly the journal: a line is sent only once it is complete (the journal writes a
+line in full and fsyncs it before the supervisor counts it; a torn tail from a ``kill -9`` has
+no newline and is never sent). The stream of a run with no live child replays what is left and
+ends with an ``end`` event; a live run's stream ends the same way once its child exits.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import re
+from collections.abc import AsyncIterator, Callable
+from pathlib import Path
+from typing import Any
+
+import trio
+
+from launcher.daemon.live_usage import (
+    LIVE_USAGE_FILE,
+    dispatched_keys,
+    live_rollouts,
+    read_live_usage,
+)
+
+__all__ = ["LineTail", "journal_events", "log_events", "sse"]
+
+#: How often a live stream looks for new lines (an ``os.stat`` per look).
+POLL_S = 0.02
+#: A comment line after this long without an event, so idle proxies and clients stay open.
+HEARTBEAT_S = 15.0
+_LOG_STEP = re.compile(r"^\S+ INFO \[(?P<step>[^\]]+)\] (?P<message>.*)$")
+
+
+def sse(event: str, data: Any, event_id: int | None = None) -> bytes:
+    """One SSE frame; ``data`` is JSON-encoded unless it is already ``bytes`` (a JSON line)."""
+    payload = data if isinstance(data, bytes) else json.dumps(data).encode()
+    head = f"id: {event_id}\n" if event_id is not None else ""
+    return f"{head}event: {event}\n".encode() + b"data: " + payload + b"\n\n"
+
+
+class LineTail:
+    """Complete lines of a growing file from line ``after`` + 1 on, with their line numbers.
+
+    Only whole lines are returned: a trailing fragment waits until its newline arrives. When
+    the file is replaced (another inode, for example after ``--fresh`` archived the run) or
+    shrinks, :attr:`reset` is set and numbering restarts at 1.
+    """
+
+    def __init__(self, path: Path, after: int = 0) -> None:
+        self.path = path
+        self.line = 0
+        self.reset = False
+        self._offset = 0
+        self._inode: int | None = None
+        self._skip = max(0, after)
+
+    def read_new(self) -> list[tuple[int, bytes]]:
+        """The complete lines added since the last call (and not skipped)."""
+        try:
+            info = os.stat(self.path)
+        except FileNotFoundError:
+            return []
+        if self._inode is not None and (info.st_ino != self._inode or info.st_size < self._offset):
+            self.reset, self._offset, self.line, self._skip = True, 0, 0, 0
+        self._inode = info.st_ino
+        if info.st_size <= self._offset:
+            return []
+        with open(self.path, "rb") as fh:
+            fh.seek(self._offset)
+            data = fh.read(info.st_size - self._offset)
+        end = data.rfind(b"\n")
+        if end < 0:
+            return []
+        self._offset += end + 1
+        out = []
+        for raw in data[: end + 1].splitlines():
+            self.line += 1
+            if self.line > self._skip:
+                out.append((self.line, raw))
+        return out
+
+
+async def _lines_until_end(
+    tail: LineTail, live: Callable[[], bool], poll_s: float
+) -> AsyncIterator[list[tuple[int, bytes]]]:
+    """Batches of new lines (an empty batch at most every ``poll_s``) until the file is drained
+    and ``live()`` is false (checked before the final read, so no line is missed)."""
+    while True:
+        running = live()
+        yield tail.read_new()
+        if not running:
+            yield tail.read_new()
+            return
+        await trio.sleep(poll_s)
+
+
+async def journal_events(
+    run_dir: Path,
+    *,
+    after: int,
+    live: Callable[[], bool],
+    state: Callable[[], dict[str, Any]],
+    usage_pid: Callable[[], int | None] = lambda: None,
+    poll_s: float = POLL_S,
+    heartbeat_s: float = HEARTBEAT_S,
+) -> AsyncIterator[bytes]:
+    """The ``GET /v1/runs/{name}/events`` stream (see the module docstring). ``usage_pid``
+    gives the live child's pid, whose ``usage_live.json`` becomes ``usage`` events."""
+    first = state()
+    yield sse("state", first)
+    journal = LineTail(run_dir / "events.jsonl", after)
+    logs = LineTail(run_dir / "logs.txt")
+    usage_file = _LiveUsage(run_dir, usage_pid)
+    # Stage events are ephemeral (only those from now on), but the rollouts already dispatched
+    # are needed to name the work items of usage events.
+    usage_file.saw(raw for _, raw in logs.read_new())
+    last_state = first.get("state")
+    quiet_since = trio.current_time()
+    checks = 0
+    async for batch in _lines_until_end(journal, live, poll_s):
+        frames: list[bytes] = []
+        if journal.reset:
+            journal.reset = False
+            frames.append(sse("reset", {"reason": "events.jsonl was replaced"}))
+        for number, raw in batch:
+            frames.append(sse("record", raw, number))
+            usage_file.recorded(raw)
+        new_logs = [raw for _, raw in logs.read_new()]
+        usage_file.saw(new_logs)
+        for raw in new_logs:
+            match = _LOG_STEP.match(raw.decode("utf-8", "replace"))
+            if match is not None:
+                frames.append(sse("stage", {"step": match["step"], "message": match["message"]}))
+        if batch:
+            frames.append(sse("progress", {"journal_lines": journal.line}))
+        checks += 1
+        if checks % 10 == 0:  # usage_live.json is rewritten at most every 0.5 s
+            usage = usage_file.changed()
+            if usage is not None:
+                frames.append(sse("usage", usage))
+        if checks % 25 == 0:  # the state (cheap, but not free) about twice a second
+            current = state()
+            if current.get("state") != last_state:
+                last_state = current.get("state")
+                frames.append(sse("state", current))
+        if frames:
+            quiet_since = trio.current_time()
+            yield b"".join(frames)
+        elif trio.current_time() - quiet_since >= heartbeat_s:
+            quiet_since = trio.current_time()
+            yield b": ping\n\n"
+    yield sse("end", state())
+
+
+class _LiveUsage:
+    """``usage_live.json`` for one stream: re-read only when its inode, size or mtime moved."""
+
+    def __init__(self, run_dir: Path, pid: Callable[[], int | None]) -> None:
+        self._run_dir = run_dir
+        self._path = run_dir / LIVE_USAGE_FILE
+        self._pid = pid
+        self._seen: tuple[int, int, int] | None = None
+        self._keys: dict[str, tuple[int, int]] = {}
+
+    def saw(self, lines: Any) -> None:
+        """Learn the work items of rollouts from new ``logs.txt`` lines."""
+        self._keys.update(dispatched_keys(raw.decode("utf-8", "replace") for raw in lines))
+
+    def recorded(self, raw: bytes) -> None:
+        """A journal record ends its rollout: its key is no longer needed."""
+        with contextlib.suppress(ValueError, AttributeError):
+            self._keys.pop(str(json.loads(raw).get("rollout_id")), None)
+
+    def changed(self) -> dict[str, Any] | None:
+        """The new live usage, or None when the file did not change (or is not this child's)."""
+        try:
+            info = os.stat(self._path)
+        except FileNotFoundError:
+            return None
+        seen = (info.st_ino, info.st_size, info.st_mtime_ns)
+        if seen == self._seen:
+            return None
+        self._seen = seen
+        doc = read_live_usage(self._run_dir, self._pid())
+        return live_rollouts(doc, self._keys) if doc is not None else None
+
+
+async def log_events(
+    path: Path, *, after: int, live: Callable[[], bool], poll_s: float = 0.2
+) -> AsyncIterator[bytes]:
+    """``logs?follow=1``: each ``logs.txt`` line as an ``event: log`` with its line number."""
+    tail = LineTail(path, after)
+    async for batch in _lines_until_end(tail, live, poll_s):
+        if batch:
+            yield b"".join(
+                sse("log", {"line": raw.decode("utf-8", "replace")}, number)
+                for number, raw in batch
+            )
+    yield sse("end", {})
+
+
+def tail_lines(path: Path, count: int) -> tuple[int, list[str]]:
+    """The last ``count`` lines of ``path`` and the line number before the first of them."""
+    try:
+        lines = path.read_text(encoding="utf-8", errors="replace").splitlines()
+    except OSError:
+        return 0, []
+    start = max(0, len(lines) - count)
+    return start, lines[start:]

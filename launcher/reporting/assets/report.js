@@ -1,0 +1,99 @@
+// The report page: item table (filter by status, search over prompt and ground truth, sort,
+// pages) and the detail view of one item (error, prompt, transcript, diagnostics).
+"use strict";
+(function () {
+  const items = DATA.items;
+  // One lowercase haystack per item, built once, so a search over 10,000 items is one pass.
+  const haystacks = items.map((it) =>
+    [it.prompt, it.label, it.id, errorText(it.error)].filter(Boolean).join("\n").toLowerCase());
+  const hash = readHash();
+  const root = document.getElementById("table-root");
+  const detail = document.getElementById("detail");
+  const statusSelect = el("select", { id: "status-filter", "aria-label": "filter by status" },
+    [["", "all statuses"], ["success", "success"], ["failed", "failed"], ["skipped", "skipped"],
+     ["passed", "passed"], ["not-passed", "not passed"]].map(([v, t]) => el("option", { value: v }, t)));
+  const search = el("input", { id: "search", type: "search", placeholder: "search prompt, ground truth, error…", "aria-label": "search" });
+  const count = el("span", { id: "match-count", class: "muted" });
+  root.append(el("div", { class: "controls" }, statusSelect, search, count));
+  let selected = hash.sel || "";
+
+  const columns = [
+    { key: "row", label: "row", sort: true, value: (i) => i.row },
+    { key: "run", label: "run", sort: true, value: (i) => i.run },
+    { key: "status", label: "status", sort: true, value: (i) => i.status },
+    { key: "reward", label: "reward", sort: true, value: (i) => i.reward },
+    { key: "tokens", label: "tokens", sort: true, value: (i) => i.tokens },
+    { key: "context", label: "context", sort: true, value: (i) => i.context },
+    { key: "duration_ms", label: "duration ms", sort: true, value: (i) => i.duration_ms },
+    { key: "category", label: "error category", sort: true, value: (i) => errorCategory(i.error) || null },
+    { key: "error", label: "error", sort: false, value: (i) => errorText(i.error) },
+  ];
+  const table = pagedTable(root, {
+    columns, bodyId: "item-rows", pageSize: 100, onState: saveState,
+    renderRow: (it) => el("tr", {
+      class: "item" + (it.id === selected ? " selected" : "") + (it.passed ? " passed" : ""),
+      "data-id": it.id, "data-status": it.status, onclick: () => select(it.id),
+    },
+      el("td", {}, it.row), el("td", {}, it.run), el("td", {}, statusBadge(it.status)),
+      el("td", { class: "num" }, fmt(it.reward)), el("td", { class: "num" }, fmt(it.tokens)),
+      el("td", { class: "num" }, fmt(it.context)), el("td", { class: "num" }, fmt(it.duration_ms, 0)),
+      el("td", {}, errorCategory(it.error)),
+      el("td", { class: "error-text" }, errorText(it.error))),
+  });
+
+  function matches() {
+    const status = statusSelect.value;
+    const q = search.value.trim().toLowerCase();
+    const out = [];
+    for (let i = 0; i < items.length; i++) {
+      const it = items[i];
+      if (status === "passed" && !it.passed) continue;
+      if (status === "not-passed" && (it.passed || it.status === "skipped")) continue;
+      if (status && status !== "passed" && status !== "not-passed" && it.status !== status) continue;
+      if (q && !haystacks[i].includes(q)) continue;
+      out.push(it);
+    }
+    return out;
+  }
+  function refilter(keepPage) {
+    const rows = matches();
+    count.textContent = rows.length === items.length ? `${items.length.toLocaleString("en-US")} items`
+      : `${rows.length.toLocaleString("en-US")} of ${items.length.toLocaleString("en-US")} items`;
+    table.apply(rows, keepPage);
+  }
+  function saveState() {
+    writeHash({ status: statusSelect.value, q: search.value, page: table.state.page || "",
+      sort: table.state.sortKey, dir: table.state.sortDir < 0 ? "desc" : "", sel: selected });
+  }
+  function select(id) {
+    selected = id;
+    const it = items.find((x) => x.id === id);
+    for (const tr of document.querySelectorAll("#item-rows tr")) tr.classList.toggle("selected", tr.dataset.id === id);
+    if (!it) { detail.hidden = true; saveState(); return; }
+    detail.hidden = false;
+    detail.replaceChildren(
+      el("h2", {}, `Item row ${it.row}, run ${it.run} `, statusBadge(it.status),
+        el("button", { type: "button", class: "close", onclick: () => select("") }, "close")),
+      el("p", { class: "muted" }, "rollout ", el("code", {}, it.id),
+        ` · reward ${fmt(it.reward)} · tokens ${fmt(it.tokens)} · context ${fmt(it.context)} · ${fmt(it.duration_ms, 0)} ms`),
+      it.error ? el("div", { class: "error-box", id: "detail-error" }, errorText(it.error)) : null,
+      el("h3", {}, "Prompt"), el("pre", { class: "msg" }, it.prompt || "–"),
+      el("h3", {}, "Ground truth"), el("pre", { class: "msg" }, it.label === undefined ? "–" : it.label),
+      el("h3", {}, "Transcript"), renderTranscript(it.transcript),
+      el("h3", {}, "Diagnostics"),
+      it.diagnostics ? el("pre", { class: "msg" }, JSON.stringify(it.diagnostics, null, 2)) : el("p", { class: "muted" }, "none"));
+    saveState();
+  }
+
+  statusSelect.value = hash.status || "";
+  search.value = hash.q || "";
+  statusSelect.addEventListener("change", () => refilter(false));
+  search.addEventListener("input", debounce(() => refilter(false), 120));
+  if (hash.sort) { table.state.sortKey = hash.sort; table.state.sortDir = hash.dir === "desc" ? -1 : 1; }
+  table.state.page = Number(hash.page || 0);
+  refilter(true);
+  if (selected) select(selected);
+  if (DATA.refresh > 0) setTimeout(() => location.reload(), DATA.refresh * 1000);
+  window.rbReadyMs = performance.now();
+  document.body.dataset.ready = "1";
+})();

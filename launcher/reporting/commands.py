@@ -1,0 +1,156 @@
+"""``rollbridge eval report`` and ``rollbridge eval diff``: resolve the runs, load them, write
+the page, print the summary (rich, plain or one JSON envelope).
+
+Every user error is a :class:`launcher.errors.CLIError` (one ``Error: …`` line, exit 1).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+import webbrowser
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from rich import box
+from rich.table import Table
+
+from launcher.errors import LocalEvalError
+from launcher.reporting.diff import diff_runs
+from launcher.reporting.diff_page import diff_rows, render_diff
+from launcher.reporting.load import load_run
+from launcher.reporting.page import fmt_pct
+from launcher.reporting.report_page import REFRESH_SECONDS, render_report
+from launcher.reporting.resolve import resolve_run_dir
+from launcher.reporting.summary import summarize
+from launcher.ui import CLI_VERSION, UI
+
+__all__ = ["RunLocator", "diff_command", "report_command", "write_page"]
+
+
+@dataclass(frozen=True)
+class RunLocator:
+    """Where run names are looked up (``--workspace``, ``--output-root``) and the cwd."""
+
+    cwd: Path
+    workspace: str | None = None
+    output_root: str | None = None
+
+    def resolve(self, arg: str) -> Path:
+        """The run directory ``arg`` names."""
+        return resolve_run_dir(
+            arg, cwd=self.cwd, workspace=self.workspace, output_root=self.output_root
+        )
+
+
+def write_page(path: Path, text: str) -> None:
+    """Write ``text`` to ``path`` atomically (a reader never sees half a page)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp")
+    try:
+        tmp.write_text(text, encoding="utf-8")
+        os.replace(tmp, path)
+    except OSError as exc:
+        raise LocalEvalError(f"cannot write {path}: {exc.strerror or exc}") from None
+
+
+def _envelope(ui: UI, operation: str, message: str, result: dict[str, Any]) -> None:
+    body = {
+        "schema_version": 1,
+        "cli_version": CLI_VERSION,
+        "operation": operation,
+        "status": "success",
+        "message": message,
+        "result": result,
+    }
+    ui.console.file.write(json.dumps(body, ensure_ascii=False, allow_nan=False) + "\n")
+    ui.console.file.flush()
+
+
+def _open(path: Path) -> None:
+    webbrowser.open(path.resolve().as_uri())
+
+
+def report_command(
+    ui: UI,
+    locator: RunLocator,
+    run: str,
+    *,
+    output: str | None,
+    open_browser: bool,
+    watch: bool,
+    sleep: Callable[[float], None] = time.sleep,
+) -> int:
+    """Write the report page of ``run``; with ``watch``, rewrite it until the run finishes."""
+    run_dir = locator.resolve(run)
+    target = (locator.cwd / output).resolve() if output else run_dir / "report.html"
+    data = load_run(run_dir)
+    write_page(target, render_report(data, refresh=watch))
+    if open_browser:
+        _open(target)
+    while watch and data.eval_run.get("status") == "running":
+        sleep(REFRESH_SECONDS)
+        data = load_run(run_dir)
+        write_page(target, render_report(data, refresh=True))
+    summary = summarize(data)
+    m = summary.metrics
+    message = f"Report written: {target}"
+    if ui.mode == "json":
+        _envelope(
+            ui,
+            "eval.report",
+            message,
+            {"path": str(target), "run_dir": str(run_dir), "status": summary.status, "summary": m},
+        )
+        return 0
+    if ui.rich:
+        ui.results_table(
+            f"Report: {data.name}",
+            [
+                ("status", summary.status),
+                (
+                    "pass rate",
+                    f"{fmt_pct(m['pass_rate'])} ({m['passed']}/{m['completed_samples']})",
+                ),
+                ("items", f"{m['total_samples']} ({m['failed']} failed, {m['skipped']} skipped)"),
+                ("tokens", f"{m['tokens_used']:,}"),
+            ],
+        )
+    ui.console.print(message, markup=False, highlight=False)
+    return 0
+
+
+def diff_command(ui: UI, locator: RunLocator, run_a: str, run_b: str, *, output: str | None) -> int:
+    """Compare two runs: print the paired table (or JSON) and write the diff page."""
+    a = load_run(locator.resolve(run_a))
+    b = load_run(locator.resolve(run_b))
+    result = diff_runs(a, b)
+    target = (
+        (locator.cwd / output).resolve()
+        if output
+        else (locator.cwd / f"diff-{a.path.name}-vs-{b.path.name}.html").resolve()
+    )
+    write_page(target, render_diff(result))
+    message = f"Diff written: {target}"
+    if ui.mode == "json":
+        _envelope(ui, "eval.diff", message, {"path": str(target), **result.to_json()})
+        return 0
+    rows = diff_rows(result)
+    if ui.rich:
+        table = Table(title=f"{a.name} → {b.name}", title_justify="left", box=box.ROUNDED)
+        for header in ("", f"A: {a.name}", f"B: {b.name}", "B − A"):
+            table.add_column(header)
+        for row in rows:
+            table.add_row(*row)
+        ui.console.print(table)
+        if result.other_changes:
+            ui.console.print(f"Inputs that differ: {', '.join(result.other_changes)}", markup=False)
+    else:
+        for what, va, vb, delta in rows:
+            shown = " | ".join(v for v in (va, vb, delta) if v)
+            ui.console.print(f"{what}: {shown}", markup=False, highlight=False)
+    ui.console.print(message, markup=False, highlight=False)
+    return 0

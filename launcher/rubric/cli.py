@@ -1,0 +1,47 @@
+"""The click definition of ``rollbridge eval rubric`` (the work is in :mod:`launcher.rubric.command`,
+imported only when the command runs)."""
+
+from __future__ import annotations
+
+import os
+
+import click
+
+__all__ = ["eval_rubric"]
+
+
+@click.command("rubric")
+@click.option("-d", "--data", default=None, help="JSONL file of conversations to score.")
+@click.option(
+    "--run",
+    "run",
+    default=None,
+    help="A run name (under .osmosis/evals/) or run directory whose rollouts to score.",
+)
+@click.option("-r", "--rubric", required=True, help="Rubric text, or @path to read it from a file.")
+@click.option("--model", default=None, help="Judge model, for example openai/gpt-4o-mini.")
+@click.option("--judges", default=None, help="Several judge models, comma-separated.")
+@click.option("-n", "--number", type=int, default=1, help="Judge runs per record.")
+@click.option("-o", "--output", default=None, help="Write the JSON report here.")
+@click.option("--api-key", default=None, help="Deprecated: set the provider's variable instead.")
+@click.option("--timeout", type=float, default=None, help="Seconds per judge request.")
+@click.option("--score-min", type=float, default=0.0, help="Lowest score (default 0.0).")
+@click.option("--score-max", type=float, default=1.0, help="Highest score (default 1.0).")
+@click.option("--json", "json_output", is_flag=True, help="Print one JSON result envelope.")
+@click.option("--plain", is_flag=True, help="Plain text output: result only.")
+@click.pass_context
+def eval_rubric(ctx: click.Context, /, json_output: bool, plain: bool, **flags: object) -> None:
+    """Score conversations (-d) or a run's rollouts (--run) with an LLM judge."""
+    from launcher.redact import Redactor
+    from launcher.rubric.command import RubricOptions, run_rubric
+    from launcher.ui import UI
+
+    obj = ctx.obj if isinstance(ctx.obj, dict) else {}
+    json_mode = json_output or bool(obj.get("json"))
+    plain_mode = plain or bool(obj.get("plain"))
+    redactor = Redactor()
+    redactor.add_known_env(os.environ)
+    ui = UI("json" if json_mode else "plain" if plain_mode else "rich", redact=redactor)
+    obj["ui"] = ui
+    options = RubricOptions(**flags)  # type: ignore[arg-type]
+    ctx.exit(run_rubric(options, ui, redactor))

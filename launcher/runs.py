@@ -1,0 +1,385 @@
+"""``rollbridge eval list`` and ``rollbridge eval clean``: the local runs of a workspace.
+
+Both read the output root (``-o``, else ``<workspace>/.osmosis/evals``, the workspace being the
+nearest directory at or above the current one with ``configs/eval/`` or ``.osmosis/evals/``).
+Listing only reads: the journal is the authority for what is done, ``progress.json`` (else the
+manifest) for the total, the run's lock for whether a supervisor is working on it now.
+Archived runs (``<name>.archive-<stamp>``, from ``--fresh``) are not listed.
+
+``clean`` removes the runs with nothing recorded (a failure before dispatch leaves one behind)
+and lock files without a run, after a confirmation. It takes each run's lock first, so it never
+touches a run a supervisor holds, and it leaves a run alone whose rollout server or tunnel may
+still be alive (``server.json``/``tunnel.json``: the next ``eval run`` reaps those).
+"""
+
+from __future__ import annotations
+
+import errno
+import fcntl
+import json
+import os
+import shutil
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any, Literal
+
+import click
+
+from launcher.errors import LocalEvalError
+from launcher.ui import CLI_VERSION, UI
+
+__all__ = [
+    "RunSummary",
+    "command_ui",
+    "envelope",
+    "eval_clean",
+    "eval_list",
+    "latest_records",
+    "output_root",
+    "scan_runs",
+    "summarize",
+]
+
+RunStatus = Literal["running", "complete", "incomplete", "empty"]
+_LOCKS = ".locks"
+_ARCHIVE = ".archive-"
+_LIVE_CHILD_FILES = ("server.json", "tunnel.json")
+
+
+@dataclass(frozen=True)
+class RunSummary:
+    """One line of ``eval list``."""
+
+    name: str
+    status: RunStatus
+    done: int
+    total: int | None
+    pass_rate: float | None
+    """Passed over graded-or-failed items, skipped ones excluded (None before any result)."""
+    model: str | None
+    started: str | None
+    path: str
+
+
+def output_root(output: str | None, cwd: Path) -> Path:
+    """The output root of ``eval list``/``clean``/``export`` (see the module docstring)."""
+    if output is not None:
+        return (cwd / Path(output).expanduser()).resolve()
+    for candidate in (cwd, *cwd.parents):
+        if (candidate / "configs" / "eval").is_dir() or (candidate / ".osmosis" / "evals").is_dir():
+            return candidate / ".osmosis" / "evals"
+    raise LocalEvalError(
+        f"no workspace at or above {cwd} (a directory with configs/eval/ or .osmosis/evals/); "
+        "run this inside a workspace or pass -o <output root>"
+    )
+
+
+def _json_file(path: Path) -> dict[str, Any]:
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, ValueError):
+        return {}
+    return data if isinstance(data, dict) else {}
+
+
+def latest_records(run_dir: Path) -> dict[tuple[int, int], dict[str, Any]]:
+    """The latest journal record per ``(row_index, run_index)``; lines that do not parse are
+    skipped (a listing is no place to refuse a damaged journal: ``eval run`` does that)."""
+    latest: dict[tuple[int, int], dict[str, Any]] = {}
+    try:
+        data = (run_dir / "events.jsonl").read_bytes()
+    except OSError:
+        return latest
+    for line in data.split(b"\n")[:-1]:  # the part after the last newline is a torn write
+        try:
+            record = json.loads(line)
+        except ValueError:
+            continue
+        if isinstance(record, dict):
+            key = (record.get("row_index"), record.get("run_index"))
+            if all(isinstance(k, int) for k in key):
+                latest[key] = record  # type: ignore[index]
+    return latest
+
+
+def _held(lock: Path) -> bool:
+    """Whether a supervisor holds ``lock`` now (a shared probe, released at once)."""
+    try:
+        fd = os.open(lock, os.O_RDONLY)
+    except OSError:
+        return False
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+    except OSError as exc:
+        return exc.errno in (errno.EAGAIN, errno.EACCES, errno.EWOULDBLOCK)
+    finally:
+        os.close(fd)
+    return False
+
+
+def _total(run_dir: Path, inputs: dict[str, Any]) -> int | None:
+    total = _json_file(run_dir / "progress.json").get("total_runs")
+    if isinstance(total, int):
+        return total
+    from launcher.dataset import parse_rows_selector
+    from launcher.errors import ValidationError
+
+    dataset, n = inputs.get("dataset"), inputs.get("n")
+    selector = dataset.get("selected_source_rows") if isinstance(dataset, dict) else None
+    if not isinstance(selector, str) or not isinstance(n, int):
+        return None
+    try:
+        rows = sum(hi - lo + 1 for lo, hi in parse_rows_selector(selector)) if selector else 0
+        return rows * n
+    except ValidationError:
+        return None
+
+
+def summarize(run_dir: Path, cwd: Path) -> RunSummary:
+    """What ``eval list`` shows for one run directory."""
+    from launcher.rundir.metrics import aggregate_metrics
+
+    manifest = _json_file(run_dir / "manifest.json")
+    inputs = manifest.get("inputs") if isinstance(manifest.get("inputs"), dict) else {}
+    assert isinstance(inputs, dict)
+    records = list(latest_records(run_dir).values())
+    total = _total(run_dir, inputs)
+    summary = _json_file(run_dir / "metrics.json").get("summary")
+    threshold = summary.get("pass_threshold") if isinstance(summary, dict) else None
+    pass_rate: float | None = None
+    if records:
+        rows = [r for r in records if isinstance(r.get("status"), str)]
+        limit = float(threshold) if isinstance(threshold, int | float) else 1.0
+        metrics = aggregate_metrics(rows, limit)
+        pass_rate = float(metrics["pass_rate"]) if metrics["completed_samples"] else None
+    status: RunStatus
+    if _held(run_dir.parent / _LOCKS / f"{run_dir.name}.lock"):
+        status = "running"
+    elif not records:
+        status = "empty"
+    elif total is not None and len(records) >= total:
+        status = "complete"
+    else:
+        status = "incomplete"
+    model = inputs.get("model_path")
+    started = manifest.get("created_at")
+    try:
+        shown = str(run_dir.relative_to(cwd))
+    except ValueError:
+        shown = str(run_dir)
+    return RunSummary(
+        name=run_dir.name,
+        status=status,
+        done=len(records),
+        total=total,
+        pass_rate=pass_rate,
+        model=model if isinstance(model, str) else None,
+        started=started if isinstance(started, str) else None,
+        path=shown,
+    )
+
+
+def scan_runs(root: Path, cwd: Path) -> list[RunSummary]:
+    """Every run directory under ``root`` (archives excluded), oldest first."""
+    try:
+        entries = sorted(p for p in root.iterdir() if p.is_dir() and not p.is_symlink())
+    except FileNotFoundError:
+        return []
+    runs = [
+        summarize(p, cwd) for p in entries if not p.name.startswith(".") and _ARCHIVE not in p.name
+    ]
+    return sorted(runs, key=lambda r: (r.started or "", r.name))
+
+
+def _rate(value: float | None) -> str:
+    return "-" if value is None else f"{value:.1%}"
+
+
+def _started(value: str | None) -> str:
+    # 2026-01-02T03:04:05.678Z -> 2026-01-02 03:04Z: a listing needs the minute, not the µs.
+    return "-" if not value else value[:16].replace("T", " ") + ("Z" if value.endswith("Z") else "")
+
+
+def _done(run: RunSummary) -> str:
+    return f"{run.done}/{'?' if run.total is None else run.total}"
+
+
+def envelope(ui: UI, operation: str, message: str, result: dict[str, Any]) -> None:
+    """The one JSON document of ``--json`` (the shape ``eval report`` prints)."""
+    body = {
+        "schema_version": 1,
+        "cli_version": CLI_VERSION,
+        "operation": operation,
+        "status": "success",
+        "message": message,
+        "result": result,
+    }
+    ui.console.file.write(json.dumps(body, ensure_ascii=False, allow_nan=False) + "\n")
+    ui.console.file.flush()
+
+
+def list_command(ui: UI, root: Path, cwd: Path) -> int:
+    """Print the runs under ``root``."""
+    runs = scan_runs(root, cwd)
+    message = f"{len(runs)} run{'s' if len(runs) != 1 else ''} under {root}"
+    if ui.mode == "json":
+        envelope(ui, "eval.list", message, {"runs": [asdict(r) for r in runs]})
+        return 0
+    columns = ("name", "status", "done", "pass rate", "model", "started", "path")
+    rows = [
+        (
+            r.name,
+            r.status,
+            _done(r),
+            _rate(r.pass_rate),
+            r.model or "-",
+            _started(r.started),
+            r.path,
+        )
+        for r in runs
+    ]
+    if ui.mode == "plain":
+        # Straight to the (redacting) stream: rich would expand the tabs.
+        ui.console.file.write("".join("\t".join(row) + "\n" for row in rows))
+        ui.console.file.flush()
+        return 0
+    if not runs:
+        ui.console.print(f"No runs under {root}.", markup=False)
+        return 0
+    from rich import box
+    from rich.table import Table
+
+    table = Table(box=box.SIMPLE_HEAD)
+    for column in columns:
+        table.add_column(column, overflow="fold", no_wrap=column not in ("model", "path"))
+    for row in rows:
+        table.add_row(*row)
+    ui.console.print(table)
+    empty = sum(r.status == "empty" for r in runs)
+    if empty:
+        ui.console.print(
+            f"{empty} run{'s' if empty != 1 else ''} with nothing recorded: "
+            "`rollbridge eval clean` removes them.",
+            markup=False,
+        )
+    return 0
+
+
+def _orphan_locks(root: Path) -> list[Path]:
+    try:
+        locks = sorted((root / _LOCKS).glob("*.lock"))
+    except OSError:
+        return []
+    return [p for p in locks if not (root / p.stem).exists() and not _held(p)]
+
+
+def clean_command(ui: UI, root: Path, cwd: Path, *, yes: bool) -> int:
+    """Remove the runs with nothing recorded, and lock files without a run, once confirmed."""
+    from launcher.rundir.lock import RunLock
+
+    empty = [r for r in scan_runs(root, cwd) if r.status == "empty"]
+    kept = [r for r in empty if any((root / r.name / f).exists() for f in _LIVE_CHILD_FILES)]
+    doomed = [r for r in empty if r not in kept]
+    locks = _orphan_locks(root)
+    for run in kept:
+        ui.warning(
+            f"kept {run.path}: its rollout server or tunnel may still be running; "
+            f"`rollbridge eval run` with --name {run.name} stops it",
+            "CLEAN_KEPT",
+        )
+    if not doomed and not locks:
+        message = f"Nothing to clean under {root}."
+        if ui.mode == "json":
+            envelope(ui, "eval.clean", message, {"removed": [], "locks_removed": 0})
+        else:
+            ui.console.print(message, markup=False)
+        return 0
+    if not yes:
+        if not ui.interactive:
+            raise LocalEvalError(
+                f"{len(doomed)} empty run(s) and {len(locks)} stale lock(s) would be removed; "
+                "pass --yes to confirm"
+            )
+        for run in doomed:
+            ui.console.print(f"  {run.path}", markup=False)
+        prompt = f"Remove {len(doomed)} run(s) with nothing recorded"
+        prompt += f" and {len(locks)} stale lock(s)?" if locks else "?"
+        if not ui.confirm(prompt, default=False):
+            ui.console.print("Nothing removed.", markup=False)
+            return 0
+    removed: list[str] = []
+    for run in doomed:
+        lock = RunLock.try_acquire(root, run.name)
+        if lock is None:
+            continue  # a supervisor took it meanwhile
+        try:
+            run_dir = root / run.name
+            # Checked again under the lock: a run may have recorded something since the scan.
+            if not latest_records(run_dir) and not any(
+                (run_dir / f).exists() for f in _LIVE_CHILD_FILES
+            ):
+                shutil.rmtree(run_dir)
+                lock.path.unlink(missing_ok=True)
+                removed.append(run.path)
+        finally:
+            lock.release()
+    for path in locks:
+        path.unlink(missing_ok=True)
+    message = f"Removed {len(removed)} run(s) with nothing recorded"
+    message += f" and {len(locks)} stale lock(s)." if locks else "."
+    if ui.mode == "json":
+        envelope(ui, "eval.clean", message, {"removed": removed, "locks_removed": len(locks)})
+    else:
+        ui.console.print(message, markup=False)
+    return 0
+
+
+def command_ui(ctx: click.Context, json_flag: bool, plain_flag: bool) -> UI:
+    """The UI of a command, in the mode its flags or the group's flags ask for."""
+    from launcher.redact import Redactor
+
+    obj = ctx.obj if isinstance(ctx.obj, dict) else {}
+    json_mode = json_flag or obj.get("json")
+    mode: Literal["json", "plain", "rich"] = (
+        "json" if json_mode else "plain" if plain_flag or obj.get("plain") else "rich"
+    )
+    redactor = Redactor()
+    redactor.add_known_env(os.environ)
+    ui = UI(mode, redact=redactor)
+    if isinstance(ctx.obj, dict):
+        ctx.obj["ui"] = ui
+    return ui
+
+
+_output = click.option(
+    "-o", "--output", default=None, help="Output root (default <workspace>/.osmosis/evals)."
+)
+_json = click.option("--json", "json_output", is_flag=True, help="Print one JSON envelope.")
+_plain = click.option("--plain", is_flag=True, help="Plain text: one tab-separated line per run.")
+
+
+@click.command("list")
+@_output
+@_json
+@_plain
+@click.pass_context
+def eval_list(ctx: click.Context, /, output: str | None, json_output: bool, plain: bool) -> None:
+    """List the local runs: name, status, done/total, pass rate, model, started, path."""
+    ui = command_ui(ctx, json_output, plain)
+    cwd = Path.cwd()
+    ctx.exit(list_command(ui, output_root(output, cwd), cwd))
+
+
+@click.command("clean")
+@_output
+@click.option("-y", "--yes", is_flag=True, help="Remove without asking.")
+@_json
+@_plain
+@click.pass_context
+def eval_clean(
+    ctx: click.Context, /, output: str | None, yes: bool, json_output: bool, plain: bool
+) -> None:
+    """Remove runs with nothing recorded (and lock files without a run), after confirmation."""
+    ui = command_ui(ctx, json_output, plain)
+    cwd = Path.cwd()
+    ctx.exit(clean_command(ui, output_root(output, cwd), cwd, yes=yes))

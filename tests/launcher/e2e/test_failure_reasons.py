@@ -1,0 +1,182 @@
+"""Failures that explain themselves, through the real CLI: the reason of a failed row in the
+terminal, ``logs.txt``, the journal, ``index.jsonl`` and ``--json``; a row that cannot be sent
+fails alone (and again on a retry) without halting; the rollout server inherits no provider
+credentials; a non-ASCII provider key stops the run at the preflight."""
+
+from __future__ import annotations
+
+import json
+import secrets
+from pathlib import Path
+
+import pytest
+
+from tests.launcher.e2e.helpers import journal, run_cli, run_dir, write_config
+
+pytestmark = pytest.mark.slow
+
+# A rollout in the example's environment (same dependencies, so the shared env serves it): it
+# writes the names of its environment where [env] says, fails rows whose prompt says
+# "explode <text>" with ValueError(<text>) and "leak <NAME>" with the value of $NAME in the
+# message, and echoes the others (reward 1).
+PROBE = """
+import json
+import os
+from pathlib import Path
+
+from rollout_server import AgentWorkflow, AgentWorkflowOutput, Grader, LocalBackend, serve
+
+
+class Probe(AgentWorkflow):
+    async def run(self, ctx):
+        out = os.environ.get("PROBE_ENV_OUT")
+        if out:
+            Path(out).write_text(json.dumps(sorted(os.environ)))
+        text = ctx.prompt[-1]["content"]
+        if text.startswith("explode "):
+            raise ValueError(text.removeprefix("explode "))
+        if text.startswith("leak "):
+            raise RuntimeError("token=" + os.environ[text.removeprefix("leak ")])
+        return AgentWorkflowOutput(messages=[*ctx.prompt, {"role": "assistant", "content": text}])
+
+
+class Full(Grader):
+    async def grade(self, ctx):
+        ctx.set_reward(1.0)
+
+
+if __name__ == "__main__":
+    serve(LocalBackend(workflow=Probe, grader=Full))
+"""
+
+
+def _config(*, env: dict[str, str] | None = None, secret_names: tuple[str, ...] = ()) -> str:
+    env_lines = "".join(f'{k} = "{v}"\n' for k, v in (env or {}).items())
+    return (
+        "[experiment]\n"
+        'rollout = "echo"\nentrypoint = "probe.py"\nmodel_path = "rollbridge/echo"\n'
+        'dataset = "probe.jsonl"\n\n'
+        "[evaluation]\nbatch_size = 2\nagent_workflow_timeout_s = 60\ngrader_timeout_s = 30\n\n"
+        + (f"[env]\n{env_lines}\n" if env_lines else "")
+        + "[secrets]\nrequired = ["
+        + ", ".join(f'"{s}"' for s in secret_names)
+        + "]\n"
+    )
+
+
+def _probe_workspace(workspace: Path, prompts: list[str]) -> None:
+    (workspace / "rollouts" / "echo" / "probe.py").write_text(PROBE)
+    lines = [
+        json.dumps({"system_prompt": "s", "user_prompt": p, "ground_truth": "g"}) for p in prompts
+    ]
+    (workspace / "data" / "probe.jsonl").write_text("\n".join(lines) + "\n")
+
+
+async def test_a_workflow_exception_is_shown_and_kept_everywhere(
+    workspace: Path, env: dict[str, str], tmp_path: Path
+) -> None:
+    nonce = f"nonce-{secrets.token_hex(8)}"
+    # json.dumps writes the lone surrogate as the escape \udc80: valid JSON, invalid Unicode.
+    _probe_workspace(workspace, ["hello", f"explode {nonce}", "bad \udc80 text", "bye"])
+    write_config(workspace, "probe", _config())
+    args = ["eval", "run", "ws/configs/eval/probe.toml", "--name", "why", "--yes"]
+    result = await run_cli(args, cwd=tmp_path, env=env)
+    assert result.returncode == 0, result.stderr + result.stdout
+    out = result.stdout
+    # The terminal: the failed-row line, then its reason.
+    assert "row 1 run 0: error_type=validation_error -> ws/.osmosis/evals/why/" in out
+    assert f"  agent: ValueError: {nonce}" in out
+    # The unsendable row failed alone, with its reason; the others ran.
+    assert "row 2 run 0: error_type=rollout_protocol_error" in out
+    assert "admission: UnsendableRequest: initial_messages[1].content holds text" in out
+    assert "stopping dispatch" not in out
+
+    run = run_dir(workspace, "why")
+    by_row = {r["row_index"]: r for r in journal(run)}
+    assert [by_row[i]["status"] for i in range(4)] == ["success", "failed", "failed", "success"]
+    assert by_row[1]["error_type"] == "validation_error"
+    assert by_row[1]["error"] == {"phase": "agent", "type": "ValueError", "message": nonce}
+    assert by_row[2]["error"]["phase"] == "admission"
+    assert "error" not in by_row[0]
+    index = {
+        r["row_index"]: r
+        for r in map(json.loads, (run / "index.jsonl").read_text().split("\n")[:-1])
+    }
+    assert index[1]["error"] == by_row[1]["error"]
+    failed_lines = [
+        line for line in (run / "logs.txt").read_text().splitlines() if "work item failed" in line
+    ]
+    assert any(nonce in line and '"row_index":1' in line for line in failed_lines)
+
+    # --retry-failed runs both failed rows again: they fail the same way, nothing halts.
+    again = await run_cli([*args, "--retry-failed", "--json"], cwd=tmp_path, env=env)
+    assert again.returncode == 0, again.stderr + again.stdout
+    resource = again.envelope()["resource"]
+    assert resource["dispatched"] == 2 and resource["failed"] == 2
+    rows = {r["row_index"]: r for r in resource["failed_rows"]}
+    assert rows[1]["error"] == {"phase": "agent", "type": "ValueError", "message": nonce}
+    assert rows[1]["status"] == "failed"
+    assert rows[2]["error"]["type"] == "UnsendableRequest"
+
+
+async def test_the_rollout_server_inherits_no_provider_credentials(
+    workspace: Path, env: dict[str, str], tmp_path: Path
+) -> None:
+    _probe_workspace(workspace, ["hello", "leak ROLLOUT_ONLY_TOKEN"])
+    names_file = tmp_path / "names.json"
+    write_config(
+        workspace,
+        "probe",
+        _config(env={"PROBE_ENV_OUT": str(names_file)}, secret_names=("ROLLOUT_ONLY_TOKEN",)),
+    )
+    ambient = {
+        "OPENAI_API_KEY": "sk-ambient-openai-0123456789",
+        "OPENAI_BASE_URL": "http://127.0.0.1:9/v1",
+        "ANTHROPIC_API_KEY": "sk-ant-ambient-0123456789",
+        "OPENROUTER_API_BASE": "http://127.0.0.1:9/api",
+        "GITHUB_TOKEN": "ghp_ambient0123456789",
+        "AWS_SECRET_ACCESS_KEY": "aws-ambient-0123456789",
+        "ROLLOUT_ONLY_TOKEN": "asked-for-by-name-0123",
+    }
+    result = await run_cli(
+        ["eval", "run", "ws/configs/eval/probe.toml", "--name", "env", "--yes"],
+        cwd=tmp_path,
+        env={**env, **ambient},
+    )
+    assert result.returncode == 0, result.stderr + result.stdout
+    names = set(json.loads(names_file.read_text()))
+    leaked = {"OPENAI_API_KEY", "OPENAI_BASE_URL", "ANTHROPIC_API_KEY", "OPENROUTER_API_BASE"}
+    leaked |= {"GITHUB_TOKEN", "AWS_SECRET_ACCESS_KEY"}
+    assert not (names & leaked), names & leaked
+    # What the config names still arrives, and so does the ordinary environment.
+    assert {"ROLLOUT_ONLY_TOKEN", "PROBE_ENV_OUT", "PATH", "HOME"} <= names
+    # A secret in a failure's message is redacted wherever the reason is kept or shown.
+    run = run_dir(workspace, "env")
+    failed = [r for r in journal(run) if r["status"] == "failed"]
+    assert failed[0]["error"]["message"] == "token=[REDACTED]"
+    assert "agent: RuntimeError: token=[REDACTED]" in result.stdout
+    secret = ambient["ROLLOUT_ONLY_TOKEN"]
+    for text in (result.stdout, result.stderr, (run / "logs.txt").read_text()):
+        assert secret not in text
+    assert secret not in (run / "events.jsonl").read_text() + (run / "index.jsonl").read_text()
+
+
+async def test_a_non_ascii_provider_key_stops_the_run(
+    workspace: Path, env: dict[str, str], tmp_path: Path
+) -> None:
+    _probe_workspace(workspace, ["hello"])
+    config = _config().replace('"rollbridge/echo"', '"openai/fake-model"')
+    write_config(workspace, "probe", config)
+    key = "sk-\u201cpasted-0123456789\u201d"
+    result = await run_cli(
+        ["eval", "run", "ws/configs/eval/probe.toml", "--name", "key", "--yes"],
+        cwd=tmp_path,
+        env={**env, "OPENAI_API_KEY": key, "OPENAI_BASE_URL": "http://127.0.0.1:9/v1"},
+    )
+    assert result.returncode == 1
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1, result.stderr
+    assert lines[0].startswith("Error: model preflight failed for 'openai/fake-model': ")
+    assert "OPENAI_API_KEY contains non-ASCII characters" in lines[0]
+    assert "pasted-0123456789" not in result.stderr + result.stdout
+    assert journal(run_dir(workspace, "key")) == []

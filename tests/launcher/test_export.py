@@ -1,0 +1,155 @@
+"""``rollbridge eval export``: one row per rollout (the latest record of each work item) with
+its chat messages rebuilt from the trajectory, in JSON Lines and in Parquet."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from launcher.cli import main
+from launcher.export import EXPORT_FIELDS, trajectory_messages
+from rollout_server.sdk import RolloutSample
+from rollout_server.trajectory import build_trajectory
+from tests.launcher.test_runs import make_run
+
+TOOL_CALL = {
+    "id": "call_1",
+    "type": "function",
+    "function": {"name": "lookup", "arguments": '{"q": "apple"}'},
+}
+CONVERSATION: list[dict[str, Any]] = [
+    {"role": "system", "content": "Be brief."},
+    {"role": "user", "content": "What is an apple?"},
+    {"role": "assistant", "content": "", "tool_calls": [TOOL_CALL]},
+    {"role": "tool", "tool_call_id": "call_1", "content": "a fruit"},
+    {"role": "assistant", "content": "A fruit."},
+]
+
+
+def _run(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, str, str]:
+    with pytest.raises(SystemExit) as exc:
+        main(list(args))
+    out, err = capsys.readouterr()
+    return int(exc.value.code or 0), out, err
+
+
+def _trajectory(run: Path, rollout_id: str, label: str) -> None:
+    sample = RolloutSample(CONVERSATION, label=label)
+    doc = build_trajectory(rollout_id, sample, sdk_version="0.1.0")
+    trial = run / "rollout_trials" / rollout_id
+    trial.mkdir(parents=True)
+    (trial / "trajectory.json").write_text(json.dumps(doc))
+
+
+@pytest.fixture
+def run(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    (tmp_path / "configs" / "eval").mkdir(parents=True)
+    monkeypatch.chdir(tmp_path)
+    error = {"phase": "bridge", "type": "UpstreamError", "message": "HTTP 502", "status": 502}
+    records = [
+        {"row_index": 1, "status": "failed", "error_type": "agent_error", "error": error},
+        {"row_index": 0, "status": "failed", "error_type": "agent_error"},
+        # --retry-failed re-ran row 0: the export keeps this latest record only.
+        {
+            "row_index": 0,
+            "status": "success",
+            "reward": 1.0,
+            "tokens": 40,
+            "max_context_tokens": 30,
+        },
+    ]
+    run = make_run(tmp_path / ".osmosis" / "evals", "demo", records=records, total=2)
+    _trajectory(run, "r2", "fruit")
+    return run
+
+
+def test_jsonl_rows(run: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, err = _run(capsys, "eval", "export", "demo", "--format", "jsonl")
+    assert (code, err) == (0, "")
+    target = run / "export.jsonl"
+    assert out.strip() == f"Exported 2 rollouts of demo to {target}"
+    rows = [json.loads(line) for line in target.read_text().splitlines()]
+    assert [list(r) for r in rows] == [list(EXPORT_FIELDS)] * 2
+    first, second = rows
+    assert first == {
+        "run_name": "demo",
+        "local_run_id": "a" * 32,
+        "row_index": 0,
+        "run_index": 0,
+        "source_row_index": None,
+        "rollout_id": "r2",
+        "status": "success",
+        "reward": 1.0,
+        "error_type": None,
+        "error": None,
+        "tokens": 40,
+        "max_context_tokens": 30,
+        "duration_ms": 1.0,
+        "model": "openai/gpt-4o-mini",
+        "dataset_sha256": "d" * 64,
+        "label": "fruit",
+        "messages": CONVERSATION,
+    }
+    assert (second["row_index"], second["status"], second["error_type"]) == (
+        1,
+        "failed",
+        "agent_error",
+    )
+    assert second["error"] == {
+        "phase": "bridge",
+        "type": "UpstreamError",
+        "message": "HTTP 502",
+        "status": 502,
+    }
+    assert second["messages"] == [] and second["label"] is None  # no trajectory: no messages
+
+
+def test_stdout_and_a_chosen_file(
+    run: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    code, out, _ = _run(capsys, "eval", "export", str(run), "-o", "-")
+    assert code == 0 and len(out.splitlines()) == 2
+    assert json.loads(out.splitlines()[0])["messages"] == CONVERSATION
+    code, out, _ = _run(capsys, "--json", "eval", "export", "demo", "-o", "train.jsonl")
+    assert code == 0
+    assert json.loads(out)["result"] == {
+        "path": str(tmp_path / "train.jsonl"),
+        "rows": 2,
+        "format": "jsonl",
+    }
+    assert len((tmp_path / "train.jsonl").read_text().splitlines()) == 2
+
+
+def test_parquet(run: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    pq = pytest.importorskip("pyarrow.parquet")
+    code, _, err = _run(capsys, "eval", "export", "demo", "--format", "parquet", "-o", "t.parquet")
+    assert (code, err) == (0, "")
+    table = pq.read_table(tmp_path / "t.parquet")
+    assert table.column_names == list(EXPORT_FIELDS)
+    first = table.to_pylist()[0]
+    assert first["reward"] == 1.0 and first["label"] == "fruit"
+    # Parquet has a fixed schema: absent message fields are nulls there.
+    assert [
+        {k: v for k, v in m.items() if v is not None} for m in first["messages"]
+    ] == CONVERSATION
+    assert table.to_pylist()[1]["error"]["status"] == 502
+
+
+def test_bad_input(run: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    code, _, err = _run(capsys, "eval", "export", "nosuch")
+    assert code == 1 and err.startswith("Error: no run 'nosuch' under ")
+    code, _, err = _run(capsys, "eval", "export", "demo", "--format", "parquet", "-o", "-")
+    assert code == 1 and err == "Error: -o - (stdout) works with --format jsonl only\n"
+    code, _, err = _run(capsys, "eval", "export", "demo", "--format", "csv")
+    assert code == 2 and "Invalid value for '--format'" in err
+
+
+def test_arguments_that_were_not_json_come_back_as_text() -> None:
+    call = {"id": "c", "type": "function", "function": {"name": "f", "arguments": "not json"}}
+    conversation = [{"role": "assistant", "content": "", "tool_calls": [call]}]
+    doc = build_trajectory("r", RolloutSample(conversation), sdk_version="0")
+    assert trajectory_messages(doc) == conversation
+    assert trajectory_messages(None) == []

@@ -1,0 +1,145 @@
+"""``rollbridge init``: the scaffold, where its rollout finds rollbridge, and the SDK guide's
+quick start followed literally in a temporary directory outside this repository."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+import tomllib
+from importlib import metadata
+from pathlib import Path
+
+import pytest
+
+from launcher.cli import main
+from launcher.init import RollbridgeSource, installed_source, scaffold
+from tests.launcher.e2e.helpers import base_env
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+class FakeDist(metadata.Distribution):
+    def __init__(self, direct_url: object | None) -> None:
+        self._direct = direct_url
+
+    def read_text(self, filename: str) -> str | None:
+        if filename == "METADATA":
+            return "Metadata-Version: 2.1\nName: rollbridge\nVersion: 9.9.9\n"
+        if filename == "direct_url.json" and self._direct is not None:
+            return json.dumps(self._direct)
+        return None
+
+    def locate_file(self, path: str | os.PathLike[str]) -> Path:
+        return Path(path)
+
+
+def test_source_of_a_checkout(tmp_path: Path) -> None:
+    dist = FakeDist({"url": tmp_path.as_uri(), "dir_info": {"editable": True}})
+    assert installed_source(dist) == RollbridgeSource("rollbridge", tmp_path, editable=True)
+    dist = FakeDist({"url": tmp_path.as_uri(), "dir_info": {}})
+    assert installed_source(dist) == RollbridgeSource("rollbridge", tmp_path, editable=False)
+
+
+def test_source_of_a_wheel(tmp_path: Path) -> None:
+    wheel = tmp_path / "rollbridge-9.9.9-py3-none-any.whl"
+    wheel.write_bytes(b"")
+    dist = FakeDist({"url": wheel.as_uri(), "archive_info": {}})
+    assert installed_source(dist) == RollbridgeSource("rollbridge", wheel)
+
+
+@pytest.mark.parametrize(
+    "direct",
+    [
+        None,  # from an index
+        {"url": "https://example.test/rollbridge-9.9.9.tar.gz", "archive_info": {}},
+        {"url": "file:///no/such/rollbridge-9.9.9-py3-none-any.whl", "archive_info": {}},
+    ],
+)
+def test_source_by_version(direct: object | None) -> None:
+    assert installed_source(FakeDist(direct)) == RollbridgeSource("rollbridge==9.9.9")
+
+
+def test_scaffold_files(tmp_path: Path) -> None:
+    source = RollbridgeSource("rollbridge", Path("/src/rb"), editable=True)
+    written = scaffold(tmp_path, "qa", source)
+    assert [p.relative_to(tmp_path).as_posix() for p in written] == [
+        "configs/eval/qa.toml",
+        "data/qa.jsonl",
+        "rollouts/qa/main.py",
+        "rollouts/qa/pyproject.toml",
+        ".gitignore",
+    ]
+    project = tomllib.loads((tmp_path / "rollouts/qa/pyproject.toml").read_text())
+    assert project["project"]["dependencies"] == ["rollbridge"]
+    assert project["tool"]["uv"]["sources"]["rollbridge"] == {"path": "/src/rb", "editable": True}
+    config = tomllib.loads((tmp_path / "configs/eval/qa.toml").read_text())
+    assert config["experiment"] == {
+        "rollout": "qa",
+        "entrypoint": "main.py",
+        "model_path": "rollbridge/echo",
+        "dataset": "qa.jsonl",
+    }
+    compile((tmp_path / "rollouts/qa/main.py").read_text(), "main.py", "exec")
+    by_version = scaffold(tmp_path / "other", "qa", RollbridgeSource("rollbridge==9.9.9"))
+    project = tomllib.loads(by_version[3].read_text())
+    assert project["project"]["dependencies"] == ["rollbridge==9.9.9"]
+    assert "sources" not in project["tool"]["uv"]
+
+
+def _run(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, str, str]:
+    with pytest.raises(SystemExit) as exc:
+        main(list(args))
+    out, err = capsys.readouterr()
+    return int(exc.value.code or 0), out, err
+
+
+def test_init_never_overwrites(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    code, out, _ = _run(capsys, "init", "ws", "--rollout", "qa")
+    assert code == 0
+    assert out.splitlines()[-1] == (
+        "Run it on the offline model: cd ws && rollbridge eval run configs/eval/qa.toml --yes"
+    )
+    main_py = tmp_path / "ws/rollouts/qa/main.py"
+    main_py.write_text("# mine\n")
+    code, _, err = _run(capsys, "init", "ws", "--rollout", "qa")
+    assert code == 1 and err == (
+        "Error: ws/configs/eval/qa.toml already exists; choose another DIR or --rollout\n"
+    )
+    assert main_py.read_text() == "# mine\n"
+    code, _, _ = _run(capsys, "init", "ws", "--rollout", "second")  # a second rollout: fine
+    assert code == 0 and (tmp_path / "ws/rollouts/second/main.py").is_file()
+    code, _, err = _run(capsys, "init", "ws", "--rollout", "../x")
+    assert code == 1 and err.startswith("Error: --rollout must be a lower-case name")
+
+
+def _quick_start() -> list[str]:
+    text = (REPO / "docs" / "rollout-sdk.md").read_text()
+    block = re.search(r"runs this block line by line.*?```bash\n(.*?)```", text, re.S)
+    assert block is not None, "the quick start block of docs/rollout-sdk.md is gone"
+    return [line for line in block.group(1).splitlines() if line.strip()]
+
+
+@pytest.mark.slow
+def test_the_sdk_guide_works_outside_the_repository(tmp_path: Path) -> None:
+    home = tmp_path / "user"
+    home.mkdir()
+    assert not home.resolve().is_relative_to(REPO)
+    bin_dir = Path(sys.executable).parent  # where `rollbridge` and `uv` are installed
+    env = base_env(PATH=f"{bin_dir}{os.pathsep}{os.environ.get('PATH', '')}")
+    env.pop("UV_PROJECT_ENVIRONMENT", None)
+    script = "set -e\n" + "\n".join(_quick_start()) + "\n"
+    result = subprocess.run(
+        ["bash", "-c", script], cwd=home, env=env, capture_output=True, text=True, timeout=600
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "Evaluation run finished:" in result.stdout
+    runs = [p for p in (home / "my-evals/.osmosis/evals").iterdir() if not p.name.startswith(".")]
+    assert len(runs) == 1
+    summary = json.loads((runs[0] / "metrics.json").read_text())["summary"]
+    assert (summary["total_samples"], summary["passed"]) == (4, 3)

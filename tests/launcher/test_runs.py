@@ -1,0 +1,201 @@
+"""``rollbridge eval list`` and ``rollbridge eval clean``, on run directories as the supervisor
+leaves them (manifest, journal, progress, metrics, locks)."""
+
+from __future__ import annotations
+
+import io
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from launcher.cli import main
+from launcher.rundir.lock import RunLock
+
+
+def _run(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, str, str]:
+    with pytest.raises(SystemExit) as exc:
+        main(list(args))
+    out, err = capsys.readouterr()
+    return int(exc.value.code or 0), out, err
+
+
+def make_run(
+    root: Path,
+    name: str,
+    *,
+    records: list[dict[str, Any]] | None = None,
+    total: int = 3,
+    created: str = "2026-01-02T03:04:05.000000Z",
+    model: str = "openai/gpt-4o-mini",
+) -> Path:
+    run = root / name
+    (run / "rollout_trials").mkdir(parents=True)
+    manifest = {
+        "schema_version": 1,
+        "local_run_id": "a" * 32,
+        "run_name": name,
+        "created_at": created,
+        "inputs": {
+            "model_path": model,
+            "dataset": {"sha256": "d" * 64, "selected_source_rows": f"0-{total - 1}"},
+            "n": 1,
+        },
+        "provenance": {},
+    }
+    (run / "manifest.json").write_text(json.dumps(manifest))
+    lines = [
+        json.dumps({"rollout_id": f"r{i}", "duration_ms": 1.0, "run_index": 0, **r})
+        for i, r in enumerate(records or [])
+    ]
+    (run / "events.jsonl").write_text("".join(line + "\n" for line in lines))
+    (root / ".locks").mkdir(exist_ok=True)
+    (root / ".locks" / f"{name}.lock").touch()
+    return run
+
+
+def ok(row: int, reward: float = 1.0) -> dict[str, Any]:
+    return {"row_index": row, "status": "success", "reward": reward}
+
+
+@pytest.fixture
+def ws(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    (tmp_path / "configs" / "eval").mkdir(parents=True)
+    monkeypatch.chdir(tmp_path)
+    return tmp_path / ".osmosis" / "evals"
+
+
+def test_list_json(ws: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    make_run(ws, "done", records=[ok(0), ok(1, 0.0), ok(2)], created="2026-01-01T00:00:00Z")
+    # A retried item counts once (the latest record); a skipped one is out of the pass rate.
+    make_run(
+        ws,
+        "half",
+        records=[
+            {"row_index": 0, "status": "failed"},
+            ok(0),
+            {"row_index": 1, "status": "skipped"},
+        ],
+        created="2026-01-02T00:00:00Z",
+    )
+    make_run(ws, "nothing", created="2026-01-03T00:00:00Z")
+    make_run(ws, "old.archive-20260101T000000Z", records=[ok(0)])
+    code, out, err = _run(capsys, "eval", "list", "--json")
+    assert (code, err) == (0, "")
+    envelope = json.loads(out)
+    assert envelope["operation"] == "eval.list" and envelope["status"] == "success"
+    runs = {r["name"]: r for r in envelope["result"]["runs"]}
+    assert list(runs) == ["done", "half", "nothing"]  # oldest first, archives left out
+    assert runs["done"] == {
+        "name": "done",
+        "status": "complete",
+        "done": 3,
+        "total": 3,
+        "pass_rate": pytest.approx(2 / 3),
+        "model": "openai/gpt-4o-mini",
+        "started": "2026-01-01T00:00:00Z",
+        "path": ".osmosis/evals/done",
+    }
+    assert (runs["half"]["status"], runs["half"]["done"], runs["half"]["pass_rate"]) == (
+        "incomplete",
+        2,
+        1.0,
+    )
+    assert (runs["nothing"]["status"], runs["nothing"]["pass_rate"]) == ("empty", None)
+
+
+def test_list_shows_a_run_a_supervisor_holds_as_running(
+    ws: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    make_run(ws, "busy", records=[ok(0)])
+    lock = RunLock.acquire(ws, "busy")
+    try:
+        code, out, _ = _run(capsys, "eval", "list", "--json")
+    finally:
+        lock.release()
+    assert code == 0
+    assert json.loads(out)["result"]["runs"][0]["status"] == "running"
+
+
+def test_list_plain_is_one_line_per_run(ws: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    make_run(ws, "done", records=[ok(0), ok(1), ok(2)])
+    make_run(ws, "later", records=[ok(0)], created="2026-02-02T03:04:05Z")
+    code, out, _ = _run(capsys, "eval", "list", "--plain")
+    assert code == 0
+    assert out.splitlines() == [
+        "done\tcomplete\t3/3\t100.0%\topenai/gpt-4o-mini\t2026-01-02 03:04Z\t.osmosis/evals/done",
+        "later\tincomplete\t1/3\t100.0%\topenai/gpt-4o-mini\t2026-02-02 03:04Z\t.osmosis/evals/later",
+    ]
+
+
+def test_list_rich_points_at_clean(ws: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    make_run(ws, "nothing")
+    code, out, _ = _run(capsys, "eval", "list")
+    assert code == 0
+    assert "nothing" in out and "empty" in out
+    assert "1 run with nothing recorded: `rollbridge eval clean` removes them." in out
+
+
+def test_list_outside_a_workspace(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    code, out, err = _run(capsys, "eval", "list")
+    assert code == 1 and out == ""
+    assert err.startswith("Error: no workspace at or above") and len(err.splitlines()) == 1
+    code, out, _ = _run(capsys, "eval", "list", "-o", str(tmp_path / "elsewhere"), "--plain")
+    assert (code, out) == (0, "")
+
+
+def test_clean_removes_only_runs_with_nothing_recorded(
+    ws: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    kept = make_run(ws, "done", records=[ok(0)])
+    make_run(ws, "empty1")
+    make_run(ws, "empty2")
+    live = make_run(ws, "orphaned-server")
+    (live / "server.json").write_text("{}")
+    (ws / ".locks" / "gone.lock").touch()  # a lock left behind by a run that no longer exists
+    code, out, err = _run(capsys, "eval", "clean", "--yes")
+    assert code == 0
+    assert "Removed 2 run(s) with nothing recorded and 1 stale lock(s)." in out
+    assert "kept .osmosis/evals/orphaned-server" in err
+    assert sorted(p.name for p in ws.iterdir()) == [".locks", "done", "orphaned-server"]
+    assert sorted(p.name for p in (ws / ".locks").iterdir()) == [
+        "done.lock",
+        "orphaned-server.lock",
+    ]
+    assert (kept / "events.jsonl").read_text()
+
+
+def test_clean_asks_first(
+    ws: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    make_run(ws, "empty1")
+    code, _, err = _run(capsys, "eval", "clean")  # stdin is not a terminal: refuse, say why
+    assert code == 1 and err == (
+        "Error: 1 empty run(s) and 0 stale lock(s) would be removed; pass --yes to confirm\n"
+    )
+    assert (ws / "empty1").is_dir()
+    from launcher.ui import UI
+
+    monkeypatch.setattr(UI, "interactive", property(lambda self: True))
+    monkeypatch.setattr("sys.stdin", io.StringIO("n\n"))
+    code, out, _ = _run(capsys, "eval", "clean")
+    assert code == 0 and "Remove 1 run(s) with nothing recorded? [y/N]" in out
+    assert "Nothing removed." in out and (ws / "empty1").is_dir()
+    monkeypatch.setattr("sys.stdin", io.StringIO("y\n"))
+    code, out, _ = _run(capsys, "eval", "clean")
+    assert code == 0 and not (ws / "empty1").exists()
+
+
+def test_clean_leaves_a_held_run_alone(ws: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    make_run(ws, "starting")
+    lock = RunLock.acquire(ws, "starting")
+    try:
+        code, out, _ = _run(capsys, "eval", "clean", "--yes")
+    finally:
+        lock.release()
+    assert code == 0 and "Nothing to clean" in out
+    assert (ws / "starting").is_dir()

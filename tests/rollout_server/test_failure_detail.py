@@ -1,0 +1,81 @@
+"""Why a rollout failed, beyond the wire's ``err_message``: the ``failure`` object LocalBackend
+leaves in ``diagnostics.json`` (phase, exception type, HTTP status, the bridge's own message),
+while the wire result stays exactly the reference's."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import trio
+
+from rollout_server import LocalBackend
+from rollout_server.protocol import RolloutStatus
+from tests.fakes.upstream import FakeUpstream
+
+from .conftest import Served
+from .helpers import ScriptedWorkflow, request, start
+from .test_outcomes import ChatWorkflow, run, triple
+
+
+def _failure(trials: Path, rollout_id: str) -> Any:
+    return json.loads((trials / rollout_id / "diagnostics.json").read_text())["failure"]
+
+
+async def test_workflow_and_grader_exceptions_name_phase_and_type(served: Served) -> None:
+    result = await run(served, "wf", label="L", metadata={"raise": "ValueError"})
+    assert triple(result) == ("failure", "validation_error", "workflow says no")
+    assert _failure(served.root, "wf") == {"phase": "agent", "type": "ValueError"}
+    result = await run(served, "gr", label="L", metadata={"grader_raise": True})
+    assert triple(result) == ("failure", "agent_error", "grader says no")
+    assert _failure(served.root, "gr") == {"phase": "grader", "type": "RuntimeError"}
+    result = await run(served, "to", label="L", metadata={"sleep": 30}, agent_timeout_sec=0.1)
+    assert _failure(served.root, "to") == {"phase": "agent"}
+    # A success writes no diagnostics, as before.
+    await run(served, "ok", label="L")
+    assert not (served.root / "ok" / "diagnostics.json").exists()
+
+
+async def test_a_grader_failure_without_a_sample_keeps_its_reason(served: Served) -> None:
+    # The workflow succeeds without messages; the grader then has nothing to grade. The saved
+    # result is the workflow's, but the reported failure is the grader's: its reason is kept.
+    result = await run(served, "ns", label="L", metadata={"return": "nomessages"})
+    assert triple(result)[:2] == ("failure", "validation_error")
+    assert _failure(served.root, "ns") == {"phase": "grader", "type": "ValueError"}
+
+
+async def test_no_grader_says_so_only_in_diagnostics(nursery: trio.Nursery, tmp_path: Path) -> None:
+    with trio.fail_after(15):
+        running, client = await start(nursery, tmp_path, LocalBackend(ScriptedWorkflow))
+        result = await client.run_rollout(request("ng", label="L"))
+        assert (result.status, result.err_message, result.err_category) == (
+            RolloutStatus.FAILURE,
+            None,
+            None,
+        )
+        failure = _failure(tmp_path / "trials", "ng")
+        assert failure["phase"] == "grader" and failure["message"].startswith("no grader ran")
+        await client.aclose()
+        running.force_stop()
+
+
+async def test_a_model_endpoint_error_is_a_bridge_failure_with_its_status(
+    nursery: trio.Nursery, tmp_path: Path, fake_upstream: FakeUpstream
+) -> None:
+    fake_upstream.fail_statuses.append(502)
+    fake_upstream.fail_body = '{"error": {"message": "upstream 500: provider melted"}}'
+    with trio.fail_after(15):
+        running, client = await start(nursery, tmp_path, LocalBackend(ChatWorkflow))
+        result = await client.run_rollout(
+            request("br", label="L", chat_completions_url=fake_upstream.v1)
+        )
+        assert result.err_message is not None and "HTTP 502" in result.err_message
+        assert _failure(tmp_path / "trials", "br") == {
+            "phase": "bridge",
+            "type": "ChatError",
+            "status": 502,
+            "message": "upstream 500: provider melted",
+        }
+        await client.aclose()
+        running.force_stop()

@@ -1,0 +1,1 @@
+"""Tests of ``rollbridge eval rubric``."""
