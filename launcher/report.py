@@ -102,8 +102,16 @@ def failed_row_lines(
             else ""
         )
         where = display(run_dir / "rollout_trials" / r.rollout_id)
-        kind = r.error_type or "unknown"
-        lines.append(f"row {r.row_index}{source} run {r.run_index}: error_type={kind} -> {where}")
+        if status == "skipped" and not r.error_type:
+            # The sample asked to be removed from scoring: nothing went wrong.
+            lines.append(
+                f"row {r.row_index}{source} run {r.run_index}: removed from scoring -> {where}"
+            )
+        else:
+            kind = r.error_type or "unknown"
+            lines.append(
+                f"row {r.row_index}{source} run {r.run_index}: error_type={kind} -> {where}"
+            )
         if r.error is not None:
             lines.append(f"  {r.error.describe(limit=REASON_DISPLAY_CHARS)}")
     return lines

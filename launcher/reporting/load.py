@@ -17,6 +17,7 @@ from typing import Any
 
 from launcher.errors import NotFoundError
 from launcher.reporting.model import ItemError, ReportItem, RunData, TranscriptStep
+from launcher.rubric.store import read_rubric_scores
 from launcher.rundir.projections import load_valid_trajectory
 
 __all__ = ["LOG_MAX_CHARS", "MESSAGE_MAX_CHARS", "load_run", "transcript_steps"]
@@ -213,6 +214,7 @@ def load_run(run_dir: Path, *, transcripts: bool = True) -> RunData:
             item.transcript = transcript_steps(trajectory) if trajectory is not None else None
             item.diagnostics = _diagnostics(trials / rollout_id)
         items.append(item)
+    rubrics = _attach_rubric_scores(run_dir, items)
     log_text, truncated = _log(run_dir) if transcripts else ("", False)
     name = manifest.get("run_name") or metrics.get("eval_run", {}).get("name") or run_dir.name
     return RunData(
@@ -224,4 +226,21 @@ def load_run(run_dir: Path, *, transcripts: bool = True) -> RunData:
         items=items,
         log_text=log_text,
         log_truncated=truncated,
+        rubrics=rubrics,
     )
+
+
+def _attach_rubric_scores(run_dir: Path, items: list[ReportItem]) -> list[str]:
+    """Put each rubric verdict file's scores on the items it judged; returns the labels."""
+    labels: list[str] = []
+    by_rollout = {item.rollout_id: item for item in items}
+    for entry in read_rubric_scores(run_dir):
+        label = str(entry.get("model") or "judge")
+        if label in labels:  # the same judge with another rubric or range
+            label = f"{label} ({str(entry.get('digest', ''))[:8]})"
+        labels.append(label)
+        for rollout_id, score in entry.get("scores", {}).items():
+            item = by_rollout.get(rollout_id)
+            if item is not None:
+                item.rubric[label] = score
+    return labels

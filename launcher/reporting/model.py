@@ -73,6 +73,8 @@ class ReportItem:
     label: str | None = None
     transcript: list[TranscriptStep] | None = None
     diagnostics: dict[str, Any] | None = None
+    rubric: dict[str, float] = field(default_factory=dict)
+    """Judge label -> this rollout's mean rubric score (``rollbridge eval rubric --run``)."""
 
     @property
     def key(self) -> tuple[int, int]:
@@ -110,6 +112,8 @@ class RunData:
     items: list[ReportItem]
     log_text: str
     log_truncated: bool = False
+    rubrics: list[str] = field(default_factory=list)
+    """Labels of the rubric verdict files of the run (one column each on the page)."""
 
     @property
     def inputs(self) -> dict[str, Any]:

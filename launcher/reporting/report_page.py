@@ -160,6 +160,7 @@ def render_report(run: RunData, *, refresh: bool = False) -> str:
         "threshold": threshold,
         "refresh": REFRESH_SECONDS if refresh and summary.status == "running" else 0,
         "items": [item_json(i, passed=i.passed(threshold)) for i in run.items],
+        "rubrics": run.rubrics,
     }
     body = (
         f'<header><h1>{esc(run.name)}</h1><span class="badge st-{esc(summary.status)}">'

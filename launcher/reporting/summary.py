@@ -91,5 +91,6 @@ def item_json(item: ReportItem, *, passed: bool | None) -> dict[str, Any]:
         "transcript": [s.to_json() for s in item.transcript] if item.transcript else None,
         "diagnostics": item.diagnostics,
         "resumed": True if item.resumed else None,
+        "rubric": item.rubric or None,
     }
     return {k: v for k, v in out.items() if v is not None}

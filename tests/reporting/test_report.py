@@ -136,3 +136,24 @@ def test_run_names_resolve_under_the_workspace_or_output_root(tmp_path: Path) ->
         resolve_run_dir("calm-fox-1", cwd=tmp_path)
     with pytest.raises(NotFoundError, match="not a run directory"):
         load_run(tmp_path)
+
+
+def test_rubric_scores_stand_beside_the_rewards(tmp_path: Path) -> None:
+    """Verdicts of ``eval rubric --run`` (one file per judge) become one column per judge."""
+    items = synthetic_items(4)
+    run = write_run(tmp_path / "judged", items)
+    rubric = run / "rubric"
+    rubric.mkdir()
+    (rubric / "abc.json").write_text(json.dumps({"digest": "abc", "model": "openai/judge"}))
+    first, second = items[0]["rollout_id"], items[1]["rollout_id"]
+    lines = [
+        {"rollout_id": first, "judge_run": 0, "score": 0.5},
+        {"rollout_id": first, "judge_run": 1, "score": 1.0},
+        {"rollout_id": second, "judge_run": 0, "score": None, "error": "bad JSON"},
+    ]
+    (rubric / "abc.jsonl").write_text("".join(json.dumps(x) + "\n" for x in lines))
+    page = parse_page(render_report(load_run(run)))
+    assert page.data["rubrics"] == ["openai/judge"]
+    by_id = {i["id"]: i for i in page.data["items"]}
+    assert by_id[first]["rubric"] == {"openai/judge": 0.75}
+    assert "rubric" not in by_id[second]  # a failed verdict has no score

@@ -25,6 +25,10 @@
     { key: "tokens", label: "tokens", sort: true, value: (i) => i.tokens },
     { key: "context", label: "context", sort: true, value: (i) => i.context },
     { key: "duration_ms", label: "duration ms", sort: true, value: (i) => i.duration_ms },
+    ...(DATA.rubrics || []).map((judge) => ({
+      key: "rubric:" + judge, label: "rubric " + judge, sort: true,
+      value: (i) => (i.rubric && judge in i.rubric ? i.rubric[judge] : null),
+    })),
     { key: "category", label: "error category", sort: true, value: (i) => errorCategory(i.error) || null },
     { key: "error", label: "error", sort: false, value: (i) => errorText(i.error) },
   ];
@@ -37,6 +41,8 @@
       el("td", {}, it.row), el("td", {}, it.run), el("td", {}, statusBadge(it.status)),
       el("td", { class: "num" }, fmt(it.reward)), el("td", { class: "num" }, fmt(it.tokens)),
       el("td", { class: "num" }, fmt(it.context)), el("td", { class: "num" }, fmt(it.duration_ms, 0)),
+      ...(DATA.rubrics || []).map((judge) =>
+        el("td", { class: "num rubric" }, fmt(it.rubric && judge in it.rubric ? it.rubric[judge] : null))),
       el("td", {}, errorCategory(it.error)),
       el("td", { class: "error-text" }, errorText(it.error))),
   });

@@ -50,7 +50,7 @@ async def test_readme_command_with_a_real_first_sync(workspace: Path, tmp_path: 
     assert "Results" in result.stdout and "80.0% (16/20 scored" in result.stdout
     # The failed and skipped rows point to their trial directories.
     assert "row 20 run 0: error_type=validation_error -> ws/.osmosis/evals/first/" in result.stdout
-    assert "row 18 run 0: error_type=unknown" in result.stdout
+    assert "row 18 run 0: removed from scoring" in result.stdout
 
     run = run_dir(workspace, "first")
     for name in (

@@ -69,7 +69,7 @@ def test_failed_rows_show_the_reason_and_skipped_rows_stand_apart(tmp_path: Path
                 "  agent: ValueError: bad answer second line",
             ],
         ),
-        ("Skipped rows", ["row 1 run 0: error_type=unknown -> r1"]),
+        ("Skipped rows", ["row 1 run 0: removed from scoring -> r1"]),
     ]
 
 
