@@ -26,7 +26,7 @@ from typing import Any, Literal
 import click
 
 from launcher.errors import LocalEvalError
-from launcher.ui import CLI_VERSION, UI
+from launcher.ui import UI
 
 __all__ = [
     "RunSummary",
@@ -205,17 +205,8 @@ def _done(run: RunSummary) -> str:
 
 
 def envelope(ui: UI, operation: str, message: str, result: dict[str, Any]) -> None:
-    """The one JSON document of ``--json`` (the shape ``eval report`` prints)."""
-    body = {
-        "schema_version": 1,
-        "cli_version": CLI_VERSION,
-        "operation": operation,
-        "status": "success",
-        "message": message,
-        "result": result,
-    }
-    ui.console.file.write(json.dumps(body, ensure_ascii=False, allow_nan=False) + "\n")
-    ui.console.file.flush()
+    """The one JSON document of ``--json`` (see :meth:`launcher.ui.UI.envelope`)."""
+    ui.envelope(operation, message, result)
 
 
 def list_command(ui: UI, root: Path, cwd: Path) -> int:

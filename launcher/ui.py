@@ -98,9 +98,7 @@ class UI:
         self._err = RedactingStream(raw_err, self.redact)
         # rich only writes, flushes and asks isatty/fileno/encoding: the wrapper has all of it.
         self.console = Console(file=cast(IO[str], self._out), highlight=False, soft_wrap=True)
-        self.err_console = Console(
-            file=cast(IO[str], self._err), highlight=False, soft_wrap=True
-        )
+        self.err_console = Console(file=cast(IO[str], self._err), highlight=False, soft_wrap=True)
         self._progress: Progress | None = None
         self._task: TaskID | None = None
         self._counters: ProgressCounters | None = None
@@ -332,6 +330,13 @@ class UI:
         self._print(message, style="green" if status == "success" else "yellow")
         for step in next_steps:
             self._print(f"  {step}")
+
+    def envelope(self, operation: str, message: str, result: Mapping[str, Any]) -> None:
+        """The one JSON document of ``--json`` for a successful command other than ``eval run``
+        (``operation`` names it, e.g. ``eval.list``; ``result`` is its payload)."""
+        self._emit_json(
+            {"operation": operation, "status": "success", "message": message, "result": result}
+        )
 
     def _emit_json(self, body: Mapping[str, Any]) -> None:
         envelope = {"schema_version": _SCHEMA_VERSION, "cli_version": CLI_VERSION, **body}

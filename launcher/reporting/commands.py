@@ -6,14 +6,12 @@ Every user error is a :class:`launcher.errors.CLIError` (one ``Error: …`` line
 
 from __future__ import annotations
 
-import json
 import os
 import time
 import webbrowser
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 from rich import box
 from rich.table import Table
@@ -26,7 +24,7 @@ from launcher.reporting.page import fmt_pct
 from launcher.reporting.report_page import REFRESH_SECONDS, render_report
 from launcher.reporting.resolve import resolve_run_dir
 from launcher.reporting.summary import summarize
-from launcher.ui import CLI_VERSION, UI
+from launcher.ui import UI
 
 __all__ = ["RunLocator", "diff_command", "report_command", "write_page"]
 
@@ -55,19 +53,6 @@ def write_page(path: Path, text: str) -> None:
         os.replace(tmp, path)
     except OSError as exc:
         raise LocalEvalError(f"cannot write {path}: {exc.strerror or exc}") from None
-
-
-def _envelope(ui: UI, operation: str, message: str, result: dict[str, Any]) -> None:
-    body = {
-        "schema_version": 1,
-        "cli_version": CLI_VERSION,
-        "operation": operation,
-        "status": "success",
-        "message": message,
-        "result": result,
-    }
-    ui.console.file.write(json.dumps(body, ensure_ascii=False, allow_nan=False) + "\n")
-    ui.console.file.flush()
 
 
 def _open(path: Path) -> None:
@@ -99,8 +84,7 @@ def report_command(
     m = summary.metrics
     message = f"Report written: {target}"
     if ui.mode == "json":
-        _envelope(
-            ui,
+        ui.envelope(
             "eval.report",
             message,
             {"path": str(target), "run_dir": str(run_dir), "status": summary.status, "summary": m},
@@ -136,7 +120,7 @@ def diff_command(ui: UI, locator: RunLocator, run_a: str, run_b: str, *, output:
     write_page(target, render_diff(result))
     message = f"Diff written: {target}"
     if ui.mode == "json":
-        _envelope(ui, "eval.diff", message, {"path": str(target), **result.to_json()})
+        ui.envelope("eval.diff", message, {"path": str(target), **result.to_json()})
         return 0
     rows = diff_rows(result)
     if ui.rich:
