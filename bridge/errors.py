@@ -68,7 +68,13 @@ def final_status(status: int | None) -> int:
     return 502
 
 
-def error_body(status: int, message: str) -> dict[str, Any]:
-    """The JSON error object the rollout receives, for plain JSON and SSE error events."""
+def error_body(status: int, message: str, upstream_status: int | None = None) -> dict[str, Any]:
+    """The JSON error object the rollout receives, for plain JSON and SSE error events.
+
+    ``upstream_status`` is the provider's own status when the rollout is told another (a 5xx
+    becomes 502), so the failure reason a run keeps can name what the provider answered."""
     kind = "invalid_request_error" if status == 400 else "bridge_error"
-    return {"error": {"message": message, "type": kind, "code": status}, "detail": message}
+    error: dict[str, Any] = {"message": message, "type": kind, "code": status}
+    if upstream_status is not None and upstream_status != status:
+        error["upstream_status"] = upstream_status
+    return {"error": error, "detail": message}

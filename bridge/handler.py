@@ -95,14 +95,22 @@ class Bridge:
 
     def error(self, exc: BaseException) -> tuple[int, dict[str, Any]]:
         """The status and JSON body a failure is answered with (docs/spec/bridge.md §12)."""
+        upstream: int | None = None
         if isinstance(exc, BridgeError):
             status, message = exc.status, exc.message
+            if isinstance(exc, UpstreamError) and exc.kind not in ("APIConnectionError", "Timeout"):
+                upstream = exc.status  # what the provider itself answered
         else:
             status, message = 500, f"{type(exc).__name__}: {exc}"
         status = final_status(status)
         message = self.scrubber(message)
-        self.log("warning", f"LLM bridge error: {message}")
-        return status, error_body(status, message)
+        where = (
+            f" (provider answered {upstream})"
+            if upstream is not None and upstream != status
+            else ""
+        )
+        self.log("warning", f"LLM bridge error{where}: {message}")
+        return status, error_body(status, message, upstream)
 
     def _recorder(self, rollout_id: str) -> Callable[[Any], None]:
         def record(usage: Any) -> None:

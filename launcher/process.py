@@ -20,8 +20,9 @@ import os
 import signal
 import stat
 import subprocess
+from collections import deque
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -40,6 +41,8 @@ LONG_STOP_GRACE_S = 330.0
 #: Grace for an orphaned tunnel.
 TUNNEL_REAP_GRACE_S = 5.0
 
+#: Output lines a :class:`Child` keeps: enough for a traceback's last frames and its error.
+TAIL_LINES = 40
 #: The rollout server's ownership record in the run directory.
 SERVER_RECORD = "server.json"
 #: The tunnel's ownership record in the run directory.
@@ -178,12 +181,14 @@ async def _escalate(
 @dataclass
 class Child:
     """A child process in its own session, whose merged stdout/stderr is copied line by line to
-    a sink. ``last_line`` keeps the last non-empty line for error messages."""
+    a sink. ``last_line`` keeps the last non-empty line for error messages, ``tail`` the last
+    :data:`TAIL_LINES` lines (a Python traceback, to tell a code error from a port clash)."""
 
     process: trio.Process
     name: str
     last_line: str = ""
     output_done: trio.Event | None = None
+    tail: deque[str] = field(default_factory=lambda: deque(maxlen=TAIL_LINES))
 
     @property
     def pid(self) -> int:
@@ -208,6 +213,7 @@ async def _pump_output(child: Child, stream: trio.abc.ReceiveStream, sink: Outpu
                 line = raw.decode("utf-8", errors="replace").rstrip("\r")
                 if line.strip():
                     child.last_line = line.strip()
+                    child.tail.append(line)
                 sink(line)
     except (trio.BrokenResourceError, trio.ClosedResourceError):
         pass
@@ -216,6 +222,7 @@ async def _pump_output(child: Child, stream: trio.abc.ReceiveStream, sink: Outpu
             line = buffer.decode("utf-8", errors="replace").rstrip("\r")
             if line.strip():
                 child.last_line = line.strip()
+                child.tail.append(line)
             sink(line)
         assert child.output_done is not None
         child.output_done.set()

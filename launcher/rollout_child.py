@@ -4,7 +4,9 @@
 The server runs as ``rollouts/<r>/.venv/bin/python <entrypoint>`` in its own session, never
 through ``uv run`` (docs/hazards.md #3), with the environment of docs/spec/supervisor.md §2.5. An ephemeral port gets
 one retry on a new port when the first attempt fails its health check (the pick-free-port
-probe can race with another program); a fixed ``--rollout-port`` gets one attempt.
+probe can race with another program); a fixed ``--rollout-port`` gets one attempt. A server
+that dies of its own code (a SyntaxError or an import error in its output) is not retried:
+the error names the file, the line and the offending source line.
 
 The server does not inherit the supervisor's secrets or provider settings (keys, tokens, base
 URLs, accounts: :func:`is_provider_env_name`); the bridge holds those. It gets a variable of
@@ -17,9 +19,10 @@ that kind only when the eval config names it in ``[env]`` or ``[secrets]``.
 from __future__ import annotations
 
 import contextlib
+import re
 import socket
 import uuid
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -47,6 +50,7 @@ __all__ = [
     "LogFn",
     "RolloutServer",
     "ServerLaunch",
+    "code_error",
     "is_provider_env_name",
     "rollout_base_env",
     "start_rollout_server",
@@ -176,6 +180,58 @@ class _StartupFailure(LocalEvalError):
     """A failed start-up attempt (may be retried on a new port)."""
 
 
+class _CodeFailure(LocalEvalError):
+    """The server died of its own code (a SyntaxError, an import error): a new port cannot
+    help, so it is never retried."""
+
+
+#: Exceptions whose traceback means the rollout's code cannot load, whatever the port.
+CODE_ERRORS = frozenset(
+    {"SyntaxError", "IndentationError", "TabError", "ModuleNotFoundError", "ImportError"}
+)
+_FRAME = re.compile(r'^\s*File "(?P<file>[^"]+)", line (?P<line>\d+)')
+_EXCEPTION = re.compile(r"^(?P<type>[A-Za-z_][\w.]*): ?(?P<message>.*)$")
+
+
+def code_error(tail: Sequence[str], rollout_dir: Path) -> str | None:
+    """``SyntaxError: invalid syntax (main.py, line 3: x = = 1)`` when a child's last output
+    lines end with a Python error of :data:`CODE_ERRORS`, else None.
+
+    The frame named is the last one inside the rollout (its own ``.venv`` excluded), else the
+    last frame: for a SyntaxError that is the file being compiled, for an import the line that
+    imported. Python prints the offending source line right below its frame line.
+    """
+    lines = [line.rstrip() for line in tail]
+    found = None
+    for index in range(len(lines) - 1, -1, -1):
+        match = _EXCEPTION.match(lines[index])
+        if match is not None and match["type"].rsplit(".", 1)[-1] in CODE_ERRORS:
+            found = index, match
+            break
+    if found is None:
+        return None
+    end, match = found
+    frames = [(i, m) for i in range(end) if (m := _FRAME.match(lines[i])) is not None]
+    error = f"{match['type'].rsplit('.', 1)[-1]}: {match['message']}".rstrip(": ")
+    if not frames:
+        return error
+
+    def own(path: str) -> bool:
+        resolved = Path(path).resolve()
+        return resolved.is_relative_to(rollout_dir.resolve()) and ".venv" not in resolved.parts
+
+    index, frame = next(((i, m) for i, m in reversed(frames) if own(m["file"])), frames[-1])
+    path = Path(frame["file"])
+    shown = (
+        str(path.resolve().relative_to(rollout_dir.resolve())) if own(frame["file"]) else path.name
+    )
+    source = lines[index + 1].strip() if index + 1 < end else ""
+    if _FRAME.match(source) or set(source) <= {"^", "~", " "}:
+        source = ""
+    where = f"{shown}, line {frame['line']}" + (f": {source}" if source else "")
+    return f"{error} ({where})"
+
+
 def is_provider_env_name(name: str) -> bool:
     """True for a variable the rollout server must not inherit: a secret by the one secret
     policy (:func:`bridge.is_secret_env_name`), or a provider setting the bridge reads."""
@@ -233,6 +289,11 @@ async def _wait_healthy(
                 assert child.output_done is not None
                 with trio.move_on_after(OUTPUT_DRAIN_S):
                     await child.output_done.wait()
+                cause = code_error(child.tail, launch.rollout_dir)
+                if cause is not None:
+                    raise _CodeFailure(
+                        f"rollout server failed to start: {redact(cause)}\nLogs: {launch.logs_hint}"
+                    )
                 tail = f": {redact(child.last_line)}" if child.last_line else ""
                 raise _StartupFailure(
                     f"rollout server exited with code {child.returncode} before becoming "
@@ -322,6 +383,9 @@ async def start_rollout_server(
                 server.health = await _wait_healthy(
                     child, client, server.base_url, instance_id, launch, redact
                 )
+            except _CodeFailure as exc:
+                await server.stop(STOP_GRACE_S)
+                raise LocalEvalError(str(exc)) from None
             except _StartupFailure as exc:
                 await server.stop(STOP_GRACE_S)
                 if attempt < attempts:

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import sys
+import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import IO, Any, Literal, Protocol, TextIO, cast
 
@@ -21,7 +22,9 @@ from rich.progress import (
     BarColumn,
     MofNCompleteColumn,
     Progress,
+    ProgressColumn,
     SpinnerColumn,
+    Task,
     TaskID,
     TextColumn,
     TimeElapsedColumn,
@@ -70,9 +73,23 @@ class ProgressCounters(Protocol):
 
     completed: int
     failed: int
+    skipped: int
+    tokens: int
 
     @property
     def pass_rate(self) -> float: ...
+
+
+class _LiveText(ProgressColumn):
+    """A column re-rendered on every refresh, so the in-flight count and ETA move between
+    results too (a task field would only change when a result arrives)."""
+
+    def __init__(self, text: Callable[[], str]) -> None:
+        super().__init__()
+        self._text = text
+
+    def render(self, task: Task) -> Text:
+        return Text(self._text())
 
 
 class UI:
@@ -87,6 +104,7 @@ class UI:
         stdout: TextIO | None = None,
         stderr: TextIO | None = None,
         stdin: TextIO | None = None,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.mode: OutputMode = mode
         self.verbose = verbose
@@ -103,6 +121,12 @@ class UI:
         self._task: TaskID | None = None
         self._counters: ProgressCounters | None = None
         self._total = 0
+        self._clock = clock
+        self._kept = 0  # work items whose record this invocation keeps (not pending)
+        self._finished = 0  # results recorded by this invocation
+        self._started = 0.0
+        self._in_flight: Callable[[], int] | None = None
+        self._closing = False
 
     # -- redaction -------------------------------------------------------------------------
 
@@ -241,10 +265,28 @@ class UI:
 
     # -- progress --------------------------------------------------------------------------
 
-    def open_progress(self, total: int, counters: ProgressCounters) -> None:
-        """Open the progress display right before scheduling starts."""
+    def open_progress(
+        self,
+        total: int,
+        counters: ProgressCounters,
+        *,
+        pending: int | None = None,
+        in_flight: Callable[[], int] | None = None,
+    ) -> None:
+        """Open the progress display right before scheduling starts.
+
+        ``pending`` work items are dispatched now (default: those without a record); the rest
+        of ``total`` count as done from the start, so a resume or ``--retry-failed`` shows
+        ``kept + finished here`` out of ``total``. ``in_flight`` reads the rollouts running.
+        """
         self._counters = counters
         self._total = total
+        pending = total - counters.completed if pending is None else pending
+        self._kept = max(0, total - pending)
+        self._finished = 0
+        self._started = self._clock()
+        self._in_flight = in_flight
+        self._closing = False
         if not self.rich:
             return
         if self.tty:
@@ -253,51 +295,79 @@ class UI:
                 TextColumn("rollouts"),
                 BarColumn(),
                 MofNCompleteColumn(),
-                TextColumn("{task.fields[summary]}"),
+                _LiveText(self._summary),
                 TimeElapsedColumn(),
                 console=self.console,
                 transient=False,
             )
             self._progress.start()
-            self._task = self._progress.add_task(
-                "rollouts", total=total, completed=counters.completed, summary=self._summary()
-            )
+            self._task = self._progress.add_task("rollouts", total=total, completed=self._done)
         else:
             self._print(self._line(), style="dim")
 
+    @property
+    def _done(self) -> int:
+        return min(self._total, self._kept + self._finished)
+
     def _summary(self) -> str:
-        assert self._counters is not None
-        return f"pass {self._counters.pass_rate:.0%} · failed {self._counters.failed}"
+        """``pass P% · failed F[ · skipped S] · <rate> · ETA <t> · <n> in flight · <k> tokens``:
+        the rate and ETA once this invocation finished an item, in flight and ETA only while
+        running, ``stopped`` when the display closes before every item is done."""
+        counters = self._counters
+        if counters is None:
+            return ""
+        parts = [f"pass {counters.pass_rate:.0%}", f"failed {counters.failed}"]
+        if counters.skipped:
+            parts.append(f"skipped {counters.skipped}")
+        elapsed = self._clock() - self._started
+        rate = self._finished / elapsed if self._finished and elapsed > 0 else None
+        if rate is not None:
+            parts.append(f"{rate:.1f}/s" if rate >= 1 else f"{rate * 60:.1f}/min")
+        remaining = self._total - self._done
+        if not self._closing:
+            if rate is not None and remaining > 0:
+                parts.append(f"ETA {_clock_text(remaining / rate)}")
+            if self._in_flight is not None:
+                parts.append(f"{self._in_flight()} in flight")
+        if counters.tokens:
+            parts.append(f"{counters.tokens:,} tokens")
+        if self._closing and remaining > 0:
+            parts.append("stopped")
+        return " · ".join(parts)
 
     def _line(self) -> str:
-        assert self._counters is not None
-        return f"{self._counters.completed}/{self._total} {self._summary()}"
+        return f"{self._done}/{self._total} {self._summary()}"
 
     def progress_update(self, finished: str | None = None) -> None:
-        """Show the current counts; when not a terminal, one line per finished item, naming the
-        item (``finished``, for example ``row 3 run 0: success, reward 1``)."""
-        if self._counters is None or not self.rich:
+        """Count one result of this invocation (``finished`` names it, for example ``row 3 run
+        0: success, reward 1``) and show the counts; when not a terminal, one line per finished
+        item."""
+        if self._counters is None:
+            return
+        if finished is not None:
+            self._finished += 1
+        if not self.rich:
             return
         if self._progress is not None and self._task is not None:
-            self._progress.update(
-                self._task, completed=self._counters.completed, summary=self._summary()
-            )
+            self._progress.update(self._task, completed=self._done)
         elif finished is not None:
             self._print(f"{self._line()} · {finished}", style="dim")
         else:
             self._print(self._line(), style="dim")
 
     def close_progress(self) -> None:
-        """Close the live display (idempotent); unfinished bars are marked finished."""
+        """Close the live display (idempotent). Its last frame keeps the true count: after
+        Ctrl-C it shows ``k/N … stopped``, never a bar stretched to look complete."""
         if self._progress is not None:
+            self._closing = True
             if self._task is not None:
-                task = self._progress.tasks[0]
-                if not task.finished:
-                    self._progress.update(self._task, total=task.completed or 1)
+                self._progress.update(self._task, completed=self._done)
             self._progress.stop()
         self._progress = None
         self._task = None
         self._counters = None
+        self._in_flight = None
+        self._closing = False
 
     # -- the result ------------------------------------------------------------------------
 
@@ -342,6 +412,14 @@ class UI:
         envelope = {"schema_version": _SCHEMA_VERSION, "cli_version": CLI_VERSION, **body}
         self._out.write(json.dumps(envelope, ensure_ascii=False, allow_nan=False) + "\n")
         self._out.flush()
+
+
+def _clock_text(seconds: float) -> str:
+    """``0:42``, ``12:05``, ``1:02:03`` (an ETA, rounded up to the second)."""
+    total = int(-(-seconds // 1))
+    hours, rem = divmod(total, 3600)
+    minutes, secs = divmod(rem, 60)
+    return f"{hours}:{minutes:02d}:{secs:02d}" if hours else f"{minutes}:{secs:02d}"
 
 
 def _redact_obj(obj: Any, redact: Callable[[str], str]) -> Any:

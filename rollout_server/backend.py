@@ -63,16 +63,20 @@ def categorize_exception(exc: BaseException) -> RolloutErrorCategory:
     return RolloutErrorCategory.AGENT_ERROR
 
 
-def _bridge_message(body: str) -> str:
-    """The error text inside a bridge/provider error body (``{"error": {"message": …}}``), else
-    the body itself."""
+def _bridge_error(body: str) -> tuple[str, int | None]:
+    """The error text inside a bridge/provider error body (``{"error": {"message": …}}``, else
+    the body itself) and the provider's own status when the bridge reports one
+    (``upstream_status``: the rollout was answered 502 for a provider 5xx)."""
     try:
         doc = json.loads(body)
     except (ValueError, RecursionError):
-        return body[:_BRIDGE_MESSAGE_LIMIT]
+        return body[:_BRIDGE_MESSAGE_LIMIT], None
     error = doc.get("error") if isinstance(doc, dict) else None
     message = error.get("message") if isinstance(error, dict) else None
-    return (message if isinstance(message, str) else body)[:_BRIDGE_MESSAGE_LIMIT]
+    upstream = error.get("upstream_status") if isinstance(error, dict) else None
+    if not isinstance(upstream, int) or isinstance(upstream, bool):
+        upstream = None
+    return (message if isinstance(message, str) else body)[:_BRIDGE_MESSAGE_LIMIT], upstream
 
 
 def describe_exception(exc: BaseException, phase: str) -> dict[str, Any]:
@@ -87,7 +91,10 @@ def describe_exception(exc: BaseException, phase: str) -> dict[str, Any]:
     # ``rollout_server.chat`` function with the module (and a ChatError implies it is loaded).
     chat_error = getattr(sys.modules.get(f"{__package__}.chat"), "ChatError", None)
     if chat_error is not None and isinstance(exc, chat_error):
-        detail.update(phase="bridge", status=exc.status_code, message=_bridge_message(exc.body))
+        message, upstream = _bridge_error(exc.body)
+        detail.update(phase="bridge", status=upstream or exc.status_code, message=message)
+        if upstream is not None:
+            detail["bridge_status"] = exc.status_code
         return detail
     status = getattr(exc, "status_code", None)
     if isinstance(status, int) and not isinstance(status, bool):

@@ -1,13 +1,15 @@
 """The lock of a named run: one exclusive, non-blocking ``flock`` per name.
 
 The lock file lives outside the run directory, at ``<output_root>/.locks/<name>.lock``, so that
-a run directory can be removed or replaced while nobody holds its lock. The supervisor holds its
+a run directory can be removed or replaced while nobody holds its lock. A run that left
+nothing behind removes its lock file too (:meth:`RunLock.remove`). The supervisor holds its
 run's lock for the whole invocation; the orphan reaper takes the lock of every other run it
 touches, and a lock that is held means a live supervisor owns that run's children.
 """
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import fcntl
 import os
@@ -25,8 +27,21 @@ def lock_path(output_root: Path, name: str) -> Path:
     return Path(output_root) / ".locks" / f"{name}.lock"
 
 
+_REOPEN_ATTEMPTS = 8
+
+
+def _same_file(fd: int, path: Path) -> bool:
+    try:
+        found = os.stat(path)
+    except FileNotFoundError:
+        return False
+    held = os.fstat(fd)
+    return (found.st_dev, found.st_ino) == (held.st_dev, held.st_ino)
+
+
 class RunLock:
-    """The exclusive, non-blocking ``flock`` of a named run. Never deleted; released on close."""
+    """The exclusive, non-blocking ``flock`` of a named run, released on close. Deleted only by
+    :meth:`remove`, under the lock, when the run left no directory behind."""
 
     def __init__(self, path: Path, fd: int) -> None:
         self.path = path
@@ -41,15 +56,21 @@ class RunLock:
         """
         path = lock_path(output_root, name)
         ensure_dir(path.parent)
-        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except OSError as exc:
+        # A holder may delete the file (:meth:`remove`) while this one opens it: a lock on a
+        # file no longer at ``path`` guards nothing, so open the new file and try again.
+        for _ in range(_REOPEN_ATTEMPTS):
+            fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except OSError as exc:
+                os.close(fd)
+                if exc.errno in (errno.EAGAIN, errno.EACCES, errno.EWOULDBLOCK):
+                    return None
+                raise
+            if _same_file(fd, path):
+                return cls(path, fd)
             os.close(fd)
-            if exc.errno in (errno.EAGAIN, errno.EACCES, errno.EWOULDBLOCK):
-                return None
-            raise
-        return cls(path, fd)
+        return None
 
     @classmethod
     def acquire(
@@ -63,6 +84,14 @@ class RunLock:
                 "Wait for it to finish, or use a different --name."
             )
         return lock
+
+    def remove(self) -> None:
+        """Delete the lock file, then release: for a run that left nothing behind. A process
+        that opened the file before the delete sees it gone after its ``flock`` and retries."""
+        if self._fd >= 0:
+            with contextlib.suppress(FileNotFoundError):
+                self.path.unlink()
+        self.release()
 
     def release(self) -> None:
         """Unlock and close (idempotent)."""

@@ -124,9 +124,13 @@ class LiveCounters:
     failed: int = 0
     succeeded: int = 0
     passed: int = 0
+    tokens: int = 0
+    """Model-call tokens of the latest records (skipped ones included, as ``tokens_used``)."""
 
-    def _delta(self, status: str, reward: Any, sign: int) -> None:
+    def _delta(self, status: str, reward: Any, tokens: int | None, sign: int) -> None:
         self.completed += sign
+        if isinstance(tokens, int) and not isinstance(tokens, bool):
+            self.tokens += sign * tokens
         if status == "skipped":
             self.skipped += sign
             return
@@ -137,11 +141,20 @@ class LiveCounters:
         if _numeric(reward) and reward >= self.pass_threshold:
             self.passed += sign
 
-    def apply(self, status: str, reward: Any, previous: tuple[str, Any] | None = None) -> None:
-        """Count a new latest record, removing the superseded ``(status, reward)`` if any."""
+    def apply(
+        self,
+        status: str,
+        reward: Any,
+        previous: tuple[str, Any] | tuple[str, Any, int | None] | None = None,
+        *,
+        tokens: int | None = None,
+    ) -> None:
+        """Count a new latest record, removing the superseded ``(status, reward[, tokens])`` if
+        any; ``tokens`` is the new record's ``tokens`` field."""
         if previous is not None:
-            self._delta(previous[0], previous[1], -1)
-        self._delta(status, reward, +1)
+            old_tokens = previous[2] if len(previous) == 3 else None
+            self._delta(previous[0], previous[1], old_tokens, -1)
+        self._delta(status, reward, tokens, +1)
 
     @property
     def pass_rate(self) -> float:

@@ -130,7 +130,12 @@ async def test_upstream_5xx_becomes_502(
     handle = await start_bridge(retry=NO_RETRY)  # the final answer, not the retries
     response = await call(handle, {"messages": HI})
     assert response.status_code == 502
-    assert response.json()["error"] == {"message": message, "type": "bridge_error", "code": 502}
+    assert response.json()["error"] == {
+        "message": message,
+        "type": "bridge_error",
+        "code": 502,
+        "upstream_status": status,  # what the provider answered, for the run's failure reason
+    }
     assert len(scripted.requests) == 1
 
 

@@ -214,6 +214,7 @@ async def test_error_status_in_stream_mode(start_bridge: StartBridge, scripted: 
         "message": '{"error":{"message":"boom"}}',
         "type": "bridge_error",
         "code": 502,
+        "upstream_status": 500,
     }
     assert handle.ledger.pop("r1") is None
 

@@ -79,3 +79,31 @@ async def test_a_model_endpoint_error_is_a_bridge_failure_with_its_status(
         }
         await client.aclose()
         running.force_stop()
+
+
+def test_a_provider_5xx_keeps_the_providers_status() -> None:
+    """The bridge answers 502 for a provider 5xx and says what the provider answered; the
+    failure reason keeps the provider's status and the bridge's message."""
+    from rollout_server.backend import describe_exception
+    from rollout_server.chat import ChatError
+
+    body = json.dumps(
+        {
+            "error": {
+                "message": "overloaded",
+                "type": "bridge_error",
+                "code": 502,
+                "upstream_status": 503,
+            }
+        }
+    )
+    detail = describe_exception(ChatError(502, body, "http://127.0.0.1:1/v1"), "agent")
+    assert detail == {
+        "phase": "bridge",
+        "type": "ChatError",
+        "status": 503,
+        "bridge_status": 502,
+        "message": "overloaded",
+    }
+    plain = describe_exception(ChatError(401, '{"error":{"message":"no"}}', "u"), "agent")
+    assert plain["status"] == 401 and "bridge_status" not in plain
