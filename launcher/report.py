@@ -8,7 +8,7 @@ next-step commands and the ``resource`` object of the ``--json`` envelope (docs/
 from __future__ import annotations
 
 import shlex
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
@@ -21,11 +21,13 @@ __all__ = [
     "FailedItem",
     "RerunCommand",
     "RunFacts",
+    "complete_duration",
     "count_statuses",
     "describe",
     "failed_row_lines",
     "format_duration_ms",
     "next_steps",
+    "pending_line",
     "result_resource",
     "results_rows",
     "row_sections",
@@ -137,9 +139,10 @@ def results_rows(
     total: int,
     recorded: int,
     counts: Counts,
-    duration_ms: float,
+    duration_ms: float | str,
 ) -> list[tuple[str, str]]:
-    """The rows of the results table (§10.3)."""
+    """The rows of the results table (§10.3); a ``duration_ms`` string is shown as it is (see
+    :func:`complete_duration`)."""
     items = f"{recorded}/{total} complete · {counts.succeeded} ok · {counts.failed} failed"
     if counts.skipped:
         items += f" · {counts.skipped} skipped"
@@ -166,7 +169,8 @@ def results_rows(
     if isinstance(points, list) and points:
         rows.append(("pass@k", " · ".join(f"k={pt['k']} {pt['value']:.2f}" for pt in points)))
     rows.append(("Tokens Used", f"{int(summary.get('tokens_used', 0)):,}"))
-    rows.append(("Duration", format_duration_ms(duration_ms)))
+    duration = duration_ms if isinstance(duration_ms, str) else format_duration_ms(duration_ms)
+    rows.append(("Duration", duration))
     rows.append(("Output", output))
     return rows
 
@@ -255,6 +259,28 @@ def result_resource(
         ],
         "workspace_directory": str(facts.workspace_root),
     }
+
+
+def pending_line(name: str, pending: int, total: int, recorded: int) -> str:
+    """The stage line before dispatch (§4.6); with ``--retry-failed`` it also says how many
+    recorded results are kept and how many are re-run (recorded items that are pending)."""
+    line = f"{name}: {pending} of {total} work items pending"
+    if recorded:
+        line += f", {recorded} already recorded"
+    rerun = pending - (total - recorded)
+    if rerun > 0:
+        line += f" ({recorded - rerun} kept, {rerun} to re-run)"
+    return line
+
+
+def complete_duration(metrics: Mapping[str, Any]) -> str:
+    """The Duration cell of an already-complete run: nothing ran now, so it names how long the
+    invocation that finished the run took (``metrics.json`` ``eval_run.duration_ms``)."""
+    eval_run = metrics.get("eval_run")
+    ms = eval_run.get("duration_ms") if isinstance(eval_run, Mapping) else None
+    if isinstance(ms, int | float) and not isinstance(ms, bool) and ms > 0:
+        return f"{format_duration_ms(ms)} when it ran (already complete, nothing ran now)"
+    return "already complete, nothing ran now"
 
 
 def format_duration_ms(ms: float) -> str:

@@ -30,18 +30,21 @@ from launcher.report import (
     Counts,
     FailedItem,
     RunFacts,
+    complete_duration,
     count_statuses,
     next_steps,
+    pending_line,
     result_resource,
     results_rows,
     row_sections,
 )
 from launcher.rundir import FinalizeResult, RunDirectory, RunLock
+from launcher.rundir.discard import DiscardIfEmpty
 from launcher.rundir.journal import TerminalRecord, WorkKey
 from launcher.rundir.manifest import build_inputs, build_provenance, read_manifest
 from launcher.rundir.metrics import aggregate_metrics
 from launcher.rundir.names import generate_run_name
-from launcher.rundir.peek import peek_complete, read_summary
+from launcher.rundir.peek import peek_complete, read_metrics, read_summary
 from launcher.services import RunContext, Services, open_services
 from launcher.signals import EXIT_INTERRUPTED, Interrupts, watch_signals
 from launcher.ui import CLI_VERSION, UI
@@ -158,7 +161,8 @@ class Supervisor:
             self.ui.note(reaped.note())
         name = request.name or generate_run_name(p.output_root)
         lock = RunLock.acquire(p.output_root, name, command=COMMAND)
-        try:
+        # A run that fails before its first record leaves no directory and no lock behind.
+        with lock, DiscardIfEmpty(p.output_root / name, lock, request.name is None, p.display):
             run_dir = p.output_root / name
             if run_dir.is_dir() and not run_dir.is_symlink():
                 for reaped in await reap_run_dir(run_dir, hurry=hurry):
@@ -179,8 +183,6 @@ class Supervisor:
             if done is not None:
                 return await self._already_complete(name, run_dir, done)
             return await self._run_open(name, inputs, request)
-        finally:
-            lock.release()
 
     async def _run_open(self, name: str, inputs: dict[str, Any], request: _Request) -> int:
         p = self.prepared
@@ -212,10 +214,8 @@ class Supervisor:
         p = self.prepared
         total = p.meta.total_work_items
         pending = rd.pending_items(p.selection.rows, p.spec.n, request.retry_failed)
-        recorded = rd.recorded_count
-        suffix = f", {recorded} already recorded" if recorded else ""
         if pending:
-            self.stage(f"{rd.name}: {len(pending)} of {total} work items pending{suffix}")
+            self.stage(pending_line(rd.name, len(pending), total, rd.recorded_count))
             await self._confirm(len(pending))
         else:
             self.stage(f"{rd.name}: all {total} work items already have results", step="resume")
@@ -300,7 +300,8 @@ class Supervisor:
             self.stage(
                 f"running {len(pending)} work items, up to {workers} in flight", step="schedule"
             )
-            self.ui.open_progress(self.prepared.meta.total_work_items, rd.counters)
+            total = self.prepared.meta.total_work_items
+            self.ui.open_progress(total, rd.counters, len(pending), lambda: limit.in_flight)
             try:
                 async with trio.open_nursery() as watchers:
                     watchers.start_soon(
@@ -324,7 +325,7 @@ class Supervisor:
         *,
         title: str,
         recorded: int,
-        duration_ms: float,
+        duration_ms: float | str,
         counts: Counts,
     ) -> None:
         p = self.prepared
@@ -370,7 +371,7 @@ class Supervisor:
             failed,
             title="Results",
             recorded=len(latest),
-            duration_ms=0.0,
+            duration_ms=complete_duration(read_metrics(run_dir)),
             counts=counts,
         )
         try:

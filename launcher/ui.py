@@ -269,7 +269,6 @@ class UI:
         self,
         total: int,
         counters: ProgressCounters,
-        *,
         pending: int | None = None,
         in_flight: Callable[[], int] | None = None,
     ) -> None:

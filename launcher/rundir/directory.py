@@ -174,7 +174,7 @@ class RunDirectory:
         self.counters = LiveCounters(pass_threshold=meta.pass_threshold)
         for key, record in journal.latest.items():
             if key in self._expected:
-                self.counters.apply(record.status, record.reward)
+                self.counters.apply(record.status, record.reward, tokens=record.tokens)
         self._projection_lock = trio.Lock()
         self._journal_failure: WriteFailure | None = None
         self._other_failure: WriteFailure | None = None
@@ -361,8 +361,10 @@ class RunDirectory:
             raise
         self._fresh.add(record.key)
         if record.key in self._expected:
-            prev = (previous.status, previous.reward) if previous is not None else None
-            self.counters.apply(record.status, record.reward, prev)
+            prev = (
+                (previous.status, previous.reward, previous.tokens) if previous is not None else None
+            )
+            self.counters.apply(record.status, record.reward, prev, tokens=record.tokens)
         warnings: list[tuple[str, dict[str, Any]]] = []
         # The rollout server writes the trajectory before it publishes the result, so the
         # first look almost always finds it: that look and the projection share one thread
