@@ -165,7 +165,14 @@ class RunSink:
         """Complete and redact ``record.error``, journal the record, log a failure's reason."""
         if record.error is not None:
             record.error = await self._reason(record, record.error)
-        await self._run_dir.record_result(record, wait_for_trajectory=has_sample)
+        try:
+            await self._run_dir.record_result(record, wait_for_trajectory=has_sample)
+        finally:
+            # The result counts once journaled; a Ctrl-C during the projection work after
+            # that must not leave the progress display one short of the journal.
+            committed = self._run_dir.journal.latest.get(record.key)
+            if committed is not None and committed.rollout_id == record.rollout_id:
+                self._progress(describe(record))
         if record.status == "failed" and record.error is not None:
             self._log(
                 "WARNING",
@@ -179,7 +186,6 @@ class RunSink:
                     "run_index": record.run_index,
                 },
             )
-        self._progress(describe(record))
 
     async def _reason(self, record: TerminalRecord, error: ErrorInfo) -> ErrorInfo:
         """``error`` with what the rollout server wrote about it in ``diagnostics.json`` (not
