@@ -92,5 +92,8 @@ async def test_confirmation_progress_bar_and_new_run_offer(
     assert await term.finish() == 0, term.screen
     assert "Cancelled." in term.screen
     assert journal(run_dir(workspace, "tty")) == original
-    runs = [p.name for p in (workspace / ".osmosis" / "evals").iterdir() if p.name != ".locks"]
-    assert len(runs) == 2
+    # The declined new run recorded nothing, so it leaves no directory and no lock behind.
+    evals = workspace / ".osmosis" / "evals"
+    runs = [p.name for p in evals.iterdir() if not p.name.startswith(".")]
+    assert runs == ["tty"]
+    assert [p.name for p in (evals / ".locks").iterdir()] == ["tty.lock"]
