@@ -17,10 +17,10 @@ import traceback
 import click
 
 from bridge.cli import bridge as bridge_group
+from launcher.cli_ui import ambient_redactor
 from launcher.errors import CLIError
 from launcher.export import eval_export
 from launcher.init import eval_init
-from launcher.redact import Redactor
 from launcher.reporting.cli import eval_diff, eval_report
 from launcher.rubric.cli import eval_rubric
 from launcher.runs import eval_clean, eval_list
@@ -106,7 +106,7 @@ def eval_run(ctx: click.Context, /, config: str, **flags: object) -> None:
         bool(flags.pop("plain")) or obj.get("plain", False),
     )
     options = EvalOptions(config=config, **flags)  # type: ignore[arg-type]
-    ui = UI(mode, verbose=options.verbose, redact=_ambient_redactor())
+    ui = UI(mode, verbose=options.verbose, redact=ambient_redactor())
     ctx.obj["ui"] = ui
     ctx.exit(run_eval(options, ui))
 
@@ -133,16 +133,9 @@ def _register_daemon() -> None:
 _register_daemon()
 
 
-def _ambient_redactor() -> Redactor:
-    """Redacts known provider keys from the environment, before any config is read."""
-    redactor = Redactor()
-    redactor.add_known_env(os.environ)
-    return redactor
-
-
 def _fallback_ui(argv: list[str]) -> UI:
     mode: OutputMode = "json" if "--json" in argv else "plain" if "--plain" in argv else "rich"
-    return UI(mode, redact=_ambient_redactor())
+    return UI(mode, redact=ambient_redactor())
 
 
 def main(argv: list[str] | None = None) -> None:

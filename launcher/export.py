@@ -309,8 +309,8 @@ def eval_export(
     plain: bool,
 ) -> None:
     """Export RUN (a run name or directory): one row per rollout with its chat messages."""
-    from launcher.runs import command_ui
+    from launcher.cli_ui import command_ui
 
-    ui = command_ui(ctx, json_output, plain)
+    ui = command_ui(ctx.obj, json_output, plain)
     cwd = Path.cwd()
     ctx.exit(export_command(ui, _run_dir(run, output_root, cwd), fmt=fmt, output=output, cwd=cwd))

@@ -25,6 +25,7 @@ from typing import Any, Literal
 
 import click
 
+from launcher.cli_ui import command_ui
 from launcher.errors import LocalEvalError
 from launcher.ui import UI
 
@@ -325,23 +326,6 @@ def clean_command(ui: UI, root: Path, cwd: Path, *, yes: bool) -> int:
     return 0
 
 
-def command_ui(ctx: click.Context, json_flag: bool, plain_flag: bool) -> UI:
-    """The UI of a command, in the mode its flags or the group's flags ask for."""
-    from launcher.redact import Redactor
-
-    obj = ctx.obj if isinstance(ctx.obj, dict) else {}
-    json_mode = json_flag or obj.get("json")
-    mode: Literal["json", "plain", "rich"] = (
-        "json" if json_mode else "plain" if plain_flag or obj.get("plain") else "rich"
-    )
-    redactor = Redactor()
-    redactor.add_known_env(os.environ)
-    ui = UI(mode, redact=redactor)
-    if isinstance(ctx.obj, dict):
-        ctx.obj["ui"] = ui
-    return ui
-
-
 _output = click.option(
     "-o", "--output", default=None, help="Output root (default <workspace>/.osmosis/evals)."
 )
@@ -356,7 +340,7 @@ _plain = click.option("--plain", is_flag=True, help="Plain text: one tab-separat
 @click.pass_context
 def eval_list(ctx: click.Context, /, output: str | None, json_output: bool, plain: bool) -> None:
     """List the local runs: name, status, done/total, pass rate, model, started, path."""
-    ui = command_ui(ctx, json_output, plain)
+    ui = command_ui(ctx.obj, json_output, plain)
     cwd = Path.cwd()
     ctx.exit(list_command(ui, output_root(output, cwd), cwd))
 
@@ -371,6 +355,6 @@ def eval_clean(
     ctx: click.Context, /, output: str | None, yes: bool, json_output: bool, plain: bool
 ) -> None:
     """Remove runs with nothing recorded (and lock files without a run), after confirmation."""
-    ui = command_ui(ctx, json_output, plain)
+    ui = command_ui(ctx.obj, json_output, plain)
     cwd = Path.cwd()
     ctx.exit(clean_command(ui, output_root(output, cwd), cwd, yes=yes))

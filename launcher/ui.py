@@ -34,7 +34,13 @@ from rich.text import Text
 
 from rollout_server.protocol import sdk_version
 
-__all__ = ["CLI_VERSION", "UI", "OutputMode", "ProgressCounters", "RedactingStream"]
+__all__ = [
+    "CLI_VERSION",
+    "UI",
+    "OutputMode",
+    "ProgressCounters",
+    "RedactingStream",
+]
 
 OutputMode = Literal["rich", "plain", "json"]
 

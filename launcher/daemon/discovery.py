@@ -10,7 +10,6 @@ discovery file is written 0600 after the listeners are bound; a client trusts it
 from __future__ import annotations
 
 import errno
-import fcntl
 import hashlib
 import json
 import os
@@ -21,6 +20,7 @@ from typing import Any
 
 from launcher.process import start_token
 from launcher.rundir.atomic import DIR_MODE, atomic_write_json, ensure_dir
+from launcher.rundir.lock import try_flock
 
 __all__ = [
     "DaemonInfo",
@@ -90,15 +90,8 @@ class DaemonLock:
         """Take the lock, or None when another daemon holds it."""
         path = osmosis_dir(workspace) / "daemon.lock"
         ensure_dir(path.parent)
-        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except OSError as exc:
-            os.close(fd)
-            if exc.errno in (errno.EAGAIN, errno.EACCES, errno.EWOULDBLOCK):
-                return None
-            raise
-        return cls(fd)
+        fd = try_flock(path)
+        return cls(fd) if fd is not None else None
 
     def release(self) -> None:
         """Unlock (idempotent)."""

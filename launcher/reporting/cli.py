@@ -6,32 +6,13 @@ each command so ``rollbridge --help`` stays fast.
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 import click
 
-from launcher.redact import Redactor
-from launcher.ui import UI, OutputMode
+from launcher.cli_ui import command_ui
 
 __all__ = ["eval_diff", "eval_report"]
-
-
-def _ui(ctx: click.Context, json_flag: bool, plain_flag: bool) -> UI:
-    obj = ctx.obj if isinstance(ctx.obj, dict) else {}
-    mode: OutputMode = (
-        "json"
-        if json_flag or obj.get("json")
-        else "plain"
-        if plain_flag or obj.get("plain")
-        else "rich"
-    )
-    redactor = Redactor()
-    redactor.add_known_env(os.environ)
-    ui = UI(mode, redact=redactor)
-    if isinstance(ctx.obj, dict):
-        ctx.obj["ui"] = ui
-    return ui
 
 
 _workspace = click.option(
@@ -69,7 +50,7 @@ def eval_report(
     """Write one self-contained HTML page for RUN (a run name or a run directory)."""
     from launcher.reporting.commands import RunLocator, report_command
 
-    ui = _ui(ctx, json_output, plain)
+    ui = command_ui(ctx.obj, json_output, plain)
     locator = RunLocator(cwd=Path.cwd(), workspace=workspace, output_root=output_root)
     ctx.exit(
         report_command(ui, locator, run, output=output, open_browser=open_browser, watch=watch)
@@ -99,6 +80,6 @@ def eval_diff(
     """Compare RUN_B against RUN_A item by item (same dataset and rows required)."""
     from launcher.reporting.commands import RunLocator, diff_command
 
-    ui = _ui(ctx, json_output, plain)
+    ui = command_ui(ctx.obj, json_output, plain)
     locator = RunLocator(cwd=Path.cwd(), workspace=workspace, output_root=output_root)
     ctx.exit(diff_command(ui, locator, run_a, run_b, output=output))

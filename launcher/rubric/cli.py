@@ -3,8 +3,6 @@ imported only when the command runs)."""
 
 from __future__ import annotations
 
-import os
-
 import click
 
 __all__ = ["eval_rubric"]
@@ -32,16 +30,10 @@ __all__ = ["eval_rubric"]
 @click.pass_context
 def eval_rubric(ctx: click.Context, /, json_output: bool, plain: bool, **flags: object) -> None:
     """Score conversations (-d) or a run's rollouts (--run) with an LLM judge."""
-    from launcher.redact import Redactor
+    from launcher.cli_ui import ambient_redactor, command_ui
     from launcher.rubric.command import RubricOptions, run_rubric
-    from launcher.ui import UI
 
-    obj = ctx.obj if isinstance(ctx.obj, dict) else {}
-    json_mode = json_output or bool(obj.get("json"))
-    plain_mode = plain or bool(obj.get("plain"))
-    redactor = Redactor()
-    redactor.add_known_env(os.environ)
-    ui = UI("json" if json_mode else "plain" if plain_mode else "rich", redact=redactor)
-    obj["ui"] = ui
+    redactor = ambient_redactor()
+    ui = command_ui(ctx.obj, json_output, plain, redactor=redactor)
     options = RubricOptions(**flags)  # type: ignore[arg-type]
     ctx.exit(run_rubric(options, ui, redactor))

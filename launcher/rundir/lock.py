@@ -19,7 +19,7 @@ from types import TracebackType
 from launcher.errors import ConflictError
 from launcher.rundir.atomic import ensure_dir
 
-__all__ = ["RunLock", "lock_path"]
+__all__ = ["RunLock", "lock_path", "try_flock"]
 
 
 def lock_path(output_root: Path, name: str) -> Path:
@@ -37,6 +37,21 @@ def _same_file(fd: int, path: Path) -> bool:
         return False
     held = os.fstat(fd)
     return (found.st_dev, found.st_ino) == (held.st_dev, held.st_ino)
+
+
+def try_flock(path: Path) -> int | None:
+    """Open (creating, 0600) and take an exclusive non-blocking ``flock`` on ``path``: the open
+    descriptor, or None when another process holds it. The kernel releases the lock when the
+    holder dies; other errors raise :class:`OSError`."""
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError as exc:
+        os.close(fd)
+        if exc.errno in (errno.EAGAIN, errno.EACCES, errno.EWOULDBLOCK):
+            return None
+        raise
+    return fd
 
 
 class RunLock:
@@ -59,14 +74,9 @@ class RunLock:
         # A holder may delete the file (:meth:`remove`) while this one opens it: a lock on a
         # file no longer at ``path`` guards nothing, so open the new file and try again.
         for _ in range(_REOPEN_ATTEMPTS):
-            fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
-            try:
-                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            except OSError as exc:
-                os.close(fd)
-                if exc.errno in (errno.EAGAIN, errno.EACCES, errno.EWOULDBLOCK):
-                    return None
-                raise
+            fd = try_flock(path)
+            if fd is None:
+                return None
             if _same_file(fd, path):
                 return cls(path, fd)
             os.close(fd)
