@@ -28,6 +28,7 @@ from bridge.policy import (
     parse_body,
     valid_rollout_id,
 )
+from bridge.probe import PROBE_PREFIX, ProbeKey, valid_nonce
 from rollout_server.net.asgi import (
     ASGIFramework,
     ASGIReceiveCallable,
@@ -256,14 +257,30 @@ def _daemon_routes(app: QuartTrio, bridge: Bridge, token: str) -> None:
         return Response(dumps(_usage_doc(bridge)), content_type="application/json")
 
 
+def _probe_route(app: QuartTrio, probe: ProbeKey) -> None:
+    """The sandbox probe's answer; no bearer (bridge.probe says why)."""
+
+    async def probe_answer(nonce: str) -> Response:
+        if not valid_nonce(nonce):
+            return _detail(400, "invalid probe nonce")
+        return Response(
+            dumps({"rollbridge_probe": probe.answer(nonce)}), content_type="application/json"
+        )
+
+    app.add_url_rule(PROBE_PREFIX + "<nonce>", "sandbox_probe", probe_answer, methods=["GET"])
+
+
 def create_app(
     bridge: Bridge,
     *,
     token: str,
     plain_chat_route: bool,
     max_body: int = MAX_BODY_BYTES,
+    probe: ProbeKey | None = None,
 ) -> BufferedBody:
-    """The ASGI app serving ``bridge`` (whose ``keepalive`` mode may be switched while serving)."""
+    """The ASGI app serving ``bridge`` (whose ``keepalive`` mode may be switched while serving).
+
+    With ``probe``, ``GET /v1/rollbridge/probe/<nonce>`` answers sandbox probes (bridge.probe)."""
     app = QuartTrio("rollbridge-bridge")
     # Quart's defaults cut long answers (docs/hazards.md #5): a streamed or trickled answer may run
     # as long as the provider takes, and the body is already read by BufferedBody.
@@ -288,6 +305,8 @@ def create_app(
     if plain_chat_route:
         app.add_url_rule("/v1/chat/completions", "plain_chat", declared_only, methods=["POST"])
         _daemon_routes(app, bridge, token)
+    if probe is not None:
+        _probe_route(app, probe)
 
     @app.errorhandler(404)
     async def not_found(_: Exception) -> Response:

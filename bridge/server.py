@@ -13,6 +13,7 @@ import trio
 
 from bridge.errors import BridgeBindError
 from bridge.policy import MAX_BODY_BYTES
+from bridge.probe import ProbeKey
 from bridge.upstreams.routing import OFFLINE_MODEL
 
 if TYPE_CHECKING:
@@ -72,13 +73,21 @@ def rollout_url(base: str, rollout_id: str) -> str:
 class BridgeHandle:
     """What a running bridge reports to whoever started it."""
 
-    def __init__(self, base_url: str, port: int, bridge: Bridge) -> None:
+    def __init__(
+        self, base_url: str, port: int, bridge: Bridge, probe: ProbeKey | None = None
+    ) -> None:
         self.base_url = base_url
         """``http://127.0.0.1:<port>``, no trailing slash."""
         self.port = port
         self.ledger = bridge.ledger
         """Usage per rollout id; pop a rollout's totals when its result arrives."""
         self._bridge = bridge
+        self._probe = probe or ProbeKey()
+
+    def probe_answer(self, nonce: str) -> str:
+        """What ``GET /v1/rollbridge/probe/<nonce>`` answers in ``rollbridge_probe``
+        (bridge.probe); raises ``ValueError`` for an invalid nonce."""
+        return self._probe.answer(nonce)
 
     @property
     def keepalive(self) -> bool:
@@ -139,7 +148,7 @@ async def run_bridge(
         from bridge.handler import Bridge, Timing
         from bridge.upstreams import make_upstream
         from bridge.upstreams.direct import new_client
-        from rollout_server.net.httpserve import CoalescingConfig, install_write_coalescing
+        from rollout_server.net.httpserve import LeanConfig, install_write_coalescing
 
         client = new_client()
         try:
@@ -158,14 +167,16 @@ async def run_bridge(
                     keepalive=config.keepalive,
                     retry=config.retry,
                 )
+                probe = ProbeKey()
                 app = create_app(
                     bridge,
                     token=config.token,
                     plain_chat_route=config.plain_chat_route,
                     max_body=config.max_body_bytes,
+                    probe=probe,
                 )
                 install_write_coalescing()
-                hyper = CoalescingConfig()
+                hyper = LeanConfig()
                 hyper.accesslog = None
                 hyper.errorlog = None
                 hyper.keep_alive_timeout = 75.0
@@ -180,7 +191,7 @@ async def run_bridge(
                 )
                 base_url, port = _base_url(sock)
                 bridge.log("info", f"LLM bridge listening on {base_url} for model {config.model}")
-                task_status.started(BridgeHandle(base_url, port, bridge))
+                task_status.started(BridgeHandle(base_url, port, bridge, probe))
         finally:
             with trio.CancelScope(shield=True):
                 await client.aclose()

@@ -10,27 +10,74 @@ stderr.
 
 from __future__ import annotations
 
+import importlib
 import os
 import sys
-import traceback
+from typing import TYPE_CHECKING, Any
 
 import click
 
-from bridge.cli import bridge as bridge_group
-from launcher.cli_ui import ambient_redactor
-from launcher.errors import CLIError
-from launcher.export import eval_export
-from launcher.init import eval_init
-from launcher.reporting.cli import eval_diff, eval_report
-from launcher.rubric.cli import eval_rubric
-from launcher.runs import eval_clean, eval_list
-from launcher.signals import EXIT_INTERRUPTED
-from launcher.ui import CLI_VERSION, UI, OutputMode
+from launcher.errors import EXIT_INTERRUPTED, CLIError
+
+if TYPE_CHECKING:
+    from launcher.ui import UI, OutputMode
 
 __all__ = ["EXIT_INTERRUPTED", "EXIT_USAGE", "cli", "main"]
 
 #: Exit code of a usage error (click's own convention).
 EXIT_USAGE = 2
+
+
+class _LazyGroup(click.Group):
+    """A group whose subcommands from other modules are imported only when one is used.
+
+    ``lazy`` maps a name to ``("module:attribute", help)``, where ``help`` is the command's
+    docstring up to its first blank line: ``--help`` lists the group from it, so that printing
+    help imports click and nothing else (``tests/launcher/test_cli_lazy.py`` checks that the
+    listing matches the commands' own)."""
+
+    def __init__(self, *args: Any, lazy: dict[str, tuple[str, str]], **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.lazy = lazy
+
+    def list_commands(self, ctx: click.Context) -> list[str]:
+        return sorted({*super().list_commands(ctx), *self.lazy})
+
+    def get_command(self, ctx: click.Context, cmd_name: str) -> click.Command | None:
+        if cmd_name not in self.commands and cmd_name in self.lazy:
+            module, _, attribute = self.lazy[cmd_name][0].partition(":")
+            self.add_command(getattr(importlib.import_module(module), attribute), cmd_name)
+        return super().get_command(ctx, cmd_name)
+
+    def format_commands(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
+        names = [
+            name
+            for name in self.list_commands(ctx)
+            if name not in self.commands or not self.commands[name].hidden
+        ]
+        if not names:
+            return
+        limit = formatter.width - 6 - max(map(len, names))
+        rows = [
+            (
+                name,
+                self.commands[name].get_short_help_str(limit)
+                if name in self.commands
+                else click.Command(name, help=self.lazy[name][1]).get_short_help_str(limit),
+            )
+            for name in names
+        ]
+        with formatter.section("Commands"):
+            formatter.write_dl(rows)
+
+
+def _show_version(ctx: click.Context, _param: click.Parameter, value: bool) -> None:
+    if not value or ctx.resilient_parsing:
+        return
+    from rollout_server.protocol import sdk_version
+
+    click.echo(f"rollbridge {sdk_version()}")
+    ctx.exit()
 
 
 def _mode(json_flag: bool, plain_flag: bool) -> OutputMode:
@@ -41,9 +88,32 @@ def _mode(json_flag: bool, plain_flag: bool) -> OutputMode:
     return "rich"
 
 
-@click.group(context_settings={"help_option_names": ["-h", "--help"]})
-@click.version_option(
-    CLI_VERSION, "--version", prog_name="rollbridge", message="%(prog)s %(version)s"
+@click.group(
+    cls=_LazyGroup,
+    context_settings={"help_option_names": ["-h", "--help"]},
+    lazy={
+        "bridge": ("bridge.cli:bridge", "Run the model bridge on its own."),
+        "ctl": (
+            "launcher.ctl:ctl",
+            "Drive the workspace daemon: start, list, watch, cancel and inspect runs.",
+        ),
+        "daemon": (
+            "launcher.daemon.command:daemon_command",
+            "Serve the workspace's control API (docs/daemon.md) until SIGINT or SIGTERM.",
+        ),
+        "init": (
+            "launcher.init:eval_init",
+            "Create a workspace in DIRECTORY that `rollbridge eval run` can run at once.",
+        ),
+    },
+)
+@click.option(
+    "--version",
+    is_flag=True,
+    expose_value=False,
+    is_eager=True,
+    callback=_show_version,
+    help="Show the version and exit.",
 )
 @click.option("--json", "json_output", is_flag=True, help="Print one JSON result envelope.")
 @click.option("--plain", is_flag=True, help="Plain text output: result and next steps only.")
@@ -55,7 +125,36 @@ def cli(ctx: click.Context, json_output: bool, plain: bool) -> None:
     ctx.obj["plain"] = plain
 
 
-@cli.group("eval")
+@cli.group(
+    "eval",
+    cls=_LazyGroup,
+    lazy={
+        "clean": (
+            "launcher.runs:eval_clean",
+            "Remove runs with nothing recorded (and lock files without a run), after confirmation.",
+        ),
+        "diff": (
+            "launcher.reporting.cli:eval_diff",
+            "Compare RUN_B against RUN_A item by item (same dataset and rows required).",
+        ),
+        "export": (
+            "launcher.export:eval_export",
+            "Export RUN (a run name or directory): one row per rollout with its chat messages.",
+        ),
+        "list": (
+            "launcher.runs:eval_list",
+            "List the local runs: name, status, done/total, pass rate, model, started, path.",
+        ),
+        "report": (
+            "launcher.reporting.cli:eval_report",
+            "Write one self-contained HTML page for RUN (a run name or a run directory).",
+        ),
+        "rubric": (
+            "launcher.rubric.cli:eval_rubric",
+            "Score conversations (-d) or a run's rollouts (--run) with an LLM judge.",
+        ),
+    },
+)
 def eval_group() -> None:
     """Local evaluations."""
 
@@ -98,7 +197,9 @@ def eval_group() -> None:
 @click.pass_context
 def eval_run(ctx: click.Context, /, config: str, **flags: object) -> None:
     """Evaluate the rollout of CONFIG (a TOML file under configs/eval/) on its dataset."""
+    from launcher.cli_ui import ambient_redactor
     from launcher.supervisor import EvalOptions, run_eval
+    from launcher.ui import UI
 
     obj = ctx.obj or {}
     mode = _mode(
@@ -111,29 +212,14 @@ def eval_run(ctx: click.Context, /, config: str, **flags: object) -> None:
     ctx.exit(run_eval(options, ui))
 
 
-eval_group.add_command(eval_report)
-eval_group.add_command(eval_diff)
-eval_group.add_command(eval_rubric, "rubric")
-eval_group.add_command(eval_list)
-eval_group.add_command(eval_clean)
-eval_group.add_command(eval_export)
-cli.add_command(eval_init)
-cli.add_command(bridge_group, "bridge")
+def _ui(obj: dict[str, object], argv: list[str]) -> UI:
+    """The UI the command left in ``obj``, else one for the output flags in ``argv``."""
+    from launcher.cli_ui import ambient_redactor
+    from launcher.ui import UI
 
-
-def _register_daemon() -> None:
-    # launcher.daemon.command and launcher.ctl import only click at the top: help stays fast.
-    from launcher.ctl import ctl
-    from launcher.daemon.command import daemon_command
-
-    cli.add_command(daemon_command, "daemon")
-    cli.add_command(ctl, "ctl")
-
-
-_register_daemon()
-
-
-def _fallback_ui(argv: list[str]) -> UI:
+    ui = obj.get("ui")
+    if isinstance(ui, UI):
+        return ui
     mode: OutputMode = "json" if "--json" in argv else "plain" if "--plain" in argv else "rich"
     return UI(mode, redact=ambient_redactor())
 
@@ -153,29 +239,27 @@ def main(argv: list[str] | None = None) -> None:
         click.echo(exc.ctx.get_help())
         sys.exit(0)
     except click.UsageError as exc:
-        ui = obj.get("ui") or _fallback_ui(args)
-        assert isinstance(ui, UI)
+        ui = _ui(obj, args)
         if ui.mode != "json" and exc.ctx is not None:
             hint = f"Try '{exc.ctx.command_path} --help' for help."
             sys.stderr.write(ui.redact(f"{exc.ctx.get_usage()}\n{hint}\n\n"))
         ui.error(exc.format_message(), code="VALIDATION")
         sys.exit(EXIT_USAGE)
     except click.ClickException as exc:
-        ui = obj.get("ui") or _fallback_ui(args)
-        assert isinstance(ui, UI)
+        ui = _ui(obj, args)
         ui.error(exc.format_message())
         sys.exit(1)
     except CLIError as exc:
-        ui = obj.get("ui") or _fallback_ui(args)
-        assert isinstance(ui, UI)
+        ui = _ui(obj, args)
         ui.error(exc.message, code=exc.code, details=exc.details)
         sys.exit(1)
     except KeyboardInterrupt:
         sys.exit(EXIT_INTERRUPTED)
     except Exception as exc:  # the last line of defence: never a raw traceback
-        ui = obj.get("ui") or _fallback_ui(args)
-        assert isinstance(ui, UI)
+        ui = _ui(obj, args)
         if os.environ.get("ROLLBRIDGE_DEBUG"):
+            import traceback
+
             ui.err_console.print(ui.redact("".join(traceback.format_exception(exc))), markup=False)
         ui.error(f"{type(exc).__name__}: {exc}", code="INTERNAL")
         sys.exit(1)

@@ -37,7 +37,11 @@ __all__ = ["BridgeEndpoint", "RolloutClientTransport", "RunSink"]
 
 class BridgeEndpoint:
     """The :class:`launcher.dispatch.ModelEndpoint` of a run: the bridge, reached directly,
-    through the user's ``--advertise-url``, or through the managed tunnel."""
+    through the user's ``--advertise-url``, or through the managed tunnel.
+
+    ``sandbox_routed``: the rollout server probed how its sandboxes reach the bridge
+    (:mod:`launcher.sandbox_probe`) and maps loopback chat URLs to that route itself, so every
+    chat URL it is given stays loopback."""
 
     def __init__(
         self,
@@ -45,11 +49,14 @@ class BridgeEndpoint:
         bearer: str,
         tunnel: TunnelHandle | None,
         advertise_url: str | None,
+        *,
+        sandbox_routed: bool = False,
     ) -> None:
         self._bridge = bridge
         self._bearer = bearer
         self._tunnel = tunnel
         self._advertise_url = advertise_url
+        self._sandbox_routed = sandbox_routed
 
     @property
     def bearer(self) -> str:
@@ -58,6 +65,8 @@ class BridgeEndpoint:
 
     def base_url(self) -> str:
         """The base the sandbox should use now: tunnel, advertised URL, else loopback."""
+        if self._sandbox_routed:
+            return self._bridge.base_url
         if self._tunnel is not None and self._tunnel.public_url:
             return self._tunnel.public_url
         if self._advertise_url:

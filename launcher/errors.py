@@ -10,6 +10,7 @@ from __future__ import annotations
 from typing import Any
 
 __all__ = [
+    "EXIT_INTERRUPTED",
     "CLIError",
     "ConflictError",
     "Declined",
@@ -22,6 +23,10 @@ __all__ = [
     "exception_leaves",
     "unwrap_group",
 ]
+
+#: Exit code of an interrupted invocation (128 + SIGINT); here so that the CLI can name it
+#: without importing trio.
+EXIT_INTERRUPTED = 130
 
 
 class CLIError(Exception):

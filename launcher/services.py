@@ -2,9 +2,13 @@
 
 :func:`open_services` is an async context manager. On entry it resolves the run's secrets and
 scopes them into the environment, then runs ``uv sync`` with the model preflight and the
-bridge's start-up alongside, starts the rollout server once the preflight has passed (a server
-may provision sandboxes, so it waits for a model that answers), decides whether the bridge
-needs a public URL, sizes the worker pool and starts the tunnel. It yields typed handles
+bridge's start-up alongside, and starts the rollout server as soon as the sync is done, while
+the preflight may still be waiting on a slow model: a rollout server provisions nothing (no
+sandbox, no model call) before its first rollout, so starting it early costs nothing if the
+model then fails, and saves the server's start-up time when it answers. Nothing is dispatched
+before the preflight has passed; a failing preflight stops the run (the server, if it was
+started, is stopped with the rest). Then it decides whether the bridge needs a public URL,
+sizes the worker pool and starts the tunnel. It yields typed handles
 (:class:`Services`), or ``None`` when a Ctrl-C arrived during start-up.
 
 On exit, whatever happened, the stop order is: rollout server (its process group: 5 s grace,
@@ -41,6 +45,7 @@ from launcher.rollout_child import (
 )
 from launcher.rollout_env import find_uv, rollout_python, uv_sync
 from launcher.rundir import RunDirectory
+from launcher.sandbox_probe import SandboxRouting, probe_for_services
 from launcher.secrets import read_secrets_file, resolve_secrets, scoped_environ
 from launcher.signals import Interrupts
 from launcher.ui import CLI_VERSION, UI
@@ -98,6 +103,7 @@ class Services:
     decision: TunnelDecision
     concurrency: int
     endpoint: BridgeEndpoint
+    routing: SandboxRouting | None = None
 
     @asynccontextmanager
     async def rollout_transport(
@@ -124,6 +130,8 @@ class Services:
             nursery.start_soon(self._watch_server, halt)
             if self.tunnel is not None:
                 nursery.start_soon(self._watch_tunnel, self.tunnel, halt)
+            if self.routing is not None:
+                nursery.start_soon(self.routing.watch_tunnel, halt)
 
     async def _watch_server(self, halt: Callable[[str], None]) -> None:
         code = await self.server.child.process.wait()
@@ -168,16 +176,16 @@ async def _start(
     p.redactor.add_known_env(os.environ)
     token = uuid.uuid4().hex
     p.redactor.add(token)
-    # The model probe and the bridge's start-up overlap `uv sync`, but the rollout server
-    # (which may provision sandboxes) starts only once the model is known to answer; a fatal
-    # probe cancels the sync.
+    # The model probe and the bridge's start-up overlap `uv sync` and the rollout server's
+    # start-up (a server provisions nothing before its first rollout); a fatal probe cancels
+    # whichever is still going, and nothing goes on past this block until the probe passed.
     async with trio.open_nursery() as startup:
         model_checked = trio.Event()
         startup.start_soon(_preflight, ctx, model_checked)
         startup.start_soon(_start_bridge, ctx, nursery, token, started)
         await _sync(ctx)
-        await model_checked.wait()
         started.server = await _start_server(ctx, nursery, secrets)
+        await model_checked.wait()
     server, bridge = started.server, started.bridge
     assert bridge is not None
     decision = choose_tunnel(
@@ -200,8 +208,16 @@ async def _start(
         started.tunnel = await _start_tunnel(ctx, nursery, bridge.port)
     elif decision.mode == "advertise":
         ctx.stage(decision.milestone or "", step="tunnel")
-    endpoint = BridgeEndpoint(bridge, token, started.tunnel, decision.advertise_url)
-    return Services(server, bridge, started.tunnel, decision, concurrency, endpoint)
+
+    async def start_tunnel() -> TunnelHandle:  # the probe's fallback (launcher.sandbox_probe)
+        started.tunnel = await _start_tunnel(ctx, nursery, bridge.port)
+        return started.tunnel
+
+    routing = await probe_for_services(ctx, server, bridge, decision, started.tunnel, start_tunnel)
+    endpoint = BridgeEndpoint(
+        bridge, token, started.tunnel, decision.advertise_url, sandbox_routed=routing is not None
+    )
+    return Services(server, bridge, started.tunnel, decision, concurrency, endpoint, routing)
 
 
 def cap_notice(
@@ -279,7 +295,8 @@ async def _start_server(
         entrypoint=p.paths.entrypoint,
         rollout_dir=p.paths.rollout_dir,
         run_dir=ctx.run_dir.path,
-        base_env=dict(os.environ),
+        # The Harbor backend builds its sandbox bundle with uv; the rollout venv has none.
+        base_env={"UV": str(find_uv(p.config.experiment.rollout)), **os.environ},
         config_env=p.config.env,
         secrets=secrets,
         fixed_port=p.options.rollout_port,

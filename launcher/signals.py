@@ -19,11 +19,11 @@ from contextlib import contextmanager
 
 import trio
 
+from launcher.errors import EXIT_INTERRUPTED
+
 __all__ = ["EXIT_INTERRUPTED", "Interrupts", "watch_signals"]
 
 SIGNALS = (signal.SIGINT, signal.SIGTERM)
-#: Exit code of an interrupted invocation (128 + SIGINT).
-EXIT_INTERRUPTED = 130
 
 
 class Interrupts:

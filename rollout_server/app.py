@@ -31,6 +31,7 @@ from .net.asgi import (
     read_body,
     send_json,
 )
+from .probe_route import PROBE_ROUTE, answer_probe
 from .protocol import (
     INSTANCE_ID_HEADER,
     LEASE_HEADER,
@@ -165,6 +166,12 @@ class RolloutApp:
                 return
             await self._cancel(scope, receive, send)
             return
+        if path == PROBE_ROUTE:
+            if method != "POST":
+                await _not_allowed(send, "POST")
+                return
+            await self._probe(scope, receive, send)
+            return
         parts = path.split("/")
         if len(parts) == 4 and parts[1] == "rollout" and parts[3] == "result" and parts[2]:
             if method != "GET":
@@ -252,6 +259,22 @@ class RolloutApp:
             await _respond(send, 422, exc.body())
             return
         await _respond(send, 200, {"dispositions": self.service.cancel(request)})
+
+    async def _probe(
+        self, scope: HTTPScope, receive: ASGIReceiveCallable, send: ASGISendCallable
+    ) -> None:
+        """The optional sandbox probe (:mod:`rollout_server.probe_route`); bad input is 400."""
+        try:
+            body = await self._read_json(scope, receive)
+        except BodyTooLarge:
+            detail = f"request body is larger than {self.max_body_bytes} bytes"
+            await _respond(send, 413, {"detail": detail}, close=True)
+            return
+        except RequestValidationError:
+            await _respond(send, 400, {"detail": "the body must be a JSON object"})
+            return
+        status, payload = await answer_probe(self.service.backend, body)
+        await _respond(send, status, payload)
 
     async def _result(self, rollout_id: str, scope: HTTPScope, send: ASGISendCallable) -> None:
         token = header(scope, _LEASE_HEADER_BYTES)

@@ -194,5 +194,15 @@ class ExecutionBackend(abc.ABC):
         """Fields merged into ``/health`` (capacity, ``chat_endpoint``, ...)."""
         return {"status": "ok"}
 
+    async def probe_chat_endpoint(self, request: dict[str, Any]) -> dict[str, Any] | None:
+        """Find how this backend's sandboxes reach the bridge; None: no probe here (404).
+
+        ``request`` is the validated body of ``POST /v1/rollbridge/probe-chat-endpoint``
+        (``nonce``, ``expect``, ``candidates`` as ``[{kind, url}]``, ``exclusive``); the answer
+        is the probe report's JSON. A backend that answers should also add
+        ``"probe": "/v1/rollbridge/probe-chat-endpoint"`` to its ``chat_endpoint`` health.
+        """
+        return None
+
     async def shutdown(self) -> None:  # noqa: B027 - optional hook, empty by default
         """Release backend resources when the server stops."""

@@ -52,7 +52,10 @@ only true if the code that implements it sits next to it.
 from __future__ import annotations
 
 import inspect
+import json
 import math
+import os
+import re
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field, fields
 from typing import Any
@@ -61,6 +64,7 @@ import httpx
 import msgspec
 import trio
 
+from .net.h1client import H1Pool, H1Reply
 from .net.httpclient import ShardedTransport, skip_empty_cookies
 from .protocol import (
     LEASE_HEADER,
@@ -100,6 +104,21 @@ _encode = msgspec.json.Encoder().encode
 
 
 POOL_SHARDS = 64
+
+# Path characters that need no percent-encoding (RFC 3986 pchar and "/").
+_PLAIN_PATH = re.compile(r"[A-Za-z0-9\-._~!$&'()*+,;=:@/]*")
+_PROXY_VARIABLES = ("http_proxy", "all_proxy")
+
+
+def _lean_pool(url: httpx.URL) -> H1Pool | None:
+    """The lean pool for the admission and the long-poll, when ``url`` allows one: plain HTTP
+    and no proxy configured in the environment (those go through httpx, which honours them)."""
+    if url.scheme != "http" or not url.host:
+        return None
+    names = {name.lower() for name in os.environ}
+    if any(variable in names for variable in _PROXY_VARIABLES):
+        return None
+    return H1Pool(url.host, url.port or 80)
 
 
 class RolloutClientError(Exception):
@@ -232,12 +251,22 @@ class Health(HealthReport):
         return cls(**values, status_code=response.status_code, headers=response.headers)
 
 
-def _detail(response: httpx.Response) -> Any:
+def _detail(response: httpx.Response | H1Reply) -> Any:
     try:
-        body = response.json()
+        body = json.loads(response.content) if isinstance(response, H1Reply) else response.json()
     except ValueError:
+        if isinstance(response, H1Reply):
+            return response.content.decode("utf-8", "replace")[:500]
         return response.text[:500]
     return body.get("detail") if isinstance(body, dict) else body
+
+
+def _header(response: httpx.Response | H1Reply, name: str) -> str | None:
+    if isinstance(response, H1Reply):
+        value = response.header(name.encode("ascii"))
+        return value.decode("latin-1") if value is not None else None
+    found: str | None = response.headers.get(name)
+    return found
 
 
 def _retry_after(value: str | None) -> float:
@@ -276,6 +305,11 @@ class RolloutClient:
     ``admission_timeout_sec`` bounds :meth:`admit` (``None``: wait forever).
     ``server_alive`` turns on the connect-phase retry of :meth:`admit` and
     :meth:`wait_for_result` (module docstring); ``None`` leaves it off.
+
+    Without ``http_client``, the two calls made per rollout (admission and long-poll) to a
+    plain-HTTP server go through :class:`~rollout_server.net.h1client.H1Pool`, several times
+    cheaper per call than httpx; the other calls, and every call to an HTTPS server or through
+    a proxy, go through httpx.
     """
 
     def __init__(
@@ -301,6 +335,10 @@ class RolloutClient:
         self._http = http_client or skip_empty_cookies(
             httpx.AsyncClient(transport=ShardedTransport(POOL_SHARDS), follow_redirects=False)
         )
+        parsed = httpx.URL(self.url)
+        self._lean = _lean_pool(parsed) if http_client is None else None
+        self._prefix = parsed.raw_path.rstrip(b"/")
+        self._lean_headers = [(b"authorization", f"Bearer {api_key}".encode())] if api_key else []
         self.admission_timeout_sec = admission_timeout_sec
         self._connect = connect_timeout_sec
         self._health_timeout = httpx.Timeout(health_timeout_sec)
@@ -314,6 +352,8 @@ class RolloutClient:
         """Close the pool (when this client created it)."""
         if self._owns_client:
             await self._http.aclose()
+        if self._lean is not None:
+            await self._lean.aclose()
 
     async def __aenter__(self) -> RolloutClient:
         return self
@@ -330,6 +370,37 @@ class RolloutClient:
                 f"{method} {path}: {type(exc).__name__}: {exc or 'no details'}"
             ) from exc
 
+    async def _hot_call(
+        self,
+        method: str,
+        path: str,
+        headers: dict[str, str],
+        body: bytes | None,
+        limits: httpx.Timeout,
+    ) -> httpx.Response | H1Reply:
+        """An admission or a long-poll: through the lean pool when there is one. Raises httpx's
+        transport errors either way."""
+        if self._lean is None:
+            return await self._http.request(
+                method,
+                self.url + path,
+                headers={**self._headers, **headers},
+                content=body,
+                timeout=limits,
+            )
+        if _PLAIN_PATH.fullmatch(path):
+            target = self._prefix + path.encode("ascii")
+        else:
+            target = httpx.URL(self.url + path).raw_path
+        return await self._lean.request(
+            method.encode("ascii"),
+            target,
+            [*self._lean_headers, *((k.encode(), v.encode()) for k, v in headers.items())],
+            body or b"",
+            total_sec=limits.read if limits.read is not None else math.inf,
+            connect_sec=limits.connect if limits.connect is not None else math.inf,
+        )
+
     # -- health -------------------------------------------------------------------------
 
     async def health(self) -> Health:
@@ -345,6 +416,50 @@ class RolloutClient:
         if health is None:
             raise RolloutProtocolError("GET /health did not return a JSON object", status_code=200)
         return health
+
+    async def probe_chat_endpoint(
+        self,
+        *,
+        nonce: str,
+        expect: str | None,
+        candidates: list[dict[str, str]],
+        exclusive: bool,
+        path: str = "/v1/rollbridge/probe-chat-endpoint",
+        timeout_sec: float = 900.0,
+    ) -> dict[str, Any] | None:
+        """``POST`` the sandbox probe (rollout_server.probe_route): the report, or None when
+        the server has no probe (404). ``timeout_sec`` bounds the whole call (the first probe
+        may build the sandbox image); cancelling the caller interrupts it at once."""
+        body = {"nonce": nonce, "expect": expect, "candidates": candidates, "exclusive": exclusive}
+        try:
+            with trio.fail_after(timeout_sec):
+                response = await self._request(
+                    "POST",
+                    path,
+                    content=_encode(body),
+                    headers={"Content-Type": "application/json"},
+                    timeout=httpx.Timeout(timeout_sec, connect=self._connect),
+                )
+        except trio.TooSlowError as exc:
+            raise RolloutServerUnreachable(
+                f"POST {path} did not answer within {timeout_sec:.0f} s"
+            ) from exc
+        if response.status_code == 404:
+            return None
+        report = _detail(response) if response.status_code != 200 else None
+        if response.status_code != 200:
+            raise RolloutProtocolError(
+                f"POST {path} returned {response.status_code}: {report}",
+                status_code=response.status_code,
+                detail=report,
+            )
+        try:
+            doc = response.json()
+        except ValueError:
+            doc = None
+        if not isinstance(doc, dict):
+            raise RolloutProtocolError(f"POST {path} did not return a JSON object", status_code=200)
+        return doc
 
     async def wait_idle(
         self,
@@ -396,18 +511,23 @@ class RolloutClient:
         request.validate()
         body = _encode_request(request)
         sent_at = trio.current_time()
-        response = await self._request(
-            "POST",
-            "/rollout",
-            content=body,
-            headers={"Content-Type": "application/json"},
-            timeout=self._admission_timeout,
-        )
+        try:
+            response = await self._hot_call(
+                "POST",
+                "/rollout",
+                {"Content-Type": "application/json"},
+                body,
+                self._admission_timeout,
+            )
+        except httpx.TransportError as exc:
+            raise RolloutServerUnreachable(
+                f"POST /rollout: {type(exc).__name__}: {exc or 'no details'}"
+            ) from exc
         status = response.status_code
         if status == 429:
             raise CapacityExhausted(
                 "POST /rollout returned 429",
-                retry_after=_retry_after(response.headers.get("retry-after")),
+                retry_after=_retry_after(_header(response, "retry-after")),
                 detail=_detail(response),
             )
         if status != 202:
@@ -500,10 +620,8 @@ class RolloutClient:
             error: BaseException
             try:
                 with trio.fail_at(cap):
-                    response = await self._http.get(
-                        self.url + path,
-                        headers={**self._headers, LEASE_HEADER: admission.token},
-                        timeout=timeout,
+                    response = await self._hot_call(
+                        "GET", path, {LEASE_HEADER: admission.token}, None, timeout
                     )
             except _RETRIED_TRANSPORT as exc:
                 error, delays = exc, transport_delays
@@ -537,7 +655,7 @@ class RolloutClient:
                 raise _as_client_error(error, path) from error
 
     def _parse_result(
-        self, response: httpx.Response, admission: Admission, sent_at: float
+        self, response: httpx.Response | H1Reply, admission: Admission, sent_at: float
     ) -> RolloutResultResponse:
         try:
             result = decode_result_response(response.content)

@@ -37,6 +37,7 @@ __all__ = ["HEALTH_CHECK_MARKER", "LocalBackend"]
 HEALTH_CHECK_MARKER = ".osmosis-health-check"
 _MARKER_CONTENT = b"osmosis-health-check"
 _DIR_ATTEMPT_DELAYS = (0.5, 1.0)
+_DIR_MODE = 0o700
 _UNSET: Any = object()
 _NO_GRADER = "no grader ran: the rollout has no grader, or the row has neither a label nor metadata"
 
@@ -55,16 +56,31 @@ def _resolve(target: Any) -> Any:
 
 
 def _make_dirs(rollout_dir: Path) -> Path:
-    artifacts = rollout_dir / "artifacts"
-    make_private_dirs(artifacts)  # 0700 whatever the umask, like every file of the trial (0600)
-    marker = rollout_dir / HEALTH_CHECK_MARKER
-    if not marker.exists():
+    # 0700 whatever the umask, like every file of the trial (0600). The usual case, a new
+    # rollout directory under an existing root, costs two mkdir calls and the marker's write.
+    base = os.fspath(rollout_dir)
+    artifacts = os.path.join(base, "artifacts")
+    try:
+        os.mkdir(base, _DIR_MODE)
+        created = True
+    except FileExistsError:
+        created = False
+    except FileNotFoundError:
+        make_private_dirs(rollout_dir)
+        created = False
+    try:
+        os.mkdir(artifacts, _DIR_MODE)
+    except FileExistsError:
+        if not os.path.isdir(artifacts):
+            raise
+    marker = os.path.join(base, HEALTH_CHECK_MARKER)
+    if created or not os.path.exists(marker):
         fd = os.open(marker, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
         try:
             os.write(fd, _MARKER_CONTENT)
         finally:
             os.close(fd)
-    return artifacts
+    return rollout_dir / "artifacts"
 
 
 class LocalBackend(ExecutionBackend):

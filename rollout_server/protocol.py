@@ -511,6 +511,9 @@ class ChatEndpoint:
 
     environment: str | None = None
     requires_public_url: bool | None = None
+    probe: str | None = None
+    """The path of the server's sandbox probe route (``POST``), when its sandboxes want the
+    supervisor to find how they reach the bridge before dispatch (rollout_server.probe_route)."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -578,6 +581,7 @@ class HealthReport:
                 ChatEndpoint(
                     environment=_text(endpoint.get("environment")),
                     requires_public_url=_flag(endpoint.get("requires_public_url")),
+                    probe=_text(endpoint.get("probe")) or None,
                 )
                 if isinstance(endpoint, Mapping)
                 else None
@@ -608,6 +612,12 @@ class HealthReport:
     def requires_public_url(self) -> bool:
         """True only when ``chat_endpoint.requires_public_url`` is exactly JSON ``true``."""
         return self.chat_endpoint is not None and self.chat_endpoint.requires_public_url is True
+
+    @property
+    def chat_probe(self) -> str | None:
+        """``chat_endpoint.probe``: the probe route's path when it is an absolute path."""
+        probe = self.chat_endpoint.probe if self.chat_endpoint is not None else None
+        return probe if probe is not None and probe.startswith("/") else None
 
     @property
     def chat_environment(self) -> str | None:

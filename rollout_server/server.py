@@ -14,6 +14,7 @@ A second signal skips the waits.
 
 from __future__ import annotations
 
+import gc
 import logging
 import os
 import signal
@@ -32,7 +33,7 @@ from .app import DEFAULT_MAX_BODY_BYTES, RolloutApp
 from .backend import ExecutionBackend
 from .client import POOL_SHARDS
 from .net.httpclient import ShardedTransport
-from .net.httpserve import CoalescingConfig, install_write_coalescing
+from .net.httpserve import LeanConfig, install_write_coalescing
 from .protocol import (
     DEFAULT_POLLING_LEASE_TIMEOUT_SEC,
     DEFAULT_RESULT_RETENTION_SEC,
@@ -97,7 +98,7 @@ def _configure_logging() -> None:
 
 
 def _hypercorn_config(host: str, port: int) -> Config:
-    config = CoalescingConfig()
+    config = LeanConfig()
     config.bind = [f"[{host}]:{port}" if ":" in host else f"{host}:{port}"]
     config.keep_alive_timeout = KEEP_ALIVE_TIMEOUT_SEC
     # A supervisor polls over the same few connections for hours; don't recycle them.
@@ -240,6 +241,10 @@ def serve(
             )
             logger.info("rollout server listening on %s", running.url)
 
+    # Everything imported so far (the SDK, the workflow's modules) lives as long as the process:
+    # left out of the collector's generations, full collections only walk what requests and
+    # retained results allocate (the collector was the largest single cost of a busy server).
+    gc.freeze()
     try:
         trio.run(main)
     except* OSError as group:

@@ -158,7 +158,7 @@ def make_private_dirs(path: Path) -> None:
     """Create ``path`` and its missing parents, each 0700 (``mkdir(parents=True)`` would give
     the parents the umask's default instead)."""
     missing: list[Path] = []
-    while not path.is_dir():
+    while not os.path.isdir(path):
         missing.append(path)
         path = path.parent
     for directory in reversed(missing):
@@ -172,11 +172,16 @@ def write_rollout_files(rollout_dir: Path, files: dict[str, str]) -> None:
     (docs/eval-run.md), whatever the umask.
     """
     make_private_dirs(rollout_dir / "artifacts")
+    base = os.fspath(rollout_dir)
     for name, text in files.items():
-        tmp = rollout_dir / f".{name}.tmp"
+        tmp = os.path.join(base, f".{name}.tmp")
+        data = memoryview(text.encode("utf-8"))
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, _FILE_MODE)
-        # A temp file left by an earlier crash keeps its old mode through O_CREAT.
-        os.fchmod(fd, _FILE_MODE)
-        with os.fdopen(fd, "w", encoding="utf-8") as fh:
-            fh.write(text)
-        os.replace(tmp, rollout_dir / name)
+        try:
+            # A temp file left by an earlier crash keeps its old mode through O_CREAT.
+            os.fchmod(fd, _FILE_MODE)
+            while data:
+                data = data[os.write(fd, data) :]
+        finally:
+            os.close(fd)
+        os.replace(tmp, os.path.join(base, name))

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
+import math
 from collections.abc import AsyncGenerator, Callable
 from typing import Any
 
@@ -13,6 +15,14 @@ from bridge.errors import UpstreamError
 from bridge.policy import PreparedRequest
 from bridge.retry import ProviderFault, status_fault
 from bridge.upstreams.routing import DirectRoute, resolve_direct
+from bridge.upstreams.wire import (
+    ConnectTimeout,
+    Origin,
+    ReadTimeout,
+    WireError,
+    WirePool,
+    WireResponse,
+)
 from rollout_server.net.httpclient import ShardedTransport, skip_empty_cookies
 
 # The bridge sets no deadline of its own on a model call; these match the OpenAI SDK's
@@ -25,19 +35,54 @@ _DELIVERY_GRACE = 30.0
 # a fifth of the bridge's CPU. Split over small pools it is noise (256 idle connections kept
 # in all, as before).
 _SHARDS = 16
+# What httpx would add to a request: the lean client decodes these codings as httpx does.
+_WIRE_HEADERS = [(b"accept-encoding", b"gzip, deflate"), (b"user-agent", b"rollbridge")]
 _LIMITS = httpx.Limits(
     max_connections=None, max_keepalive_connections=256 // _SHARDS, keepalive_expiry=60
 )
 
 
+def _new_pool() -> WirePool:
+    return WirePool(
+        connect_timeout=_TIMEOUT.connect or math.inf,
+        timeout=_TIMEOUT.read or math.inf,
+        keepalive_expiry=_LIMITS.keepalive_expiry or 60.0,
+        max_idle=256,
+    )
+
+
+class _Transport(httpx.AsyncBaseTransport):
+    """httpx's pooled transport, closing the lean pool (:mod:`bridge.upstreams.wire`) with it."""
+
+    def __init__(self, wire: WirePool) -> None:
+        self._inner = ShardedTransport(_SHARDS, _LIMITS)
+        self._wire = wire
+
+    async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
+        return await self._inner.handle_async_request(request)
+
+    async def aclose(self) -> None:
+        try:
+            await self._wire.aclose()
+        finally:
+            await self._inner.aclose()
+
+
+class BridgeClient(httpx.AsyncClient):
+    """The bridge's httpx client, carrying the lean pool that non-streaming calls use.
+
+    Closing the client (``aclose`` or ``async with``) closes both.
+    """
+
+    def __init__(self) -> None:
+        self.wire = _new_pool()
+        super().__init__(timeout=_TIMEOUT, transport=_Transport(self.wire), follow_redirects=False)
+
+
 def new_client() -> httpx.AsyncClient:
     """The bridge's one pooled client. It never retries by itself (httpx does not by default):
     which faults are retried is :mod:`bridge.retry`'s decision."""
-    return skip_empty_cookies(
-        httpx.AsyncClient(
-            timeout=_TIMEOUT, transport=ShardedTransport(_SHARDS, _LIMITS), follow_redirects=False
-        )
-    )
+    return skip_empty_cookies(BridgeClient())
 
 
 def _payload(route: DirectRoute, prepared: PreparedRequest, stream: bool) -> bytes:
@@ -67,9 +112,36 @@ def _transport_error(exc: httpx.TransportError, *, answering: bool = False) -> U
     return UpstreamError(502, message, kind="APIConnectionError")
 
 
+def _wire_error(exc: WireError) -> UpstreamError:
+    """:func:`_transport_error` for the lean client's failures (same statuses and kinds)."""
+    detail = str(exc)
+    if isinstance(exc, ConnectTimeout):
+        return ProviderFault(408, f"provider request timed out: {detail}", kind="Timeout")
+    if isinstance(exc, ReadTimeout):
+        return UpstreamError(408, f"provider request timed out: {detail}", kind="Timeout")
+    message = f"could not reach the provider: {detail}"
+    if exc.before_answer:
+        return ProviderFault(502, message, kind="APIConnectionError")
+    return UpstreamError(502, message, kind="APIConnectionError")
+
+
 def _status_error(response: httpx.Response) -> UpstreamError:
-    text = response.text.strip() or f"provider answered HTTP {response.status_code}"
-    return status_fault(response.status_code, text, response.headers.get("retry-after"))
+    return _status_fault(response.status_code, response.text, response.headers.get("retry-after"))
+
+
+def _status_fault(status: int, text: str, retry_after: str | None) -> UpstreamError:
+    return status_fault(status, text.strip() or f"provider answered HTTP {status}", retry_after)
+
+
+def _wire_answer(response: WireResponse, raw: bytes) -> dict[str, Any]:
+    """:func:`_answer` for a lean-client answer whose body is ``raw``."""
+    text = raw.decode("utf-8", "replace")
+    if not 200 <= response.status < 300:
+        raise _status_fault(response.status, text, response.headers.get("retry-after"))
+    data = _parse(text)
+    if not isinstance(data, dict):
+        raise UpstreamError(502, "provider returned a JSON value that is not an object")
+    return data
 
 
 def _parse(text: str) -> Any:
@@ -85,7 +157,15 @@ class DirectUpstream:
     def __init__(self, model: str, client: httpx.AsyncClient) -> None:
         self.model = model
         self._client = client
+        # Any other client (none in rollbridge) gets a pool of its own, closed with the process.
+        self._wire = client.wire if isinstance(client, BridgeClient) else _new_pool()
         self._parsed: tuple[str, httpx.URL] | None = None
+        self._origin: tuple[str, Origin] | None = None
+
+    def _wire_origin(self, url: str) -> Origin:
+        if self._origin is None or self._origin[0] != url:
+            self._origin = (url, Origin.parse(url))
+        return self._origin[1]
 
     def _url(self, url: str) -> httpx.URL:
         # Parsing the URL was a tenth of the client's CPU per call. The route is still
@@ -107,43 +187,32 @@ class DirectUpstream:
     ) -> dict[str, Any]:
         """One non-streaming call; ``record`` gets the usage the moment the answer is parsed."""
         route = resolve_direct(self.model)
-        request = self._client.build_request(
-            "POST",
-            self._url(route.url),
-            content=_payload(route, prepared, False),
-            headers=route.headers,
-        )
+        origin = self._wire_origin(route.url)
+        headers = [(k.encode("latin-1"), v.encode("latin-1")) for k, v in route.headers.items()]
+        headers += _WIRE_HEADERS
         try:
             # Cancellable while the provider works: a rollout that goes away stops the call.
-            response = await self._client.send(request, stream=True)
-        except httpx.TransportError as exc:
-            raise _transport_error(exc) from exc
-        # Once the answer is arriving it is paid for: finish reading it (within a grace
-        # period) even if the rollout goes away now, so that its usage is counted.
-        delivery = trio.CancelScope(shield=True)
-        # Stays this when the grace period runs out before the answer has arrived.
-        outcome: dict[str, Any] | Exception = UpstreamError(
-            408, "the provider's answer did not finish arriving", kind="Timeout"
-        )
+            response = await self._wire.request(origin, headers, _payload(route, prepared, False))
+        except WireError as exc:
+            raise _wire_error(exc) from exc
         try:
-            async with trio.open_nursery() as watcher:
-                watcher.start_soon(_limit_when_cancelled, delivery)
-                with delivery:
-                    try:
-                        await response.aread()
-                        outcome = _answer(response)
-                        record(outcome.get("usage"))
-                    except (httpx.TransportError, UpstreamError) as exc:
-                        outcome = exc
-                watcher.cancel_scope.cancel()
+            try:
+                raw = await response.read()
+            except trio.Cancelled:
+                # The answer is arriving, so it is paid for: finish reading it within a grace
+                # period, count its usage, then let the cancellation go on.
+                with trio.CancelScope(shield=True) as delivery:
+                    delivery.deadline = trio.current_time() + _DELIVERY_GRACE
+                    with contextlib.suppress(WireError, UpstreamError):
+                        record(_wire_answer(response, await response.read()).get("usage"))
+                raise
+        except WireError as exc:
+            raise _wire_error(exc) from exc
         finally:
-            with trio.CancelScope(shield=True):
-                await response.aclose()
-        if isinstance(outcome, httpx.TransportError):
-            raise _transport_error(outcome, answering=True) from outcome
-        if isinstance(outcome, Exception):
-            raise outcome
-        return outcome
+            await response.aclose()
+        data = _wire_answer(response, raw)
+        record(data.get("usage"))
+        return data
 
     async def stream(self, prepared: PreparedRequest) -> AsyncGenerator[dict[str, Any], None]:
         """Stream raw chunks as the provider sends them (a whole completion if it did not stream)."""
@@ -181,23 +250,6 @@ class DirectUpstream:
             raise _transport_error(exc, answering=True) from exc
         finally:
             await response.aclose()
-
-
-async def _limit_when_cancelled(delivery: trio.CancelScope) -> None:
-    """Give a shielded delivery a deadline as soon as the surrounding scope is cancelled."""
-    try:
-        await trio.sleep_forever()
-    finally:
-        delivery.deadline = min(delivery.deadline, trio.current_time() + _DELIVERY_GRACE)
-
-
-def _answer(response: httpx.Response) -> dict[str, Any]:
-    if not 200 <= response.status_code < 300:
-        raise _status_error(response)
-    data = _parse(response.text)
-    if not isinstance(data, dict):
-        raise UpstreamError(502, "provider returned a JSON value that is not an object")
-    return data
 
 
 def _stream_error(parsed: Any) -> UpstreamError:

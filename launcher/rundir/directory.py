@@ -12,7 +12,8 @@ Typical use by the supervisor::
     rd.close(); lock.release()
 
 The journal is the only authority: ``index.jsonl``/``summary.jsonl`` get one appended line per
-finished item (O(1)), ``metrics.json`` is refreshed at most every ``metrics_interval_s``, and
+finished item (O(1)), ``metrics.json`` is refreshed at most every ``metrics_interval_s`` (less
+often in a run so large that the refresh itself gets slow), and
 every projection is rebuilt from the journal in one pass at open and at finalize.
 
 A full disk, a directory that turned read-only or an I/O error is a :class:`WriteFailure`:
@@ -31,6 +32,7 @@ from __future__ import annotations
 import contextlib
 import math
 import os
+import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -70,6 +72,10 @@ __all__ = [
 
 TRAJECTORY_GRACE_S = 30.0
 TRAJECTORY_POLL_S = 0.2
+#: After a throttled metrics.json refresh slower than METRICS_SLOW_S (about 10,000 rows), the
+#: next one waits at least METRICS_MAX_SHARE times that refresh's duration.
+METRICS_SLOW_S = 0.02
+METRICS_MAX_SHARE = 50
 
 
 @dataclass(frozen=True)
@@ -167,15 +173,19 @@ class RunDirectory:
         self.started_at = utc_now_iso()
         self._t0 = time.monotonic()
         self._metrics_interval_s = metrics_interval_s
-        self._last_metrics = -float("inf")
+        self._next_metrics = -float("inf")
         self._fresh: set[WorkKey] = set()
         self._rows: dict[WorkKey, dict[str, Any]] = {}
+        # The rollout whose projections (index row, copies) were made by this invocation and
+        # are current, per item: finalize rebuilds only the others.
+        self._current: dict[WorkKey, str] = {}
         self._expected = frozenset((r, k) for r in range(meta.sampled_rows) for k in range(meta.n))
         self.counters = LiveCounters(pass_threshold=meta.pass_threshold)
         for key, record in journal.latest.items():
             if key in self._expected:
                 self.counters.apply(record.status, record.reward, tokens=record.tokens)
-        self._projection_lock = trio.Lock()
+        # Projections run on worker threads (the journal's committing thread, or a retry's).
+        self._projection_lock = threading.Lock()
         self._journal_failure: WriteFailure | None = None
         self._other_failure: WriteFailure | None = None
 
@@ -335,11 +345,12 @@ class RunDirectory:
     ) -> None:
         """Commit one terminal result, then update projections for this item only.
 
-        Order: journal append + fsync (the result counts from here), live counters, optional
-        wait (up to ``trajectory_grace_s``) for the rollout's trajectory when its outcome
-        carried a sample, this item's index/summary line and projection copies, a throttled
-        ``metrics.json`` refresh, and the ``work item finished`` log line. Only the journal
-        step can raise; projection problems are logged, since a rebuild repairs them.
+        Order: journal append + fsync (the result counts from here), then on the same worker
+        thread this item's index/summary line, projection copies and a throttled
+        ``metrics.json`` refresh; the live counters; when the outcome carried a sample but its
+        trajectory was not there yet, a wait (up to ``trajectory_grace_s``) for it and a second
+        projection; and the ``work item finished`` log line. Only the journal step can raise;
+        projection problems are logged, since a rebuild repairs them.
         ``error_type`` is redacted and a non-finite reward dropped before it is journaled.
         """
         if record.error_type:
@@ -351,8 +362,18 @@ class RunDirectory:
             # JSON cannot hold NaN/inf; the journal, index and metrics all treat it as ungraded.
             record = msgspec.structs.replace(record, reward=None)
         previous = self.journal.latest.get(record.key)
+        warnings: list[tuple[str, dict[str, Any]]] = []
+        # The rollout server writes the trajectory before it publishes the result, so the
+        # first look almost always finds it: that look and the projection run on the thread
+        # that commits the journal group, right after its fsync (one thread hand-off for the
+        # group, one parse per item); only a missing trajectory falls back to polling.
+        projected: list[bool | OSError] = []
+
+        def project() -> None:
+            projected.append(self._project_locked(record, warnings, wait_for_trajectory))
+
         try:
-            await self.journal.append(record)
+            await self.journal.append(record, then=project)
         except LocalEvalError as exc:
             # The journal cut its partial line off and refuses further appends; the error
             # still halts dispatch, and the run's last line names the journal file.
@@ -362,14 +383,15 @@ class RunDirectory:
         self._fresh.add(record.key)
         if record.key in self._expected:
             prev = (
-                (previous.status, previous.reward, previous.tokens) if previous is not None else None
+                (previous.status, previous.reward, previous.tokens)
+                if previous is not None
+                else None
             )
             self.counters.apply(record.status, record.reward, prev, tokens=record.tokens)
-        warnings: list[tuple[str, dict[str, Any]]] = []
-        # The rollout server writes the trajectory before it publishes the result, so the
-        # first look almost always finds it: that look and the projection share one thread
-        # round trip (and one parse); only a missing trajectory falls back to polling.
-        if not await self._project(record, warnings, require_trajectory=wait_for_trajectory):
+        outcome = projected[0] if projected else True
+        if isinstance(outcome, OSError):
+            self._projection_failed(record, outcome)
+        elif not outcome:
             await self._wait_for_trajectory(record.rollout_id, trajectory_grace_s)
             await self._project(record, warnings, require_trajectory=False)
         # Logged here rather than in the worker thread, so the --verbose echo stays on trio.
@@ -396,19 +418,35 @@ class RunDirectory:
     ) -> bool:
         """:meth:`_project_one` on a worker thread; False when it was skipped because
         ``require_trajectory`` is set and the trajectory is not there yet."""
-        async with self._projection_lock:
+        outcome = await trio.to_thread.run_sync(
+            self._project_locked, record, warnings, require_trajectory
+        )
+        if isinstance(outcome, OSError):
+            self._projection_failed(record, outcome)
+            return True
+        return outcome
+
+    def _project_locked(
+        self,
+        record: TerminalRecord,
+        warnings: list[tuple[str, dict[str, Any]]],
+        require_trajectory: bool,
+    ) -> bool | OSError:
+        """:meth:`_project_one` (blocking, one projection at a time), an I/O error returned
+        for the trio side to report."""
+        with self._projection_lock:
             try:
-                return await trio.to_thread.run_sync(
-                    self._project_one, record, warnings, require_trajectory
-                )
+                return self._project_one(record, warnings, require_trajectory)
             except OSError as exc:
-                self._note_failure(exc, self.path)
-                self.log.error(
-                    "result",
-                    "could not update projections; they are rebuilt at finalize",
-                    {"error": f"{type(exc).__name__}: {exc}", "rollout_id": record.rollout_id},
-                )
-                return True
+                return exc
+
+    def _projection_failed(self, record: TerminalRecord, exc: OSError) -> None:
+        self._note_failure(exc, self.path)
+        self.log.error(
+            "result",
+            "could not update projections; they are rebuilt at finalize",
+            {"error": f"{type(exc).__name__}: {exc}", "rollout_id": record.rollout_id},
+        )
 
     async def _wait_for_trajectory(self, rollout_id: str, grace_s: float) -> None:
         """Poll for the trajectory (the caller has just looked once) for up to ``grace_s``."""
@@ -439,6 +477,7 @@ class RunDirectory:
             return True
         row = index_row(record, trajectory, resumed=False)
         self._rows[record.key] = row
+        self._current.pop(record.key, None)
         line = index_line(row)
         for name in ("index.jsonl", "summary.jsonl"):
             fd = os.open(self.path / name, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
@@ -452,11 +491,22 @@ class RunDirectory:
             trajectory_valid=trajectory is not None,
             warn=lambda message, details: warnings.append((message, details)),
         )
+        if trajectory is not None:
+            self._current[record.key] = record.rollout_id
         now = time.monotonic()
-        if now - self._last_metrics >= self._metrics_interval_s:
-            self._last_metrics = now
+        if now >= self._next_metrics:
             self._write_metrics("running", durable=False)
+            self._next_metrics = self._metrics_due(now)
         return True
+
+    def _metrics_due(self, started: float) -> float:
+        """When the next throttled ``metrics.json`` refresh may run after one that started at
+        ``started``: ``metrics_interval_s`` later, or later still when the refresh itself was
+        slow (it aggregates every row: 0.2 s at 100,000 rows), so that slow refreshes take at
+        most 1/:data:`METRICS_MAX_SHARE` of the run's time and the per-item cost stays flat."""
+        spent = time.monotonic() - started
+        backoff = spent * METRICS_MAX_SHARE if spent >= METRICS_SLOW_S else 0.0
+        return started + max(self._metrics_interval_s, backoff)
 
     def _warn(self, message: str, details: dict[str, Any]) -> None:
         self.log.warning("trajectory", message, details)
@@ -529,31 +579,45 @@ class RunDirectory:
         return doc
 
     def _rebuild(
-        self, *, status: str, duration_ms: float = 0.0, completed_at: str | None = None
+        self,
+        *,
+        status: str,
+        duration_ms: float = 0.0,
+        completed_at: str | None = None,
+        reuse: bool = False,
     ) -> dict[str, Any]:
-        """One pass over the journal: index/summary, every item's projection, metrics.json."""
-        valid: dict[WorkKey, bool] = {}
-        self._rows = self._index_rows(valid)
-        rows = self._rows
+        """One pass over the journal: index/summary, every item's projection, metrics.json.
+
+        With ``reuse`` (finalize), an item whose projections this invocation already made for
+        its latest record, with a valid trajectory (at open, or when its result came in), keeps
+        them: only the other items are read and projected again, so finalize does not redo the
+        whole run's file work."""
+        previous, rows = self._rows, {}
         for record in self._latest_expected():
-            project_item(self.path, record, trajectory_valid=valid[record.key], warn=self._warn)
+            key = record.key
+            if reuse and self._current.get(key) == record.rollout_id and key in previous:
+                rows[key] = previous[key]
+                continue
+            trajectory = load_valid_trajectory(self.trials_dir, record.rollout_id)
+            rows[key] = index_row(record, trajectory, resumed=key not in self._fresh)
+            project_item(
+                self.path, record, trajectory_valid=trajectory is not None, warn=self._warn
+            )
+            if trajectory is not None:
+                self._current[key] = record.rollout_id
+        self._rows = rows
         data = b"".join(index_line(rows[k]) for k in sorted(rows))
         atomic_write_bytes(self.path / "index.jsonl", data)
         atomic_write_bytes(self.path / "summary.jsonl", data)
-        self._last_metrics = time.monotonic()
+        self._next_metrics = time.monotonic() + self._metrics_interval_s
         return self._write_metrics(status, duration_ms=duration_ms, completed_at=completed_at)
 
-    def _index_rows(
-        self, valid: dict[WorkKey, bool] | None = None
-    ) -> dict[WorkKey, dict[str, Any]]:
-        """The index row of every expected item (reads trajectories, writes nothing);
-        ``valid`` receives whether each item's trajectory is usable."""
+    def _index_rows(self) -> dict[WorkKey, dict[str, Any]]:
+        """The index row of every expected item (reads trajectories, writes nothing)."""
         rows: dict[WorkKey, dict[str, Any]] = {}
         for record in self._latest_expected():
             trajectory = load_valid_trajectory(self.trials_dir, record.rollout_id)
             rows[record.key] = index_row(record, trajectory, resumed=record.key not in self._fresh)
-            if valid is not None:
-                valid[record.key] = trajectory is not None
         return rows
 
     def _salvage_metrics(self, doc: dict[str, Any]) -> None:
@@ -606,7 +670,9 @@ class RunDirectory:
         status = "finished" if complete else "incomplete"
         try:
             self._write_progress()
-            doc = self._rebuild(status=status, duration_ms=duration_ms, completed_at=completed_at)
+            doc = self._rebuild(
+                status=status, duration_ms=duration_ms, completed_at=completed_at, reuse=True
+            )
         except OSError as exc:
             # Never raise from here: finalize runs in a `finally`, and the results recorded
             # so far (the journal, in memory) still make the table and the resume hint.

@@ -9,15 +9,11 @@ that can be replayed by hand. The cost is one Harbor start-up per trial (measure
 
 from __future__ import annotations
 
-import contextlib
 import json
 import logging
 import os
 import re
 import shutil
-import signal
-import subprocess
-import sys
 import tempfile
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -25,15 +21,19 @@ from typing import Any
 
 import trio
 
-from ..backend import ExecutionBackend, ExecutionOutcome, ExecutionRequest, ExecutionResult
+from ..backend import ExecutionBackend, ExecutionOutcome, ExecutionRequest
 from ..protocol import RolloutErrorCategory, RolloutStatus
-from ..sdk import get_rollout_context
+from ..sdk import AgentWorkflow, Grader, get_rollout_context
 from . import containers
-from .archive import archive_trial, log_tail, retire_trial_dir
+from .archive import archive_trial, retire_trial_dir
 from .locate import HarborSetupError, find_harbor
+from .placement import Placement, PlacementError, SandboxTrial, TrialWiring
+from .process import run_trial_process
 from .reaper import reap_dead_owners
-from .results import outcome_from_result, read_result
-from .staging import StagedTrial, prompt_text, stage_trial, write_private
+from .results import failed, trial_outcome
+from .route import SandboxRoute
+from .staging import StagedTrial, prompt_text, stage_trial, trial_config, write_private
+from .workflow import HARNESS_AGENT, WorkflowSpec, stage_workflow
 
 __all__ = ["HOST_SIDE_AGENTS", "HarborBackend", "HarborSetupError", "find_harbor"]
 
@@ -45,9 +45,10 @@ HOST_SIDE_AGENTS = frozenset({"oracle", "nop", "terminus", "terminus-1", "termin
 #: Agents that make no model calls at all.
 MODEL_FREE_AGENTS = frozenset({"oracle", "nop"})
 _SECRET_NAME = re.compile(r"KEY|SECRET|TOKEN|PASSWORD|CREDENTIAL|AUTH", re.IGNORECASE)
-_WATCHDOG = Path(__file__).with_name("_watchdog.py")
-_STATUS_POLL_S = 1.0
-_KILL_WAIT_S = 10.0
+#: The rollout server route a probing supervisor calls (``rollout_server.probe_route``).
+PROBE_PATH = "/v1/rollbridge/probe-chat-endpoint"
+#: Harbor's agent timeout beyond the workflow's own (the runner enforces that one itself).
+_HARNESS_GRACE_S = 60.0
 #: Harbor and LiteLLM phone home unless told not to; a trial must only talk to this machine.
 _QUIET_ENV = {"HARBOR_TELEMETRY": "0", "LITELLM_LOCAL_MODEL_COST_MAP": "True"}
 
@@ -73,6 +74,13 @@ class HarborBackend(ExecutionBackend):
     ``secret_env``: names of environment variables whose values are scrubbed from archives (the
     rollout's bearer and variables named like secrets always are). ``cancel_grace_sec``: how long
     Harbor gets to clean up after SIGINT before SIGKILL.
+
+    Workflow mode (``workflow=``, an :class:`~rollout_server.sdk.AgentWorkflow` subclass, with
+    ``grader=``, ``config=`` and ``grader_config=``): the workflow runs inside the trial's
+    container under the harness agent, from a sandbox image holding the rollout's bundle; the
+    label reaches the container only with ``tests/`` at verification. ``sandbox_network``:
+    ``"auto"`` (the probe picks the route) or ``"none"`` (the main service has no network; the
+    exec relay carries the model calls). See ``docs/harbor.md``.
     """
 
     def __init__(
@@ -96,9 +104,22 @@ class HarborBackend(ExecutionBackend):
         trials_root: str | os.PathLike[str] | None = None,
         cancel_grace_sec: float = 60.0,
         reap_orphans: bool = True,
+        workflow: type[AgentWorkflow[Any]] | None = None,
+        grader: type[Grader] | None = None,
+        config: Any = None,
+        grader_config: Any = None,
+        sandbox_network: str = "auto",
     ) -> None:
         if mode not in ("template", "dataset"):
             raise ValueError("mode must be 'template' or 'dataset'")
+        if sandbox_network not in ("auto", "none"):
+            raise ValueError(f"sandbox_network must be 'auto' or 'none', got {sandbox_network!r}")
+        self.workflow_spec: WorkflowSpec | None = None
+        if workflow is not None:
+            self.workflow_spec = WorkflowSpec.build(workflow, grader, config, grader_config)
+            agent = HARNESS_AGENT
+        elif grader is not None or config is not None or grader_config is not None:
+            raise ValueError("grader=, config= and grader_config= need workflow=")
         if isinstance(concurrency, bool) or not isinstance(concurrency, int) or concurrency < 1:
             raise ValueError("concurrency must be a positive int")
         if not re.fullmatch(r"[a-z][a-z0-9-]*|[\w.]+:[\w.]+", agent):
@@ -130,6 +151,8 @@ class HarborBackend(ExecutionBackend):
         self.engine: str | None = (
             environment_type if environment_type in ("podman", "docker") else None
         )
+        self.sandbox_network = sandbox_network
+        self._placement = Placement(engine=self.engine, network=sandbox_network, owner=self._owner)
         if reap_orphans:
             engine = self.engine if self.engine and shutil.which(self.engine) else None
             reap_dead_owners(engine, self.trials_root)
@@ -158,7 +181,29 @@ class HarborBackend(ExecutionBackend):
     @property
     def host_side_agent(self) -> bool:
         """Whether the agent runs on the host (so the loopback bridge URL reaches it)."""
-        return self.agent in HOST_SIDE_AGENTS
+        return self.workflow_spec is None and self.agent in HOST_SIDE_AGENTS
+
+    @property
+    def placed_in_sandbox(self) -> bool:
+        """Whether the agent is the workflow harness: in the sandbox, placed by the probe."""
+        return self.workflow_spec is not None
+
+    def set_sandbox_route(self, route: SandboxRoute) -> None:
+        """Give later in-sandbox trials ``route`` (the probe's choice) to reach the bridge."""
+        self._placement.set_route(route)
+
+    def _chat_endpoint(self) -> dict[str, Any]:
+        endpoint: dict[str, Any] = {"environment": self.environment_type or "custom"}
+        if self.placed_in_sandbox:
+            # podman/docker on this machine can always be reached (slirp, or the exec relay);
+            # a remote environment needs a URL it can dial, found by the probe.
+            endpoint["requires_public_url"] = self.engine is None
+            endpoint["probe"] = PROBE_PATH
+        else:
+            # A host-side agent dials the loopback bridge itself; another in-sandbox agent on
+            # a bridged network cannot reach this machine's loopback.
+            endpoint["requires_public_url"] = self.uses_chat_endpoint and not self.host_side_agent
+        return endpoint
 
     def health(self) -> dict[str, Any]:
         """The reference's Harbor ``/health`` fields; host-side agents need no public URL."""
@@ -170,13 +215,27 @@ class HarborBackend(ExecutionBackend):
             "running": self._running,
             "queued": self._queued,
             "max_queue_depth": self.max_queue_depth,
-            "chat_endpoint": {
-                "environment": self.environment_type or "custom",
-                # Placement decides: a host-side agent dials the loopback bridge itself; an
-                # in-sandbox agent on a bridged network cannot reach this machine's loopback.
-                "requires_public_url": self.uses_chat_endpoint and not self.host_side_agent,
-            },
+            "chat_endpoint": self._chat_endpoint(),
         }
+
+    def _probe_task(self) -> Path:
+        if self.template_task is not None:
+            return self.template_task
+        found = sorted(p for p in self.tasks_dir.iterdir() if _is_task_dir(p))
+        if not found:
+            raise PlacementError(f"no Harbor task under {self.tasks_dir} to build a probe image")
+        return found[0]
+
+    async def probe_chat_endpoint(self, request: dict[str, Any]) -> dict[str, Any] | None:
+        """Probe how this backend's sandboxes reach the bridge; ``None`` (404) unless in-sandbox.
+
+        Builds (or finds) the sandbox image, runs the probe ladder over the request's
+        candidates from a sandbox of that image, and keeps the route it found.
+        """
+        if self.workflow_spec is None:
+            return None
+        environment = self._probe_task() / "environment"
+        return await self._placement.answer(request, self.workflow_spec.project_dir, environment)
 
     def has_capacity(self) -> bool:
         """False once ``max_queue_depth`` rollouts wait for a trial slot."""
@@ -200,41 +259,9 @@ class HarborBackend(ExecutionBackend):
                 values.append(value)
         return values
 
-    def _trial_config(
-        self, request: ExecutionRequest, task_dir: Path, overlay: Path, chat_url: str
-    ) -> dict[str, Any]:
-        agent: dict[str, Any] = {"kwargs": dict(self.agent_kwargs)}
-        if ":" in self.agent:
-            agent["import_path"] = self.agent
-        else:
-            agent["name"] = self.agent
-        if self.model_name is not None:
-            agent["model_name"] = self.model_name
-        if self.agent.startswith("terminus"):
-            # The bearer travels in the child's environment (OPENAI_API_KEY), never in a file.
-            agent["kwargs"].setdefault("api_base", chat_url)
-            agent["kwargs"].setdefault("enable_summarize", False)
-            agent["kwargs"].setdefault("record_terminal_session", False)
-        if request.agent_timeout_sec is not None:
-            agent["override_timeout_sec"] = float(request.agent_timeout_sec)
-        verifier: dict[str, Any] = {"disable": not request.grade}
-        if request.grader_timeout_sec is not None:
-            verifier["override_timeout_sec"] = float(request.grader_timeout_sec)
-        environment: dict[str, Any] = {
-            "type": self.environment_type,
-            "kwargs": dict(self.environment_kwargs),
-            "extra_docker_compose": [str(p) for p in (*self.extra_docker_compose, overlay)],
-        }
-        return {
-            "task": {"path": str(task_dir)},
-            "trial_name": f"trial-{request.id}",
-            "trials_dir": str(self.trials_root / "trials"),
-            "agent": agent,
-            "environment": environment,
-            "verifier": verifier,
-        }
-
-    def _stage(self, request: ExecutionRequest, chat_url: str) -> StagedTrial:
+    def _stage(
+        self, request: ExecutionRequest, chat_url: str, sandbox: SandboxTrial | None = None
+    ) -> StagedTrial:
         """Stage the task privately (owner file first) and write the trial config."""
         service: dict[str, Any] = {
             "labels": {
@@ -245,6 +272,8 @@ class HarborBackend(ExecutionBackend):
         if self.init:
             # PID 1 `sleep infinity` ignores SIGTERM; an init cuts ~10 s off every teardown.
             service["init"] = True
+        if sandbox is not None and sandbox.wiring.network_mode is not None:
+            service["network_mode"] = sandbox.wiring.network_mode
         instruction = prompt_text(request.prompt) if self.template_task is not None else None
         staged = stage_trial(
             self.trials_root,
@@ -254,16 +283,50 @@ class HarborBackend(ExecutionBackend):
             instruction=instruction,
             service=service,
         )
-        config = self._trial_config(request, staged.task_dir, staged.overlay, chat_url)
+        harness: dict[str, Any] | None = None
+        verify = True
+        if self.workflow_spec is not None and sandbox is not None:
+            harness, verify = stage_workflow(
+                staged.task_dir, self.workflow_spec, request, sandbox.image, sandbox.package
+            )
+        config = trial_config(
+            request,
+            staged.task_dir,
+            trials_root=self.trials_root,
+            agent=self.agent,
+            agent_kwargs={**self.agent_kwargs, **(harness or {})},
+            model_name=self.model_name,
+            chat_url=chat_url,
+            environment={
+                "type": self.environment_type,
+                "kwargs": dict(self.environment_kwargs),
+                "extra_docker_compose": [
+                    str(p) for p in (*self.extra_docker_compose, staged.overlay)
+                ],
+            },
+            timeout_grace=_HARNESS_GRACE_S if harness is not None else 0.0,
+            verify=verify,
+        )
         write_private(staged.config, json.dumps(config, indent=2).encode())
         return staged
 
-    def _child_env(self, harbor: list[str], bearer: str | None, chat_url: str) -> dict[str, str]:
+    def _child_env(
+        self,
+        harbor: list[str],
+        bearer: str | None,
+        chat_url: str,
+        *,
+        trial: str | None = None,
+        wiring: TrialWiring | None = None,
+    ) -> dict[str, str]:
         env = dict(os.environ)
         env.update(_QUIET_ENV)
         # podman-compose lives next to harbor in its venv; Harbor finds it on PATH.
         env["PATH"] = os.pathsep.join([str(Path(harbor[0]).parent), env.get("PATH", "")])
         env.pop("VIRTUAL_ENV", None)
+        if wiring is not None:
+            chat_url = wiring.chat_url
+            env.update(wiring.harbor_env(trial or "", self.engine or "", env.get("PYTHONPATH")))
         if self.uses_chat_endpoint and bearer:
             env["OPENAI_API_KEY"] = bearer
             env["OPENAI_BASE_URL"] = chat_url
@@ -277,7 +340,7 @@ class HarborBackend(ExecutionBackend):
         bearer = ctx.api_key if ctx is not None else None
         chat_url = ctx.chat_completions_url if ctx is not None else ""
         if self.uses_chat_endpoint and not chat_url:
-            return _failed(
+            return failed(
                 f"rollout {request.id!r} has no chat_completions_url; refusing to run "
                 f"{self.agent!r} without the bridge endpoint",
                 RolloutErrorCategory.VALIDATION_ERROR,
@@ -297,17 +360,22 @@ class HarborBackend(ExecutionBackend):
     async def _run_trial(
         self, request: ExecutionRequest, bearer: str | None, chat_url: str
     ) -> ExecutionOutcome:
+        sandbox: SandboxTrial | None = None
         try:
             harbor = find_harbor(self.harbor_command)
-            staged = await trio.to_thread.run_sync(self._stage, request, chat_url)
-        except (HarborSetupError, ValueError, OSError) as exc:
+            if self.workflow_spec is not None:
+                sandbox = await self._placement.sandbox_trial(
+                    self.workflow_spec.project_dir, self._task_for(request), chat_url
+                )
+            staged = await trio.to_thread.run_sync(self._stage, request, chat_url, sandbox)
+        except (HarborSetupError, PlacementError, ValueError, OSError) as exc:
             shutil.rmtree(self.trials_root / "staging" / request.id, ignore_errors=True)
             category = (
                 RolloutErrorCategory.VALIDATION_ERROR
                 if isinstance(exc, ValueError)
                 else RolloutErrorCategory.INTERNAL_ERROR
             )
-            return _failed(str(exc), category)
+            return failed(str(exc), category)
         trial_name = f"trial-{request.id}"
         trial_dir = self.trials_root / "trials" / trial_name
         log_path = staged.log
@@ -315,24 +383,24 @@ class HarborBackend(ExecutionBackend):
         try:
             if self.engine is not None:
                 await containers.sweep_trial(self.engine, trial_name)
-            returncode = await self._run_process(
+            env = self._child_env(
+                harbor,
+                bearer,
+                chat_url,
+                trial=trial_name,
+                wiring=sandbox.wiring if sandbox is not None else None,
+            )
+            returncode = await run_trial_process(
                 harbor,
                 staged.config,
                 log_path,
-                self._child_env(harbor, bearer, chat_url),
+                env,
                 trial_dir,
+                grace=self.cancel_grace_sec,
+                engine=self.engine,
             )
-            result = read_result(trial_dir)
-            if result is None:
-                outcome = _failed(
-                    f"Harbor trial {trial_name} wrote no result.json (exit code {returncode}): "
-                    + log_tail(log_path, secrets),
-                    RolloutErrorCategory.INTERNAL_ERROR,
-                )
-            else:
-                outcome = outcome_from_result(
-                    result, prompt=request.prompt, label=request.label, grade=request.grade
-                )
+            evidence = sandbox.evidence() if sandbox is not None else None
+            outcome = trial_outcome(trial_dir, request, returncode, log_path, secrets, evidence)
             if request.rollout_dir is not None:
                 report = await trio.to_thread.run_sync(
                     archive_trial, trial_dir, log_path, request.rollout_dir, secrets
@@ -356,70 +424,6 @@ class HarborBackend(ExecutionBackend):
             with trio.CancelScope(shield=True):
                 await trio.to_thread.run_sync(shutil.rmtree, staged.staging, True)
 
-    async def _run_process(
-        self,
-        harbor: list[str],
-        config: Path,
-        log_path: Path,
-        env: dict[str, str],
-        trial_dir: Path,
-    ) -> int | None:
-        argv = [
-            sys.executable,
-            # By path, not -m: importing the package would cost ~0.6 s of trio/msgspec imports.
-            str(_WATCHDOG),
-            str(os.getpid()),
-            str(self.cancel_grace_sec),
-            *harbor,
-            "trial",
-            "start",
-            "-c",
-            str(config),
-        ]
-        fd = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-        try:
-            process = await trio.lowlevel.open_process(
-                argv,
-                stdin=subprocess.DEVNULL,
-                stdout=fd,
-                stderr=fd,
-                env=env,
-                start_new_session=True,
-                cwd=str(config.parent),
-            )
-        finally:
-            os.close(fd)
-        try:
-            grading = False
-            ctx = get_rollout_context()
-            while process.returncode is None:
-                with trio.move_on_after(_STATUS_POLL_S):
-                    await process.wait()
-                if not grading and (trial_dir / "verifier").is_dir():
-                    grading = True
-                    if ctx is not None:
-                        await ctx.set_status(RolloutStatus.GRADING)
-            return process.returncode
-        except trio.Cancelled:
-            with trio.CancelScope(shield=True):
-                await self._stop(process, trial_dir)
-            raise
-
-    async def _stop(self, process: trio.Process, trial_dir: Path) -> None:
-        """SIGINT the trial's group (Harbor tears down), SIGKILL after the grace, then sweep."""
-        _signal_group(process.pid, signal.SIGINT)
-        with trio.move_on_after(self.cancel_grace_sec):
-            await process.wait()
-        if process.returncode is None:
-            _signal_group(process.pid, signal.SIGKILL)
-            with trio.move_on_after(_KILL_WAIT_S):
-                await process.wait()
-        if self.engine is not None:
-            removed = await containers.sweep_trial(self.engine, trial_dir.name)
-            if removed:
-                logger.info("harbor: removed %d container(s) of %s", len(removed), trial_dir.name)
-        await trio.to_thread.run_sync(shutil.rmtree, trial_dir, True)
-
     async def shutdown(self) -> None:
         """Remove any container this server still owns (every trial has been cancelled)."""
         if self.engine is None or not shutil.which(self.engine):
@@ -433,14 +437,3 @@ class HarborBackend(ExecutionBackend):
                 await trio.to_thread.run_sync(
                     containers.remove_trials, self.engine, ids, sorted(owned)
                 )
-
-
-def _signal_group(pgid: int, sig: signal.Signals) -> None:
-    with contextlib.suppress(ProcessLookupError, PermissionError):
-        os.killpg(pgid, sig)
-
-
-def _failed(message: str, category: RolloutErrorCategory) -> ExecutionOutcome:
-    return ExecutionOutcome(
-        ExecutionResult(RolloutStatus.FAILURE, err_message=message, err_category=category)
-    )

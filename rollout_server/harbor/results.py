@@ -2,21 +2,36 @@
 
 Harbor exits 0 even when a trial failed, so the outcome comes from ``result.json`` alone: the
 reward from the verifier's ``reward`` channel (Harbor's convention; no other channel is guessed),
-the failure category from ``exception_info.exception_type``.
+the failure category from ``exception_info.exception_type``. In workflow mode the container's
+own result files come first: ``agent/container_result.json`` (the workflow's messages, or its
+failure) and ``verifier/grade_result.json`` (the Grader's failure), so a user's exception is the
+row's reason rather than the Harbor error it caused.
 """
 
 from __future__ import annotations
 
 import json
 import math
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from ..backend import ExecutionOutcome, ExecutionResult
+from ..backend import FAILURE_KEY, ExecutionOutcome, ExecutionRequest, ExecutionResult
 from ..protocol import RolloutErrorCategory, RolloutStatus
 from ..sdk import RolloutSample
+from .archive import log_tail, scrub_bytes, secret_spellings
 
-__all__ = ["CANCELLED_TYPES", "outcome_from_result", "read_result"]
+__all__ = [
+    "CANCELLED_TYPES",
+    "failed",
+    "outcome_from_result",
+    "read_container_result",
+    "read_json",
+    "read_result",
+    "sandbox_outcome",
+    "trial_outcome",
+    "workflow_outcome",
+]
 
 #: Exception types that mean the trial was interrupted, not that it failed.
 CANCELLED_TYPES = frozenset({"CancelledError", "KeyboardInterrupt"})
@@ -39,13 +54,30 @@ _ENVIRONMENT_ERRORS = frozenset(
 _TOKEN_FIELDS = ("n_input_tokens", "n_output_tokens", "n_cache_tokens")
 
 
-def read_result(trial_dir: Path) -> dict[str, Any] | None:
-    """The parsed ``result.json`` of ``trial_dir``, or ``None`` when absent or unreadable."""
+def read_json(path: Path) -> dict[str, Any] | None:
+    """The JSON object in ``path``, or ``None`` when absent, unreadable or not an object."""
     try:
-        document = json.loads((trial_dir / "result.json").read_bytes())
-    except (OSError, ValueError):
+        document = json.loads(path.read_bytes())
+    except (OSError, ValueError, RecursionError):
         return None
     return document if isinstance(document, dict) else None
+
+
+def read_result(trial_dir: Path) -> dict[str, Any] | None:
+    """The parsed ``result.json`` of ``trial_dir``, or ``None`` when absent or unreadable."""
+    return read_json(trial_dir / "result.json")
+
+
+def read_container_result(trial_dir: Path, result: dict[str, Any] | None) -> dict[str, Any] | None:
+    """The workflow's ``container_result.json``: the trial's ``agent/`` copy, else the one the
+    harness put into the agent context's metadata."""
+    document = read_json(trial_dir / "agent" / "container_result.json")
+    if document is not None:
+        return document
+    agent = result.get("agent_result") if result else None
+    metadata = agent.get("metadata") if isinstance(agent, dict) else None
+    embedded = metadata.get("container_result") if isinstance(metadata, dict) else None
+    return embedded if isinstance(embedded, dict) else None
 
 
 def _diagnostics(result: dict[str, Any]) -> dict[str, Any]:
@@ -148,3 +180,187 @@ def outcome_from_result(
     return ExecutionOutcome(
         workflow, ExecutionResult(RolloutStatus.SUCCESS, sample=graded, extra_fields=extra)
     )
+
+
+_VALIDATION_TYPES = frozenset({"ValueError", "TypeError", "AssertionError", "KeyError"})
+_TIMEOUT_TYPES = frozenset({"TimeoutError", "TooSlowError"})
+
+
+def _failure_category(failure: dict[str, Any]) -> RolloutErrorCategory:
+    detail = failure.get("detail")
+    if isinstance(detail, dict) and detail.get("phase") == "bridge":
+        return RolloutErrorCategory.AGENT_ERROR
+    kind = failure.get("type")
+    if kind in _TIMEOUT_TYPES:
+        return RolloutErrorCategory.TIMEOUT
+    if kind in _VALIDATION_TYPES:
+        return RolloutErrorCategory.VALIDATION_ERROR
+    return RolloutErrorCategory.AGENT_ERROR
+
+
+def _container_failure(
+    failure: Any, who: str, scrub: Callable[[str], str], extra: dict[str, Any]
+) -> ExecutionResult:
+    """The user's exception in the sandbox, reported as LocalBackend reports it: the message as
+    ``err_message``, the phase and type in the diagnostics' failure (plus the runner's stage)."""
+    failure = failure if isinstance(failure, dict) else {}
+    stage = str(failure.get("stage") or who)
+    kind = str(failure.get("type") or "Error")
+    message = scrub(str(failure.get("message") or "")) or kind
+    if stage not in (who, "grader", "workflow"):
+        message = f"{stage}: {message}"
+    detail = failure.get("detail")
+    reason: dict[str, Any] = dict(detail) if isinstance(detail, dict) else {}
+    reason.setdefault("phase", "grader" if who == "grader" else "agent")
+    reason.setdefault("type", kind)
+    if "message" in reason:
+        reason["message"] = scrub(str(reason["message"]))
+    reason["stage"] = stage
+    return ExecutionResult(
+        RolloutStatus.FAILURE,
+        err_message=message,
+        err_category=_failure_category(failure),
+        extra_fields={**extra, FAILURE_KEY: reason},
+    )
+
+
+def workflow_outcome(
+    result: dict[str, Any],
+    container: dict[str, Any] | None,
+    grade_result: dict[str, Any] | None,
+    *,
+    prompt: list[dict[str, Any]],
+    label: str | None,
+    grade: bool,
+    scrub: Callable[[str], str],
+) -> ExecutionOutcome:
+    """The outcome of a workflow-mode trial: the container's own results first (``scrub``
+    cleans the user's error text of secrets), Harbor's reward channel for the reward."""
+    exception = result.get("exception_info")
+    kind = exception.get("exception_type") if isinstance(exception, dict) else None
+    if container is None or kind in CANCELLED_TYPES:
+        outcome = outcome_from_result(result, prompt=prompt, label=label, grade=grade)
+        if container is None and outcome.workflow.status == RolloutStatus.SUCCESS:
+            return ExecutionOutcome(
+                ExecutionResult(
+                    RolloutStatus.FAILURE,
+                    err_message="the workflow wrote no container_result.json",
+                    err_category=RolloutErrorCategory.AGENT_ERROR,
+                    extra_fields=_diagnostics(result),
+                )
+            )
+        return outcome
+    extra = _diagnostics(result)
+    if container.get("status") != "success":
+        return ExecutionOutcome(
+            _container_failure(container.get("failure"), "workflow", scrub, extra)
+        )
+    messages = container.get("messages")
+    metrics = dict(_metrics(result))
+    own = container.get("metrics")
+    if isinstance(own, dict):
+        metrics.update(own)
+    sample = (
+        RolloutSample(
+            messages,
+            label=label,
+            metrics=metrics,
+            remove_sample=bool(container.get("remove_sample")),
+        )
+        if isinstance(messages, list)
+        else None
+    )
+    workflow = ExecutionResult(RolloutStatus.SUCCESS, sample=sample, extra_fields=extra)
+    if not grade:
+        return ExecutionOutcome(workflow)
+    if grade_result is not None and grade_result.get("status") != "success":
+        failed = _container_failure(grade_result.get("failure"), "grader", scrub, extra)
+        failed.sample = sample
+        return ExecutionOutcome(workflow, failed)
+    reward = _reward(result)
+    if reward is None:
+        graded = outcome_from_result(result, prompt=prompt, label=label, grade=True).grader
+        message = graded.err_message if graded is not None else None
+        return ExecutionOutcome(
+            workflow,
+            ExecutionResult(
+                RolloutStatus.FAILURE,
+                sample=sample,
+                err_message=scrub(
+                    message or "trial ended without a 'reward' in its verifier result"
+                ),
+                err_category=graded.err_category
+                if graded is not None
+                else RolloutErrorCategory.AGENT_ERROR,
+                extra_fields=extra,
+            ),
+        )
+    if sample is None:
+        sample = RolloutSample(list(prompt), label=label, metrics=metrics)
+    sample.reward = reward
+    if grade_result is not None and grade_result.get("remove_sample"):
+        sample.remove_sample = True
+    return ExecutionOutcome(
+        workflow, ExecutionResult(RolloutStatus.SUCCESS, sample=sample, extra_fields=extra)
+    )
+
+
+def sandbox_outcome(
+    trial_dir: Path,
+    result: dict[str, Any],
+    request: ExecutionRequest,
+    secrets: Sequence[str],
+    evidence: Mapping[str, Any],
+) -> ExecutionOutcome:
+    """:func:`workflow_outcome` from the trial dir's files, its text scrubbed of ``secrets``
+    and ``evidence`` (route, image) added to each phase's diagnostics."""
+    spellings = secret_spellings(secrets)
+
+    def scrub(text: str) -> str:
+        clean = scrub_bytes(text.encode(errors="replace"), spellings)
+        return clean.decode(errors="replace") if clean is not None else "(withheld)"
+
+    outcome = workflow_outcome(
+        result,
+        read_container_result(trial_dir, result),
+        read_json(trial_dir / "verifier" / "grade_result.json"),
+        prompt=request.prompt,
+        label=request.label,
+        grade=request.grade,
+        scrub=scrub,
+    )
+    for phase in (outcome.workflow, outcome.grader):
+        if phase is not None:
+            phase.extra_fields = {**(phase.extra_fields or {}), **evidence}
+    return outcome
+
+
+def failed(message: str, category: RolloutErrorCategory) -> ExecutionOutcome:
+    """A rollout that failed before (or outside) its trial."""
+    return ExecutionOutcome(
+        ExecutionResult(RolloutStatus.FAILURE, err_message=message, err_category=category)
+    )
+
+
+def trial_outcome(
+    trial_dir: Path,
+    request: ExecutionRequest,
+    returncode: int | None,
+    log_path: Path,
+    secrets: Sequence[str],
+    evidence: Mapping[str, Any] | None,
+) -> ExecutionOutcome:
+    """The outcome of a finished ``harbor trial start`` (``evidence``: a workflow-mode trial's
+    route and image, whose container results then come first)."""
+    result = read_result(trial_dir)
+    if result is None:
+        return failed(
+            f"Harbor trial {trial_dir.name} wrote no result.json (exit code {returncode}): "
+            + log_tail(log_path, secrets),
+            RolloutErrorCategory.INTERNAL_ERROR,
+        )
+    if evidence is None:
+        return outcome_from_result(
+            result, prompt=request.prompt, label=request.label, grade=request.grade
+        )
+    return sandbox_outcome(trial_dir, result, request, secrets, evidence)

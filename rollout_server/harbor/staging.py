@@ -25,6 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from ..backend import ExecutionRequest
 from .containers import owner_alive
 
 __all__ = [
@@ -34,6 +35,7 @@ __all__ = [
     "remove_scratch",
     "stage_trial",
     "stale_trials",
+    "trial_config",
     "write_private",
 ]
 
@@ -77,6 +79,44 @@ def write_private(path: Path, data: bytes) -> None:
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
     with os.fdopen(fd, "wb") as handle:
         handle.write(data)
+
+
+def trial_config(
+    request: ExecutionRequest,
+    task_dir: Path,
+    *,
+    trials_root: Path,
+    agent: str,
+    agent_kwargs: Mapping[str, Any],
+    model_name: str | None,
+    chat_url: str,
+    environment: Mapping[str, Any],
+    timeout_grace: float = 0.0,
+    verify: bool = True,
+) -> dict[str, Any]:
+    """The ``TrialConfig`` document of one trial (``harbor trial start -c``)."""
+    agent_doc: dict[str, Any] = {"kwargs": dict(agent_kwargs)}
+    agent_doc["import_path" if ":" in agent else "name"] = agent
+    if model_name is not None:
+        agent_doc["model_name"] = model_name
+    if agent.startswith("terminus"):
+        # The bearer travels in the child's environment (OPENAI_API_KEY), never in a file.
+        agent_doc["kwargs"].setdefault("api_base", chat_url)
+        agent_doc["kwargs"].setdefault("enable_summarize", False)
+        agent_doc["kwargs"].setdefault("record_terminal_session", False)
+    if request.agent_timeout_sec is not None:
+        agent_doc["override_timeout_sec"] = float(request.agent_timeout_sec) + timeout_grace
+    verifier: dict[str, Any] = {"disable": not (request.grade and verify)}
+    if request.grader_timeout_sec is not None:
+        verifier["override_timeout_sec"] = float(request.grader_timeout_sec)
+    return {
+        "task": {"path": str(task_dir)},
+        "trial_name": f"trial-{request.id}",
+        "trials_dir": str(trials_root / "trials"),
+        "agent": agent_doc,
+        "environment": dict(environment),
+        "verifier": verifier,
+    }
 
 
 def stage_trial(

@@ -7,6 +7,8 @@ response through :mod:`http.cookiejar` even when it sets no cookie.
 
 from __future__ import annotations
 
+import functools
+import ssl
 from collections.abc import AsyncIterator, Callable
 
 import httpx
@@ -68,7 +70,7 @@ class ShardedTransport(httpx.AsyncBaseTransport):
 
     def __init__(self, shards: int, limits: httpx.Limits = _UNLIMITED) -> None:
         # One TLS context for all shards: building one loads the CA bundle.
-        tls = httpx.create_ssl_context()
+        tls = _shared_tls()
         self._pools = [httpx.AsyncHTTPTransport(limits=limits, verify=tls) for _ in range(shards)]
         self._busy = [0] * shards
 
@@ -92,3 +94,9 @@ class ShardedTransport(httpx.AsyncBaseTransport):
     async def aclose(self) -> None:
         for pool in self._pools:
             await pool.aclose()
+
+
+@functools.cache
+def _shared_tls() -> ssl.SSLContext:
+    """One verifying TLS context per process: building one loads the CA bundle (~0.1 s CPU)."""
+    return httpx.create_ssl_context()

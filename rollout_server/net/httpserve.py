@@ -23,6 +23,11 @@ then serves exactly like a plain ``Config``. Once installed, only servers starte
 :class:`CoalescingConfig` behave differently; every other hypercorn server in the process
 (the patch replaces hypercorn's trio TCP server class for all of them) keeps hypercorn's own
 behaviour.
+
+:class:`LeanConfig` goes one step further for servers whose answers are small and whole (the
+rollout server): its plain HTTP/1.1 connections skip hypercorn's protocol layers and are served
+by :func:`rollout_server.net.h1.serve_h1`, with the app called in the connection's own task
+(that module says what this changes for an app). TLS connections still go through hypercorn.
 """
 
 from __future__ import annotations
@@ -31,6 +36,7 @@ import logging
 import math
 import re
 from collections.abc import Awaitable, Callable
+from functools import partial
 from importlib import metadata
 from typing import Any, Final
 
@@ -45,7 +51,9 @@ from hypercorn.trio.worker_context import TrioSingleTask, WorkerContext
 from hypercorn.typing import AppWrapper, LifespanState, TaskGroup
 from hypercorn.typing import Event as WorkerEvent
 
-__all__ = ["TESTED_HYPERCORN", "CoalescingConfig", "install_write_coalescing"]
+from .h1 import serve_h1
+
+__all__ = ["TESTED_HYPERCORN", "CoalescingConfig", "LeanConfig", "install_write_coalescing"]
 
 logger = logging.getLogger(__name__)
 
@@ -56,7 +64,8 @@ TESTED_HYPERCORN: Final = ((0, 17), (0, 19))
 _SERVER_CLASS: Final = "TCPServer"
 # Everything of hypercorn's that the subclasses below override or call.
 _INTERNALS: Final = (
-    (TCPServer, ("_read_data", "protocol_send", "_initiate_server_close")),
+    (TCPServer, ("run", "_read_data", "protocol_send", "_initiate_server_close", "_close")),
+    (Config, ("h11_max_incomplete_size", "read_timeout", "keep_alive_max_requests", "root_path")),
     (TrioSingleTask, ("restart", "stop")),
     (_TrioTaskGroup, ("spawn",)),
 )
@@ -67,6 +76,15 @@ class CoalescingConfig(Config):
 
     It takes effect once :func:`install_write_coalescing` has succeeded; before (or when it
     declines) it is a plain ``Config``.
+    """
+
+
+class LeanConfig(CoalescingConfig):
+    """A :class:`CoalescingConfig` whose plain HTTP/1.1 connections are served by
+    :func:`~rollout_server.net.h1.serve_h1` (the app runs in the connection's task).
+
+    Like :class:`CoalescingConfig`, it is a plain ``Config`` until
+    :func:`install_write_coalescing` has succeeded.
     """
 
 
@@ -180,13 +198,44 @@ class _CoalescingTCPServer(TCPServer):
     ) -> None:
         super().__init__(app, config, context, state, stream)
         self._coalesce = isinstance(config, CoalescingConfig)
+        self._lean = isinstance(config, LeanConfig) and isinstance(stream, trio.SocketStream)
         self._in_body = False
         self._held: bytes | None = None
         if self._coalesce:
             self._idle_timer = _IdleTimer(
-                self.context.terminated, config.keep_alive_timeout, self._initiate_server_close
+                self.context.terminated, config.keep_alive_timeout, self._close_idle
             )
             self.idle_task = self._idle_timer
+
+    async def run(self) -> None:
+        if not self._lean:
+            await super().run()
+            return
+        stream = self.stream
+        assert isinstance(stream, trio.SocketStream)
+        timer = self._idle_timer
+        try:
+            async with _TrioTaskGroup() as task_group:
+                await serve_h1(
+                    self.app,
+                    self.config,
+                    stream,
+                    self.state,
+                    on_idle=partial(timer.restart, task_group, self._idle_timeout),
+                    on_busy=timer.stop,
+                )
+                timer.cancel()
+        except OSError:
+            pass
+        finally:
+            timer.cancel()
+            await self._close()
+
+    async def _close_idle(self) -> None:
+        if self._lean:
+            await self.stream.aclose()
+        else:
+            await self._initiate_server_close()
 
     async def _read_data(self) -> None:
         try:

@@ -88,9 +88,12 @@ async def test_slow_model_hits_the_agent_timeout(
     assert "error_type=timeout" in out
 
 
-async def test_fatal_preflight_stops_before_the_server_starts(
+async def test_fatal_preflight_stops_before_any_dispatch(
     workspace: Path, env: dict[str, str], tmp_path: Path, fake_upstream: FakeUpstream
 ) -> None:
+    # The refusal comes late enough that the rollout server has usually started meanwhile
+    # (it starts alongside the preflight): it must be stopped, and nothing dispatched.
+    fake_upstream.delay = 1.5
     fake_upstream.fail_statuses = deque([401])
     fake_upstream.fail_body = '{"error": {"message": "bad key sk-fake-faults-key"}}'
     code, out, err = await _run(workspace, env, tmp_path, fake_upstream, "auth")
@@ -102,5 +105,30 @@ async def test_fatal_preflight_stops_before_the_server_starts(
     run = run_dir(workspace, "auth")
     assert journal(run) == []
     assert not (run / "server.json").exists()
-    assert "starting rollout server" not in (run / "logs.txt").read_text()
+    logs = (run / "logs.txt").read_text()
+    assert "dispatching rollout" not in logs
     assert metrics(run)["eval_run"]["status"] == "incomplete"
+
+
+async def test_rollout_server_starts_while_a_slow_model_is_checked(
+    workspace: Path, env: dict[str, str], tmp_path: Path, fake_upstream: FakeUpstream
+) -> None:
+    # A model that takes 4 s per answer: the server is healthy before the preflight returns,
+    # and the first dispatch still waits for the preflight.
+    fake_upstream.delay = 4.0
+    write_config(workspace, "fake", fake_model_config(batch_size=1))
+    result = await run_cli(
+        ["eval", "run", "ws/configs/eval/fake.toml", "--name", "slowcheck", "--rows", "0", "--yes"],
+        cwd=tmp_path,
+        env=_env(env, fake_upstream),
+    )
+    assert result.returncode == 0, result.stderr + result.stdout
+    lines = (run_dir(workspace, "slowcheck") / "logs.txt").read_text().splitlines()
+
+    def first(needle: str) -> int:
+        return next(i for i, line in enumerate(lines) if needle in line)
+
+    healthy = first("[server] rollout server healthy")
+    passed = first("[preflight] model preflight passed")
+    dispatched = first("[dispatch] dispatching rollout")
+    assert healthy < passed < dispatched

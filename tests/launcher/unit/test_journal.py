@@ -120,6 +120,14 @@ def test_torn_tail_is_discarded_even_if_it_parses(tmp_path: Path) -> None:
             b'{"row_index":0,"run_index":0,"rollout_id":"../x","status":"success"}\n',
             "rollout_id must be a single path segment",
         ),
+        *(
+            (
+                b'{"row_index":0,"run_index":0,"rollout_id":"%s","status":"success"}\n'
+                % bad.encode(),
+                "rollout_id must be a single path segment",
+            )
+            for bad in ("..", ".", "", "C:x", "a\\\\b", "a\\u0000b")
+        ),
         (
             b'{"row_index":0,"run_index":0,"rollout_id":"a","status":"done"}\n',
             "status must be one of ['failed', 'skipped', 'success']",
@@ -243,3 +251,42 @@ def test_lone_surrogates_round_trip(tmp_path: Path) -> None:
     path.write_bytes(record.to_line())
     (replayed,) = replay_journal(path).records
     assert replayed.error_type == "bad \ud800 text"
+
+
+def test_replay_keeps_ids_that_only_look_odd(tmp_path: Path) -> None:
+    # Ids the fast path must not refuse: a dot or a colon past the first two characters.
+    path = tmp_path / "events.jsonl"
+    ids = ["a.b", "ab:c", "x..", "b.", "1" * 40]
+    path.write_bytes(b"".join(rec(i, 0, rollout_id=rid).to_line() for i, rid in enumerate(ids)))
+    assert [r.rollout_id for r in replay_journal(path).records] == ids
+
+
+async def test_then_runs_after_the_commit_and_its_error_reaches_its_caller(
+    tmp_path: Path,
+) -> None:
+    path = tmp_path / "events.jsonl"
+    journal = Journal.open(path)
+    seen: list[tuple[int, int]] = []
+
+    def then(row: int) -> None:
+        # The record is durable and counted by the time its follow-up work runs.
+        lines = path.read_bytes().splitlines()
+        seen.append((row, len(lines)))
+        assert (row, 0) in journal.latest
+        if row == 2:
+            raise OSError("projection failed")
+
+    async def append(row: int) -> None:
+        try:
+            await journal.append(rec(row, 0), then=lambda: then(row))
+        except OSError:
+            seen.append((row, -1))
+
+    with trio.fail_after(10):
+        async with trio.open_nursery() as nursery:
+            for row in range(4):
+                nursery.start_soon(append, row)
+    assert sorted(row for row, n in seen if n > 0) == [0, 1, 2, 3]
+    assert (2, -1) in seen  # the follow-up's error, raised to its own caller only
+    assert set(journal.latest) == {(row, 0) for row in range(4)}  # ... whose record counts
+    journal.close()

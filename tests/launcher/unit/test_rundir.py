@@ -427,3 +427,58 @@ async def test_non_finite_reward_is_recorded_as_ungraded(tmp_path: Path) -> None
     assert "reward" not in lines(rd.path / "index.jsonl")[0]
     assert result.summary["graded"] == 0 and result.complete
     rd.close()
+
+
+async def test_finalize_picks_up_a_trajectory_that_came_after_the_result(tmp_path: Path) -> None:
+    # Projections made while the run went are kept at finalize; an item projected without
+    # its trajectory is looked at again.
+    sel = selection(tmp_path, rows=2)
+    rd = open_rd(tmp_path, sel, n=1)
+    early, late = "a" * 32, "b" * 32
+    for rid in (early, late):
+        rd.trial_dir(rid).mkdir(parents=True)
+    (rd.trial_dir(early) / "trajectory.json").write_text(json.dumps({"session_id": early}))
+    with trio.fail_after(20):
+        await rd.record_result(record(0, 0, rollout_id=early), wait_for_trajectory=True)
+        await rd.record_result(record(1, 0, rollout_id=late), wait_for_trajectory=False)
+    before = {row["row_index"]: row for row in lines(rd.path / "index.jsonl")}
+    assert "trajectory_filename" in before[0] and "trajectory_filename" not in before[1]
+    (rd.trial_dir(late) / "trajectory.json").write_text(json.dumps({"session_id": late}))
+    result = rd.finalize(cancelled=False)
+    assert result.complete
+    after = {row["row_index"]: row for row in lines(rd.path / "index.jsonl")}
+    assert after[0] == before[0]
+    assert after[1]["trajectory_filename"] == "trajectory.json"
+    assert (rd.path / "trajectories" / "row_1_run_0.json").exists()
+    assert lines(rd.path / "summary.jsonl") == lines(rd.path / "index.jsonl")
+    rd.close()
+
+
+async def test_a_slow_metrics_refresh_is_spaced_out(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # In a run so large that aggregating every row is slow, metrics.json is refreshed less
+    # often than metrics_interval_s (0 here), and finalize still writes the whole summary.
+    import time
+
+    import launcher.rundir.directory as directory
+
+    real = directory.aggregate_metrics
+
+    def slow(*args: object, **kwargs: object) -> dict:
+        time.sleep(0.1)  # like 50,000 rows: the next refresh waits about 5 s
+        return real(*args, **kwargs)  # type: ignore[arg-type]
+
+    sel = selection(tmp_path, rows=3)
+    rd = open_rd(tmp_path, sel, n=1)
+    monkeypatch.setattr(directory, "aggregate_metrics", slow)
+    with trio.fail_after(20):
+        for row in range(3):
+            await rd.record_result(record(row, 0))
+    running = json.loads((rd.path / "metrics.json").read_text())
+    assert running["eval_run"]["status"] == "running"
+    assert running["summary"]["total_samples"] == 1
+    result = rd.finalize(cancelled=False)
+    assert result.summary["total_samples"] == 3
+    assert json.loads((rd.path / "metrics.json").read_text())["summary"]["total_samples"] == 3
+    rd.close()

@@ -1,0 +1,106 @@
+"""One ``harbor trial start`` process: started under the watchdog, polled, stopped on cancel.
+
+The process runs in its own session under ``_watchdog.py`` (which stops Harbor if the rollout
+server dies). While it runs, the rollout's status turns ``grading`` once the trial's
+``verifier/`` dir appears. Cancelling sends SIGINT to the session's group (Harbor tears its
+containers down), SIGKILL after the grace, then sweeps the trial's containers by label.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import shutil
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import trio
+
+from ..protocol import RolloutStatus
+from ..sdk import get_rollout_context
+from . import containers
+
+__all__ = ["run_trial_process"]
+
+logger = logging.getLogger("rollout_server.harbor")
+
+_WATCHDOG = Path(__file__).with_name("_watchdog.py")
+_STATUS_POLL_S = 1.0
+_KILL_WAIT_S = 10.0
+
+
+async def run_trial_process(
+    harbor: list[str],
+    config: Path,
+    log_path: Path,
+    env: dict[str, str],
+    trial_dir: Path,
+    *,
+    grace: float,
+    engine: str | None,
+) -> int | None:
+    """Run the trial of ``config`` to its end; its output goes to ``log_path`` (0600)."""
+    argv = [
+        sys.executable,
+        # By path, not -m: importing the package would cost ~0.6 s of trio/msgspec imports.
+        str(_WATCHDOG),
+        str(os.getpid()),
+        str(grace),
+        *harbor,
+        "trial",
+        "start",
+        "-c",
+        str(config),
+    ]
+    fd = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    try:
+        process = await trio.lowlevel.open_process(
+            argv,
+            stdin=subprocess.DEVNULL,
+            stdout=fd,
+            stderr=fd,
+            env=env,
+            start_new_session=True,
+            cwd=str(config.parent),
+        )
+    finally:
+        os.close(fd)
+    try:
+        grading = False
+        ctx = get_rollout_context()
+        while process.returncode is None:
+            with trio.move_on_after(_STATUS_POLL_S):
+                await process.wait()
+            if not grading and (trial_dir / "verifier").is_dir():
+                grading = True
+                if ctx is not None:
+                    await ctx.set_status(RolloutStatus.GRADING)
+        return process.returncode
+    except trio.Cancelled:
+        with trio.CancelScope(shield=True):
+            await _stop(process, trial_dir, grace, engine)
+        raise
+
+
+async def _stop(process: trio.Process, trial_dir: Path, grace: float, engine: str | None) -> None:
+    """SIGINT the trial's group (Harbor tears down), SIGKILL after the grace, then sweep."""
+    _signal_group(process.pid, signal.SIGINT)
+    with trio.move_on_after(grace):
+        await process.wait()
+    if process.returncode is None:
+        _signal_group(process.pid, signal.SIGKILL)
+        with trio.move_on_after(_KILL_WAIT_S):
+            await process.wait()
+    if engine is not None:
+        removed = await containers.sweep_trial(engine, trial_dir.name)
+        if removed:
+            logger.info("harbor: removed %d container(s) of %s", len(removed), trial_dir.name)
+    await trio.to_thread.run_sync(shutil.rmtree, trial_dir, True)
+
+
+def _signal_group(pgid: int, sig: signal.Signals) -> None:
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(pgid, sig)

@@ -1,0 +1,130 @@
+"""H1Pool: keep-alive reuse, stale connections, and httpx's exception types for failures."""
+
+from __future__ import annotations
+
+import socket
+from collections.abc import Awaitable, Callable
+
+import httpx
+import pytest
+import trio
+
+from rollout_server.net.h1client import H1Pool
+
+Handler = Callable[[trio.SocketStream], Awaitable[None]]
+
+
+async def _serve(nursery: trio.Nursery, handler: Handler) -> tuple[int, list[int]]:
+    """A raw TCP server on a free port; returns the port and a list counting connections."""
+    listeners = await trio.open_tcp_listeners(0, host="127.0.0.1")
+    connections: list[int] = []
+
+    async def counted(stream: trio.SocketStream) -> None:
+        connections.append(1)
+        await handler(stream)
+
+    nursery.start_soon(trio.serve_listeners, counted, listeners)
+    return listeners[0].socket.getsockname()[1], connections
+
+
+async def _read_request(stream: trio.SocketStream, buffer: bytearray) -> bytes | None:
+    while b"\r\n\r\n" not in buffer:
+        chunk = await stream.receive_some()
+        if not chunk:
+            return None
+        buffer += chunk
+    head, _, rest = bytes(buffer).partition(b"\r\n\r\n")
+    length = 0
+    for line in head.split(b"\r\n")[1:]:
+        name, _, value = line.partition(b":")
+        if name.strip().lower() == b"content-length":
+            length = int(value)
+    while len(rest) < length:
+        rest += await stream.receive_some()
+    buffer[:] = rest[length:]
+    return head + b"\r\n\r\n" + rest[:length]
+
+
+async def _keep_alive(stream: trio.SocketStream) -> None:
+    buffer = bytearray()
+    while (request := await _read_request(stream, buffer)) is not None:
+        body = request.split(b"\r\n", 1)[0]
+        await stream.send_all(b"HTTP/1.1 200 OK\r\ncontent-length: %d\r\n\r\n" % len(body) + body)
+
+
+async def test_sequential_calls_reuse_one_connection(nursery: trio.Nursery) -> None:
+    port, connections = await _serve(nursery, _keep_alive)
+    pool = H1Pool("127.0.0.1", port)
+    with trio.fail_after(10):
+        for index in range(3):
+            reply = await pool.request(b"POST", b"/r/%d" % index, body=b"x")
+            assert (reply.status_code, reply.content) == (200, b"POST /r/%d HTTP/1.1" % index)
+        assert reply.header(b"content-length") == b"18"
+        await pool.aclose()
+    assert len(connections) == 1
+
+
+async def test_concurrent_calls_get_connections_of_their_own(nursery: trio.Nursery) -> None:
+    port, connections = await _serve(nursery, _keep_alive)
+    pool = H1Pool("127.0.0.1", port)
+    with trio.fail_after(10):
+        async with trio.open_nursery() as calls:
+            for index in range(5):
+                calls.start_soon(pool.request, b"GET", b"/%d" % index)
+        await pool.request(b"GET", b"/again")
+        await pool.aclose()
+    assert len(connections) == 5
+
+
+async def test_a_connection_the_server_closed_is_not_reused(nursery: trio.Nursery) -> None:
+    async def one_answer_then_close(stream: trio.SocketStream) -> None:
+        await _read_request(stream, bytearray())
+        await stream.send_all(b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\nok")
+        await stream.aclose()
+
+    port, connections = await _serve(nursery, one_answer_then_close)
+    pool = H1Pool("127.0.0.1", port)
+    with trio.fail_after(10):
+        assert (await pool.request(b"GET", b"/")).content == b"ok"
+        await trio.sleep(0.1)  # the server's FIN arrives
+        assert (await pool.request(b"GET", b"/")).content == b"ok"
+        await pool.aclose()
+    assert len(connections) == 2
+
+
+async def test_chunked_answers_are_read_whole(nursery: trio.Nursery) -> None:
+    async def chunked(stream: trio.SocketStream) -> None:
+        await _read_request(stream, bytearray())
+        await stream.send_all(
+            b"HTTP/1.1 202 Accepted\r\ntransfer-encoding: chunked\r\n\r\n3\r\nabc\r\n2\r\nde\r\n"
+        )
+        await stream.send_all(b"0\r\n\r\n")
+
+    port, _ = await _serve(nursery, chunked)
+    pool = H1Pool("127.0.0.1", port)
+    with trio.fail_after(10):
+        reply = await pool.request(b"GET", b"/")
+        await pool.aclose()
+    assert (reply.status_code, reply.content) == (202, b"abcde")
+
+
+async def test_failures_raise_httpx_exceptions(nursery: trio.Nursery) -> None:
+    async def silent(stream: trio.SocketStream) -> None:
+        await trio.sleep_forever()
+
+    async def hang_up(stream: trio.SocketStream) -> None:
+        await _read_request(stream, bytearray())
+        await stream.aclose()
+
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        closed_port = probe.getsockname()[1]
+    silent_port, _ = await _serve(nursery, silent)
+    hang_up_port, _ = await _serve(nursery, hang_up)
+    with trio.fail_after(10):
+        with pytest.raises(httpx.ConnectError):
+            await H1Pool("127.0.0.1", closed_port).request(b"GET", b"/")
+        with pytest.raises(httpx.ReadTimeout):
+            await H1Pool("127.0.0.1", silent_port).request(b"GET", b"/", total_sec=0.2)
+        with pytest.raises(httpx.RemoteProtocolError):
+            await H1Pool("127.0.0.1", hang_up_port).request(b"GET", b"/")
