@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import abc
+import importlib
 import json
 import sys
 from dataclasses import dataclass
@@ -27,6 +28,7 @@ __all__ = [
     "ExecutionResult",
     "categorize_exception",
     "describe_exception",
+    "load_object",
 ]
 
 FAILURE_KEY = "failure"
@@ -206,3 +208,14 @@ class ExecutionBackend(abc.ABC):
 
     async def shutdown(self) -> None:  # noqa: B027 - optional hook, empty by default
         """Release backend resources when the server stops."""
+
+
+def load_object(spec: str) -> Any:
+    """The object a ``"module:Qualname"`` string names (dotted qualnames allowed)."""
+    module_name, sep, qualname = spec.partition(":")
+    if not sep or not module_name or not qualname:
+        raise ValueError(f"expected 'module:Qualname', got {spec!r}")
+    obj: Any = importlib.import_module(module_name)
+    for part in qualname.split("."):
+        obj = getattr(obj, part)
+    return obj

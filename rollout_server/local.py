@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import copy
-import importlib
 import math
 import os
 from pathlib import Path
@@ -18,6 +17,7 @@ from .backend import (
     ExecutionRequest,
     ExecutionResult,
     describe_exception,
+    load_object,
 )
 from .backend import categorize_exception as _categorize
 from .protocol import RolloutErrorCategory, RolloutStatus
@@ -44,15 +44,7 @@ _NO_GRADER = "no grader ran: the rollout has no grader, or the row has neither a
 
 def _resolve(target: Any) -> Any:
     """Accept a class/object or a ``"module:attr"`` import string."""
-    if isinstance(target, str):
-        module_name, sep, attr = target.partition(":")
-        if not sep or not module_name or not attr:
-            raise ValueError(f"expected 'module:attr', got {target!r}")
-        obj: Any = importlib.import_module(module_name)
-        for part in attr.split("."):
-            obj = getattr(obj, part)
-        return obj
-    return target
+    return load_object(target) if isinstance(target, str) else target
 
 
 def _make_dirs(rollout_dir: Path) -> Path:

@@ -22,7 +22,7 @@ from typing import Any
 
 import trio
 
-from ..backend import describe_exception
+from ..backend import describe_exception, load_object
 from ..protocol import ENV_API_KEY, ENV_CHAT_COMPLETIONS_URL, ENV_ROLLOUT_ID
 from ..sdk import (
     AgentWorkflowContext,
@@ -43,17 +43,6 @@ class StageError(Exception):
     def __init__(self, stage: str, message: str) -> None:
         super().__init__(message)
         self.stage = stage
-
-
-def load_object(spec: str) -> Any:
-    """The object a ``"module:Qualname"`` string names."""
-    module_name, sep, qualname = spec.partition(":")
-    if not sep or not module_name or not qualname:
-        raise ValueError(f"expected 'module:Qualname', got {spec!r}")
-    obj: Any = importlib.import_module(module_name)
-    for part in qualname.split("."):
-        obj = getattr(obj, part)
-    return obj
 
 
 def use_package_dir(name: str | None) -> None:
