@@ -14,23 +14,13 @@ from __future__ import annotations
 import hmac
 import logging
 from collections.abc import Awaitable, Callable, Iterable
-from typing import Any, Final
+from typing import TYPE_CHECKING, Any, Final
 
 import msgspec
 import trio
 
 from .jsonsafe import json_safe
-from .net.asgi import (
-    ASGIReceiveCallable,
-    ASGISendCallable,
-    BodyTooLarge,
-    ClientDisconnected,
-    HTTPScope,
-    Scope,
-    header,
-    read_body,
-    send_json,
-)
+from .net.asgi import BodyTooLarge, ClientDisconnected, header, read_body, send_json
 from .probe_route import PROBE_ROUTE, answer_probe
 from .protocol import (
     INSTANCE_ID_HEADER,
@@ -41,6 +31,9 @@ from .protocol import (
     parse_rollout_init_request,
 )
 from .service import AdmissionRefused, LeaseMismatch, RolloutService, UnknownRollout
+
+if TYPE_CHECKING:
+    from .net.asgi import ASGIReceiveCallable, ASGISendCallable, HTTPScope, Scope
 
 __all__ = ["DEFAULT_MAX_BODY_BYTES", "RolloutApp"]
 

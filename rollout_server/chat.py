@@ -7,18 +7,20 @@ returns the parsed JSON response. Non-2xx answers raise :class:`ChatError`.
 
 from __future__ import annotations
 
-from typing import Any
-
-import httpx
+from typing import TYPE_CHECKING, Any
 
 from .sdk import RolloutContext, get_rollout_context
+
+if TYPE_CHECKING:
+    import httpx
 
 __all__ = ["DEFAULT_MODEL", "ChatError", "chat", "reply_text"]
 
 DEFAULT_MODEL = "osmosis-rollout"
 """The model name sent when none is given; the bridge maps it to the configured model."""
 
-_TIMEOUT = httpx.Timeout(600.0, connect=10.0)
+_TIMEOUT_SEC = 600.0
+_CONNECT_TIMEOUT_SEC = 10.0
 
 
 class ChatError(RuntimeError):
@@ -43,6 +45,9 @@ async def chat(
     Must run inside a rollout (or be given ``ctx``). ``http_timeout`` overrides the default
     (600 s total, 10 s connect). Returns the parsed response body.
     """
+    # Imported here: a rollout's main.py imports chat, and httpx is not needed before a call.
+    import httpx
+
     ctx = ctx or get_rollout_context()
     if ctx is None:
         raise RuntimeError("chat() needs a rollout context: call it from a workflow or grader")
@@ -51,7 +56,11 @@ async def chat(
     url = ctx.chat_completions_url.rstrip("/") + "/chat/completions"
     headers = {"Authorization": f"Bearer {ctx.api_key}"} if ctx.api_key else {}
     body = {"model": model, "messages": messages, **params}
-    request_timeout = http_timeout if http_timeout is not None else _TIMEOUT
+    request_timeout = (
+        http_timeout
+        if http_timeout is not None
+        else httpx.Timeout(_TIMEOUT_SEC, connect=_CONNECT_TIMEOUT_SEC)
+    )
     if ctx.http_client is not None:
         response = await ctx.http_client.post(
             url, json=body, headers=headers, timeout=request_timeout

@@ -22,18 +22,12 @@ import sys
 from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import httpx
 import trio
-from hypercorn.config import Config
-from hypercorn.trio import serve as hypercorn_serve
 
 from .app import DEFAULT_MAX_BODY_BYTES, RolloutApp
 from .backend import ExecutionBackend
-from .client import POOL_SHARDS
-from .net.httpclient import ShardedTransport
-from .net.httpserve import LeanConfig, install_write_coalescing
 from .protocol import (
     DEFAULT_POLLING_LEASE_TIMEOUT_SEC,
     DEFAULT_RESULT_RETENTION_SEC,
@@ -42,6 +36,11 @@ from .protocol import (
     sdk_version,
 )
 from .service import RolloutService
+
+if TYPE_CHECKING:
+    import httpx
+
+    from .net.leanserve import LeanConfig
 
 __all__ = ["KEEP_ALIVE_TIMEOUT_SEC", "RunningServer", "create_app", "serve", "serve_async"]
 
@@ -97,7 +96,9 @@ def _configure_logging() -> None:
             logging.getLogger(name).setLevel(logging.WARNING)
 
 
-def _hypercorn_config(host: str, port: int) -> Config:
+def _hypercorn_config(host: str, port: int) -> LeanConfig:
+    from .net.leanserve import LeanConfig
+
     config = LeanConfig()
     config.bind = [f"[{host}]:{port}" if ":" in host else f"{host}:{port}"]
     config.keep_alive_timeout = KEEP_ALIVE_TIMEOUT_SEC
@@ -113,8 +114,31 @@ def _hypercorn_config(host: str, port: int) -> Config:
     return config
 
 
-def _service(backend: ExecutionBackend, http_client: Any, **options: Any) -> RolloutService:
-    return RolloutService(backend, sdk_version=sdk_version(), http_client=http_client, **options)
+def _service(backend: ExecutionBackend, **options: Any) -> RolloutService:
+    return RolloutService(backend, sdk_version=sdk_version(), **options)
+
+
+def _workflow_http_client() -> httpx.AsyncClient:
+    """The client workflows' model calls share, made when the first rollout starts.
+
+    httpx's default pool caps them at 100 at once and one big pool costs O(n^2) per request;
+    the sharded transport has neither problem. Made on first use, so that importing httpx
+    (a tenth of a second or more) is not part of the server's start.
+    """
+    import httpx
+
+    from .client import POOL_SHARDS
+    from .net.httpclient import ShardedTransport
+
+    client = httpx.AsyncClient(
+        timeout=httpx.Timeout(600.0, connect=10.0), transport=ShardedTransport(POOL_SHARDS)
+    )
+    if gc.get_freeze_count():
+        # serve() froze the process's long-lived objects (see there): httpx's modules and this
+        # client live as long, and left in the collector's generations they cost every full
+        # collection, and about 10 ms at exit. (A process that froze nothing is left alone.)
+        gc.freeze()
+    return client
 
 
 async def serve_async(
@@ -141,33 +165,30 @@ async def serve_async(
     ``artifact_root=None`` reads ``_OSMOSIS_ROLLOUT_ARTIFACT_ROOT`` at each save.
     ``instance_id=None`` reads ``_OSMOSIS_ROLLOUT_INSTANCE_ID``.
     """
+    from .net.leanserve import serve_lean
+
     host = host or "127.0.0.1"
     port = _env_port() if port is None else port
-    install_write_coalescing()
     config = _hypercorn_config(host, port)
-    # Workflows' model calls share this client. httpx's default pool caps them at 100 at once
-    # and one big pool costs O(n^2) per request; the sharded transport has neither problem.
-    async with httpx.AsyncClient(
-        timeout=httpx.Timeout(600.0, connect=10.0), transport=ShardedTransport(POOL_SHARDS)
-    ) as http_client:
-        service = _service(
-            backend,
-            http_client,
-            result_wait_timeout_sec=result_wait_timeout_sec,
-            polling_lease_timeout_sec=polling_lease_timeout_sec,
-            result_retention_sec=result_retention_sec,
-            artifact_root=artifact_root,
-            instance_id=instance_id,
-            drain_timeout_sec=drain_timeout_sec,
-            cancel_timeout_sec=cancel_timeout_sec,
-            force_timeout_sec=force_timeout_sec,
-        )
-        app = RolloutApp(service, api_key=api_key, max_body_bytes=max_body_bytes)
-        http_stop = trio.Event()
+    service = _service(
+        backend,
+        http_client_factory=_workflow_http_client,
+        result_wait_timeout_sec=result_wait_timeout_sec,
+        polling_lease_timeout_sec=polling_lease_timeout_sec,
+        result_retention_sec=result_retention_sec,
+        artifact_root=artifact_root,
+        instance_id=instance_id,
+        drain_timeout_sec=drain_timeout_sec,
+        cancel_timeout_sec=cancel_timeout_sec,
+        force_timeout_sec=force_timeout_sec,
+    )
+    app = RolloutApp(service, api_key=api_key, max_body_bytes=max_body_bytes)
+    http_stop = trio.Event()
+    try:
         async with trio.open_nursery() as nursery:
             await nursery.start(service.run)
             binds: list[str] = await nursery.start(
-                partial(hypercorn_serve, app, config, shutdown_trigger=http_stop.wait)
+                partial(serve_lean, app, config, shutdown_trigger=http_stop.wait)
             )
             bound_port = int(binds[0].rsplit(":", 1)[1])
             url_host = "127.0.0.1" if host in ("0.0.0.0", "") else host
@@ -185,6 +206,9 @@ async def serve_async(
             await service.shutdown()
             signal_scope.cancel()
             http_stop.set()
+    finally:
+        if service.http_client is not None:
+            await service.http_client.aclose()
 
 
 async def _watch_signals(
@@ -239,12 +263,14 @@ def serve(
                     **options,
                 )
             )
+            # Everything made so far (the SDK, the workflow's modules, the server's stack, the
+            # service) lives as long as the process: left out of the collector's generations,
+            # full collections only walk what requests and retained results allocate (the
+            # collector was the largest single cost of a busy server). Frozen here, not before
+            # trio.run: the server's stack is imported by serve_async.
+            gc.freeze()
             logger.info("rollout server listening on %s", running.url)
 
-    # Everything imported so far (the SDK, the workflow's modules) lives as long as the process:
-    # left out of the collector's generations, full collections only walk what requests and
-    # retained results allocate (the collector was the largest single cost of a busy server).
-    gc.freeze()
     try:
         trio.run(main)
     except* OSError as group:
@@ -275,5 +301,5 @@ def create_app(
     The rollout service starts with the ASGI lifespan and drains when it ends.
     ``service_options`` are :class:`~rollout_server.service.RolloutService` keyword arguments.
     """
-    service = _service(backend, None, **service_options)
+    service = _service(backend, **service_options)
     return RolloutApp(service, api_key=api_key, max_body_bytes=max_body_bytes, manage_service=True)

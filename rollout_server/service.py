@@ -193,6 +193,11 @@ class RolloutService:
     Start it with ``await nursery.start(service.run)``; stop it with :meth:`shutdown` (graceful,
     docs/spec/protocol.md §13) or :meth:`close` (immediate). All methods are called from trio tasks of the
     same run; the non-async ones never block, which makes each of them atomic.
+
+    Rollouts' contexts carry ``http_client`` (for workflows' model calls). Without one,
+    ``http_client_factory`` makes it when the first rollout starts (it then stays in
+    ``http_client``, for the caller to close), so a server pays for its HTTP client library
+    only once it runs a rollout.
     """
 
     def __init__(
@@ -210,6 +215,7 @@ class RolloutService:
         transition_coalesce_sec: float = 0.005,
         sdk_version: str = "unknown",
         http_client: httpx.AsyncClient | None = None,
+        http_client_factory: Callable[[], httpx.AsyncClient] | None = None,
     ) -> None:
         self.backend = backend
         self.hold = _check_positive("result_wait_timeout_sec", result_wait_timeout_sec)
@@ -228,6 +234,7 @@ class RolloutService:
         self.coalesce = transition_coalesce_sec
         self.sdk_version = sdk_version
         self.http_client = http_client
+        self._http_client_factory = http_client_factory
         self.accepting = False
         self.stopping = False
         self.active = 0
@@ -522,6 +529,11 @@ class RolloutService:
 
     # -- execution ----------------------------------------------------------------------
 
+    def _rollout_http_client(self) -> httpx.AsyncClient | None:
+        if self.http_client is None and self._http_client_factory is not None:
+            self.http_client = self._http_client_factory()
+        return self.http_client
+
     async def _execute(self, entry: _Entry, request: RolloutInitRequest) -> None:
         try:
             with entry.scope:
@@ -534,7 +546,7 @@ class RolloutService:
                         api_key=request.llm_api_key,
                         rollout_id=entry.id,
                         process_id=self.process_id,
-                        http_client=self.http_client,
+                        http_client=self._rollout_http_client(),
                         status_callback=self._status_callback(entry),
                     )
                 )

@@ -9,16 +9,17 @@ these helpers can be handed to ``hypercorn.trio.serve`` as it is.
 from __future__ import annotations
 
 from collections.abc import Iterable
-from typing import Final
+from typing import TYPE_CHECKING, Any, Final
 
-from hypercorn.typing import (
-    ASGIFramework,
-    ASGIReceiveCallable,
-    ASGIReceiveEvent,
-    ASGISendCallable,
-    HTTPScope,
-    Scope,
-)
+if TYPE_CHECKING:
+    from hypercorn.typing import (
+        ASGIFramework,
+        ASGIReceiveCallable,
+        ASGIReceiveEvent,
+        ASGISendCallable,
+        HTTPScope,
+        Scope,
+    )
 
 __all__ = [
     "ASGIFramework",
@@ -33,6 +34,31 @@ __all__ = [
     "read_body",
     "send_json",
 ]
+
+# The types are imported from hypercorn.typing only when asked for: that module imports h2 (a
+# twentieth of a second), and modules that use them in annotations import them for type
+# checking only.
+_TYPES: Final = frozenset(
+    {
+        "ASGIFramework",
+        "ASGIReceiveCallable",
+        "ASGIReceiveEvent",
+        "ASGISendCallable",
+        "HTTPScope",
+        "Scope",
+    }
+)
+
+
+def __getattr__(name: str) -> Any:
+    if name not in _TYPES:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    import hypercorn.typing
+
+    value = getattr(hypercorn.typing, name)
+    globals()[name] = value
+    return value
+
 
 _JSON_CONTENT_TYPE: Final = (b"content-type", b"application/json")
 _CONNECTION_CLOSE: Final = (b"connection", b"close")

@@ -1,4 +1,4 @@
-"""A lean HTTP/1.1 connection loop for hypercorn's trio worker: the app runs in the connection's task.
+"""A lean HTTP/1.1 connection loop: the app runs in the connection's task.
 
 Hypercorn serves every request through several layers: a stream object, an event object per
 step (request, response, body, end, closed), a memory channel and a new task for the app, a
@@ -21,23 +21,28 @@ HTTP/1.1 (the rollout protocol has none).
 
 Idle keep-alive connections close after ``keep_alive_timeout`` and at once when the server
 shuts down (the caller's idle timer); a request in progress at shutdown gets to finish within
-hypercorn's graceful timeout, after which hypercorn cancels the connection's task.
+the graceful timeout, after which the caller cancels the connection's task. The callers are
+hypercorn's trio worker (:mod:`~rollout_server.net.httpserve`) and
+:func:`~rollout_server.net.leanserve.serve_lean`, which needs no hypercorn worker at all.
 """
 
 from __future__ import annotations
 
+import socket as _socket
 import time
 from collections.abc import Awaitable, Callable
 from math import inf
-from typing import Any, Final
+from typing import TYPE_CHECKING, Any, Final
 from urllib.parse import unquote
 from wsgiref.handlers import format_date_time
 
 import h11
 import trio
-from hypercorn.config import Config
-from hypercorn.typing import AppWrapper, HTTPScope
-from hypercorn.utils import parse_socket_addr
+
+if TYPE_CHECKING:
+    # Types only: hypercorn.typing imports h2 (and hypercorn.utils imports hypercorn.typing).
+    from hypercorn.config import Config
+    from hypercorn.typing import AppWrapper, HTTPScope
 
 __all__ = ["serve_h1"]
 
@@ -318,6 +323,13 @@ async def serve_h1(
     request (the idle timer's ``restart``/``stop``). The caller closes ``stream``.
     """
     socket = stream.socket
-    client = parse_socket_addr(socket.family, socket.getpeername())
-    server = parse_socket_addr(socket.family, socket.getsockname())
+    client = _socket_addr(socket.family, socket.getpeername())
+    server = _socket_addr(socket.family, socket.getsockname())
     await _Connection(config, stream, on_idle, on_busy).serve(app, client, server, state)
+
+
+def _socket_addr(family: int, address: Any) -> tuple[str, int] | None:
+    """An ASGI ``client``/``server`` value: (host, port) for IP sockets, else ``None``."""
+    if family in (_socket.AF_INET, _socket.AF_INET6):
+        return (address[0], address[1])
+    return None

@@ -28,6 +28,8 @@ behaviour.
 rollout server): its plain HTTP/1.1 connections skip hypercorn's protocol layers and are served
 by :func:`rollout_server.net.h1.serve_h1`, with the app called in the connection's own task
 (that module says what this changes for an app). TLS connections still go through hypercorn.
+Both configs are defined in :mod:`rollout_server.net.leanserve` (whose :func:`serve_lean` serves
+a :class:`LeanConfig` without hypercorn's worker) and re-exported here.
 """
 
 from __future__ import annotations
@@ -52,6 +54,7 @@ from hypercorn.typing import AppWrapper, LifespanState, TaskGroup
 from hypercorn.typing import Event as WorkerEvent
 
 from .h1 import serve_h1
+from .leanserve import CoalescingConfig, LeanConfig
 
 __all__ = ["TESTED_HYPERCORN", "CoalescingConfig", "LeanConfig", "install_write_coalescing"]
 
@@ -69,23 +72,6 @@ _INTERNALS: Final = (
     (TrioSingleTask, ("restart", "stop")),
     (_TrioTaskGroup, ("spawn",)),
 )
-
-
-class CoalescingConfig(Config):
-    """A hypercorn :class:`~hypercorn.config.Config` whose HTTP/1.1 responses leave in one write.
-
-    It takes effect once :func:`install_write_coalescing` has succeeded; before (or when it
-    declines) it is a plain ``Config``.
-    """
-
-
-class LeanConfig(CoalescingConfig):
-    """A :class:`CoalescingConfig` whose plain HTTP/1.1 connections are served by
-    :func:`~rollout_server.net.h1.serve_h1` (the app runs in the connection's task).
-
-    Like :class:`CoalescingConfig`, it is a plain ``Config`` until
-    :func:`install_write_coalescing` has succeeded.
-    """
 
 
 def install_write_coalescing() -> bool:

@@ -45,6 +45,50 @@ def test_protocol_imports_alone_and_sdk_has_no_heavy_dependencies() -> None:
     assert result.stdout.strip() == "[] []"
 
 
+# What a rollout's main.py imports, then a started server answering /health: none of it needs
+# httpx (made when the first rollout starts) or hypercorn's worker and HTTP/2 stack.
+STARTUP = """
+import sys
+from functools import partial
+
+import trio
+
+from rollout_server import AgentWorkflow, Grader, LocalBackend, chat, reply_text, serve
+from rollout_server import serve_async
+
+LATE = ("httpx", "hypercorn.trio", "hypercorn.typing", "h2", "wsproto")
+print(sorted(m for m in LATE if m in sys.modules))
+
+
+class Workflow(AgentWorkflow):
+    async def run(self, ctx):
+        raise AssertionError("not run")
+
+
+async def main():
+    with trio.fail_after(30):
+        async with trio.open_nursery() as nursery:
+            backend = LocalBackend(workflow=Workflow)
+            running = await nursery.start(partial(serve_async, backend, port=0))
+            stream = await trio.open_tcp_stream("127.0.0.1", running.port)
+            await stream.send_all(b"GET /health HTTP/1.1\\r\\nhost: x\\r\\n\\r\\n")
+            print((await stream.receive_some()).split(b"\\r\\n")[0].decode())
+            await stream.aclose()
+            running.request_shutdown()
+
+
+trio.run(main)
+print(sorted(m for m in LATE if m in sys.modules))
+"""
+
+
+def test_sdk_names_and_a_started_server_import_no_http_client_or_hypercorn_worker() -> None:
+    result = subprocess.run(
+        [sys.executable, "-c", STARTUP], cwd=REPO, capture_output=True, text=True, timeout=60
+    )
+    assert result.stdout.split("\n")[:3] == ["[]", "HTTP/1.1 200 ", "[]"], result.stderr
+
+
 def test_sources_import_only_the_base_dependencies() -> None:
     # (httpx itself imports click and rich when they happen to be installed; we never do.)
     pattern = re.compile(

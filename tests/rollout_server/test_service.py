@@ -459,3 +459,40 @@ def test_constructor_constraints() -> None:
         with pytest.raises(ValueError):
             RolloutService(backend, **kwargs)
     RolloutService(backend, result_retention_sec=0)
+
+
+class ClientRecordingBackend(SleepyBackend):
+    """Records the HTTP client each rollout's context carries."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.clients: list[Any] = []
+
+    async def execute(self, request: ExecutionRequest) -> ExecutionOutcome:
+        from rollout_server import get_rollout_context
+
+        context = get_rollout_context()
+        assert context is not None
+        self.clients.append(context.http_client)
+        return await super().execute(request)
+
+
+async def test_the_http_client_factory_runs_once_at_the_first_rollout(
+    nursery: trio.Nursery, autojump_clock: trio.testing.MockClock
+) -> None:
+    made: list[object] = []
+
+    def factory() -> Any:
+        made.append(object())
+        return made[-1]
+
+    backend = ClientRecordingBackend()
+    service = await started(nursery, backend, http_client_factory=factory)
+    await trio.sleep(1.0)
+    assert made == [] and service.http_client is None  # nothing made before a rollout
+    tokens = [service.admit(req(name, sleep=1.0))["polling_lease_token"] for name in "ab"]
+    for name, token in zip("ab", tokens, strict=True):
+        assert (await final(service, name, token))["status"] == "success"
+    assert len(made) == 1
+    assert backend.clients == [made[0], made[0]]
+    assert service.http_client is made[0]

@@ -1,4 +1,8 @@
-"""The lean HTTP/1.1 loop behind LeanConfig: what a client sees on the wire."""
+"""The lean HTTP/1.1 loop behind LeanConfig: what a client sees on the wire.
+
+Every test runs on both servers of a LeanConfig: hypercorn's trio worker (patched by
+``install_write_coalescing``) and :func:`rollout_server.net.leanserve.serve_lean`.
+"""
 
 from __future__ import annotations
 
@@ -12,6 +16,7 @@ import trio
 from hypercorn.trio import serve
 
 from rollout_server.net.httpserve import LeanConfig, install_write_coalescing
+from rollout_server.net.leanserve import serve_lean
 
 disconnects: list[str] = []
 
@@ -54,13 +59,19 @@ async def _app(scope: dict[str, Any], receive: Any, send: Any) -> None:
     await send({"type": "http.response.body", "body": answer})
 
 
+@pytest.fixture(params=["hypercorn", "serve_lean"])
+def server(request: pytest.FixtureRequest) -> Any:
+    """``serve(app, config, shutdown_trigger=...)`` of one of the two servers."""
+    return serve if request.param == "hypercorn" else serve_lean
+
+
 @pytest.fixture
-async def port(nursery: trio.Nursery) -> AsyncIterator[int]:
+async def port(nursery: trio.Nursery, server: Any) -> AsyncIterator[int]:
     config = LeanConfig()
     config.bind = ["127.0.0.1:0"]
     config.accesslog = None
     config.keep_alive_timeout = 0.5
-    binds = await nursery.start(partial(serve, _app, config))
+    binds = await nursery.start(partial(server, _app, config))
     yield int(binds[0].rsplit(":", 1)[1])
 
 
@@ -169,7 +180,7 @@ async def test_idle_connection_closes_after_keep_alive_timeout(port: int) -> Non
         await stream.aclose()
 
 
-async def test_idle_connection_closes_at_shutdown() -> None:
+async def test_idle_connection_closes_at_shutdown(server: Any) -> None:
     config = LeanConfig()
     config.bind = ["127.0.0.1:0"]
     config.accesslog = None
@@ -177,10 +188,63 @@ async def test_idle_connection_closes_at_shutdown() -> None:
     stop = trio.Event()
     with trio.fail_after(20):
         async with trio.open_nursery() as nursery:
-            binds = await nursery.start(partial(serve, _app, config, shutdown_trigger=stop.wait))
+            binds = await nursery.start(partial(server, _app, config, shutdown_trigger=stop.wait))
             stream = await trio.open_tcp_stream("127.0.0.1", int(binds[0].rsplit(":", 1)[1]))
             await stream.send_all(b"GET /x HTTP/1.1\r\nhost: x\r\n\r\n")
             assert b"echo:|/x|" in await _read_until(stream, b"echo:|/x|")
             stop.set()
             assert await stream.receive_some() == b""
+            await stream.aclose()
+
+
+async def _slow_app(release: trio.Event, scope: dict[str, Any], receive: Any, send: Any) -> None:
+    if scope["type"] == "lifespan":
+        await _app(scope, receive, send)
+        return
+    await receive()
+    await release.wait()
+    headers = [(b"content-length", b"4")]
+    await send({"type": "http.response.start", "status": 200, "headers": headers})
+    await send({"type": "http.response.body", "body": b"done"})
+
+
+async def test_a_request_in_progress_at_shutdown_is_answered_then_closed(server: Any) -> None:
+    config = LeanConfig()
+    config.bind = ["127.0.0.1:0"]
+    config.accesslog = None
+    config.graceful_timeout = 60.0
+    stop, release = trio.Event(), trio.Event()
+    with trio.fail_after(20):
+        async with trio.open_nursery() as nursery:
+            app = partial(_slow_app, release)
+            binds = await nursery.start(partial(server, app, config, shutdown_trigger=stop.wait))
+            port = int(binds[0].rsplit(":", 1)[1])
+            stream = await trio.open_tcp_stream("127.0.0.1", port)
+            await stream.send_all(b"GET /slow HTTP/1.1\r\nhost: x\r\n\r\n")
+            await trio.sleep(0.1)
+            stop.set()
+            await trio.sleep(0.1)
+            with pytest.raises(OSError):  # no longer accepting
+                await trio.open_tcp_stream("127.0.0.1", port)
+            release.set()
+            answer = await _read_until(stream, b"\x00never")  # answered, then closed
+            assert answer.startswith(b"HTTP/1.1 200 ") and answer.endswith(b"done")
+            await stream.aclose()
+
+
+async def test_a_request_outliving_the_graceful_timeout_is_cancelled(server: Any) -> None:
+    config = LeanConfig()
+    config.bind = ["127.0.0.1:0"]
+    config.accesslog = None
+    config.graceful_timeout = 0.2
+    stop = trio.Event()
+    with trio.fail_after(20):
+        async with trio.open_nursery() as nursery:
+            app = partial(_slow_app, trio.Event())  # never released
+            binds = await nursery.start(partial(server, app, config, shutdown_trigger=stop.wait))
+            stream = await trio.open_tcp_stream("127.0.0.1", int(binds[0].rsplit(":", 1)[1]))
+            await stream.send_all(b"GET /slow HTTP/1.1\r\nhost: x\r\n\r\n")
+            await trio.sleep(0.1)
+            stop.set()
+            assert await _read_until(stream, b"\x00never") == b""
             await stream.aclose()

@@ -1,0 +1,176 @@
+"""A plain-HTTP/1.1 server for :class:`LeanConfig` apps that needs none of hypercorn's worker.
+
+:func:`serve_lean` listens on the config's binds and serves every connection with
+:func:`rollout_server.net.h1.serve_h1`, as a :class:`LeanConfig` server on hypercorn's trio
+worker would (see :mod:`rollout_server.net.httpserve`), but without importing that worker:
+``hypercorn.trio`` brings hypercorn's HTTP/2, h2c and WebSocket protocol layers (h2, wsproto,
+priority), a fifth of a second of CPU at every start of a process that never uses them. This
+module imports only hypercorn's config (for the socket options and the settings it shares
+with hypercorn) and h11.
+
+What it serves like hypercorn's worker with a :class:`LeanConfig`: the binds, ``backlog``,
+``keep_alive_timeout``, ``keep_alive_max_requests``, ``read_timeout``,
+``h11_max_incomplete_size``, ``root_path`` and ``graceful_timeout``. At shutdown it stops
+accepting, closes idle keep-alive connections at once, lets a request in progress finish
+within ``graceful_timeout`` and then cancels what is left. It does not run the ASGI lifespan
+protocol (the rollout server starts and stops its service itself). A config with TLS is handed
+to hypercorn's own worker, imported then.
+"""
+
+from __future__ import annotations
+
+import math
+import socket
+from collections.abc import Awaitable, Callable
+from functools import partial
+from typing import TYPE_CHECKING, Any
+
+import trio
+from hypercorn.config import Config
+
+from .h1 import serve_h1
+
+if TYPE_CHECKING:
+    from hypercorn.typing import ASGIFramework
+
+__all__ = ["CoalescingConfig", "LeanConfig", "serve_lean"]
+
+
+class CoalescingConfig(Config):
+    """A hypercorn :class:`~hypercorn.config.Config` whose HTTP/1.1 responses leave in one write.
+
+    It takes effect once :func:`rollout_server.net.httpserve.install_write_coalescing` has
+    succeeded; before (or when it declines) it is a plain ``Config``.
+    """
+
+
+class LeanConfig(CoalescingConfig):
+    """A :class:`CoalescingConfig` whose plain HTTP/1.1 connections are served by
+    :func:`~rollout_server.net.h1.serve_h1` (the app runs in the connection's task).
+
+    On hypercorn's worker, like :class:`CoalescingConfig`, it is a plain ``Config`` until
+    :func:`~rollout_server.net.httpserve.install_write_coalescing` has succeeded;
+    :func:`serve_lean` serves it without hypercorn's worker.
+    """
+
+
+async def serve_lean(
+    app: ASGIFramework,
+    config: LeanConfig,
+    *,
+    shutdown_trigger: Callable[[], Awaitable[None]] | None = None,
+    task_status: trio.TaskStatus[list[str]] = trio.TASK_STATUS_IGNORED,
+) -> None:
+    """Serve ``app`` on ``config``'s binds until ``shutdown_trigger`` returns (or forever).
+
+    Reports the bound addresses (``http://host:port``, like ``hypercorn.trio.serve``) through
+    ``task_status``. Returns when every connection is closed (at most ``graceful_timeout``
+    seconds after the trigger).
+    """
+    if config.ssl_enabled:
+        from hypercorn.trio import serve
+
+        from .httpserve import install_write_coalescing
+
+        install_write_coalescing()
+        await serve(app, config, shutdown_trigger=shutdown_trigger, task_status=task_status)
+        return
+    sockets = config.create_sockets().insecure_sockets
+    listeners = []
+    binds = []
+    for sock in sockets:
+        sock.listen(config.backlog)
+        listeners.append(trio.SocketListener(trio.socket.from_stdlib_socket(sock)))
+        binds.append(f"http://{_bind_text(sock)}")
+    closing = trio.Event()
+    handler = partial(_serve_connection, _AppWrapper(app), config, closing)
+    async with trio.open_nursery() as connections:
+        async with trio.open_nursery() as accepting:
+            await accepting.start(
+                partial(trio.serve_listeners, handler, listeners, handler_nursery=connections)
+            )
+            task_status.started(binds)
+            await (shutdown_trigger or trio.sleep_forever)()
+            accepting.cancel_scope.cancel()
+        closing.set()
+        connections.cancel_scope.deadline = trio.current_time() + config.graceful_timeout
+
+
+def _bind_text(sock: socket.socket) -> str:
+    address = sock.getsockname()
+    if sock.family == socket.AF_INET6:
+        return f"[{address[0]}]:{address[1]}"
+    if sock.family == socket.AF_INET:
+        return f"{address[0]}:{address[1]}"
+    return f"unix:{address}"
+
+
+class _AppWrapper:
+    """An ASGI 3 app in the calling convention :func:`serve_h1` uses (hypercorn's)."""
+
+    __slots__ = ("app",)
+
+    def __init__(self, app: ASGIFramework) -> None:
+        self.app = app
+
+    async def __call__(
+        self, scope: Any, receive: Any, send: Any, sync_spawn: Any, call_soon: Any
+    ) -> None:
+        await self.app(scope, receive, send)
+
+
+async def _serve_connection(
+    app: Any, config: LeanConfig, closing: trio.Event, stream: trio.SocketStream
+) -> None:
+    idle = _IdleWatch(stream, closing, config.keep_alive_timeout)
+    try:
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(idle.watch)
+            await serve_h1(app, config, stream, {}, on_idle=idle.enter, on_busy=idle.leave)
+            nursery.cancel_scope.cancel()
+    except OSError:
+        pass
+    finally:
+        await trio.aclose_forcefully(stream)
+
+
+class _IdleWatch:
+    """Closes the connection once it has been idle ``timeout`` seconds, or is idle at shutdown.
+
+    One task per connection sleeps until the idle deadline and looks again; a request costs
+    two attribute writes (``leave``, then ``enter`` when it is answered).
+    """
+
+    __slots__ = ("_closing", "_deadline", "_idle", "_resumed", "_stream", "_timeout")
+
+    def __init__(self, stream: trio.SocketStream, closing: trio.Event, timeout: float) -> None:
+        self._stream = stream
+        self._closing = closing
+        self._timeout = timeout
+        self._idle = False
+        self._deadline = math.inf
+        self._resumed = trio.Event()
+
+    async def enter(self) -> None:
+        """The connection waits for a request: (re)start the countdown."""
+        self._idle = True
+        self._deadline = trio.current_time() + self._timeout
+        self._resumed.set()
+
+    async def leave(self) -> None:
+        """A request arrived: the connection is busy, not idle."""
+        self._idle = False
+
+    async def watch(self) -> None:
+        while True:
+            if not self._idle:
+                self._resumed = trio.Event()
+                await self._resumed.wait()
+                continue
+            # A request that came and went meanwhile moved the deadline: look again.
+            with trio.move_on_at(self._deadline):
+                await self._closing.wait()
+            if self._idle and (self._closing.is_set() or trio.current_time() >= self._deadline):
+                break
+        # The connection's loop is waiting for a request: closing the stream ends it.
+        await trio.aclose_forcefully(self._stream)
