@@ -46,7 +46,7 @@ def bounded_text(text: str, limit: int = ERROR_MESSAGE_LIMIT) -> str:
     return data[: limit - 3].decode("utf-8", "ignore") + "…"
 
 
-class ErrorInfo(msgspec.Struct, kw_only=True, omit_defaults=True):
+class ErrorInfo(msgspec.Struct, kw_only=True, omit_defaults=True, gc=False):
     """Why an attempt failed: the journal's optional ``error`` object.
 
     ``phase`` is one of :data:`ERROR_PHASES`; ``type`` the exception class name when one is
@@ -106,7 +106,7 @@ class ErrorInfo(msgspec.Struct, kw_only=True, omit_defaults=True):
         return out
 
 
-class TerminalRecord(msgspec.Struct, kw_only=True):
+class TerminalRecord(msgspec.Struct, kw_only=True, gc=False):
     """One terminal attempt of a work item, as journaled.
 
     ``tokens`` is the sum of the rollout's model-call usage and ``max_context_tokens`` the
@@ -114,6 +114,10 @@ class TerminalRecord(msgspec.Struct, kw_only=True):
     ``duration_ms`` is wall time from dispatch start. ``error_type`` is set for failures (the
     reference's category); ``error`` says why, where known (an addition of ours: readers that
     do not know it ignore it).
+
+    Records (and their :class:`ErrorInfo`) hold only scalars, so they can never be part of a
+    reference cycle: ``gc=False`` keeps them out of the cycle collector, which makes replay's
+    decode cheaper and keeps a long run's full collections from walking every record.
     """
 
     row_index: int

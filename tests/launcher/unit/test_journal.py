@@ -254,9 +254,10 @@ def test_lone_surrogates_round_trip(tmp_path: Path) -> None:
 
 
 def test_replay_keeps_ids_that_only_look_odd(tmp_path: Path) -> None:
-    # Ids the fast path must not refuse: a dot or a colon past the first two characters.
+    # Ids the fast path must not refuse: a leading dot that is not "." or "..", a dot or a
+    # colon past the first two characters.
     path = tmp_path / "events.jsonl"
-    ids = ["a.b", "ab:c", "x..", "b.", "1" * 40]
+    ids = ["a.b", "ab:c", "x..", "b.", ".hidden", "...", "1" * 40]
     path.write_bytes(b"".join(rec(i, 0, rollout_id=rid).to_line() for i, rid in enumerate(ids)))
     assert [r.rollout_id for r in replay_journal(path).records] == ids
 
