@@ -370,6 +370,13 @@ def _owned(record: Mapping[str, Any]) -> tuple[int, int] | None:
     if start_token(pid) != token:
         return None
     try:
+        zombie = psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
+    except psutil.Error:
+        return None
+    if zombie and not group_alive(pgid):
+        # Dead already, only not reaped by its (re)parent, and nothing of its group runs.
+        return None
+    try:
         if os.getpgid(pid) != pgid:
             return None
     except OSError:

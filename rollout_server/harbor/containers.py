@@ -41,14 +41,21 @@ def compose_project(trial_name: str) -> str:
     return "".join(c if c.isalnum() or c in "_-" else "-" for c in name)
 
 
-def _start_time(pid: int) -> str | None:
+def _stat_fields(pid: int) -> list[bytes] | None:
+    """``/proc/<pid>/stat`` from field 3 (state) on; the command name may contain spaces."""
     try:
         with open(f"/proc/{pid}/stat", "rb") as handle:
             stat = handle.read()
     except OSError:
         return None
-    # Field 22 (starttime); the command name in parentheses may contain spaces.
-    return stat.rsplit(b")", 1)[1].split()[19].decode()
+    fields = stat.rsplit(b")", 1)[1].split()
+    return fields if len(fields) > 19 else None
+
+
+def _start_time(pid: int) -> str | None:
+    fields = _stat_fields(pid)
+    # Field 22 (starttime).
+    return fields[19].decode() if fields is not None else None
 
 
 def owner_token(pid: int | None = None) -> str:
@@ -64,7 +71,12 @@ def owner_alive(token: str) -> bool:
         pid = int(pid_text)
     except ValueError:
         return False
-    current = _start_time(pid)
+    fields = _stat_fields(pid)
+    if fields is not None and fields[0] in (b"Z", b"X"):
+        # A zombie is dead: its parent died too and nobody has reaped it yet (a PID 1 that does
+        # not reap, as in some VMs and containers). Its containers are orphans.
+        return False
+    current = fields[19].decode() if fields is not None else None
     if current is None:
         try:
             os.kill(pid, 0)

@@ -12,13 +12,14 @@ import json
 import os
 import subprocess
 import sys
+import time
 import uuid
 from pathlib import Path
 
 import pytest
 
 from rollout_server.harbor import HarborBackend
-from rollout_server.harbor.containers import _leftover_argvs, owner_token
+from rollout_server.harbor.containers import _leftover_argvs, owner_alive, owner_token
 from rollout_server.harbor.reaper import reap_dead_owners
 from rollout_server.harbor.staging import OWNER_FILE, stage_trial, stale_trials
 from tests.harbor.conftest import EXAMPLE, IMAGE
@@ -33,6 +34,32 @@ def _dead_owner() -> str:
     child.kill()
     child.wait()
     return token
+
+
+def _state(pid: int) -> bytes:
+    with open(f"/proc/{pid}/stat", "rb") as handle:
+        return handle.read().rsplit(b")", 1)[1].split()[0]
+
+
+def test_a_zombie_owner_is_dead() -> None:
+    # A rollout server killed with its supervisor may linger as a zombie (reparented to a PID 1
+    # that does not reap); its trials' containers are orphans all the same.
+    child = subprocess.Popen(
+        [sys.executable, "-c", "import sys; sys.stdin.read()"], stdin=subprocess.PIPE
+    )
+    token = owner_token(child.pid)
+    assert owner_alive(token)
+    assert child.stdin is not None
+    child.stdin.close()
+    for _ in range(400):
+        if _state(child.pid) == b"Z":
+            break
+        time.sleep(0.025)
+    assert _state(child.pid) == b"Z", "the child never became a zombie"
+    assert not owner_alive(token)
+    assert owner_alive(owner_token())
+    child.wait()
+    assert not owner_alive(token)
 
 
 def _plant(root: Path, rollout_id: str, owner: str | None) -> None:

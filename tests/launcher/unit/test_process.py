@@ -131,6 +131,20 @@ async def test_reap_after_the_process_already_exited(tmp_path: Path) -> None:
     assert not (tmp_path / "tunnel.json").exists()
 
 
+async def test_a_killed_child_nobody_reaped_is_not_reported_as_reaped(tmp_path: Path) -> None:
+    # A server killed with its supervisor is reparented to PID 1; where PID 1 does not reap
+    # (some VMs and containers), it stays a zombie with its pid and start token.
+    process = await _sleeper()
+    write_record(tmp_path / "server.json", owner_record(process.pid, "server", 9001))
+    os.kill(process.pid, signal.SIGKILL)
+    with trio.fail_after(10):
+        while psutil.Process(process.pid).status() != psutil.STATUS_ZOMBIE:
+            await trio.sleep(0.01)
+        assert await reap_run_dir(tmp_path) == []
+    assert not (tmp_path / "server.json").exists()
+    await process.wait()
+
+
 async def test_reap_orphans_leaves_runs_whose_lock_is_held(tmp_path: Path) -> None:
     held, free = await _sleeper(), await _sleeper()
     try:
