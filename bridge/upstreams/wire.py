@@ -6,8 +6,8 @@ client does what the direct path needs and nothing else: one request with a comp
 an answer read whole or piece by piece, connections reused per origin (the most recently
 used first, so a lone caller keeps one connection and one TLS session).
 
-What it keeps from httpx: the TLS context (``httpx.create_ssl_context``, so the same CA
-bundle and ``SSL_CERT_FILE``/``SSL_CERT_DIR``), the timeouts (connect, then per read and per
+What it keeps from httpx: the TLS context (the process's one, ``shared_tls()``: httpx's, so
+the same CA bundle and ``SSL_CERT_FILE``/``SSL_CERT_DIR``), the timeouts (connect, then per read and per
 write), the stale-connection check before reuse, and gzip/deflate answers. Proxy variables are
 not read, as they were not before: httpx ignores them when given its own transport, which the
 bridge's client always was. Reading an answer can resume after a cancellation (trio's
@@ -25,6 +25,8 @@ from urllib.parse import urlsplit
 
 import h11
 import trio
+
+from rollout_server.net.httpclient import shared_tls
 
 __all__ = [
     "ConnectTimeout",
@@ -115,7 +117,6 @@ class WirePool:
         self.max_idle = max_idle
         self._idle: dict[tuple[str, str, int], list[_Connection]] = {}
         self._idle_count = 0
-        self._tls: ssl.SSLContext | None = None
 
     async def request(
         self, origin: Origin, headers: list[tuple[bytes, bytes]], body: bytes
@@ -166,7 +167,7 @@ class WirePool:
                 stream: trio.abc.Stream = await trio.open_tcp_stream(origin.host, origin.port)
                 if origin.scheme == "https":
                     tls = trio.SSLStream(
-                        stream, self._context(), server_hostname=origin.host, https_compatible=True
+                        stream, shared_tls(), server_hostname=origin.host, https_compatible=True
                     )
                     try:
                         await tls.do_handshake()
@@ -179,13 +180,6 @@ class WirePool:
             return _Connection(stream, key)
         assert deadline.cancelled_caught
         raise ConnectTimeout("timed out connecting", before_answer=True)
-
-    def _context(self) -> ssl.SSLContext:
-        if self._tls is None:
-            import httpx
-
-            self._tls = httpx.create_ssl_context()
-        return self._tls
 
     def _checkin(self, connection: _Connection) -> None:
         if self._idle_count >= self.max_idle:

@@ -22,6 +22,7 @@ from typing import Any
 import trio
 
 from ..backend import ExecutionBackend, ExecutionOutcome, ExecutionRequest
+from ..probe_route import PROBE_ROUTE
 from ..protocol import RolloutErrorCategory, RolloutStatus
 from ..sdk import AgentWorkflow, Grader, get_rollout_context
 from . import containers
@@ -31,7 +32,6 @@ from .placement import Placement, PlacementError, SandboxTrial, TrialWiring
 from .process import run_trial_process
 from .reaper import reap_dead_owners
 from .results import failed, trial_outcome
-from .route import SandboxRoute
 from .staging import StagedTrial, prompt_text, stage_trial, trial_config, write_private
 from .workflow import HARNESS_AGENT, WorkflowSpec, stage_workflow
 
@@ -45,8 +45,6 @@ HOST_SIDE_AGENTS = frozenset({"oracle", "nop", "terminus", "terminus-1", "termin
 #: Agents that make no model calls at all.
 MODEL_FREE_AGENTS = frozenset({"oracle", "nop"})
 _SECRET_NAME = re.compile(r"KEY|SECRET|TOKEN|PASSWORD|CREDENTIAL|AUTH", re.IGNORECASE)
-#: The rollout server route a probing supervisor calls (``rollout_server.probe_route``).
-PROBE_PATH = "/v1/rollbridge/probe-chat-endpoint"
 #: Harbor's agent timeout beyond the workflow's own (the runner enforces that one itself).
 _HARNESS_GRACE_S = 60.0
 #: Harbor and LiteLLM phone home unless told not to; a trial must only talk to this machine.
@@ -188,17 +186,13 @@ class HarborBackend(ExecutionBackend):
         """Whether the agent is the workflow harness: in the sandbox, placed by the probe."""
         return self.workflow_spec is not None
 
-    def set_sandbox_route(self, route: SandboxRoute) -> None:
-        """Give later in-sandbox trials ``route`` (the probe's choice) to reach the bridge."""
-        self._placement.set_route(route)
-
     def _chat_endpoint(self) -> dict[str, Any]:
         endpoint: dict[str, Any] = {"environment": self.environment_type or "custom"}
         if self.placed_in_sandbox:
             # podman/docker on this machine can always be reached (slirp, or the exec relay);
             # a remote environment needs a URL it can dial, found by the probe.
             endpoint["requires_public_url"] = self.engine is None
-            endpoint["probe"] = PROBE_PATH
+            endpoint["probe"] = PROBE_ROUTE
         else:
             # A host-side agent dials the loopback bridge itself; another in-sandbox agent on
             # a bridged network cannot reach this machine's loopback.

@@ -161,6 +161,11 @@ async def _run(argv: list[str]) -> bytes:
     return b""
 
 
+async def remove(engine: str, ids: Sequence[str]) -> None:
+    """``<engine> rm -f -t 0 <ids>`` (bounded; a container already gone is no error)."""
+    await _run(_rm_argv(engine, ids))
+
+
 async def sweep_trial(engine: str, trial_name: str) -> list[str]:
     """Remove every container labelled with ``trial_name``, and its compose networks and images.
 

@@ -24,7 +24,7 @@ from urllib.parse import urlsplit
 import trio
 
 from .bundle import Bundle, BundleError, SandboxImage, build_bundle, ensure_image
-from .probe import decide_route
+from .probe import AGENT_PATH, decide_route
 from .route import Candidate, ProbeReport, SandboxRoute
 
 __all__ = [
@@ -43,8 +43,6 @@ class PlacementError(RuntimeError):
     """The sandbox image cannot be made, or no route reaches the bridge (one-line message)."""
 
 
-#: The harness agent and the relay (stdlib + Harbor only); on the Harbor child's PYTHONPATH.
-AGENT_PATH = Path(__file__).with_name("agent_path")
 
 
 @dataclass(frozen=True)
@@ -134,10 +132,6 @@ class Placement:
             raise PlacementError("no bundle was built yet")
         return self._bundle.package_dir_name
 
-    def set_route(self, route: SandboxRoute) -> None:
-        """Use ``route`` for every later trial."""
-        self.route = route
-
     async def probe(
         self,
         image: str,
@@ -165,7 +159,7 @@ class Placement:
         )
         self.report = report
         if report.route is not None:
-            self.set_route(report.route)
+            self.route = report.route
         return report
 
     async def answer(

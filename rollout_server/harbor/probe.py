@@ -37,6 +37,7 @@ from typing import Any
 
 import trio
 
+from . import containers
 from .containers import OWNER_LABEL
 from .route import (
     RELAY_PORT,
@@ -50,6 +51,7 @@ from .route import (
 )
 
 __all__ = [
+    "AGENT_PATH",
     "PROBE_LABEL",
     "PROBE_PATH",
     "PROBE_SOURCE",
@@ -64,13 +66,12 @@ __all__ = [
 PROBE_PATH = "/v1/rollbridge/probe/"
 PROBE_LABEL = "io.rollbridge.harbor.probe"
 RELAY_SCRIPT = "rollbridge_relay.py"
+#: The harness agent and the relay (stdlib + Harbor only); on the Harbor child's PYTHONPATH.
+AGENT_PATH = Path(__file__).with_name("agent_path")
 
-_CONNECT_TIMEOUT_S = 3.0
-_TOTAL_TIMEOUT_S = 5.0
 #: Bound on one ``podman run`` of the probe (container start included).
 _ATTEMPT_BOUND_S = 60.0
 _RELAY_READY_S = 20.0
-_BODY_LIMIT = 2048
 
 # Runs in the sandbox as ``python3 -c PROBE_SOURCE <url>``: stdlib only, Python >= 3.8. The
 # request runs on a daemon thread so a name lookup that hangs is bounded too.
@@ -251,7 +252,7 @@ def _route(candidate: Candidate, bridge_port: int) -> SandboxRoute:
 
 def relay_module_path() -> Path:
     """Where the exec relay (contract 4) lives: ``agent_path/rollbridge_relay.py``."""
-    return Path(__file__).resolve().parent / "agent_path" / RELAY_SCRIPT
+    return AGENT_PATH / RELAY_SCRIPT
 
 
 def _load_relay() -> ModuleType | None:
@@ -287,12 +288,7 @@ class _Prober:
 
     async def _remove(self, name: str) -> None:
         with trio.CancelScope(shield=True), trio.move_on_after(30):
-            await trio.run_process(
-                [self.engine, "rm", "-f", "-t", "0", name],
-                capture_stdout=True,
-                capture_stderr=True,
-                check=False,
-            )
+            await containers.remove(self.engine, [name])
 
     async def run_probe(self, candidate: Candidate, nonce: str) -> dict[str, Any]:
         """Probe ``candidate`` from a fresh container; the parsed answer."""
@@ -328,7 +324,7 @@ class _Prober:
         if relay is None:
             return {"outcome": "error", "detail": "relay not available"}
         name = self._name()
-        mode = "none" if self.network == "none" else _network_mode(self.network)
+        mode = _network_mode(self.network)
         start = [self.engine, "run", "-d", "--rm", "--name", name, "--network", mode]
         start += [*self._labels(), self.image, "sleep", "120"]
         try:
@@ -347,8 +343,7 @@ class _Prober:
     async def _through_relay(
         self, relay: ModuleType, name: str, candidate: Candidate, nonce: str
     ) -> dict[str, Any]:
-        exec_argv = [self.engine, "exec", "-i", name, "python3", "-u", "-c"]
-        exec_argv += [relay.inside_source(), str(RELAY_PORT)]
+        exec_argv = relay.exec_argv(self.engine, name, RELAY_PORT)
         host = [sys.executable, str(relay_module_path()), "host"]
         host += ["--target", f"127.0.0.1:{self.bridge_port}", "--", *exec_argv]
         process = await trio.lowlevel.open_process(

@@ -13,7 +13,7 @@ from collections.abc import AsyncIterator, Callable
 
 import httpx
 
-__all__ = ["ShardedTransport", "skip_empty_cookies"]
+__all__ = ["ShardedTransport", "shared_tls", "skip_empty_cookies"]
 
 _UNLIMITED = httpx.Limits(max_connections=None, max_keepalive_connections=None)
 
@@ -70,7 +70,7 @@ class ShardedTransport(httpx.AsyncBaseTransport):
 
     def __init__(self, shards: int, limits: httpx.Limits = _UNLIMITED) -> None:
         # One TLS context for all shards: building one loads the CA bundle.
-        tls = _shared_tls()
+        tls = shared_tls()
         self._pools = [httpx.AsyncHTTPTransport(limits=limits, verify=tls) for _ in range(shards)]
         self._busy = [0] * shards
 
@@ -97,6 +97,6 @@ class ShardedTransport(httpx.AsyncBaseTransport):
 
 
 @functools.cache
-def _shared_tls() -> ssl.SSLContext:
+def shared_tls() -> ssl.SSLContext:
     """One verifying TLS context per process: building one loads the CA bundle (~0.1 s CPU)."""
     return httpx.create_ssl_context()

@@ -35,7 +35,6 @@ a :class:`LeanConfig` without hypercorn's worker) and re-exported here.
 from __future__ import annotations
 
 import logging
-import math
 import re
 from collections.abc import Awaitable, Callable
 from functools import partial
@@ -54,7 +53,7 @@ from hypercorn.typing import AppWrapper, LifespanState, TaskGroup
 from hypercorn.typing import Event as WorkerEvent
 
 from .h1 import serve_h1
-from .leanserve import CoalescingConfig, LeanConfig
+from .leanserve import CoalescingConfig, IdleWatch, LeanConfig
 
 __all__ = ["TESTED_HYPERCORN", "CoalescingConfig", "LeanConfig", "install_write_coalescing"]
 
@@ -120,57 +119,35 @@ class _IdleTimer(TrioSingleTask):
     """Closes a keep-alive connection idle for ``timeout`` seconds, or idle at shutdown.
 
     Stands in for hypercorn's ``TrioSingleTask`` (same ``restart``/``stop`` calls), with one
-    long-lived task instead of a new one per response.
+    long-lived task (:class:`~.leanserve.IdleWatch`) instead of a new one per response.
     """
 
     def __init__(
         self, terminated: WorkerEvent, timeout: float, close: Callable[[], Awaitable[None]]
     ) -> None:
         super().__init__()
-        self._terminated = terminated
-        self._timeout = timeout
-        self._close = close
-        self._idle = False
-        self._deadline = math.inf
-        self._resumed: trio.Event | None = None
+        self._watch = IdleWatch(terminated, timeout, close)
         self._scope: trio.CancelScope | None = None
 
     async def restart(self, task_group: TaskGroup, action: Callable[..., Any]) -> None:
         """The connection went idle: (re)start the countdown. ``action`` is not needed."""
-        self._idle = True
-        self._deadline = trio.current_time() + self._timeout
         if self._scope is None:
             self._scope = trio.CancelScope()
-            task_group.spawn(self._watch, self._scope)
-        elif self._resumed is not None:
-            self._resumed.set()
+            task_group.spawn(self._run, self._scope)
+        await self._watch.enter()
 
     async def stop(self) -> None:
         """A request arrived: the connection is busy, not idle."""
-        self._idle = False
+        await self._watch.leave()
 
     def cancel(self) -> None:
         """The connection is over: end the watching task."""
         if self._scope is not None:
             self._scope.cancel()
 
-    async def _watch(self, scope: trio.CancelScope) -> None:
+    async def _run(self, scope: trio.CancelScope) -> None:
         with scope:
-            while True:
-                if not self._idle:
-                    self._resumed = trio.Event()
-                    await self._resumed.wait()
-                    self._resumed = None
-                    continue
-                # A request that came and went meanwhile moved the deadline: look again.
-                with trio.move_on_at(self._deadline):
-                    await self._terminated.wait()
-                if self._idle and (
-                    self._terminated.is_set() or trio.current_time() >= self._deadline
-                ):
-                    break
-            with trio.CancelScope(shield=True):
-                await self._close()
+            await self._watch.watch()
 
 
 class _CoalescingTCPServer(TCPServer):

@@ -23,12 +23,21 @@ import math
 import socket
 from collections.abc import Awaitable, Callable
 from functools import partial
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import trio
 from hypercorn.config import Config
 
 from .h1 import serve_h1
+
+
+class _Signal(Protocol):
+    """What :class:`IdleWatch` needs of a shutdown event (trio's, or hypercorn's)."""
+
+    async def wait(self) -> Any: ...
+
+    def is_set(self) -> bool: ...
+
 
 if TYPE_CHECKING:
     from hypercorn.typing import ASGIFramework
@@ -122,7 +131,7 @@ class _AppWrapper:
 async def _serve_connection(
     app: Any, config: LeanConfig, closing: trio.Event, stream: trio.SocketStream
 ) -> None:
-    idle = _IdleWatch(stream, closing, config.keep_alive_timeout)
+    idle = IdleWatch(closing, config.keep_alive_timeout, partial(trio.aclose_forcefully, stream))
     try:
         async with trio.open_nursery() as nursery:
             nursery.start_soon(idle.watch)
@@ -134,19 +143,23 @@ async def _serve_connection(
         await trio.aclose_forcefully(stream)
 
 
-class _IdleWatch:
-    """Closes the connection once it has been idle ``timeout`` seconds, or is idle at shutdown.
+class IdleWatch:
+    """Closes a connection once it has been idle ``timeout`` seconds, or is idle at shutdown.
 
-    One task per connection sleeps until the idle deadline and looks again; a request costs
-    two attribute writes (``leave``, then ``enter`` when it is answered).
+    One task per connection (:meth:`watch`) sleeps until the idle deadline and looks again; a
+    request costs two attribute writes (:meth:`leave`, then :meth:`enter` when it is answered).
+    ``closing`` is the server's shutdown signal (anything with ``wait()`` and ``is_set()``);
+    ``close`` closes the connection, which ends its loop.
     """
 
-    __slots__ = ("_closing", "_deadline", "_idle", "_resumed", "_stream", "_timeout")
+    __slots__ = ("_close", "_closing", "_deadline", "_idle", "_resumed", "_timeout")
 
-    def __init__(self, stream: trio.SocketStream, closing: trio.Event, timeout: float) -> None:
-        self._stream = stream
+    def __init__(
+        self, closing: _Signal, timeout: float, close: Callable[[], Awaitable[None]]
+    ) -> None:
         self._closing = closing
         self._timeout = timeout
+        self._close = close
         self._idle = False
         self._deadline = math.inf
         self._resumed = trio.Event()
@@ -162,6 +175,7 @@ class _IdleWatch:
         self._idle = False
 
     async def watch(self) -> None:
+        """Run until the connection has been idle too long (or is idle at shutdown), then close it."""
         while True:
             if not self._idle:
                 self._resumed = trio.Event()
@@ -172,5 +186,5 @@ class _IdleWatch:
                 await self._closing.wait()
             if self._idle and (self._closing.is_set() or trio.current_time() >= self._deadline):
                 break
-        # The connection's loop is waiting for a request: closing the stream ends it.
-        await trio.aclose_forcefully(self._stream)
+        with trio.CancelScope(shield=True):
+            await self._close()

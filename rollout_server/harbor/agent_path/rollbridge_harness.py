@@ -129,17 +129,7 @@ class HarnessAgent(BaseAgent):  # type: ignore[misc]
         host, _, port = target_text.rpartition(":")
         engine = os.environ.get("ROLLBRIDGE_ENGINE", "podman")
         container = await _main_container(engine, os.environ.get("ROLLBRIDGE_TRIAL", ""))
-        argv = [
-            engine,
-            "exec",
-            "-i",
-            container,
-            "python3",
-            "-u",
-            "-c",
-            rollbridge_relay.inside_source(),
-            str(RELAY_PORT),
-        ]
+        argv = rollbridge_relay.exec_argv(engine, container, RELAY_PORT)
         return await rollbridge_relay.start_host_relay(
             argv, (host, int(port)), log=lambda line: self.logger.info("relay: %s", line)
         )

@@ -64,7 +64,7 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from collections.abc import Callable, Sequence
 
-__all__ = ["HostRelay", "RelayError", "inside_source", "main", "start_host_relay"]
+__all__ = ["HostRelay", "RelayError", "exec_argv", "inside_source", "main", "start_host_relay"]
 
 HEADER = struct.Struct(">IBI")
 COUNT = struct.Struct(">I")
@@ -456,6 +456,11 @@ def inside_source() -> str:
         with open(__file__, encoding="utf-8") as handle:
             _SOURCE.append(handle.read())
     return _SOURCE[0]
+
+
+def exec_argv(engine: str, container: str, port: int) -> list[str]:
+    """``<engine> exec -i <container> python3 -u -c <inside source> <port>``: the inside end."""
+    return [engine, "exec", "-i", container, "python3", "-u", "-c", inside_source(), str(port)]
 
 
 def _parse_target(text: str) -> tuple[str, int]:
