@@ -57,6 +57,10 @@ class BridgeBindError(OSError):
     """The bridge's listening socket could not be bound."""
 
 
+class BridgeProcessError(RuntimeError):
+    """The bridge's own process (bridge.process) could not start, or died; one-line message."""
+
+
 class PreflightError(RuntimeError):
     """The model preflight failed in a way that must abort the run (docs/spec/supervisor.md §2.8)."""
 

@@ -28,7 +28,7 @@ from bridge.shaping import (
     shape_completion,
 )
 from bridge.upstreams import Upstream
-from bridge.usage import CallUsage, UsageLedger
+from bridge.usage import CallUsage, UsageLedger, UsageObserver
 
 PING = b": ping\n\n"
 DONE = b"data: [DONE]\n\n"
@@ -73,11 +73,12 @@ class Bridge:
         timing: Timing | None = None,
         keepalive: bool = False,
         retry: RetryPolicy | None = None,
+        usage_observer: UsageObserver | None = None,
     ) -> None:
         self.upstream = upstream
         self.model = upstream.model
         self.memory = ReasoningMemory()
-        self.ledger = UsageLedger(on_forget=self.memory.forget)
+        self.ledger = UsageLedger(on_forget=self.memory.forget, observer=usage_observer)
         self.scrubber = ErrorScrubber([token, *upstream.secrets()], extra=redact)
         self.timing = timing or Timing()
         self.retry = retry or RetryPolicy()

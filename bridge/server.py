@@ -6,7 +6,7 @@ import socket
 from collections.abc import Callable
 from dataclasses import dataclass
 from functools import partial
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Final, Protocol
 from urllib.parse import quote
 
 import trio
@@ -19,6 +19,18 @@ from bridge.upstreams.routing import OFFLINE_MODEL
 if TYPE_CHECKING:
     from bridge.handler import Bridge
     from bridge.retry import RetryPolicy
+    from bridge.usage import RolloutUsage, UpstreamPressure, UsageObserver
+
+
+#: The modules a starting bridge imports (about 0.3-0.6 s): whoever wants that cost off its
+#: critical path imports them ahead (a worker thread, a spare process).
+WEB_STACK: Final = (
+    "hypercorn.trio.run",
+    "bridge.app",
+    "bridge.handler",
+    "bridge.upstreams.direct",
+    "rollout_server.net.httpserve",
+)
 
 
 @dataclass(frozen=True)
@@ -54,6 +66,11 @@ class BridgeConfig:
     """How transient upstream faults are retried (None: the default policy of
     :mod:`bridge.retry`; ``RetryPolicy(max_attempts=1)`` turns retries off)."""
 
+    probe_key: bytes | None = None
+    """The key behind sandbox probe answers (bridge.probe); None draws one at start."""
+    usage_observer: UsageObserver | None = None
+    """Told of every call's usage as it is recorded (bridge.usage.UsageObserver)."""
+
     def __post_init__(self) -> None:
         if not isinstance(self.token, str) or not self.token.strip():
             raise ValueError("bridge auth_token must be a non-empty string")
@@ -68,6 +85,40 @@ def rollout_url(base: str, rollout_id: str) -> str:
     a trailing slash is ignored); the rollout id is percent-encoded as one path segment.
     """
     return f"{base.rstrip('/')}/v1/rollouts/{quote(rollout_id, safe='')}"
+
+
+class UsageView(Protocol):
+    """What a bridge's starter reads of its usage (a :class:`bridge.usage.UsageLedger`)."""
+
+    def pop(self, rollout_id: str) -> RolloutUsage | None: ...
+
+    def discard(self, rollout_id: str) -> None: ...
+
+    def snapshot(self) -> dict[str, RolloutUsage]: ...
+
+    def pressure(self) -> UpstreamPressure: ...
+
+
+class BridgeService(Protocol):
+    """A running bridge as its starter sees it: a :class:`BridgeHandle` (in this process) or a
+    :class:`bridge.process.BridgeProcessHandle` (a bridge in its own process)."""
+
+    @property
+    def base_url(self) -> str: ...
+
+    @property
+    def port(self) -> int: ...
+
+    @property
+    def ledger(self) -> UsageView: ...
+
+    keepalive: bool
+
+    def probe_answer(self, nonce: str) -> str: ...
+
+    def rollout_url(self, rollout_id: str, base: str | None = None) -> str: ...
+
+    async def wait_failed(self) -> str: ...
 
 
 class BridgeHandle:
@@ -101,6 +152,12 @@ class BridgeHandle:
     def rollout_url(self, rollout_id: str, base: str | None = None) -> str:
         """:func:`rollout_url` for ``rollout_id`` at ``base`` (default: this bridge's loopback URL)."""
         return rollout_url(base or self.base_url, rollout_id)
+
+    async def wait_failed(self) -> str:
+        """Never returns: a bridge in this process fails with its caller (the process variant,
+        :class:`bridge.process.BridgeProcessHandle`, returns the reason its child died)."""
+        await trio.sleep_forever()
+        raise AssertionError("unreachable")
 
 
 def _bind(host: str, port: int) -> socket.socket:
@@ -166,8 +223,9 @@ async def run_bridge(
                     ),
                     keepalive=config.keepalive,
                     retry=config.retry,
+                    usage_observer=config.usage_observer,
                 )
-                probe = ProbeKey()
+                probe = ProbeKey(config.probe_key)
                 app = create_app(
                     bridge,
                     token=config.token,
@@ -199,4 +257,13 @@ async def run_bridge(
         sock.close()
 
 
-__all__ = ["OFFLINE_MODEL", "BridgeConfig", "BridgeHandle", "rollout_url", "run_bridge"]
+__all__ = [
+    "OFFLINE_MODEL",
+    "WEB_STACK",
+    "BridgeConfig",
+    "BridgeHandle",
+    "BridgeService",
+    "UsageView",
+    "rollout_url",
+    "run_bridge",
+]

@@ -5,7 +5,7 @@ from __future__ import annotations
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass, replace
-from typing import Any
+from typing import Any, Protocol
 
 
 def _int(value: Any) -> int | None:
@@ -149,6 +149,16 @@ class UpstreamPressure:
 _EMPTY = RolloutUsage(0, 0, 0, 0, None, None, 0)
 
 
+class UsageObserver(Protocol):
+    """Told of every change a :class:`UsageLedger` records, in the thread that records it and
+    before :meth:`UsageLedger.record` returns (so before the answer it counts leaves): how a
+    bridge in its own process reports usage to the supervisor (:mod:`bridge.process`)."""
+
+    def recorded(self, rollout_id: str, call: CallUsage) -> None: ...
+
+    def faulted(self, rollout_id: str, status: int, retried: bool) -> None: ...
+
+
 class UsageLedger:
     """Usage per rollout id.
 
@@ -157,10 +167,15 @@ class UsageLedger:
     before the answer reaches it.
     """
 
-    def __init__(self, on_forget: Callable[[str], None] | None = None) -> None:
+    def __init__(
+        self,
+        on_forget: Callable[[str], None] | None = None,
+        observer: UsageObserver | None = None,
+    ) -> None:
         self._lock = threading.Lock()
         self._usage: dict[str, RolloutUsage] = {}
         self._on_forget = on_forget
+        self._observer = observer
         self._pressure = UpstreamPressure()
 
     def record(self, rollout_id: str, call: CallUsage) -> None:
@@ -168,9 +183,13 @@ class UsageLedger:
         with self._lock:
             self._usage[rollout_id] = self._usage.get(rollout_id, _EMPTY).plus(call)
             self._pressure = replace(self._pressure, answered=self._pressure.answered + 1)
+        if self._observer is not None:
+            self._observer.recorded(rollout_id, call)
 
     def fault(self, rollout_id: str, status: int, *, retried: bool) -> None:
         """Count a transient provider fault of ``rollout_id``'s call (a retry when ``retried``)."""
+        if self._observer is not None:
+            self._observer.faulted(rollout_id, status, retried)
         with self._lock:
             if retried:
                 usage = self._usage.get(rollout_id, _EMPTY)

@@ -197,6 +197,11 @@ def eval_group() -> None:
 @click.pass_context
 def eval_run(ctx: click.Context, /, config: str, **flags: object) -> None:
     """Evaluate the rollout of CONFIG (a TOML file under configs/eval/) on its dataset."""
+    from bridge.spare import BridgeSpare
+
+    # First: the bridge's process imports its web stack while this one prepares the run
+    # (bridge.spare; the run's bridge takes it, and it is stopped here if none did).
+    spare = BridgeSpare.ahead()
     from launcher.cli_ui import ambient_redactor
     from launcher.supervisor import EvalOptions, run_eval
     from launcher.ui import UI
@@ -209,7 +214,12 @@ def eval_run(ctx: click.Context, /, config: str, **flags: object) -> None:
     options = EvalOptions(config=config, **flags)  # type: ignore[arg-type]
     ui = UI(mode, verbose=options.verbose, redact=ambient_redactor())
     ctx.obj["ui"] = ui
-    ctx.exit(run_eval(options, ui))
+    try:
+        code = run_eval(options, ui)
+    finally:
+        if spare is not None:
+            spare.discard()
+    ctx.exit(code)
 
 
 def _ui(obj: dict[str, object], argv: list[str]) -> UI:

@@ -28,7 +28,7 @@ from rollout_server.protocol import (
 )
 
 if TYPE_CHECKING:
-    from bridge.server import BridgeHandle
+    from bridge.server import BridgeService
     from launcher.rundir import RunDirectory
     from tunnel.cloudflared import TunnelHandle
 
@@ -45,7 +45,7 @@ class BridgeEndpoint:
 
     def __init__(
         self,
-        bridge: BridgeHandle,
+        bridge: BridgeService,
         bearer: str,
         tunnel: TunnelHandle | None,
         advertise_url: str | None,

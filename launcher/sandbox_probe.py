@@ -5,7 +5,7 @@ docs/harbor.md, section "Placement") runs the probe ladder from inside a sandbox
 (``POST /v1/rollbridge/probe-chat-endpoint``). This module asks it:
 
 1. nonce = 32 random hex characters; ``expect`` = the bridge's answer to it
-   (:meth:`bridge.server.BridgeHandle.probe_answer`), so "reached" means this run's bridge;
+   (:meth:`bridge.server.BridgeService.probe_answer`), so "reached" means this run's bridge;
 2. candidates: the loopback bridge, plus ``--advertise-url`` (then *exclusive*: only the user's
    URL is tried) or a tunnel already running (forced with ``--tunnel``: exclusive too);
 3. no route, not exclusive, and no tunnel flag given: start the managed tunnel and probe again
@@ -63,10 +63,14 @@ StageFn = Callable[..., None]
 
 
 class ProbeBridge(Protocol):
-    """What the probe needs of the bridge (a :class:`bridge.server.BridgeHandle`)."""
+    """What the probe needs of the bridge (a :class:`bridge.server.BridgeService`)."""
 
-    base_url: str
-    port: int
+    @property
+    def base_url(self) -> str: ...
+
+    @property
+    def port(self) -> int: ...
+
     keepalive: bool
 
     def probe_answer(self, nonce: str) -> str: ...

@@ -54,7 +54,7 @@ from tunnel.errors import TunnelError
 from tunnel.plan import TunnelDecision, choose_tunnel
 
 if TYPE_CHECKING:
-    from bridge.server import BridgeHandle
+    from bridge.server import BridgeService
     from tunnel.cloudflared import TunnelHandle
 
 __all__ = [
@@ -98,7 +98,7 @@ class Services:
     """The running services of one run."""
 
     server: RolloutServer
-    bridge: BridgeHandle
+    bridge: BridgeService
     tunnel: TunnelHandle | None
     decision: TunnelDecision
     concurrency: int
@@ -124,14 +124,18 @@ class Services:
         await publish_live_usage(run_dir, self.bridge.ledger.snapshot, in_flight)
 
     async def watch_faults(self, halt: Callable[[str], None]) -> None:
-        """Call ``halt(reason)`` when the rollout server exits on its own or the tunnel fails
-        for good (runs until cancelled)."""
+        """Call ``halt(reason)`` when the rollout server or the bridge's process exits on its
+        own, or the tunnel fails for good (runs until cancelled)."""
         async with trio.open_nursery() as nursery:
             nursery.start_soon(self._watch_server, halt)
+            nursery.start_soon(self._watch_bridge, halt)
             if self.tunnel is not None:
                 nursery.start_soon(self._watch_tunnel, self.tunnel, halt)
             if self.routing is not None:
                 nursery.start_soon(self.routing.watch_tunnel, halt)
+
+    async def _watch_bridge(self, halt: Callable[[str], None]) -> None:
+        halt(f"{await self.bridge.wait_failed()}; see logs.txt")
 
     async def _watch_server(self, halt: Callable[[str], None]) -> None:
         code = await self.server.child.process.wait()
@@ -146,7 +150,7 @@ class Services:
 @dataclass
 class _Started:
     server: RolloutServer | None = None
-    bridge: BridgeHandle | None = None
+    bridge: BridgeService | None = None
     tunnel: TunnelHandle | None = None
 
 
@@ -337,6 +341,7 @@ async def _start_bridge(
     Keepalive starts on when the flags already force a public URL; the health report may
     switch it on later (automatic tunnel)."""
     from bridge.errors import BridgeBindError
+    from bridge.process import BridgeProcessError, in_process_requested, run_bridge_process
     from bridge.server import BridgeConfig, run_bridge
 
     p = ctx.prepared
@@ -352,19 +357,27 @@ async def _start_bridge(
         redact=p.redactor,
         log=bridge_log,
     )
-    # The bridge's web stack takes ~0.3 s to import; doing it on a worker thread keeps the
-    # event loop free to notice uv finishing and to spawn the rollout server meanwhile.
-    await trio.to_thread.run_sync(_import_bridge_stack)
     try:
-        handle: BridgeHandle = await nursery.start(run_bridge, config)
-    except BridgeBindError as exc:
+        if in_process_requested():
+            # The bridge's web stack takes ~0.3 s to import; doing it on a worker thread keeps
+            # the event loop free to notice uv finishing and to spawn the rollout server.
+            await trio.to_thread.run_sync(_import_bridge_stack)
+            handle: BridgeService = await nursery.start(run_bridge, config)
+        else:
+            # Its own process: its HTTP work gets the second core instead of this one's GIL.
+            handle = await nursery.start(
+                partial(run_bridge_process, config, redact_values=p.redactor.patterns)
+            )
+    except (BridgeBindError, BridgeProcessError) as exc:
         raise LocalEvalError(str(exc)) from None
     ctx.log("INFO", "listener", "LLM bridge started", {"port": handle.port})
     started.bridge = handle
 
 
 def _import_bridge_stack() -> None:
-    for module in ("hypercorn.trio.run", "bridge.app", "bridge.handler", "bridge.upstreams.direct"):
+    from bridge.server import WEB_STACK
+
+    for module in WEB_STACK:
         importlib.import_module(module)
 
 

@@ -45,6 +45,7 @@ inflated: use them to find hot spots, not to measure.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import shutil
@@ -266,7 +267,7 @@ async def run_eval(
         )
     peak_rss = 0
     cpu = main_cpu = 0.0
-    samples: list[tuple[float, float, float]] = []
+    samples: list[tuple[float, float, float, float]] = []
     exited = 0.0
 
     async def wait_exit(cancel: trio.CancelScope) -> None:
@@ -275,18 +276,33 @@ async def run_eval(
         exited = time.time()
         cancel.cancel()
 
+    bridge: psutil.Process | None = None
+    bridge_cpu = 0.0
+    others: dict[int, float] = {}  # the rollout server (and uv): CPU seen last, by pid
     async with trio.open_nursery() as nursery:
         nursery.start_soon(wait_exit, nursery.cancel_scope)
         while True:
             try:
                 peak_rss = max(peak_rss, ps.memory_info().rss)
                 times = ps.cpu_times()
-                cpu = times.user + times.system
+                if bridge is None:
+                    bridge = _bridge_child(ps)
+                if bridge is not None:
+                    with contextlib.suppress(psutil.Error):
+                        bridge_times = bridge.cpu_times()
+                        bridge_cpu = bridge_times.user + bridge_times.system
+                for child in ps.children(recursive=True):
+                    if bridge is None or child.pid != bridge.pid:
+                        with contextlib.suppress(psutil.Error):
+                            child_times = child.cpu_times()
+                            others[child.pid] = child_times.user + child_times.system
+                # The supervisor's CPU includes its bridge's process (none when in process).
+                cpu = times.user + times.system + bridge_cpu
                 main_cpu = next(
                     (t.user_time + t.system_time for t in ps.threads() if t.id == proc.pid),
                     main_cpu,
                 )
-                samples.append((time.time(), cpu, main_cpu))
+                samples.append((time.time(), cpu, main_cpu, bridge_cpu))
             except psutil.Error:
                 pass
             await trio.sleep(0.05)
@@ -301,6 +317,7 @@ async def run_eval(
     after = [s for s in samples if s[0] >= log["last_finish"]] or samples[-1:]
     dispatch_cpu = after[0][1] - before[-1][1]
     dispatch_main = after[0][2] - before[-1][2]
+    dispatch_bridge = after[0][3] - before[-1][3]
     return {
         "wall_s": exited - started,
         "start_to_first_dispatch_s": log["first_dispatch"] - started,
@@ -315,7 +332,18 @@ async def run_eval(
         "main_thread_cpu_s": main_cpu,
         "dispatch_cpu_ms_per_item": dispatch_cpu / log["finished"] * 1000,
         "dispatch_main_thread_cpu_ms_per_item": dispatch_main / log["finished"] * 1000,
+        "dispatch_bridge_process_cpu_ms_per_item": dispatch_bridge / log["finished"] * 1000,
+        "other_children_cpu_ms_per_item": sum(others.values()) / log["finished"] * 1000,
     }
+
+
+def _bridge_child(supervisor: psutil.Process) -> psutil.Process | None:
+    """The supervisor's bridge process (``python -m bridge.child``), once it is running."""
+    for child in supervisor.children():
+        with contextlib.suppress(psutil.Error):
+            if "bridge.child" in child.cmdline():
+                return child
+    return None
 
 
 async def main(cases: set[int], large: int) -> None:
@@ -375,7 +403,9 @@ async def case_fast(
         f"   rows/s during dispatch {fast['finished'] / fast['dispatch_wall_s']:.0f}; "
         f"supervisor CPU {fast['cpu_s']:.2f} s in all; during dispatch "
         f"{fast['dispatch_cpu_ms_per_item']:.2f} ms/item "
-        f"(main thread {fast['dispatch_main_thread_cpu_ms_per_item']:.2f} ms/item); "
+        f"(main thread {fast['dispatch_main_thread_cpu_ms_per_item']:.2f} ms/item, "
+        f"bridge process {fast['dispatch_bridge_process_cpu_ms_per_item']:.2f} ms/item); "
+        f"rollout server and uv {fast['other_children_cpu_ms_per_item']:.2f} ms/item (whole run); "
         f"median item round trip {fast['median_item_ms']:.1f} ms"
     )
     print(
@@ -387,8 +417,8 @@ async def case_fast(
         1 / 20,
         unit="x",
     )
-    target("supervisor CPU per work item, whole run", fast["cpu_ms_per_item"], 2.0, "ms")
-    target("supervisor CPU per work item, dispatch", fast["dispatch_cpu_ms_per_item"], 2.0, "ms")
+    target("supervisor + bridge CPU per work item, whole run", fast["cpu_ms_per_item"], 2.0, "ms")
+    target("supervisor + bridge CPU per work item, dispatch", fast["dispatch_cpu_ms_per_item"], 2.0, "ms")
     target("start -> first dispatch (warm)", fast["start_to_first_dispatch_s"], 1.0)
     target("last result -> exit", fast["last_result_to_exit_s"], 0.15)
     out["fast"] = fast

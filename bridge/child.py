@@ -1,0 +1,201 @@
+"""``python -m bridge.child <fd>``: the bridge's own process, started by
+:func:`bridge.process.run_bridge_process` (the socket protocol is described there).
+
+It reads its configuration from the socket ``<fd>``, serves the bridge, reports each call's
+usage on the socket before the call's answer is written, and stops when the socket reads EOF.
+SIGINT is ignored: the supervisor, not the terminal, decides when the bridge stops.
+"""
+
+from __future__ import annotations
+
+import gc
+import importlib
+import os
+import select
+import signal
+import socket
+import sys
+import threading
+import traceback
+from collections.abc import Callable
+from typing import Any
+
+import trio
+
+from bridge.errors import BridgeBindError
+from bridge.ipc import encode_line, split_lines
+from bridge.retry import RetryPolicy
+from bridge.secret_policy import REDACTED, SecretMatcher
+from bridge.server import WEB_STACK, BridgeConfig, BridgeHandle, run_bridge
+from bridge.usage import CallUsage
+
+__all__ = ["main"]
+
+
+class _Reporter:
+    """The child's sends: blocking (a full socket waits for the supervisor to read), from
+    whichever thread records usage (the LiteLLM thread does)."""
+
+    def __init__(self, sock: socket.socket) -> None:
+        self._sock = sock
+        self._lock = threading.Lock()
+        self.gone = False
+
+    def send(self, message: list[Any]) -> None:
+        data = memoryview(encode_line(message))
+        with self._lock:
+            while data and not self.gone:
+                try:
+                    data = data[self._sock.send(data) :]
+                except (BlockingIOError, InterruptedError):
+                    select.select([], [self._sock], [])
+                except OSError:
+                    self.gone = True  # the supervisor is gone: the reader sees EOF and stops
+
+    def recorded(self, rollout_id: str, call: CallUsage) -> None:
+        self.send(
+            [
+                "u",
+                rollout_id,
+                call.prompt_tokens,
+                call.completion_tokens,
+                call.total_tokens,
+                call.cached_tokens,
+                call.reasoning_tokens,
+            ]
+        )
+
+    def faulted(self, rollout_id: str, status: int, retried: bool) -> None:
+        self.send(["f", rollout_id, status, retried])
+
+    def log(self, level: str, message: str) -> None:
+        self.send(["l", level, message])
+
+
+def _read_config(sock: socket.socket) -> tuple[dict[str, Any], bytearray]:
+    """The first message (blocking), and whatever arrived after it."""
+    buffer = bytearray()
+    while b"\n" not in buffer:
+        data = sock.recv(1 << 16)
+        if not data:
+            raise EOFError("the supervisor closed the socket before sending a configuration")
+        buffer += data
+    (first,) = split_lines(bytearray(buffer[: buffer.index(b"\n") + 1]))
+    del buffer[: buffer.index(b"\n") + 1]
+    kind, doc = first
+    if kind != "c" or not isinstance(doc, dict):
+        raise ValueError("the first message is not a configuration")
+    return doc, buffer
+
+
+def _redactor(values: list[str]) -> Callable[[str], str]:
+    matcher = SecretMatcher()
+    for value in values:
+        # Exactly the values given: a stripped form is in the list when the sender kept it.
+        matcher.add(value, min_length=len(value))
+
+    def redact(text: str) -> str:
+        return matcher.sub(REDACTED, text)
+
+    return redact
+
+
+def _config(doc: dict[str, Any], reporter: _Reporter, redact: Callable[[str], str]) -> BridgeConfig:
+    retry = doc.get("retry")
+    return BridgeConfig(
+        model=doc["model"],
+        token=doc["token"],
+        host=doc["host"],
+        port=doc["port"],
+        keepalive=doc["keepalive"],
+        redact=redact,
+        log=reporter.log,
+        plain_chat_route=doc["plain_chat_route"],
+        via_litellm=doc["via_litellm"],
+        heartbeat_interval=doc["heartbeat_interval"],
+        keepalive_grace=doc["keepalive_grace"],
+        keepalive_interval=doc["keepalive_interval"],
+        max_body_bytes=doc["max_body_bytes"],
+        retry=None if retry is None else RetryPolicy(*retry),
+        probe_key=bytes.fromhex(doc["probe_key"]) or None,
+        usage_observer=reporter,
+    )
+
+
+async def _follow(sock: socket.socket, handle: BridgeHandle, buffer: bytearray) -> None:
+    """Apply the supervisor's messages until EOF."""
+    while True:
+        for message in split_lines(buffer):
+            if message[0] == "k":
+                handle.keepalive = bool(message[1])
+            elif message[0] == "x":
+                handle.ledger.discard(message[1])
+        await trio.lowlevel.wait_readable(sock)
+        try:
+            data = sock.recv(1 << 16)
+        except (BlockingIOError, InterruptedError):
+            continue
+        except OSError:
+            return
+        if not data:
+            return
+        buffer += data
+
+
+async def _serve(
+    config: BridgeConfig, sock: socket.socket, reporter: _Reporter, buffer: bytearray
+) -> None:
+    async with trio.open_nursery() as nursery:
+        handle: BridgeHandle = await nursery.start(run_bridge, config)
+        reporter.send(["s", handle.base_url, handle.port])
+        gc.collect()
+        gc.freeze()  # what start-up allocated is never collected: later collections skip it
+        await _follow(sock, handle, buffer)
+        nursery.cancel_scope.cancel()
+
+
+def main(argv: list[str]) -> int:
+    """Serve the bridge configured over the socket ``argv[0]``; the exit code."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    if len(argv) != 1 or not argv[0].isdigit():
+        print("usage: python -m bridge.child FD (started by the supervisor)", file=sys.stderr)
+        return 2
+    sock = socket.socket(fileno=int(argv[0]))
+    reporter = _Reporter(sock)
+    redact: Callable[[str], str] = str
+    try:
+        # Import the web stack before the configuration arrives: a spare (bridge.process)
+        # does this while the supervisor prepares the run.
+        for module in WEB_STACK:
+            importlib.import_module(module)
+        try:
+            doc, buffer = _read_config(sock)
+        except EOFError:
+            return 0  # a spare the supervisor did not need
+        redact = _redactor(doc.get("redact") or [doc["token"]])
+        environ = doc.get("env")
+        if isinstance(environ, dict):
+            os.environ.clear()
+            os.environ.update(environ)
+        sock.setblocking(False)
+        trio.run(_serve, _config(doc, reporter, redact), sock, reporter, buffer)
+    except Exception as exc:
+        leaf = _leaf(exc)
+        if isinstance(leaf, BridgeBindError):
+            reporter.send(["e", "bind", redact(str(leaf)), ""])
+        else:
+            summary = redact(f"{type(leaf).__name__}: {leaf}".splitlines()[0])
+            reporter.send(["e", "crash", summary, redact(traceback.format_exc())])
+        return 1
+    return 0
+
+
+def _leaf(exc: BaseException) -> BaseException:
+    """The one exception inside nested single-member exception groups (trio's strict groups)."""
+    while isinstance(exc, BaseExceptionGroup) and len(exc.exceptions) == 1:
+        exc = exc.exceptions[0]
+    return exc
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,370 @@
+"""The bridge in a process of its own: :func:`run_bridge_process` and its handle.
+
+Why: in the supervisor's process the bridge's HTTP work shares one GIL with the rollout
+client, the dispatcher and the run directory; at a few hundred calls a second that one core is
+the run's ceiling while the second core idles. In its own process the bridge gets that core,
+and the supervisor keeps only a mirror of the usage ledger.
+
+How the two talk: one ``AF_UNIX`` stream socket pair, a JSON array per line
+(:data:`_ENCODE`). The child is ``python -m bridge.child <fd>``; the supervisor sends it its
+configuration as the first line (the bearer, the probe key and the redactor's values travel
+only over this private socket: never on a command line, in the environment or in a file), and
+then ``["k", on]`` (keepalive mode) and ``["x", rollout_id]`` (forget a rollout). The child
+sends ``["s", base_url, port]`` once it listens, ``["e", kind, message, detail]`` when it
+cannot go on, ``["l", level, message]`` for each (already scrubbed) log line, and one
+``["u", ...]`` or ``["f", ...]`` per recorded call or provider fault.
+
+The ordering guarantee the dispatcher relies on — a rollout's usage is known when its result
+arrives — holds across the hop: the child writes a call's usage line synchronously, before
+the answer to that call is written (:class:`bridge.usage.UsageObserver`), so it is in the
+socket before the rollout can have seen its answer, let alone reported its result; and every
+read of the mirror (:meth:`_MirrorLedger.pop` and the rest) first drains what the socket holds.
+
+Lifetime: the child runs in a session of its own (a terminal Ctrl-C reaches only the
+supervisor, which decides when the bridge stops) and stops when its end of the socket reads
+EOF: when the supervisor closes it on the way out, or when the supervisor dies (``kill -9``
+included), so a bridge never outlives its run. A child that exits while the run goes on is
+reported by :meth:`BridgeProcessHandle.wait_failed`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import secrets
+import socket
+import subprocess
+import threading
+from collections import deque
+from collections.abc import Callable
+from dataclasses import replace
+from typing import TYPE_CHECKING, Any, Final
+
+import trio
+
+from bridge.errors import BridgeBindError, BridgeProcessError
+from bridge.ipc import config_message, encode_line, split_lines
+from bridge.probe import ProbeKey
+from bridge.server import BridgeConfig, rollout_url
+from bridge.spare import (
+    IN_PROCESS_ENV,
+    STOP_GRACE_S,
+    BridgeSpare,
+    in_process_requested,
+    wait_exit,
+)
+from bridge.usage import CallUsage, RolloutUsage, UpstreamPressure, UsageLedger
+
+if TYPE_CHECKING:
+    from collections.abc import Iterable
+
+__all__ = [
+    "IN_PROCESS_ENV",
+    "BridgeProcessError",
+    "BridgeProcessHandle",
+    "BridgeSpare",
+    "in_process_requested",
+    "run_bridge_process",
+]
+
+#: Bytes read from the socket at a time.
+_CHUNK: Final = 1 << 18
+#: Lines of the child's stderr kept for the error that reports its death.
+_TAIL: Final = 20
+
+
+class _Channel:
+    """The supervisor's end of the socket: a drain that applies the child's messages, and
+    non-blocking sends with a backlog a writer task flushes."""
+
+    def __init__(self, sock: socket.socket, log: Callable[[str, str], None] | None) -> None:
+        self.sock = sock
+        self._log = log
+        self._lock = threading.RLock()
+        self._buffer = bytearray()
+        self._backlog = bytearray()
+        self._backlog_ready = trio.Event()
+        self.eof = False
+        self.started: tuple[str, int] | None = None
+        self.error: tuple[str, str] | None = None
+        self.ledger = _MirrorLedger(self)
+
+    def drain(self) -> None:
+        """Read and apply everything the socket holds now (never blocks)."""
+        with self._lock:
+            while not self.eof:
+                try:
+                    data = self.sock.recv(_CHUNK)
+                except (BlockingIOError, InterruptedError):
+                    break
+                except OSError:
+                    data = b""
+                if not data:
+                    self.eof = True
+                    break
+                self._buffer += data
+                if len(data) < _CHUNK:
+                    break
+            if self._buffer:
+                for message in split_lines(self._buffer):
+                    self._apply(message)
+
+    def _apply(self, message: list[Any]) -> None:
+        kind = message[0]
+        if kind == "u":
+            _, rollout_id, prompt, completion, total, cached, reasoning = message
+            self.ledger.apply_record(
+                rollout_id, CallUsage(prompt, completion, total, cached, reasoning)
+            )
+        elif kind == "f":
+            self.ledger.apply_fault(message[1], message[2], retried=message[3])
+        elif kind == "l":
+            if self._log is not None:
+                self._log(message[1], message[2])
+        elif kind == "s":
+            self.started = (message[1], message[2])
+        elif kind == "e":
+            self.error = (message[1], message[2])
+            if self._log is not None and message[3]:
+                self._log("error", message[3])
+
+    def send(self, message: list[Any]) -> None:
+        """Send ``message`` now if the socket takes it, else queue it for :meth:`flush`."""
+        data = encode_line(message)
+        with self._lock:
+            if self.eof:
+                return
+            if not self._backlog:
+                try:
+                    sent = self.sock.send(data)
+                except (BlockingIOError, InterruptedError):
+                    sent = 0
+                except OSError:
+                    return  # the child is gone; wait_failed reports it
+                data = data[sent:]
+            if data:
+                self._backlog += data
+                self._backlog_ready.set()
+
+    async def flush(self) -> None:
+        """Write queued messages as the socket drains (runs until cancelled)."""
+        while True:
+            await self._backlog_ready.wait()
+            while self._backlog:
+                await trio.lowlevel.wait_writable(self.sock)
+                with self._lock:
+                    try:
+                        sent = self.sock.send(self._backlog)
+                    except (BlockingIOError, InterruptedError):
+                        continue
+                    except OSError:
+                        self._backlog.clear()
+                        break
+                    del self._backlog[:sent]
+            self._backlog_ready = trio.Event()
+
+    async def follow(self) -> None:
+        """Apply the child's messages as they come, until EOF."""
+        while not self.eof:
+            await trio.lowlevel.wait_readable(self.sock)
+            self.drain()
+
+
+class _MirrorLedger(UsageLedger):
+    """The supervisor's copy of the child's usage ledger: every read drains the socket first,
+    so it holds every call whose answer has left the child; forgetting a rollout tells the child
+    to forget it too (its reasoning memory)."""
+
+    def __init__(self, channel: _Channel) -> None:
+        super().__init__(on_forget=lambda rollout_id: channel.send(["x", rollout_id]))
+        self._channel = channel
+
+    def apply_record(self, rollout_id: str, call: CallUsage) -> None:
+        super().record(rollout_id, call)
+
+    def apply_fault(self, rollout_id: str, status: int, *, retried: bool) -> None:
+        super().fault(rollout_id, status, retried=retried)
+
+    def pop(self, rollout_id: str) -> RolloutUsage | None:
+        self._channel.drain()
+        return super().pop(rollout_id)
+
+    def get(self, rollout_id: str) -> RolloutUsage | None:
+        self._channel.drain()
+        return super().get(rollout_id)
+
+    def snapshot(self) -> dict[str, RolloutUsage]:
+        self._channel.drain()
+        return super().snapshot()
+
+    def pressure(self) -> UpstreamPressure:
+        self._channel.drain()
+        return super().pressure()
+
+
+class BridgeProcessHandle:
+    """A bridge running in its own process, as the supervisor sees it
+    (:class:`bridge.server.BridgeService`)."""
+
+    def __init__(
+        self, base_url: str, port: int, channel: _Channel, probe: ProbeKey, keepalive: bool
+    ) -> None:
+        self._base_url = base_url
+        self._port = port
+        self._channel = channel
+        self._probe = probe
+        self._keepalive = keepalive
+        self._failed = trio.Event()
+        self._failure = ""
+        self.pid: int | None = None
+        """The child's process id."""
+
+    @property
+    def base_url(self) -> str:
+        """``http://127.0.0.1:<port>``, no trailing slash."""
+        return self._base_url
+
+    @property
+    def port(self) -> int:
+        return self._port
+
+    @property
+    def ledger(self) -> _MirrorLedger:
+        """Usage per rollout id, as the child reported it."""
+        return self._channel.ledger
+
+    @property
+    def keepalive(self) -> bool:
+        """Whether keepalive mode (public URL) is on; setting it applies to requests from now."""
+        return self._keepalive
+
+    @keepalive.setter
+    def keepalive(self, on: bool) -> None:
+        if on != self._keepalive:
+            self._keepalive = on
+            self._channel.send(["k", on])
+
+    def probe_answer(self, nonce: str) -> str:
+        """What the bridge answers a sandbox probe of ``nonce`` with (bridge.probe)."""
+        return self._probe.answer(nonce)
+
+    def rollout_url(self, rollout_id: str, base: str | None = None) -> str:
+        """:func:`bridge.server.rollout_url` for ``rollout_id`` at ``base`` (default loopback)."""
+        return rollout_url(base or self._base_url, rollout_id)
+
+    async def wait_failed(self) -> str:
+        """Return, with a one-line reason, once the child has exited while not being stopped."""
+        await self._failed.wait()
+        return self._failure
+
+    def _fail(self, reason: str) -> None:
+        self._failure = reason
+        self._failed.set()
+
+
+async def _pump_stderr(
+    stream: trio.abc.ReceiveStream, tail: deque[str], log: Callable[[str, str], None] | None
+) -> None:
+    """Log the child's stderr (a warning or a traceback: it writes nothing else there)."""
+    buffer = b""
+    async for chunk in stream:
+        buffer += chunk
+        *lines, buffer = buffer.split(b"\n")
+        for raw in lines:
+            line = raw.decode("utf-8", errors="replace").rstrip()
+            if line:
+                tail.append(line)
+                if log is not None:
+                    log("warning", f"bridge process: {line}")
+    if buffer.strip():
+        tail.append(buffer.decode("utf-8", errors="replace").rstrip())
+
+
+def _exit_reason(code: int, channel: _Channel, tail: deque[str]) -> str:
+    if channel.error is not None:
+        return f"the LLM bridge process failed: {channel.error[1]}"
+    last = next((line for line in reversed(tail) if line.strip()), "")
+    how = f"was killed by signal {-code}" if code < 0 else f"exited with code {code}"
+    return f"the LLM bridge process {how}" + (f" ({last})" if last else "")
+
+
+async def run_bridge_process(
+    config: BridgeConfig,
+    *,
+    spare: BridgeSpare | None = None,
+    redact_values: Iterable[str] = (),
+    task_status: trio.TaskStatus[BridgeProcessHandle] = trio.TASK_STATUS_IGNORED,
+) -> None:
+    """Serve ``config``'s bridge from a child process until cancelled (use with
+    ``nursery.start``, which returns the handle once the child listens).
+
+    ``spare``: a :class:`BridgeSpare` started earlier (else the one started
+    :meth:`~BridgeSpare.ahead`, else a new one). The child
+    serves with this process's environment as it is now (secrets scoped in included).
+    ``redact_values`` are the run's secret values (a redactor's patterns, each matched exactly as
+    given); the child masks them in every error message and log line, as ``config.redact`` does
+    in process (``config.redact`` itself, a callable, cannot cross). Raises
+    :class:`BridgeBindError` when the port cannot be bound and :class:`BridgeProcessError` when
+    the child does not start.
+    """
+    probe_key = config.probe_key or secrets.token_bytes(32)
+    config = replace(config, probe_key=probe_key)
+    if spare is None or spare.taken:
+        spare = BridgeSpare.take()
+    spare.taken = True
+    process, sock = spare.process, spare.sock
+    try:
+        message = config_message(config, redact_values)
+        message[1]["env"] = dict(os.environ)
+        sock.setblocking(False)
+        channel = _Channel(sock, config.log)
+        channel.send(message)  # what the socket does not take now, the flush task writes
+        tail: deque[str] = deque(maxlen=_TAIL)
+        assert process.stderr is not None
+        stderr = trio.lowlevel.FdStream(os.dup(process.stderr.fileno()))
+        process.stderr.close()
+        failure: Exception | None = None
+        try:
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(_pump_stderr, stderr, tail, config.log)
+                nursery.start_soon(channel.flush)
+                while channel.started is None and not channel.eof:
+                    await trio.lowlevel.wait_readable(sock)
+                    channel.drain()
+                if channel.started is None:
+                    code = await wait_exit(process)
+                    if channel.error is not None and channel.error[0] == "bind":
+                        failure = BridgeBindError(channel.error[1])
+                    else:
+                        failure = BridgeProcessError(_exit_reason(code, channel, tail))
+                    nursery.cancel_scope.cancel()
+                else:
+                    base_url, port = channel.started
+                    handle = BridgeProcessHandle(
+                        base_url, port, channel, ProbeKey(probe_key), config.keepalive
+                    )
+                    handle.pid = process.pid
+                    task_status.started(handle)
+                    await channel.follow()
+                    code = await wait_exit(process)
+                    handle._fail(_exit_reason(code, channel, tail))
+                    nursery.cancel_scope.cancel()
+            if failure is not None:
+                raise failure  # out here, not wrapped in the nursery's exception group
+        finally:
+            with trio.CancelScope(shield=True):
+                await _stop(sock, process)
+                await stderr.aclose()
+    finally:
+        sock.close()
+
+
+async def _stop(sock: socket.socket, process: subprocess.Popen[bytes]) -> None:
+    """Close our end (the child's cue to stop), give it :data:`STOP_GRACE_S`, then kill it."""
+    with contextlib.suppress(OSError):
+        sock.shutdown(socket.SHUT_WR)
+    with trio.move_on_after(STOP_GRACE_S):
+        await wait_exit(process)
+    if process.poll() is None:
+        process.kill()
+        await wait_exit(process)
