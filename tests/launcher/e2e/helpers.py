@@ -7,6 +7,7 @@ The fixtures built on these live in ``conftest.py``; test modules import from he
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -218,3 +219,21 @@ def fake_model_config(
         + (f"[env]\n{env_lines}\n" if env_lines else "")
         + f"[secrets]\nrequired = [{required}]\n"
     )
+
+
+def bridge_child_pid(cli_pid: int) -> int | None:
+    """The pid of the CLI's bridge process (``python -m bridge.child``), if it runs."""
+    with contextlib.suppress(psutil.Error):
+        for child in psutil.Process(cli_pid).children():
+            with contextlib.suppress(psutil.Error):
+                if "bridge.child" in child.cmdline():
+                    return child.pid
+    return None
+
+
+def process_gone(pid: int) -> bool:
+    """Whether ``pid`` is no longer a live process (a zombie nobody reaps counts as gone)."""
+    try:
+        return psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return True

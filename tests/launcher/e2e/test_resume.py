@@ -9,10 +9,12 @@ import pytest
 
 from tests.fakes.upstream import FakeUpstream
 from tests.launcher.e2e.helpers import (
+    bridge_child_pid,
     count_log,
     fake_model_config,
     journal,
     metrics,
+    process_gone,
     processes_in_group,
     run_cli,
     run_dir,
@@ -60,8 +62,12 @@ async def test_kill_9_then_resume_keeps_every_acknowledged_result(
     else:
         await wait_for(lambda: count_log(run, "work item finished") >= 5)
     record = server_record(run)
+    bridge = bridge_child_pid(live.process.pid)  # started ahead: there from the first moment
+    assert bridge is not None
     live.kill9()
     await live.wait()
+    # The bridge's process does not survive its supervisor (it stops on its socket's EOF).
+    await wait_for(lambda: process_gone(bridge))
     acknowledged = journal(run)
     assert record is not None
     no_orphans.append(record["pgid"])
