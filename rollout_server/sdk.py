@@ -56,6 +56,40 @@ def _finite_reward(value: Any) -> float | None:
     return number
 
 
+_ATOMS = (str, int, float, bool, type(None))
+
+
+def _plain_copy(value: Any, seen: set[int]) -> Any:
+    """A copy of JSON-shaped ``value`` (dicts and lists with str keys and atoms, no container
+    reached twice); ``TypeError`` on anything else."""
+    kind = type(value)
+    if kind is dict or kind is list:
+        if id(value) in seen:
+            raise TypeError  # shared or cyclic: deepcopy keeps the sharing
+        seen.add(id(value))
+        if kind is list:
+            return [item if type(item) in _ATOMS else _plain_copy(item, seen) for item in value]
+        out = {}
+        for key, item in value.items():
+            if type(key) is not str:
+                raise TypeError
+            out[key] = item if type(item) in _ATOMS else _plain_copy(item, seen)
+        return out
+    if kind in _ATOMS:
+        return value
+    raise TypeError
+
+
+def _copy_messages(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """``copy.deepcopy(messages)``, several times faster for the usual plain-JSON messages;
+    anything else (other types, a container reached twice) takes ``deepcopy`` itself."""
+    try:
+        copied: list[dict[str, Any]] = _plain_copy(messages, set())
+    except (TypeError, RecursionError):
+        return copy.deepcopy(messages)
+    return copied
+
+
 class RolloutSample:
     """One rollout's sample: the conversation, its label, reward and metrics.
 
@@ -95,7 +129,7 @@ class RolloutSample:
         self.metrics: dict[str, Any] = dict(metrics) if metrics else {}
         self.extra_fields: dict[str, Any] = dict(extra_fields) if extra_fields else {}
         self.trajectory_messages: list[dict[str, Any]] | None = (
-            copy.deepcopy(self.messages)
+            _copy_messages(self.messages)
             if trajectory_messages is RolloutSample._UNSET
             else trajectory_messages
         )

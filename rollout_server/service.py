@@ -226,6 +226,7 @@ class RolloutService:
             "result_retention_sec", result_retention_sec, allow_zero=True
         )
         self._artifact_root = Path(artifact_root) if artifact_root is not None else None
+        self._env_root: tuple[tuple[str | None, str | None], Path] | None = None
         self.process_id = str(uuid.uuid4())
         self.instance_id = instance_id or os.environ.get(ENV_INSTANCE_ID) or self.process_id
         self.drain_timeout = drain_timeout_sec
@@ -264,7 +265,15 @@ class RolloutService:
     @property
     def artifact_root(self) -> Path:
         """Where per-rollout directories go (read from the environment when not fixed)."""
-        return self._artifact_root or default_artifact_root()
+        if self._artifact_root is not None:
+            return self._artifact_root
+        # Read at every rollout (docs/spec/protocol.md §14); the Path is only rebuilt when the
+        # variables it comes from change.
+        key = (os.environ.get(ENV_ARTIFACT_ROOT), os.environ.get("HOME"))
+        cached = self._env_root
+        if cached is None or cached[0] != key:
+            cached = self._env_root = (key, default_artifact_root())
+        return cached[1]
 
     async def run(self, *, task_status: trio.TaskStatus[RolloutService]) -> None:
         """Serve until :meth:`close`; reports itself once admissions are open."""

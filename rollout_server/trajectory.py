@@ -154,25 +154,47 @@ _DIR_MODE = 0o700
 _FILE_MODE = 0o600
 
 
-def make_private_dirs(path: Path) -> None:
-    """Create ``path`` and its missing parents, each 0700 (``mkdir(parents=True)`` would give
-    the parents the umask's default instead)."""
-    missing: list[Path] = []
-    while not os.path.isdir(path):
-        missing.append(path)
-        path = path.parent
-    for directory in reversed(missing):
-        directory.mkdir(mode=_DIR_MODE, exist_ok=True)
+def make_private_dirs(path: Path | str) -> bool:
+    """Create directory ``path`` and its missing parents, each 0700 (``mkdir(parents=True)``
+    would give the parents the umask's default instead); True when ``path`` itself was created
+    here, False when it was a directory already.
+
+    The usual case, a new directory under an existing parent, is a single ``mkdir`` call: on
+    this kind of storage every inode creation costs tens of microseconds, so nothing is looked
+    up first.
+    """
+    target = os.fspath(path)
+    try:
+        os.mkdir(target, _DIR_MODE)
+        return True
+    except FileExistsError:
+        if os.path.isdir(target):
+            return False
+        raise
+    except FileNotFoundError:
+        parent = os.path.dirname(target)
+        if not parent or parent == target:
+            raise
+    make_private_dirs(parent)
+    try:
+        os.mkdir(target, _DIR_MODE)
+    except FileExistsError:
+        if os.path.isdir(target):
+            return False
+        raise
+    return True
 
 
-def write_rollout_files(rollout_dir: Path, files: dict[str, str]) -> None:
+def write_rollout_files(rollout_dir: Path | str, files: dict[str, str]) -> None:
     """Create ``rollout_dir`` and ``artifacts/`` if needed, then write each file atomically.
 
     Trajectories hold prompts and model output, so directories are 0700 and files 0600
     (docs/eval-run.md), whatever the umask.
     """
-    make_private_dirs(rollout_dir / "artifacts")
     base = os.fspath(rollout_dir)
+    artifacts = os.path.join(base, "artifacts")
+    if not os.path.isdir(artifacts):  # the usual case: the backend made both already
+        make_private_dirs(artifacts)
     for name, text in files.items():
         tmp = os.path.join(base, f".{name}.tmp")
         data = memoryview(text.encode("utf-8"))

@@ -196,7 +196,7 @@ def median_item_ms(run_dir: Path) -> float:
     durations = sorted(
         json.loads(line)["duration_ms"] for line in (run_dir / "events.jsonl").open()
     )
-    return durations[len(durations) // 2]
+    return float(durations[len(durations) // 2])
 
 
 async def serve_upstream(*, task_status: trio.TaskStatus[FakeUpstream]) -> None:
@@ -279,6 +279,7 @@ async def run_eval(
     bridge: psutil.Process | None = None
     bridge_cpu = 0.0
     others: dict[int, float] = {}  # the rollout server (and uv): CPU seen last, by pid
+    spied: dict[int, trio.Process | None] = {}  # --py-spy: the children sampled too
     async with trio.open_nursery() as nursery:
         nursery.start_soon(wait_exit, nursery.cancel_scope)
         while True:
@@ -292,6 +293,8 @@ async def run_eval(
                         bridge_times = bridge.cpu_times()
                         bridge_cpu = bridge_times.user + bridge_times.system
                 for child in ps.children(recursive=True):
+                    if PYSPY_DIR is not None and child.pid not in spied:
+                        spied[child.pid] = await _spy_child(child, name)
                     if bridge is None or child.pid != bridge.pid:
                         with contextlib.suppress(psutil.Error):
                             child_times = child.cpu_times()
@@ -308,6 +311,9 @@ async def run_eval(
             await trio.sleep(0.05)
     if spy is not None:
         await spy.wait()
+    for child_spy in spied.values():
+        if child_spy is not None:
+            await child_spy.wait()
     assert proc.returncode == 0, f"{name} exited {proc.returncode}"
     run = ws / ".osmosis" / "evals" / name
     log = parse_log(run / "logs.txt")
@@ -335,6 +341,37 @@ async def run_eval(
         "dispatch_bridge_process_cpu_ms_per_item": dispatch_bridge / log["finished"] * 1000,
         "other_children_cpu_ms_per_item": sum(others.values()) / log["finished"] * 1000,
     }
+
+
+async def _spy_child(child: psutil.Process, name: str) -> trio.Process | None:
+    """``--py-spy``: sample a Python child of the supervisor too (the bridge's process, the
+    rollout server) into ``<name>.<role>.txt``; uv and other binaries are skipped."""
+    assert PYSPY_DIR is not None
+    try:
+        argv = child.cmdline()
+    except psutil.Error:
+        return None
+    if not argv or "python" not in Path(argv[0]).name:
+        return None
+    role = "bridge" if "bridge.child" in argv else "server"
+    return await trio.lowlevel.open_process(
+        [
+            str(Path(sys.executable).parent / "py-spy"),
+            "record",
+            "--pid",
+            str(child.pid),
+            "--native",
+            "--threads",
+            "--rate",
+            "250",
+            "--format",
+            "raw",
+            "-o",
+            str(PYSPY_DIR / f"{name}.{role}.{child.pid}.txt"),
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
 
 
 def _bridge_child(supervisor: psutil.Process) -> psutil.Process | None:

@@ -9,7 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from rollout_server.trajectory import render_rollout_files, write_rollout_files
+from rollout_server.local import HEALTH_CHECK_MARKER, _make_dirs
+from rollout_server.trajectory import make_private_dirs, render_rollout_files, write_rollout_files
 
 
 @pytest.fixture
@@ -54,3 +55,31 @@ def test_missing_parents_are_created_0700(tmp_path: Path) -> None:
     for directory in (tmp_path / "trials", rollout_dir, rollout_dir / "artifacts"):
         assert _mode(directory) == 0o700, directory
     assert _mode(rollout_dir / "trajectory.json") == 0o600
+
+
+@pytest.mark.usefixtures("open_umask")
+def test_make_private_dirs_reports_creation_and_refuses_a_file(tmp_path: Path) -> None:
+    leaf = tmp_path / "a" / "b" / "c"
+    assert make_private_dirs(leaf) is True
+    for directory in (tmp_path / "a", tmp_path / "a" / "b", leaf):
+        assert _mode(directory) == 0o700, directory
+    assert make_private_dirs(leaf) is False
+    (tmp_path / "file").write_text("x")
+    with pytest.raises(FileExistsError):
+        make_private_dirs(tmp_path / "file")
+    with pytest.raises(NotADirectoryError):
+        make_private_dirs(tmp_path / "file" / "below")
+
+
+@pytest.mark.usefixtures("open_umask")
+def test_local_backend_dirs_and_marker(tmp_path: Path) -> None:
+    rollout_dir = tmp_path / "trials" / "r3"
+    artifacts = _make_dirs(rollout_dir)
+    assert artifacts == rollout_dir / "artifacts"
+    marker = rollout_dir / HEALTH_CHECK_MARKER
+    assert marker.read_bytes() == b"osmosis-health-check"
+    for directory in (tmp_path / "trials", rollout_dir, artifacts):
+        assert _mode(directory) == 0o700, directory
+    marker.unlink()
+    assert _make_dirs(rollout_dir) == artifacts  # an existing directory: the marker comes back
+    assert marker.read_bytes() == b"osmosis-health-check"
