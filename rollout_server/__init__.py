@@ -12,6 +12,8 @@ so ``import rollout_server.protocol`` does not pull in the HTTP server.
 from __future__ import annotations
 
 import importlib
+import sys
+import types
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
@@ -107,3 +109,18 @@ def __getattr__(name: str) -> Any:
 
 def __dir__() -> list[str]:
     return sorted([*globals(), *_EXPORTS])
+
+
+class _Package(types.ModuleType):
+    """``rollout_server.chat`` names both a submodule and the function it defines, which is what
+    the package exports. Importing the submodule (``from rollout_server.chat import ChatError``)
+    would make the import system set the package's ``chat`` to the module, so that a later
+    ``from rollout_server import chat`` got a module; this keeps the function there instead."""
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        if name == "chat" and isinstance(value, types.ModuleType):
+            value = value.chat
+        super().__setattr__(name, value)
+
+
+sys.modules[__name__].__class__ = _Package

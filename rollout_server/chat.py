@@ -3,16 +3,29 @@
 It POSTs an OpenAI-compatible chat completion to ``<ctx.chat_completions_url>/chat/completions``
 with ``Authorization: Bearer <ctx.api_key>``, where ``ctx`` is the current rollout's context, and
 returns the parsed JSON response. Non-2xx answers raise :class:`ChatError`.
+
+A call to a plain-HTTP loopback endpoint (the bridge of a local run) with the default timeouts,
+made with the server's shared client or none, goes through a lean keep-alive HTTP/1.1 pool of
+this trio run (:class:`~rollout_server.net.h1client.H1Pool`) instead of httpx: for a short
+model call httpx's request and response machinery costs more CPU than the rest of the rollout.
+Failures raise the same httpx exception types either way. Any other call (HTTPS, a remote host,
+custom timeouts, a client a test or tool put in the context) goes through httpx as before.
 """
 
 from __future__ import annotations
 
+import ipaddress
+import json
 from typing import TYPE_CHECKING, Any
+from urllib.parse import urlsplit
 
-from .sdk import RolloutContext, get_rollout_context
+from .sdk import RolloutContext, get_rollout_context, is_shared_client
 
 if TYPE_CHECKING:
     import httpx
+    from trio.lowlevel import RunVar
+
+    from .net.h1client import H1Pool
 
 __all__ = ["DEFAULT_MODEL", "ChatError", "chat", "reply_text"]
 
@@ -21,6 +34,50 @@ DEFAULT_MODEL = "osmosis-rollout"
 
 _TIMEOUT_SEC = 600.0
 _CONNECT_TIMEOUT_SEC = 10.0
+
+#: The lean pools of each trio run, by ``(host, port)`` (made at the first call: importing
+#: this module must not import trio).
+_POOLS: RunVar[dict[tuple[str, int], H1Pool]] | None = None
+
+
+def _loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def _lean_target(url: str) -> tuple[H1Pool, bytes] | None:
+    """The pool and request target for ``url`` when it is plain HTTP to a loopback host."""
+    if not url.startswith("http://"):
+        return None
+    parts = urlsplit(url)
+    host = parts.hostname
+    if host is None or parts.username or parts.password or parts.fragment or not _loopback(host):
+        return None
+    try:
+        port = parts.port or 80
+    except ValueError:
+        return None
+    global _POOLS
+    if _POOLS is None:
+        from trio.lowlevel import RunVar
+
+        _POOLS = RunVar("rollbridge_chat_pools")
+    try:
+        pools = _POOLS.get()
+    except LookupError:
+        pools = {}
+        _POOLS.set(pools)
+    pool = pools.get((host, port))
+    if pool is None:
+        from .net.h1client import H1Pool
+
+        pool = pools[(host, port)] = H1Pool(host, port)
+    target = (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
+    return pool, target.encode("ascii")
 
 
 class ChatError(RuntimeError):
@@ -61,6 +118,28 @@ async def chat(
         if http_timeout is not None
         else httpx.Timeout(_TIMEOUT_SEC, connect=_CONNECT_TIMEOUT_SEC)
     )
+    lean = (
+        _lean_target(url)
+        if http_timeout is None and (ctx.http_client is None or is_shared_client(ctx.http_client))
+        else None
+    )
+    if lean is not None:
+        pool, target = lean
+        content = json.dumps(body, ensure_ascii=False, separators=(",", ":")).encode()
+        head = [(b"content-type", b"application/json")]
+        head += [(k.lower().encode(), v.encode()) for k, v in headers.items()]
+        reply = await pool.request(
+            b"POST",
+            target,
+            head,
+            content,
+            total_sec=_TIMEOUT_SEC,
+            connect_sec=_CONNECT_TIMEOUT_SEC,
+        )
+        if not 200 <= reply.status_code < 300:
+            raise ChatError(reply.status_code, reply.content.decode("utf-8", "replace"), url)
+        answer: dict[str, Any] = json.loads(reply.content)
+        return answer
     if ctx.http_client is not None:
         response = await ctx.http_client.post(
             url, json=body, headers=headers, timeout=request_timeout

@@ -12,6 +12,7 @@ import contextvars
 import copy
 import math
 import os
+import weakref
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -236,6 +237,22 @@ class SampleSource(abc.ABC):
     async def get_preview(self, max_messages: int) -> RolloutSample | None:
         """A partial sample for live previews; ``None`` when not supported."""
         return None
+
+
+#: Clients :func:`rollout_server.chat.chat` may bypass for loopback calls (:func:`shared_client`).
+_SHARED_CLIENTS: weakref.WeakSet[httpx.AsyncClient] = weakref.WeakSet()
+
+
+def shared_client(client: httpx.AsyncClient) -> httpx.AsyncClient:
+    """Mark ``client`` as a server's default client (the ``http_client`` of every rollout's
+    context): ``chat()`` may then reach a loopback endpoint without it. Returns ``client``."""
+    _SHARED_CLIENTS.add(client)
+    return client
+
+
+def is_shared_client(client: httpx.AsyncClient) -> bool:
+    """Whether ``client`` was marked by :func:`shared_client`."""
+    return client in _SHARED_CLIENTS
 
 
 @dataclass

@@ -35,6 +35,7 @@ from .protocol import (
     ENV_PORT,
     sdk_version,
 )
+from .sdk import shared_client
 from .service import RolloutService
 
 if TYPE_CHECKING:
@@ -138,7 +139,7 @@ def _workflow_http_client() -> httpx.AsyncClient:
         # client live as long, and left in the collector's generations they cost every full
         # collection, and about 10 ms at exit. (A process that froze nothing is left alone.)
         gc.freeze()
-    return client
+    return shared_client(client)  # chat() may bypass it for the loopback bridge (see there)
 
 
 async def serve_async(

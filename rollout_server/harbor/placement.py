@@ -43,8 +43,6 @@ class PlacementError(RuntimeError):
     """The sandbox image cannot be made, or no route reaches the bridge (one-line message)."""
 
 
-
-
 @dataclass(frozen=True)
 class TrialWiring:
     """What one in-sandbox trial is given."""
