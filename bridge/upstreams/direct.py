@@ -15,7 +15,8 @@ from bridge.errors import UpstreamError
 from bridge.policy import PreparedRequest
 from bridge.retry import ProviderFault, status_fault
 from bridge.upstreams.routing import DirectRoute, resolve_direct
-from bridge.upstreams.wire import (
+from rollout_server.net.httpclient import ShardedTransport, skip_empty_cookies
+from rollout_server.net.wire import (
     ConnectTimeout,
     Origin,
     ReadTimeout,
@@ -23,7 +24,6 @@ from bridge.upstreams.wire import (
     WirePool,
     WireResponse,
 )
-from rollout_server.net.httpclient import ShardedTransport, skip_empty_cookies
 
 # The bridge sets no deadline of its own on a model call; these match the OpenAI SDK's
 # defaults that LiteLLM would apply (10 minutes), so a wedged provider still ends eventually.
@@ -52,7 +52,7 @@ def _new_pool() -> WirePool:
 
 
 class _Transport(httpx.AsyncBaseTransport):
-    """httpx's pooled transport, closing the lean pool (:mod:`bridge.upstreams.wire`) with it."""
+    """httpx's pooled transport, closing the lean pool (:mod:`rollout_server.net.wire`) with it."""
 
     def __init__(self, wire: WirePool) -> None:
         self._inner = ShardedTransport(_SHARDS, _LIMITS)

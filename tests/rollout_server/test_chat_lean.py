@@ -35,7 +35,7 @@ async def test_loopback_calls_share_one_kept_alive_connection(fake_upstream: Fak
     assert lean is not None
     pool, target = lean
     assert target == b"/v1/chat/completions"
-    assert len(pool._idle) == 1  # three calls, one connection, back in the pool
+    assert pool._wire._idle_count == 1  # three calls, one connection, back in the pool
 
 
 async def test_an_error_answer_is_a_chat_error_with_its_body(fake_upstream: FakeUpstream) -> None:

@@ -2,14 +2,18 @@
 
 from __future__ import annotations
 
+import os
 import socket
+import struct
 from collections.abc import Awaitable, Callable
 
 import httpx
 import pytest
 import trio
 
+from rollout_server.client import RolloutClient, RolloutServerUnreachable
 from rollout_server.net.h1client import H1Pool
+from tests.rollout_server.helpers import request
 
 Handler = Callable[[trio.SocketStream], Awaitable[None]]
 
@@ -128,3 +132,56 @@ async def test_failures_raise_httpx_exceptions(nursery: trio.Nursery) -> None:
             await H1Pool("127.0.0.1", silent_port).request(b"GET", b"/", total_sec=0.2)
         with pytest.raises(httpx.RemoteProtocolError):
             await H1Pool("127.0.0.1", hang_up_port).request(b"GET", b"/")
+
+
+def _reset(stream: trio.SocketStream) -> None:
+    """Close ``stream``'s socket with a TCP reset instead of a FIN."""
+    stream.socket.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+    stream.socket.close()
+
+
+async def test_a_failure_after_the_request_left_is_never_a_connect_error(
+    nursery: trio.Nursery,
+) -> None:
+    """A connection reset once the request was written is a read error, even on a fresh
+    connection: only a failure to connect says the request never left."""
+
+    async def reset_after_request(stream: trio.SocketStream) -> None:
+        await _read_request(stream, bytearray())
+        _reset(stream)
+
+    port, _ = await _serve(nursery, reset_after_request)
+    with trio.fail_after(10):
+        with pytest.raises(httpx.TransportError) as caught:
+            await H1Pool("127.0.0.1", port).request(b"POST", b"/rollout", body=b"{}")
+    assert isinstance(caught.value, httpx.ReadError)
+    assert not isinstance(caught.value, httpx.ConnectError | httpx.ConnectTimeout)
+
+
+async def test_the_rollout_client_does_not_resend_an_admission_that_left(
+    nursery: trio.Nursery, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """End to end through the lean pool, with the connect-phase retry on: an admission whose
+    connection is reset or closed after the server read it is not sent again."""
+    requests: list[bytes] = []
+
+    async def read_then_drop(stream: trio.SocketStream) -> None:
+        got = await _read_request(stream, bytearray())
+        if got is not None:
+            requests.append(got.split(b"\r\n", 1)[0])
+        if len(requests) % 2:
+            _reset(stream)
+        else:
+            await stream.aclose()
+
+    for name in list(os.environ):
+        if name.lower() in ("http_proxy", "all_proxy"):
+            monkeypatch.delenv(name)  # a proxy would take the call away from the lean pool
+    port, _ = await _serve(nursery, read_then_drop)
+    async with RolloutClient(f"http://127.0.0.1:{port}", server_alive=lambda: True) as client:
+        assert client._lean is not None
+        for rollout_id, cause in (("r1", httpx.ReadError), ("r2", httpx.RemoteProtocolError)):
+            with trio.fail_after(10), pytest.raises(RolloutServerUnreachable) as caught:
+                await client.admit(request(rollout_id), admission_timeout_sec=5.0)
+            assert isinstance(caught.value.__cause__, cause)
+    assert requests == [b"POST /rollout HTTP/1.1"] * 2
