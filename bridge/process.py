@@ -6,7 +6,7 @@ the run's ceiling while the second core idles. In its own process the bridge get
 and the supervisor keeps only a mirror of the usage ledger.
 
 How the two talk: one ``AF_UNIX`` stream socket pair, a JSON array per line
-(:data:`_ENCODE`). The child is ``python -m bridge.child <fd>``; the supervisor sends it its
+(:mod:`bridge.ipc`). The child is ``python -m bridge.child <fd>``; the supervisor sends it its
 configuration as the first line (the bearer, the probe key and the redactor's values travel
 only over this private socket: never on a command line, in the environment or in a file), and
 then ``["k", on]`` (keepalive mode) and ``["x", rollout_id]`` (forget a rollout). The child
