@@ -191,6 +191,12 @@ def parse_log(path: Path) -> dict[str, float]:
     }
 
 
+#: Left out of the environment of every measured process. ``PYTHONDONTWRITEBYTECODE`` (set
+#: on this machine kind) would make every process compile every module it imports at each
+#: start, which no ordinary install does: "warm" means bytecode caches written by the warm-up.
+_UNWARM = frozenset({"VIRTUAL_ENV", "PYTHONDONTWRITEBYTECODE"})
+
+
 def median_item_ms(run_dir: Path) -> float:
     """The median ``duration_ms`` (dispatch -> terminal result) of a run's journal."""
     durations = sorted(
@@ -213,7 +219,7 @@ async def run_eval(
     backlog: int | None = None,
     tree: Path | None = None,
 ) -> dict[str, Any]:
-    env = {k: v for k, v in os.environ.items() if k != "VIRTUAL_ENV" and not k.endswith("_API_KEY")}
+    env = {k: v for k, v in os.environ.items() if k not in _UNWARM and not k.endswith("_API_KEY")}
     if tree is not None:
         env["PYTHONPATH"] = str(tree)
     env.update(
@@ -455,7 +461,12 @@ async def case_fast(
         unit="x",
     )
     target("supervisor + bridge CPU per work item, whole run", fast["cpu_ms_per_item"], 2.0, "ms")
-    target("supervisor + bridge CPU per work item, dispatch", fast["dispatch_cpu_ms_per_item"], 2.0, "ms")
+    target(
+        "supervisor + bridge CPU per work item, dispatch",
+        fast["dispatch_cpu_ms_per_item"],
+        2.0,
+        "ms",
+    )
     target("start -> first dispatch (warm)", fast["start_to_first_dispatch_s"], 1.0)
     target("last result -> exit", fast["last_result_to_exit_s"], 0.15)
     out["fast"] = fast
@@ -564,7 +575,9 @@ def case_help(out: dict[str, Any]) -> None:
     """Case 6: ``rollbridge --help``."""
 
     def best(tree: Path | None) -> float:
-        env = {**os.environ, "PYTHONPATH": str(tree)} if tree is not None else None
+        env = {k: v for k, v in os.environ.items() if k not in _UNWARM}
+        if tree is not None:
+            env["PYTHONPATH"] = str(tree)
         times = []
         for _ in range(7):
             t0 = time.perf_counter()
