@@ -281,6 +281,20 @@ def loopback_http_client() -> httpx.AsyncClient:
     return httpx.AsyncClient(trust_env=False, verify=False)
 
 
+def _announcing(sink: OutputSink, port: int, announced: trio.Event) -> OutputSink:
+    """``sink``, which also sets ``announced`` at the first output line naming ``:<port>``
+    (ours prints "rollout server listening on http://127.0.0.1:<port>", uvicorn "running on
+    http://...:<port>"): the health check asks at once instead of at its next poll."""
+    marker = f":{port}"
+
+    def forward(line: str) -> None:
+        if marker in line:
+            announced.set()
+        sink(line)
+
+    return forward
+
+
 def _health_client(base_url: str, http: httpx.AsyncClient | None) -> RolloutClient:
     return RolloutClient(base_url, http_client=http, health_timeout_sec=HEALTH_REQUEST_TIMEOUT_S)
 
@@ -292,6 +306,7 @@ async def _wait_healthy(
     instance_id: str,
     launch: ServerLaunch,
     redact: Callable[[str], str],
+    announced: trio.Event,
 ) -> HealthReport:
     rollout = _health_client(base_url, client)
     with trio.move_on_after(HEALTH_DEADLINE_S):
@@ -313,8 +328,13 @@ async def _wait_healthy(
             try:
                 health = await rollout.health()
             except (RolloutClientError, httpx.HTTPError):
-                # Not up yet (refused, an error status, not JSON): ask again.
-                await trio.sleep(HEALTH_POLL_S)
+                # Not up yet (refused, an error status, not JSON): ask again after the poll
+                # interval, or as soon as the server prints its port (it listens then).
+                if announced.is_set():
+                    await trio.sleep(HEALTH_POLL_S)
+                else:
+                    with trio.move_on_after(HEALTH_POLL_S):
+                        await announced.wait()
                 continue
             if health.instance_id != instance_id:
                 raise _StartupFailure(
@@ -369,13 +389,14 @@ async def start_rollout_server(
                 {"attempt": attempt, "port": port},
             )
             env = _child_env(launch, port, instance_id)
+            announced = trio.Event()
             try:
                 child = await spawn_child(
                     nursery,
                     [launch.python, launch.entrypoint],
                     cwd=launch.rollout_dir,
                     env=env,
-                    sink=sink,
+                    sink=_announcing(sink, port, announced),
                     name="rollout-server",
                 )
             except OSError as exc:
@@ -392,7 +413,7 @@ async def start_rollout_server(
             server = RolloutServer(child, port, instance_id, HealthReport(), record_path)
             try:
                 server.health = await _wait_healthy(
-                    child, client, server.base_url, instance_id, launch, redact
+                    child, client, server.base_url, instance_id, launch, redact, announced
                 )
             except _CodeFailure as exc:
                 await server.stop(STOP_GRACE_S)

@@ -56,3 +56,19 @@ def test_child_env_drops_ambient_credentials_but_keeps_what_the_config_names(
         "_OSMOSIS_ROLLOUT_INSTANCE_ID",
     }
     assert env["OPENAI_BASE_URL"] == "http://config/v1" and env["GITHUB_TOKEN"] == "ghp-resolved"
+
+
+def test_the_health_check_is_woken_by_the_line_naming_the_port() -> None:
+    import trio
+
+    from launcher.rollout_child import _announcing
+
+    lines: list[str] = []
+    announced = trio.Event()
+    sink = _announcing(lines.append, 43117, announced)
+    sink("importing main.py")
+    sink("listening on :4311")  # not this port
+    assert not announced.is_set()
+    sink("rollout server listening on http://127.0.0.1:43117")
+    assert announced.is_set()
+    assert lines[-1].endswith(":43117") and len(lines) == 3  # every line still reaches the log
