@@ -122,7 +122,9 @@ def _config(doc: dict[str, Any], reporter: _Reporter, redact: Callable[[str], st
     )
 
 
-async def _follow(sock: socket.socket, handle: BridgeHandle, buffer: bytearray) -> None:
+async def _follow(
+    sock: socket.socket, handle: BridgeHandle, reporter: _Reporter, buffer: bytearray
+) -> None:
     """Apply the supervisor's messages until EOF."""
     while True:
         for message in split_lines(buffer):
@@ -130,6 +132,8 @@ async def _follow(sock: socket.socket, handle: BridgeHandle, buffer: bytearray) 
                 handle.keepalive = bool(message[1])
             elif message[0] == "x":
                 handle.ledger.discard(message[1])
+            elif message[0] == "p":
+                reporter.send(["P", message[1]])
         await trio.lowlevel.wait_readable(sock)
         try:
             data = sock.recv(1 << 16)
@@ -150,7 +154,7 @@ async def _serve(
         reporter.send(["s", handle.base_url, handle.port])
         gc.collect()
         gc.freeze()  # what start-up allocated is never collected: later collections skip it
-        await _follow(sock, handle, buffer)
+        await _follow(sock, handle, reporter, buffer)
         nursery.cancel_scope.cancel()
 
 

@@ -9,7 +9,8 @@ How the two talk: one ``AF_UNIX`` stream socket pair, a JSON array per line
 (:mod:`bridge.ipc`). The child is ``python -m bridge.child <fd>``; the supervisor sends it its
 configuration as the first line (the bearer, the probe key and the redactor's values travel
 only over this private socket: never on a command line, in the environment or in a file), and
-then ``["k", on]`` (keepalive mode) and ``["x", rollout_id]`` (forget a rollout). The child
+then ``["k", on]`` (keepalive mode), ``["x", rollout_id]`` (forget a rollout) and
+``["p", n]`` (answered ``["P", n]`` once everything before it is applied). The child
 sends ``["s", base_url, port]`` once it listens, ``["e", kind, message, detail]`` when it
 cannot go on, ``["l", level, message]`` for each (already scrubbed) log line, and one
 ``["u", ...]`` or ``["f", ...]`` per recorded call or provider fault.
@@ -88,6 +89,8 @@ class _Channel:
         self.started: tuple[str, int] | None = None
         self.error: tuple[str, str] | None = None
         self.ledger = _MirrorLedger(self)
+        self._pings: dict[int, trio.Event] = {}
+        self._ping_ids = 0
 
     def drain(self) -> None:
         """Read and apply everything the socket holds now (never blocks)."""
@@ -101,6 +104,8 @@ class _Channel:
                     data = b""
                 if not data:
                     self.eof = True
+                    for waiter in self._pings.values():
+                        waiter.set()  # nothing more will be answered
                     break
                 self._buffer += data
                 if len(data) < _CHUNK:
@@ -121,6 +126,10 @@ class _Channel:
         elif kind == "l":
             if self._log is not None:
                 self._log(message[1], message[2])
+        elif kind == "P":
+            waiter = self._pings.pop(message[1], None)
+            if waiter is not None:
+                waiter.set()
         elif kind == "s":
             self.started = (message[1], message[2])
         elif kind == "e":
@@ -162,6 +171,15 @@ class _Channel:
                         break
                     del self._backlog[:sent]
             self._backlog_ready = trio.Event()
+
+    async def ping(self) -> None:
+        """Return once the child has applied every message sent before this one."""
+        self._ping_ids += 1
+        waiter = self._pings[self._ping_ids] = trio.Event()
+        self.send(["p", self._ping_ids])
+        if self.eof:
+            return
+        await waiter.wait()
 
     async def follow(self) -> None:
         """Apply the child's messages as they come, until EOF."""
@@ -243,6 +261,11 @@ class BridgeProcessHandle:
         if on != self._keepalive:
             self._keepalive = on
             self._channel.send(["k", on])
+
+    async def settled(self) -> None:
+        """Return once the child applies every setting made so far (keepalive crosses the
+        socket asynchronously: the supervisor waits for this before the first dispatch)."""
+        await self._channel.ping()
 
     def probe_answer(self, nonce: str) -> str:
         """What the bridge answers a sandbox probe of ``nonce`` with (bridge.probe)."""

@@ -118,6 +118,8 @@ class BridgeService(Protocol):
 
     def rollout_url(self, rollout_id: str, base: str | None = None) -> str: ...
 
+    async def settled(self) -> None: ...
+
     async def wait_failed(self) -> str: ...
 
 
@@ -152,6 +154,10 @@ class BridgeHandle:
     def rollout_url(self, rollout_id: str, base: str | None = None) -> str:
         """:func:`rollout_url` for ``rollout_id`` at ``base`` (default: this bridge's loopback URL)."""
         return rollout_url(base or self.base_url, rollout_id)
+
+    async def settled(self) -> None:
+        """Settings apply at once in this process (the process variant waits for its child)."""
+        await trio.lowlevel.checkpoint()
 
     async def wait_failed(self) -> str:
         """Never returns: a bridge in this process fails with its caller (the process variant,

@@ -221,6 +221,7 @@ async def _start(
     endpoint = BridgeEndpoint(
         bridge, token, started.tunnel, decision.advertise_url, sandbox_routed=routing is not None
     )
+    await bridge.settled()  # its keepalive mode is in force before the first dispatch
     return Services(server, bridge, started.tunnel, decision, concurrency, endpoint, routing)
 
 

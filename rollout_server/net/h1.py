@@ -4,10 +4,14 @@ Hypercorn serves every request through several layers: a stream object, an event
 step (request, response, body, end, closed), a memory channel and a new task for the app, a
 lock and a shielded cancel scope around every write, and a ``fail_after`` around every read.
 For a server whose requests are small and answered whole (the rollout server: an admission, a
-long-poll, a health check) those layers cost more CPU than the answer. :func:`serve_h1` keeps
-h11 for the protocol itself (parsing, framing, keep-alive, ``Expect: 100-continue``, errors) and
-drops the rest: one loop per connection reads a request, calls the app directly, and writes each
-answer in one ``send_all``.
+long-poll, a health check) those layers cost more CPU than the answer. :func:`serve_h1` drops
+them: one loop per connection reads a request, calls the app directly, and writes each answer
+in one ``send_all``. Plain requests and answers (nearly all of them) are read and written by
+:mod:`~rollout_server.net.fastparse`, with h11's results but without h11's per-request cost;
+every request it declines (anything unusual or malformed: ``Expect: 100-continue``, chunked
+bodies, HTTP/1.0, HEAD, a head too long, ...) goes, with the bytes buffered so far, to a fresh
+h11 connection for that request's cycle, so h11 still decides parsing, framing, keep-alive and
+errors wherever the fast path is not sure.
 
 What changes for an app: it runs in the task that reads the connection, so the connection is
 not read while the app works. An app that calls ``receive()`` after the request body still gets
@@ -29,59 +33,35 @@ hypercorn's trio worker (:mod:`~rollout_server.net.httpserve`) and
 from __future__ import annotations
 
 import socket as _socket
-import time
 from collections.abc import Awaitable, Callable
 from math import inf
 from typing import TYPE_CHECKING, Any, Final
-from urllib.parse import unquote
-from wsgiref.handlers import format_date_time
 
 import h11
 import trio
 
+from .fastparse import DECLINED, Request, parse_request
+from .h1exchange import CLOSE, DATE, Broken, Exchange
+
 if TYPE_CHECKING:
     # Types only: hypercorn.typing imports h2 (and hypercorn.utils imports hypercorn.typing).
     from hypercorn.config import Config
-    from hypercorn.typing import AppWrapper, HTTPScope
+    from hypercorn.typing import AppWrapper
 
 __all__ = ["serve_h1"]
 
 MAX_RECV: Final = 2**16
-_DISCONNECT: Final = {"type": "http.disconnect"}
-_ASGI: Final = {"spec_version": "2.1", "version": "3.0"}
-_CLOSE: Final = (b"connection", b"close")
 _DROPPED: Final = (trio.BrokenResourceError, trio.ClosedResourceError)
-
-
-class _Date:
-    """The ``date`` header value, formatted once per second instead of once per answer."""
-
-    __slots__ = ("_second", "_value")
-
-    def __init__(self) -> None:
-        self._second = -1
-        self._value = b""
-
-    def header(self) -> tuple[bytes, bytes]:
-        second = int(time.time())
-        if second != self._second:
-            self._second = second
-            self._value = format_date_time(second).encode("ascii")
-        return (b"date", self._value)
-
-
-_DATE: Final = _Date()
-
-
-class _Broken(Exception):
-    """The client went away: stop serving this connection."""
 
 
 class _Connection:
     __slots__ = (
         "broken",
+        "buffer",
         "config",
         "conn",
+        "eof",
+        "limit",
         "max_requests",
         "on_busy",
         "on_idle",
@@ -99,9 +79,13 @@ class _Connection:
     ) -> None:
         self.config = config
         self.stream = stream
-        self.conn = h11.Connection(
-            h11.SERVER, max_incomplete_event_size=config.h11_max_incomplete_size
-        )
+        # None while the fast path reads the connection (its bytes in ``buffer``, ``eof`` once
+        # the client has half-closed); an h11 connection from the first request it declines
+        # until that request's cycle is over.
+        self.conn: h11.Connection | None = None
+        self.buffer = bytearray()
+        self.eof = False
+        self.limit = config.h11_max_incomplete_size
         self.on_idle = on_idle
         self.on_busy = on_busy
         self.read_timeout = config.read_timeout or inf
@@ -109,9 +93,9 @@ class _Connection:
         self.requests = 0
         self.broken = False
 
-    async def _read(self) -> bool:
-        """Feed the next bytes (``b""`` at end of stream) to h11; False at end of stream.
-        :class:`_Broken` on errors."""
+    async def read(self) -> bool:
+        """Buffer the next bytes (or feed them, ``b""`` at end of stream, to h11); False at end
+        of stream. :class:`Broken` on errors."""
         try:
             if self.read_timeout == inf:
                 data = await self.stream.receive_some(MAX_RECV)
@@ -119,11 +103,31 @@ class _Connection:
                 with trio.fail_after(self.read_timeout):
                     data = await self.stream.receive_some(MAX_RECV)
         except (*_DROPPED, trio.TooSlowError):
-            raise _Broken from None
-        self.conn.receive_data(bytes(data))
+            raise Broken from None
+        if self.conn is not None:
+            self.conn.receive_data(bytes(data))
+        elif data:
+            self.buffer += data
+        else:
+            self.eof = True
         return bool(data)
 
-    async def _write(self, data: bytes) -> None:
+    def _to_h11(self) -> None:
+        """Hand what the fast path has buffered (and the end of stream) to a fresh h11."""
+        conn = h11.Connection(h11.SERVER, max_incomplete_event_size=self.limit)
+        conn.receive_data(bytes(self.buffer))
+        if self.eof:
+            conn.receive_data(b"")
+        self.buffer = bytearray()
+        self.conn = conn
+
+    def _from_h11(self, conn: h11.Connection) -> None:
+        """Back to the fast path for the next request, with what h11 has buffered."""
+        data, self.eof = conn.trailing_data
+        self.buffer = bytearray(data)
+        self.conn = None
+
+    async def write(self, data: bytes) -> None:
         if self.broken:
             return
         try:
@@ -131,35 +135,55 @@ class _Connection:
         except _DROPPED:
             self.broken = True
 
-    async def _next_event(self) -> Any:
+    async def next_event(self, conn: h11.Connection) -> Any:
         """The next h11 event, reading as needed; never ``NEED_DATA``."""
         while True:
-            event = self.conn.next_event()
+            event = conn.next_event()
             if event is not h11.NEED_DATA:
                 return event
-            await self._read()
+            await self.read()
+
+    async def _next_request(self) -> h11.Request | Request | None:
+        """The next request, or ``None`` when the connection is over (a 400 or 431 sent)."""
+        if self.conn is None:
+            while True:
+                if self.buffer:
+                    parsed = parse_request(self.buffer, self.limit)
+                    if type(parsed) is Request:
+                        return parsed
+                    if parsed == DECLINED or self.eof:
+                        break
+                elif self.eof:
+                    return None  # h11's ConnectionClosed
+                await self.read()
+            self._to_h11()
+        conn = self.conn
+        assert conn is not None
+        try:
+            event = await self.next_event(conn)
+        except h11.RemoteProtocolError as error:
+            if conn.our_state in {h11.IDLE, h11.SEND_RESPONSE}:
+                await self.error(conn, error.error_status_hint)
+            return None
+        # ConnectionClosed (or PAUSED after an answer that must close) ends the connection.
+        return event if type(event) is h11.Request else None
 
     async def serve(self, app: AppWrapper, client: Any, server: Any, state: Any) -> None:
-        conn = self.conn
         idle = True
         while True:
             try:
-                if idle and not conn.trailing_data[0]:
+                if idle and not (self.buffer if self.conn is None else self.conn.trailing_data[0]):
                     await self.on_idle()
-                event = await self._next_event()
-            except h11.RemoteProtocolError as error:
-                if conn.our_state in {h11.IDLE, h11.SEND_RESPONSE}:
-                    await self._error(error.error_status_hint)
+                request = await self._next_request()
+            except Broken:
                 return
-            except _Broken:
+            if request is None:
                 return
-            if type(event) is not h11.Request:
-                return  # ConnectionClosed (or PAUSED after an answer that must close)
             if idle:
                 await self.on_busy()
                 idle = False
             self.requests += 1
-            exchange = _Exchange(self, event)
+            exchange = Exchange(self, request)
             try:
                 await app(
                     exchange.scope(client, server, state),
@@ -168,7 +192,7 @@ class _Connection:
                     trio.to_thread.run_sync,
                     trio.from_thread.run,
                 )
-            except _Broken:
+            except Broken:
                 return
             except Exception:
                 await self.config.log.exception("Error in ASGI Framework")
@@ -178,134 +202,34 @@ class _Connection:
             if not exchange.started:
                 await exchange.send_error(500)
                 return
-            if self.broken or conn.our_state is not h11.DONE:
+            if self.broken or not exchange.answered_keeping_open():
                 return
             try:
-                while conn.their_state is h11.SEND_BODY:
-                    await self._next_event()  # the app left part of the body unread
-            except (h11.RemoteProtocolError, _Broken):
+                if not await exchange.finish_request():
+                    return
+            except (h11.RemoteProtocolError, Broken):
                 return
-            if conn.their_state is not h11.DONE:
-                return
-            try:
-                conn.start_next_cycle()
-            except h11.LocalProtocolError:
-                return
+            conn = self.conn
+            if conn is not None:
+                try:
+                    conn.start_next_cycle()
+                except h11.LocalProtocolError:
+                    return
+                self._from_h11(conn)
             idle = True
 
-    async def _error(self, status: int) -> None:
+    async def error(self, conn: h11.Connection, status: int) -> None:
         try:
-            data = self.conn.send(
+            data = conn.send(
                 h11.Response(
                     status_code=status,
-                    headers=[(b"content-length", b"0"), _CLOSE, _DATE.header()],
+                    headers=[(b"content-length", b"0"), CLOSE, DATE.header()],
                 )
             )
-            data = (data or b"") + (self.conn.send(h11.EndOfMessage()) or b"")
+            data = (data or b"") + (conn.send(h11.EndOfMessage()) or b"")
         except h11.LocalProtocolError:
             return
-        await self._write(data)
-
-
-class _Exchange:
-    """One request and its answer."""
-
-    __slots__ = ("body_done", "connection", "head", "method", "request", "started", "suppress")
-
-    def __init__(self, connection: _Connection, request: h11.Request) -> None:
-        self.connection = connection
-        self.request = request
-        self.method = request.method.decode("ascii").upper()
-        self.started = False
-        self.head: h11.Response | None = None
-        self.suppress = self.method == "HEAD"
-        self.body_done = False
-
-    def scope(self, client: Any, server: Any, state: Any) -> HTTPScope:
-        target = self.request.target
-        raw_path, _, query = target.partition(b"?")
-        text = raw_path.decode("ascii")
-        return {
-            "type": "http",
-            "http_version": self.request.http_version.decode(),
-            "asgi": _ASGI,  # type: ignore[typeddict-item]
-            "method": self.method,
-            "scheme": "http",
-            "path": unquote(text) if "%" in text else text,
-            "raw_path": raw_path,
-            "query_string": query,
-            "root_path": self.connection.config.root_path,
-            "headers": list(self.request.headers),
-            "client": client,
-            "server": server,
-            "state": state.copy(),
-            "extensions": {},
-        }
-
-    async def receive(self) -> Any:
-        connection = self.connection
-        conn = connection.conn
-        if self.body_done:
-            # Nothing more to read for this request: wait for the client to go away (bytes of
-            # a next request stay buffered in h11 meanwhile).
-            try:
-                while await connection._read():
-                    pass
-            except _Broken:
-                pass
-            return _DISCONNECT
-        if conn.they_are_waiting_for_100_continue:
-            data = conn.send(h11.InformationalResponse(status_code=100, headers=[_DATE.header()]))
-            await connection._write(data or b"")
-        try:
-            event = await connection._next_event()
-        except (h11.RemoteProtocolError, _Broken):
-            self.body_done = True
-            return _DISCONNECT
-        if type(event) is h11.Data:
-            return {"type": "http.request", "body": bytes(event.data), "more_body": True}
-        self.body_done = True
-        if type(event) is h11.EndOfMessage:
-            return {"type": "http.request", "body": b"", "more_body": False}
-        return _DISCONNECT
-
-    async def send(self, message: Any) -> None:
-        kind = message["type"]
-        if kind == "http.response.start":
-            if self.started or self.head is not None:
-                raise RuntimeError("http.response.start sent twice")
-            status = int(message["status"])
-            headers = [*message.get("headers", ()), _DATE.header()]
-            connection = self.connection
-            if connection.requests >= connection.max_requests:
-                headers.append(_CLOSE)
-            self.suppress = self.suppress or 100 <= status < 200 or status in (204, 304)
-            self.head = h11.Response(status_code=status, headers=headers)
-            return
-        if kind != "http.response.body":
-            raise RuntimeError(f"unexpected ASGI message {kind!r}")
-        conn = self.connection.conn
-        parts: list[bytes] = []
-        try:
-            if self.head is not None:
-                parts.append(conn.send(self.head) or b"")
-                self.head = None
-                self.started = True
-            elif not self.started:
-                raise RuntimeError("http.response.body before http.response.start")
-            body = message.get("body", b"")
-            if body and not self.suppress:
-                parts.append(conn.send(h11.Data(data=body)) or b"")
-            if not message.get("more_body", False):
-                parts.append(conn.send(h11.EndOfMessage()) or b"")
-        except h11.LocalProtocolError:
-            self.connection.broken = True
-            raise
-        await self.connection._write(b"".join(parts) if len(parts) > 1 else parts[0])
-
-    async def send_error(self, status: int) -> None:
-        if self.connection.conn.our_state in {h11.IDLE, h11.SEND_RESPONSE}:
-            await self.connection._error(status)
+        await self.write(data)
 
 
 async def serve_h1(

@@ -101,6 +101,7 @@ async def test_keepalive_switch_reaches_the_child(
             off = await client.post(url(handle), json={"messages": HI}, headers=AUTH)
             handle.keepalive = True
             assert handle.keepalive
+            await handle.settled()
             on = await client.post(url(handle), json={"messages": HI}, headers=AUTH)
         assert not off.content.startswith(b" ")
         assert on.content.startswith(b" ")
