@@ -1,4 +1,4 @@
-"""The project's lean HTTP/1.1 client: h11 on trio streams, with a keep-alive pool.
+"""The project's lean HTTP/1.1 client on trio streams, with a keep-alive pool.
 
 httpx and httpcore cost more CPU per call than the servers they talk to (request and response
 models, header merging, the pool's locks and bookkeeping, a watcher task per call). Two hot
@@ -6,8 +6,12 @@ paths go through this client instead: the bridge's non-streaming calls to a prov
 (``bridge.upstreams.direct``, through :meth:`WirePool.request`) and the rollout client's
 admissions and long-polls (:class:`~rollout_server.net.h1client.H1Pool`, which reads answers
 whole and raises httpx's exception types). It does one request with a complete body, an answer
-read whole or piece by piece, and reuses connections per origin (the most recently used first,
-so a lone caller keeps one connection and, over HTTPS, one TLS session).
+read whole or piece by piece (:class:`~rollout_server.net.wireanswer.WireResponse`), and reuses
+connections per origin (the most recently used first, so a lone caller keeps one connection
+and, over HTTPS, one TLS session). The common exchange (a request with ordinary headers, an
+``HTTP/1.1`` answer with a ``content-length``) is written and read without h11
+(:mod:`~rollout_server.net.wirefast`); any other is h11's, from the request or from the first
+unusual byte of the answer, so what a caller sees is what h11 makes of the same bytes.
 
 What it keeps from httpx: the TLS context (the process's one,
 :func:`~rollout_server.net.httpclient.shared_tls`: httpx's, so the same CA bundle and
@@ -18,7 +22,8 @@ not read. Reading an answer can resume after a cancellation (trio's ``receive_so
 nothing when cancelled), which lets a caller finish reading an answer that is already paid for
 without a watcher task.
 
-Failures are :class:`WireError` subclasses that say how far the exchange got. Only
+Failures are :class:`WireError` subclasses (:mod:`~rollout_server.net.wireerrors`) that say how
+far the exchange got. Only
 :class:`NotSent` (:class:`ConnectFailed`, :class:`ConnectTimeout`) means no byte of the request
 was written, so sending it again cannot make the server act twice; it is raised only while
 connecting, never once a connection is up. ``before_answer`` is true when no byte of the answer
@@ -28,14 +33,28 @@ had arrived.
 from __future__ import annotations
 
 import ssl
-import zlib
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import Sequence
 from math import inf
 from typing import Final
 from urllib.parse import urlsplit
 
 import h11
 import trio
+
+from .wireanswer import WireResponse
+from .wireerrors import (
+    DROPPED,
+    ConnectFailed,
+    ConnectionLost,
+    ConnectTimeout,
+    NotSent,
+    ReadFailed,
+    ReadTimeout,
+    WireError,
+    WriteFailed,
+    detail,
+)
+from .wirefast import Unusual, encode_request, parse_head
 
 __all__ = [
     "ConnectFailed",
@@ -52,49 +71,7 @@ __all__ = [
     "WriteFailed",
 ]
 
-_RECEIVE: Final = 65536
-_DROPPED: Final = (OSError, trio.BrokenResourceError, trio.ClosedResourceError)
 _BODY_METHODS: Final = (b"POST", b"PUT", b"PATCH")
-
-
-class WireError(Exception):
-    """An exchange failed; ``before_answer`` when no byte of the answer had arrived."""
-
-    def __init__(self, message: str, *, before_answer: bool) -> None:
-        super().__init__(message)
-        self.before_answer = before_answer
-
-
-class NotSent(WireError):
-    """Connecting failed: not one byte of the request was written."""
-
-
-class ConnectFailed(NotSent):
-    """The connection (or its TLS handshake) could not be set up."""
-
-
-class ConnectTimeout(NotSent):
-    """The connection (or its TLS handshake) was not up within the connect timeout."""
-
-
-class ReadTimeout(WireError):
-    """A read or a write made no progress within its timeout."""
-
-
-class ConnectionLost(WireError):
-    """An open connection failed: reset or closed, or the answer was not valid HTTP/1.1."""
-
-
-class WriteFailed(ConnectionLost):
-    """Writing the request failed (part of it may have left)."""
-
-
-class ReadFailed(ConnectionLost):
-    """Reading the answer failed at the socket (reset, broken pipe)."""
-
-
-def _detail(exc: BaseException) -> str:
-    return str(exc) or type(exc).__name__
 
 
 class Origin:
@@ -130,12 +107,15 @@ class Origin:
 class Connection:
     """One connection of a :class:`WirePool`, owned by one exchange at a time."""
 
-    __slots__ = ("h11", "idle_since", "key", "socket", "stream")
+    __slots__ = ("buffer", "h11", "idle_since", "key", "socket", "stream")
 
     def __init__(self, stream: trio.abc.Stream, key: str) -> None:
         self.stream = stream
         self.key = key
-        self.h11 = h11.Connection(h11.CLIENT)
+        self.h11: h11.Connection | None = None
+        """h11's state while an exchange is h11's to read; ``None`` between exchanges."""
+        self.buffer = b""
+        """Bytes received and not yet parsed while h11 is not reading (as h11 would keep)."""
         self.idle_since = 0.0
         transport = stream
         while isinstance(transport, trio.SSLStream):
@@ -199,7 +179,7 @@ class WirePool:
                 tcp = await trio.open_tcp_stream(origin.host, origin.port)
                 stream = tcp if origin.scheme == "http" else await _tls(tcp, origin.host)
             except (OSError, trio.BrokenResourceError, ssl.SSLError) as exc:
-                raise ConnectFailed(_detail(exc), before_answer=True) from exc
+                raise ConnectFailed(detail(exc), before_answer=True) from exc
             return Connection(stream, origin.key)
         assert deadline.cancelled_caught
         raise ConnectTimeout("timed out connecting", before_answer=True)
@@ -215,50 +195,85 @@ class WirePool:
     ) -> WireResponse:
         """Write one request on ``connection`` and return once the answer's head has arrived.
 
-        On any failure (or cancellation) the connection is closed.
+        The common exchange skips h11 (:mod:`~rollout_server.net.wirefast`); any other is
+        h11's, from the request or from the answer's first unusual byte. On any failure (or
+        cancellation) the connection is closed.
         """
-        protocol = connection.h11
-        head = [(b"host", origin.host_header), *headers]
-        if body or method in _BODY_METHODS:
-            head.append((b"content-length", b"%d" % len(body)))
+        sized = bool(body) or method in _BODY_METHODS
+        data = encode_request(method, target, origin.host_header, headers, body, sized)
         try:
-            data = protocol.send(h11.Request(method=method, target=target, headers=head)) or b""
-            if body:
-                data += protocol.send(h11.Data(data=body)) or b""
-            data += protocol.send(h11.EndOfMessage()) or b""
-            timeout = self.timeout
-            try:
-                if timeout == inf:
-                    await connection.stream.send_all(data)
-                else:
-                    with trio.move_on_after(timeout) as write:
-                        await connection.stream.send_all(data)
-                    if write.cancelled_caught:
-                        raise ReadTimeout("timed out writing the request", before_answer=True)
-            except _DROPPED as exc:
-                raise WriteFailed(_detail(exc), before_answer=True) from exc
-            # The answer's head, read here rather than in a coroutine of the response's own.
+            if data is None:
+                protocol = connection.h11 = h11.Connection(h11.CLIENT)
+                data = _h11_request(protocol, method, target, origin, headers, body, sized)
+            await self._write(connection, data)
             response = WireResponse(self, connection)
-            while True:
-                try:
-                    event = protocol.next_event()
-                except h11.RemoteProtocolError as exc:
-                    raise response._lost(ConnectionLost, exc) from exc
-                if event is h11.NEED_DATA:
-                    await response._receive(connection)
-                elif type(event) is h11.Response:
-                    break
-                elif type(event) is h11.ConnectionClosed:
-                    raise ConnectionLost(
-                        "Server disconnected without sending a response", before_answer=True
-                    )
-                elif not isinstance(event, h11.InformationalResponse):
-                    raise ConnectionLost(f"unexpected {type(event).__name__}", before_answer=True)
-            response._begin(event)
+            if connection.h11 is None:
+                buffer, closed = connection.buffer, False
+                while True:
+                    try:
+                        head = parse_head(buffer, method) if buffer else None
+                    except Unusual:
+                        break
+                    if head is not None:
+                        status, fields, length, end = head
+                        response._remaining = response._length = length
+                        connection.buffer = buffer[end:]
+                        response._begin(status, fields)
+                        return response
+                    received = await response._receive(connection)
+                    if not received:
+                        closed = True
+                        break
+                    buffer = buffer + received if buffer else received
+                # h11 reads this answer from its first byte; it takes the request as written.
+                protocol = connection.h11 = h11.Connection(h11.CLIENT)
+                _h11_request(protocol, method, target, origin, headers, body, sized)
+                connection.buffer = b""
+                protocol.receive_data(buffer)
+                if closed:
+                    protocol.receive_data(b"")
+            await self._h11_head(response, connection)
         except BaseException:
             await trio.aclose_forcefully(connection.stream)
             raise
         return response
+
+    async def _write(self, connection: Connection, data: bytes) -> None:
+        timeout = self.timeout
+        try:
+            if timeout == inf:
+                await connection.stream.send_all(data)
+            else:
+                with trio.CancelScope(deadline=trio.current_time() + timeout) as write:
+                    await connection.stream.send_all(data)
+                if write.cancelled_caught:
+                    raise ReadTimeout("timed out writing the request", before_answer=True)
+        except DROPPED as exc:
+            raise WriteFailed(detail(exc), before_answer=True) from exc
+
+    async def _h11_head(self, response: WireResponse, connection: Connection) -> None:
+        protocol = connection.h11
+        assert protocol is not None
+        if connection.buffer:
+            protocol.receive_data(connection.buffer)
+            connection.buffer = b""
+        # The answer's head, read here rather than in a coroutine of the response's own.
+        while True:
+            try:
+                event = protocol.next_event()
+            except h11.RemoteProtocolError as exc:
+                raise response._lost(ConnectionLost, exc) from exc
+            if event is h11.NEED_DATA:
+                protocol.receive_data(await response._receive(connection))
+            elif type(event) is h11.Response:
+                response._begin(event.status_code, event.headers)
+                return
+            elif type(event) is h11.ConnectionClosed:
+                raise ConnectionLost(
+                    "Server disconnected without sending a response", before_answer=True
+                )
+            elif not isinstance(event, h11.InformationalResponse):
+                raise ConnectionLost(f"unexpected {type(event).__name__}", before_answer=True)
 
     def _checkin(self, connection: Connection) -> None:
         if self._closed or self._idle_count >= self.max_idle:
@@ -282,6 +297,24 @@ class WirePool:
         await trio.lowlevel.checkpoint()
 
 
+def _h11_request(
+    protocol: h11.Connection,
+    method: bytes,
+    target: bytes,
+    origin: Origin,
+    headers: Sequence[tuple[bytes, bytes]],
+    body: bytes,
+    sized: bool,
+) -> bytes:
+    head = [(b"host", origin.host_header), *headers]
+    if sized:
+        head.append((b"content-length", b"%d" % len(body)))
+    data = protocol.send(h11.Request(method=method, target=target, headers=head)) or b""
+    if body:
+        data += protocol.send(h11.Data(data=body)) or b""
+    return data + (protocol.send(h11.EndOfMessage()) or b"")
+
+
 async def _tls(stream: trio.SocketStream, host: str) -> trio.SSLStream[trio.SocketStream]:
     # Imported here: httpclient brings httpx, which a plain-HTTP caller need not load.
     from .httpclient import shared_tls
@@ -293,155 +326,3 @@ async def _tls(stream: trio.SocketStream, host: str) -> trio.SSLStream[trio.Sock
         await trio.aclose_forcefully(stream)
         raise
     return tls
-
-
-class WireResponse:
-    """One answer: its status and headers at once, its body on demand."""
-
-    __slots__ = (
-        "_answering",
-        "_connection",
-        "_decoder",
-        "_done",
-        "_headers",
-        "_parts",
-        "_pool",
-        "raw_headers",
-        "status",
-    )
-
-    status: int
-    raw_headers: Sequence[tuple[bytes, bytes]]
-    """As received: names in lower case, in order."""
-
-    def __init__(self, pool: WirePool, connection: Connection) -> None:
-        self._pool = pool
-        self._connection: Connection | None = connection
-        self._parts: list[bytes] = []
-        self._done = False
-        self._decoder: zlib._Decompress | None = None
-        self._answering = False
-        self._headers: dict[str, str] | None = None
-
-    @property
-    def headers(self) -> dict[str, str]:
-        """Lower-case names; a repeated header keeps its values joined by ``", "``."""
-        if self._headers is None:
-            headers: dict[str, str] = {}
-            for name, value in self.raw_headers:
-                key, text = name.decode("latin-1"), value.decode("latin-1")
-                headers[key] = f"{headers[key]}, {text}" if key in headers else text
-            self._headers = headers
-        return self._headers
-
-    async def _receive(self, connection: Connection) -> None:
-        timeout = self._pool.timeout
-        try:
-            if timeout == inf:
-                data = await connection.stream.receive_some(_RECEIVE)
-            else:
-                with trio.move_on_after(timeout) as read:
-                    data = await connection.stream.receive_some(_RECEIVE)
-                if read.cancelled_caught:
-                    raise ReadTimeout(
-                        "timed out reading the answer", before_answer=not self._answering
-                    )
-        except _DROPPED as exc:
-            raise self._lost(ReadFailed, exc) from exc
-        if data:
-            self._answering = True
-        connection.h11.receive_data(bytes(data))
-
-    def _lost(self, kind: type[ConnectionLost], exc: BaseException) -> ConnectionLost:
-        if self._answering:
-            return kind(_detail(exc), before_answer=False)
-        detail = f"Server disconnected without sending a response ({_detail(exc)})"
-        return kind(detail, before_answer=True)
-
-    def _begin(self, answer: h11.Response) -> None:
-        self.status = answer.status_code
-        self.raw_headers = answer.headers
-        if not self._pool.decompress:
-            return
-        coding = b""
-        for name, value in answer.headers:
-            if name == b"content-encoding":
-                coding = coding + b", " + value if coding else value
-        coding = coding.strip().lower()
-        if coding == b"gzip":
-            self._decoder = zlib.decompressobj(16 + zlib.MAX_WBITS)
-        elif coding == b"deflate":
-            self._decoder = zlib.decompressobj()
-        elif coding not in (b"", b"identity"):
-            shown = coding.decode("latin-1")
-            raise ConnectionLost(f"unsupported content-encoding {shown!r}", before_answer=False)
-
-    def _piece(self, event: h11.Event | type[h11.NEED_DATA | h11.PAUSED]) -> bytes:
-        """The body bytes an event carries (decoded); gives the connection back at the end."""
-        if type(event) is h11.Data:
-            data = bytes(event.data)
-            if self._decoder is None:
-                return data
-            try:
-                return self._decoder.decompress(data)
-            except zlib.error as exc:
-                raise ConnectionLost(
-                    f"invalid compressed body: {exc}", before_answer=False
-                ) from exc
-        if type(event) is h11.EndOfMessage:
-            self._done = True
-            self._release()
-            return self._decoder.flush() if self._decoder is not None else b""
-        raise ConnectionLost(f"unexpected {type(event).__name__}", before_answer=False)
-
-    async def chunks(self) -> AsyncIterator[bytes]:
-        """The body, piece by piece as it arrives (decoded)."""
-        while not self._done:
-            connection = self._connection
-            assert connection is not None
-            try:
-                event = connection.h11.next_event()
-            except h11.RemoteProtocolError as exc:
-                raise self._lost(ConnectionLost, exc) from exc
-            if event is h11.NEED_DATA:
-                await self._receive(connection)
-            elif data := self._piece(event):
-                yield data
-
-    async def read(self) -> bytes:
-        """The whole body. If cancelled, calling it again resumes where it stopped."""
-        parts = self._parts
-        while not self._done:
-            connection = self._connection
-            assert connection is not None
-            try:
-                event = connection.h11.next_event()
-            except h11.RemoteProtocolError as exc:
-                raise self._lost(ConnectionLost, exc) from exc
-            if event is h11.NEED_DATA:
-                await self._receive(connection)
-            elif data := self._piece(event):
-                parts.append(data)
-        return parts[0] if len(parts) == 1 else b"".join(parts)
-
-    def _release(self) -> None:
-        connection, self._connection = self._connection, None
-        assert connection is not None
-        state = connection.h11
-        if state.our_state is h11.DONE and state.their_state is h11.DONE:
-            state.start_next_cycle()
-            self._pool._checkin(connection)
-        else:
-            connection.socket.close()
-
-    def discard(self) -> None:
-        """Close the connection unless the body was read whole (then it is back in the pool)."""
-        connection, self._connection = self._connection, None
-        if connection is not None:
-            connection.socket.close()
-
-    async def aclose(self) -> None:
-        """Give the connection back if the body was read whole; otherwise close it."""
-        connection, self._connection = self._connection, None
-        if connection is not None:
-            await trio.aclose_forcefully(connection.stream)
