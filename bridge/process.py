@@ -9,8 +9,10 @@ How the two talk: one ``AF_UNIX`` stream socket pair, a JSON array per line
 (:mod:`bridge.ipc`). The child is ``python -m bridge.child <fd>``; the supervisor sends it its
 configuration as the first line (the bearer, the probe key and the redactor's values travel
 only over this private socket: never on a command line, in the environment or in a file), and
-then ``["k", on]`` (keepalive mode), ``["x", rollout_id]`` (forget a rollout) and
-``["p", n]`` (answered ``["P", n]`` once everything before it is applied). The child
+then ``["k", on]`` (keepalive mode), ``["p", n]`` (answered ``["P", n]`` once everything
+sent before it is applied) and ``["x", rollout_id]`` (forget a rollout; not urgent, so forgets
+are batched: written together once :data:`_FORGET_BATCH` are pending or
+:data:`_FORGET_DELAY_S` after the first, and may be overtaken by the others). The child
 sends ``["s", base_url, port]`` once it listens, ``["e", kind, message, detail]`` when it
 cannot go on, ``["l", level, message]`` for each (already scrubbed) log line, and one
 ``["u", ...]`` or ``["f", ...]`` per recorded call or provider fault.
@@ -72,11 +74,16 @@ __all__ = [
 _CHUNK: Final = 1 << 18
 #: Lines of the child's stderr kept for the error that reports its death.
 _TAIL: Final = 20
+#: Forget messages held back to go out in one write, at most this many ...
+_FORGET_BATCH: Final = 64
+#: ... and for at most this long after the first of them (seconds).
+_FORGET_DELAY_S: Final = 0.25
 
 
 class _Channel:
-    """The supervisor's end of the socket: a drain that applies the child's messages, and
-    non-blocking sends with a backlog a writer task flushes."""
+    """The supervisor's end of the socket: a drain that applies the child's messages,
+    non-blocking sends with a backlog a writer task flushes, and messages that can wait
+    (:meth:`send_later`), which that task writes in batches."""
 
     def __init__(self, sock: socket.socket, log: Callable[[str, str], None] | None) -> None:
         self.sock = sock
@@ -85,6 +92,9 @@ class _Channel:
         self._buffer = bytearray()
         self._backlog = bytearray()
         self._backlog_ready = trio.Event()
+        self._later = bytearray()
+        self._later_count = 0
+        self._later_due = 0.0
         self.eof = False
         self.started: tuple[str, int] | None = None
         self.error: tuple[str, str] | None = None
@@ -139,7 +149,30 @@ class _Channel:
 
     def send(self, message: list[Any]) -> None:
         """Send ``message`` now if the socket takes it, else queue it for :meth:`flush`."""
-        data = encode_line(message)
+        self._send(encode_line(message))
+
+    def send_later(self, message: list[Any]) -> None:
+        """Send ``message`` with others that can wait: once :data:`_FORGET_BATCH` are held,
+        else :data:`_FORGET_DELAY_S` after the first (by :meth:`flush`). Messages sent with
+        :meth:`send` meanwhile may overtake it."""
+        with self._lock:
+            if self.eof:
+                return
+            self._later += encode_line(message)
+            self._later_count += 1
+            if self._later_count >= _FORGET_BATCH:
+                self._send(self._take_later())
+            elif self._later_count == 1:
+                self._later_due = trio.current_time() + _FORGET_DELAY_S
+                self._backlog_ready.set()  # the writer task starts the clock
+
+    def _take_later(self) -> bytes:
+        data = bytes(self._later)
+        self._later.clear()
+        self._later_count = 0
+        return data
+
+    def _send(self, data: bytes) -> None:
         with self._lock:
             if self.eof:
                 return
@@ -156,9 +189,16 @@ class _Channel:
                 self._backlog_ready.set()
 
     async def flush(self) -> None:
-        """Write queued messages as the socket drains (runs until cancelled)."""
+        """Write queued messages as the socket drains, and the held-back ones when due (runs
+        until cancelled)."""
         while True:
-            await self._backlog_ready.wait()
+            if self._later_count:
+                with trio.move_on_at(self._later_due):
+                    await self._backlog_ready.wait()
+            else:
+                await self._backlog_ready.wait()
+            if self._later_count and (self._backlog or trio.current_time() >= self._later_due):
+                self._send(self._take_later())
             while self._backlog:
                 await trio.lowlevel.wait_writable(self.sock)
                 with self._lock:
@@ -173,7 +213,8 @@ class _Channel:
             self._backlog_ready = trio.Event()
 
     async def ping(self) -> None:
-        """Return once the child has applied every message sent before this one."""
+        """Return once the child has applied every message sent before this one (forgets held
+        by :meth:`send_later` excepted)."""
         self._ping_ids += 1
         waiter = self._pings[self._ping_ids] = trio.Event()
         self.send(["p", self._ping_ids])
@@ -194,7 +235,7 @@ class _MirrorLedger(UsageLedger):
     to forget it too (its reasoning memory)."""
 
     def __init__(self, channel: _Channel) -> None:
-        super().__init__(on_forget=lambda rollout_id: channel.send(["x", rollout_id]))
+        super().__init__(on_forget=lambda rollout_id: channel.send_later(["x", rollout_id]))
         self._channel = channel
 
     def apply_record(self, rollout_id: str, call: CallUsage) -> None:

@@ -1,6 +1,7 @@
 """Durable file writes (docs/spec/supervisor.md §3.1): temp file + fsync + rename + directory fsync.
 
-Every file written here gets mode 0600 (``mkstemp``); directories created here get 0700.
+Every file written here gets mode 0600 (created ``O_EXCL``, as ``mkstemp`` would); directories
+created here get 0700.
 ``durable=False`` keeps the atomic rename but skips both fsyncs: used for projection copies
 that are rebuilt from the fsync'd journal anyway, so a crash can never leave a torn file but
 may leave an older one.
@@ -10,12 +11,14 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import itertools
 import json
 import os
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Final
+
+import msgspec
 
 __all__ = [
     "DIR_MODE",
@@ -25,7 +28,9 @@ __all__ = [
     "atomic_write_bytes",
     "atomic_write_json",
     "canonical_json",
+    "canonical_json_bytes",
     "ensure_dir",
+    "fast_sorted_json",
     "fsync_dir",
     "pretty_json_bytes",
 ]
@@ -58,11 +63,76 @@ class WriteFailure:
         return f"could not write {self.path}: {reason}; {advice}"
 
 
+_SORTED_ENCODE: Final = msgspec.json.Encoder(order="sorted").encode
+_INT64: Final = 1 << 63
+
+
+def _plain(obj: Any) -> bool:
+    """Whether msgspec's sorted encoder writes ``obj`` exactly as ``json.dumps`` with sorted
+    keys and compact separators does: dicts with ``str`` keys, lists, tuples, ``str``,
+    ``bool``, ``None``, 64-bit ``int`` and finite ``float`` in the range where ``repr`` uses
+    no exponent (msgspec writes ``1e16`` and ``1e-05`` differently), all of exactly those
+    types (a subclass may render differently, or be refused by one and not the other)."""
+    kind = type(obj)
+    if kind is dict:
+        for key, value in obj.items():
+            if type(key) is not str:
+                return False
+            kind = type(value)
+            if kind is str or value is None or kind is bool:
+                continue
+            if kind is int:
+                if not -_INT64 <= value < _INT64:
+                    return False
+            elif kind is float:
+                if not (value == 0.0 or 1e-4 <= abs(value) < 1e16):  # NaN, inf fail both
+                    return False
+            elif not _plain(value):
+                return False
+        return True
+    if kind is list or kind is tuple:
+        return all(map(_plain, obj))
+    if kind is str or kind is bool or obj is None:
+        return True
+    if kind is int:
+        return bool(-_INT64 <= obj < _INT64)
+    if kind is float:
+        return bool(obj == 0.0 or 1e-4 <= abs(obj) < 1e16)
+    return False
+
+
+def fast_sorted_json(obj: Any) -> bytes | None:
+    """``json.dumps(obj, sort_keys=True, separators=(",", ":"), ensure_ascii=False)`` as UTF-8,
+    from msgspec (a fraction of the cost), or None when that could differ in any way (see
+    :func:`_plain`; a lone surrogate, which UTF-8 cannot hold, is None too): the caller then
+    takes the stdlib path. Byte-identical output is pinned by a differential test."""
+    try:
+        if not _plain(obj):
+            return None
+        return _SORTED_ENCODE(obj)
+    except (RecursionError, UnicodeEncodeError, TypeError, ValueError, OverflowError):
+        return None
+
+
 def canonical_json(obj: Any) -> str:
     """Canonical JSON: sorted keys, compact separators, UTF-8 text kept, NaN/Infinity refused."""
+    fast = fast_sorted_json(obj)
+    if fast is not None:
+        return fast.decode("utf-8")
     return json.dumps(
         obj, sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False
     )
+
+
+def canonical_json_bytes(obj: Any) -> bytes:
+    """:func:`canonical_json` as UTF-8, a lone surrogate written back as its JSON escape
+    (``backslashreplace``, as :func:`pretty_json_bytes` does)."""
+    fast = fast_sorted_json(obj)
+    if fast is not None:
+        return fast
+    return json.dumps(
+        obj, sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False
+    ).encode("utf-8", "backslashreplace")
 
 
 def pretty_json_bytes(obj: Any) -> bytes:
@@ -108,11 +178,32 @@ def fsync_dir(path: Path) -> None:
         os.close(fd)
 
 
+_TEMP_FLAGS: Final = (
+    os.O_RDWR | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0)
+)
+_TEMP_SEQUENCE = itertools.count()
+
+
+def _open_temp(path: Path) -> tuple[int, str]:
+    """Create ``.<name>.<unique>.tmp`` next to ``path`` (mode 0600, never an existing file or
+    a link) and return its descriptor and path: ``tempfile.mkstemp``'s guarantees, with a
+    name unique in this process (pid and a counter) instead of a random one, which costs a
+    fraction of it; a name left by an earlier process is skipped."""
+    base = f"{os.fspath(path.parent)}/.{path.name}.{os.getpid():x}"
+    for _ in range(10_000):
+        name = f"{base}-{next(_TEMP_SEQUENCE):x}.tmp"
+        try:
+            return os.open(name, _TEMP_FLAGS, FILE_MODE), name
+        except FileExistsError:
+            continue
+    raise FileExistsError(errno.EEXIST, "no usable temporary file name", str(path))
+
+
 def atomic_write_bytes(path: Path, data: bytes, *, durable: bool = True) -> None:
     """Replace ``path`` with ``data`` atomically (mode 0600); readers see old or new, never half."""
     path = Path(path)
     ensure_dir(path.parent)
-    fd, tmp_name = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    fd, tmp_name = _open_temp(path)
     try:
         view = memoryview(data)
         while view:

@@ -14,6 +14,7 @@ import contextlib
 import json
 import os
 import threading
+import time
 from collections.abc import Callable
 from datetime import UTC, datetime
 from pathlib import Path
@@ -21,7 +22,7 @@ from types import TracebackType
 from typing import Any
 
 from launcher.redact import Redactor
-from launcher.rundir.atomic import WriteFailure
+from launcher.rundir.atomic import WriteFailure, fast_sorted_json
 
 __all__ = ["RunLog", "utc_now_iso"]
 
@@ -34,12 +35,33 @@ def utc_now_iso(now: datetime | None = None, *, timespec: str = "microseconds") 
     the manifest, ``metrics.json``, ``server.json``); ``"auto"`` drops them when the microsecond
     is 0, which is how ``tunnel.json`` has always been written.
     """
+    if now is None and timespec == "microseconds":
+        return _now_iso()
     moment = (now or datetime.now(UTC)).astimezone(UTC)
     return moment.isoformat(timespec=timespec).replace("+00:00", "Z")
 
 
+# The current second and its ``YYYY-MM-DDTHH:MM:SS``, formatted once per second rather than
+# per line; one tuple, replaced whole, so a thread never pairs one second with another's text.
+_second: tuple[int, str] = (-1, "")
+
+
+def _now_iso() -> str:
+    """The current time as :func:`utc_now_iso` writes it. ``datetime.now`` reads the same
+    clock as :func:`time.time_ns` and floors it to the microsecond, as this does."""
+    global _second
+    seconds, micros = divmod(time.time_ns() // 1000, 1_000_000)
+    cached = _second
+    if cached[0] != seconds:
+        cached = _second = (seconds, time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(seconds)))
+    return f"{cached[1]}.{micros:06d}Z"
+
+
 def _details_json(details: dict[str, Any]) -> str:
     # Like canonical JSON, but never fails on odd values: logs must not crash the run.
+    fast = fast_sorted_json(details)
+    if fast is not None:
+        return fast.decode("utf-8")
     return json.dumps(
         details, sort_keys=True, separators=(",", ":"), ensure_ascii=False, default=repr
     )

@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import stat
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -214,11 +215,17 @@ def safe_artifacts(root: Path) -> SafeArtifacts:
     :data:`ARTIFACT_MAX_BYTES`.
     """
     result = SafeArtifacts(files={}, skipped=[])
-    if root.is_symlink():
+    mode = _lstat_mode(root)
+    if mode is not None and stat.S_ISLNK(mode):
         result.skipped.append((".", "artifacts root is a symbolic link"))
         return result
-    if not root.is_dir():
+    if mode is None or not stat.S_ISDIR(mode):
         return result
+    try:
+        if not os.listdir(root):
+            return result  # the common case: nothing to list (and no root to resolve)
+    except OSError:
+        return result  # unreadable: os.walk would list nothing either
     real_root = root.resolve()
     for dirpath, dirnames, filenames in os.walk(root):
         current = Path(dirpath)
@@ -252,12 +259,20 @@ def safe_artifacts(root: Path) -> SafeArtifacts:
     return result
 
 
+def _lstat_mode(path: Path) -> int | None:
+    """``path``'s own file type and mode (a link is not followed), None when it is missing."""
+    try:
+        return os.lstat(path).st_mode
+    except (FileNotFoundError, NotADirectoryError):
+        return None
+
+
 def _same_file(src: Path, dst: Path) -> bool:
     try:
-        a, b = src.stat(), dst.lstat()
+        a, b = os.stat(src), os.lstat(dst)
     except OSError:
         return False
-    return a.st_size == b.st_size and a.st_mtime_ns == b.st_mtime_ns and not dst.is_symlink()
+    return a.st_size == b.st_size and a.st_mtime_ns == b.st_mtime_ns and not stat.S_ISLNK(b.st_mode)
 
 
 def _copy_if_changed(src: Path, dst: Path, *, durable: bool) -> None:
@@ -300,9 +315,12 @@ def project_item(
                 "skipped an unsafe artifact",
                 {"rollout_id": record.rollout_id, "path": rel, "reason": reason},
             )
-    if art_dst.is_symlink():
+    # One look at what is there now: a link or a file is removed, a directory pruned.
+    mode = _lstat_mode(art_dst)
+    was_dir = mode is not None and stat.S_ISDIR(mode)
+    if mode is not None and not was_dir:
         art_dst.unlink()
-    if art_dst.is_dir():
+    if was_dir:
         for dirpath, _dirnames, filenames in os.walk(art_dst, topdown=False):
             current = Path(dirpath)
             for name in filenames:
@@ -311,9 +329,7 @@ def project_item(
                     (current / name).unlink()
             if current != art_dst and not any(current.iterdir()):
                 current.rmdir()
-    elif art_dst.exists():
-        art_dst.unlink()
     for rel, src in safe.files.items():
         _copy_if_changed(src, art_dst / rel, durable=durable)
-    if art_dst.is_dir() and not safe.files:
+    if was_dir and not safe.files:
         shutil.rmtree(art_dst)

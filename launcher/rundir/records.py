@@ -11,7 +11,7 @@ from typing import Any
 
 import msgspec
 
-from launcher.rundir.atomic import canonical_json
+from launcher.rundir.atomic import canonical_json_bytes
 from rollout_server.protocol import is_single_path_segment
 
 __all__ = [
@@ -145,24 +145,26 @@ class TerminalRecord(msgspec.Struct, kw_only=True, gc=False):
         A non-finite reward (NaN, infinity) is left out: JSON cannot hold it, and losing the
         whole result over it would be worse than recording the attempt as ungraded.
         """
-        out: dict[str, Any] = {}
-        for name in self.__struct_fields__:
-            value = getattr(self, name)
-            if isinstance(value, ErrorInfo):
-                out[name] = value.to_json()
-            elif value is not None:
-                out[name] = value
+        out: dict[str, Any] = {
+            name: value
+            for name, value in zip(
+                self.__struct_fields__, msgspec.structs.astuple(self), strict=True
+            )
+            if value is not None
+        }
+        if isinstance(self.error, ErrorInfo):
+            out["error"] = self.error.to_json()
         duration = float(self.duration_ms or 0.0)
         out["duration_ms"] = duration if math.isfinite(duration) else 0.0
-        out.pop("reward", None)
-        if self.reward is not None and math.isfinite(float(self.reward)):
-            out["reward"] = float(self.reward)
+        reward = out.pop("reward", None)
+        if reward is not None and math.isfinite(float(reward)):
+            out["reward"] = float(reward)
         return out
 
     def to_line(self) -> bytes:
         """The canonical JSON line (sorted keys, compact, UTF-8, NaN refused) with ``\\n``."""
         validate_record(self)
-        return (canonical_json(self.to_dict()) + "\n").encode("utf-8", "backslashreplace")
+        return canonical_json_bytes(self.to_dict()) + b"\n"
 
 
 def validate_record(record: TerminalRecord) -> None:

@@ -17,7 +17,14 @@ import pytest
 import trio
 
 from bridge.errors import BridgeBindError
-from bridge.process import IN_PROCESS_ENV, BridgeProcessHandle, BridgeSpare, run_bridge_process
+from bridge.process import (
+    _FORGET_BATCH,
+    IN_PROCESS_ENV,
+    BridgeProcessHandle,
+    BridgeSpare,
+    _Channel,
+    run_bridge_process,
+)
 from bridge.server import BridgeConfig
 from tests.bridge.conftest import AUTH, HI, TOKEN, url
 from tests.fakes.upstream import FakeUpstream
@@ -236,3 +243,44 @@ def test_the_spare_started_ahead_is_the_one_taken(monkeypatch: pytest.MonkeyPatc
     finally:
         ahead.taken = False
         ahead.discard()
+
+
+def _lines(sock: socket.socket) -> list[list[Any]]:
+    """Every message waiting on ``sock`` (never blocks)."""
+    data = b""
+    while True:
+        try:
+            chunk = sock.recv(1 << 16)
+        except BlockingIOError:
+            break
+        if not chunk:
+            break
+        data += chunk
+    return [json.loads(line) for line in data.splitlines()]
+
+
+async def test_forgets_are_batched_and_urgent_messages_are_not() -> None:
+    ours, child = socket.socketpair()
+    ours.setblocking(False)
+    child.setblocking(False)
+    with ours, child, trio.fail_after(30):
+        channel = _Channel(ours, None)
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(channel.flush)
+            assert channel.ledger.pop("r1") is None
+            channel.ledger.discard("r2")
+            channel.send(["k", True])
+            # The forgets wait; the keepalive switch went out at once, ahead of them.
+            assert _lines(child) == [["k", True]]
+            while not (got := _lines(child)):
+                await trio.sleep(0.01)
+            assert got == [["x", "r1"], ["x", "r2"]]  # one write, both lines
+            # A full batch goes out in the call that fills it, without waiting.
+            for i in range(_FORGET_BATCH):
+                channel.ledger.pop(f"b{i}")
+            assert _lines(child) == [["x", f"b{i}"] for i in range(_FORGET_BATCH)]
+            # And a pop still drains first: usage the child sent is read before the answer.
+            child.send(b'["u","r3",1,2,3,0,0]\n')
+            usage = channel.ledger.pop("r3")
+            assert usage is not None and usage.total_tokens == 3
+            nursery.cancel_scope.cancel()

@@ -109,13 +109,13 @@ async def test_finalize_rewrites_metrics_in_place_when_no_new_file_fits(
     with trio.fail_after(20):
         await rd.record_result(record(0, 0))
     assert json.loads((rd.path / "metrics.json").read_text())["eval_run"]["status"] == "running"
-    real_mkstemp_dir = rd.path
+    real_temp_dir = rd.path
 
     def no_new_files(*args: object, **kwargs: object) -> tuple[int, str]:
         # A full disk: a new file's first block cannot be had, an existing file's blocks can.
-        raise OSError(errno.ENOSPC, "No space left on device", str(real_mkstemp_dir))
+        raise OSError(errno.ENOSPC, "No space left on device", str(real_temp_dir))
 
-    monkeypatch.setattr("tempfile.mkstemp", no_new_files)
+    monkeypatch.setattr("launcher.rundir.atomic._open_temp", no_new_files)
     result = rd.finalize(cancelled=False)
     monkeypatch.undo()
     rd.close()

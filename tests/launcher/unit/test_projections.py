@@ -195,3 +195,34 @@ def test_project_item_skips_identical_copies(tmp_path: Path) -> None:
     (trial / "artifacts" / "a.txt").write_text("changed!")
     project_item(tmp_path, rec(), trajectory_valid=True)
     assert copy.read_text() == "changed!"
+
+
+@pytest.mark.parametrize("there", ["link", "file", "dir", "nothing"])
+@pytest.mark.parametrize("artifacts", [True, False])
+def test_whatever_holds_the_artifacts_place_is_replaced(
+    tmp_path: Path, there: str, artifacts: bool
+) -> None:
+    trial = write_trajectory(tmp_path)
+    (trial / "artifacts").mkdir()
+    if artifacts:
+        (trial / "artifacts" / "a.txt").write_text("A")
+    art = tmp_path / "artifacts" / "row_1_run_0"
+    art.parent.mkdir(parents=True)
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    (outside / "keep.txt").write_text("not ours")
+    if there == "link":
+        art.symlink_to(outside, target_is_directory=True)
+    elif there == "file":
+        art.write_text("stale")
+    elif there == "dir":
+        (art / "sub").mkdir(parents=True)
+        (art / "sub" / "stale.txt").write_text("stale")
+    project_item(tmp_path, rec(), trajectory_valid=True)
+    assert (outside / "keep.txt").read_text() == "not ours"  # a link is never followed
+    if artifacts:
+        assert not art.is_symlink() and art.is_dir()
+        assert sorted(p.relative_to(art).as_posix() for p in art.rglob("*")) == ["a.txt"]
+    else:
+        assert not art.exists() and not art.is_symlink()  # an empty root projects nothing
+    assert safe_artifacts(trial / "artifacts").skipped == []

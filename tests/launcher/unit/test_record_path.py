@@ -109,6 +109,34 @@ async def test_cancelled_appends_are_never_half_counted(tmp_path: Path) -> None:
     journal.close()
 
 
+async def test_a_cancel_during_the_write_returns_no_caller_early(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Waiting in append cannot be cancelled: the committer and the callers queued behind it
+    # all return only once the fsync covering their record did, cancelled or not.
+    path = tmp_path / "events.jsonl"
+    journal = Journal.open(path)
+    seen: list[int] = []
+    first = _slow_fsync_spy(monkeypatch, journal, seen)
+    durable_on_return: list[bool] = []
+
+    async def append(i: int) -> None:
+        try:
+            await journal.append(rec(i, 0))
+        finally:
+            durable_on_return.append((i, 0) in replay_journal(path).latest)
+
+    with trio.fail_after(30):
+        async with trio.open_nursery() as nursery:
+            for i in range(8):
+                nursery.start_soon(append, i)
+            await trio.to_thread.run_sync(first.wait)  # the first group is being written
+            nursery.cancel_scope.cancel()
+    assert durable_on_return == [True] * 8
+    assert sorted(journal.latest) == [(i, 0) for i in range(8)]
+    journal.close()
+
+
 def _write_trajectory(trial: Path, rollout_id: str) -> None:
     trial.mkdir(parents=True, exist_ok=True)
     (trial / "trajectory.json").write_text(json.dumps({"session_id": rollout_id}))
