@@ -25,11 +25,10 @@ if TYPE_CHECKING:
 #: The modules a starting bridge imports (about 0.3-0.6 s): whoever wants that cost off its
 #: critical path imports them ahead (a worker thread, a spare process).
 WEB_STACK: Final = (
-    "hypercorn.trio.run",
+    "rollout_server.net.leanserve",
     "bridge.app",
     "bridge.handler",
     "bridge.upstreams.direct",
-    "rollout_server.net.httpserve",
 )
 
 
@@ -203,15 +202,11 @@ async def run_bridge(
     try:
         # Imported here: quart and httpx cost half a second, which ``import bridge`` (and so
         # the CLI) should not pay.
-        from hypercorn.config import Sockets
-        from hypercorn.trio.run import worker_serve
-        from hypercorn.utils import wrap_app
-
         from bridge.app import create_app
         from bridge.handler import Bridge, Timing
         from bridge.upstreams import make_upstream
         from bridge.upstreams.direct import new_client
-        from rollout_server.net.httpserve import LeanConfig, install_write_coalescing
+        from rollout_server.net.leanserve import LeanConfig, serve_lean
 
         client = new_client()
         try:
@@ -239,20 +234,15 @@ async def run_bridge(
                     max_body=config.max_body_bytes,
                     probe=probe,
                 )
-                install_write_coalescing()
-                hyper = LeanConfig()
-                hyper.accesslog = None
-                hyper.errorlog = None
-                hyper.keep_alive_timeout = 75.0
-                hyper.graceful_timeout = 1.0
-                await nursery.start(
-                    partial(
-                        worker_serve,
-                        wrap_app(app, hyper.wsgi_max_body_size, "asgi"),
-                        hyper,
-                        sockets=Sockets([], [sock], []),
-                    )
-                )
+                # The lean loop (rollout_server.net.leanserve), without hypercorn's trio
+                # worker: plain HTTP/1.1 on loopback is all the bridge serves.
+                lean = LeanConfig()
+                lean.accesslog = None
+                lean.errorlog = None
+                lean.keep_alive_timeout = 75.0
+                lean.graceful_timeout = 1.0
+                lean.backlog = 4096  # as bound: a burst of rollouts connects at once
+                await nursery.start(partial(serve_lean, app, lean, sockets=[sock]))
                 base_url, port = _base_url(sock)
                 bridge.log("info", f"LLM bridge listening on {base_url} for model {config.model}")
                 task_status.started(BridgeHandle(base_url, port, bridge, probe))

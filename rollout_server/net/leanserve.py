@@ -68,15 +68,18 @@ async def serve_lean(
     config: LeanConfig,
     *,
     shutdown_trigger: Callable[[], Awaitable[None]] | None = None,
+    sockets: list[socket.socket] | None = None,
     task_status: trio.TaskStatus[list[str]] = trio.TASK_STATUS_IGNORED,
 ) -> None:
     """Serve ``app`` on ``config``'s binds until ``shutdown_trigger`` returns (or forever).
 
-    Reports the bound addresses (``http://host:port``, like ``hypercorn.trio.serve``) through
-    ``task_status``. Returns when every connection is closed (at most ``graceful_timeout``
-    seconds after the trigger).
+    ``sockets``: already bound TCP sockets to serve instead of the binds (the caller bound them
+    to report a bind failure its own way; they must not be TLS binds). Reports the bound
+    addresses (``http://host:port``, like ``hypercorn.trio.serve``) through ``task_status``.
+    Returns when every connection is closed (at most ``graceful_timeout`` seconds after the
+    trigger).
     """
-    if config.ssl_enabled:
+    if config.ssl_enabled and sockets is None:
         from hypercorn.trio import serve
 
         from .httpserve import install_write_coalescing
@@ -84,7 +87,8 @@ async def serve_lean(
         install_write_coalescing()
         await serve(app, config, shutdown_trigger=shutdown_trigger, task_status=task_status)
         return
-    sockets = config.create_sockets().insecure_sockets
+    if sockets is None:
+        sockets = config.create_sockets().insecure_sockets
     listeners = []
     binds = []
     for sock in sockets:
