@@ -253,24 +253,7 @@ async def run_eval(
     ps = psutil.Process(proc.pid)
     spy = None
     if PYSPY_DIR is not None:
-        spy = await trio.lowlevel.open_process(
-            [
-                str(Path(sys.executable).parent / "py-spy"),
-                "record",
-                "--pid",
-                str(proc.pid),
-                "--native",
-                "--threads",
-                "--rate",
-                "250",
-                "--format",
-                "raw",
-                "-o",
-                str(PYSPY_DIR / f"{name}.txt"),
-            ],
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL,
-        )
+        spy = await _py_spy(proc.pid, PYSPY_DIR / f"{name}.txt")
     peak_rss = 0
     cpu = main_cpu = 0.0
     samples: list[tuple[float, float, float, float]] = []
@@ -360,21 +343,15 @@ async def _spy_child(child: psutil.Process, name: str) -> trio.Process | None:
     if not argv or "python" not in Path(argv[0]).name:
         return None
     role = "bridge" if "bridge.child" in argv else "server"
+    return await _py_spy(child.pid, PYSPY_DIR / f"{name}.{role}.{child.pid}.txt")
+
+
+async def _py_spy(pid: int, out: Path) -> trio.Process:
+    """``py-spy record --native`` of ``pid`` (all threads, 250 Hz) into ``out``, raw format."""
+    py_spy = str(Path(sys.executable).parent / "py-spy")
+    options = ["--native", "--threads", "--rate", "250", "--format", "raw"]
     return await trio.lowlevel.open_process(
-        [
-            str(Path(sys.executable).parent / "py-spy"),
-            "record",
-            "--pid",
-            str(child.pid),
-            "--native",
-            "--threads",
-            "--rate",
-            "250",
-            "--format",
-            "raw",
-            "-o",
-            str(PYSPY_DIR / f"{name}.{role}.{child.pid}.txt"),
-        ],
+        [py_spy, "record", "--pid", str(pid), *options, "-o", str(out)],
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
     )

@@ -140,7 +140,16 @@ async def test_second_interrupt_skips_the_long_wait_and_kills_the_server(
     assert journal(run) == []
 
 
-async def test_rollout_server_death_halts_dispatch(
+@pytest.mark.parametrize(
+    ("victim", "reason"),
+    [
+        ("server", "the rollout server exited with code -9"),
+        ("bridge", "the LLM bridge process was killed by signal 9"),
+    ],
+)
+async def test_a_dead_service_halts_dispatch(
+    victim: str,
+    reason: str,
     workspace: Path,
     env: dict[str, str],
     tmp_path: Path,
@@ -158,46 +167,15 @@ async def test_rollout_server_death_halts_dispatch(
     record = server_record(run)
     assert record is not None
     no_orphans.append(record["pgid"])
-    os.killpg(record["pgid"], signal.SIGKILL)
+    if victim == "server":
+        os.killpg(record["pgid"], signal.SIGKILL)
+    else:
+        bridge = bridge_child_pid(live.process.pid)
+        assert bridge is not None
+        os.kill(bridge, signal.SIGKILL)
     result = await live.wait(timeout=60)
     assert result.returncode == 1, result.stderr + result.stdout
-    assert (
-        "stopping dispatch: the rollout server exited with code -9; see logs.txt" in result.stdout
-    )
-    assert "Results (incomplete)" in result.stdout
-    assert count_log(run, "halting dispatch") == 1
-    done = journal(run)
-    assert 1 <= len(done) < 21
-    assert metrics(run)["eval_run"]["status"] == "incomplete"
-
-
-async def test_bridge_process_death_halts_dispatch(
-    workspace: Path,
-    env: dict[str, str],
-    tmp_path: Path,
-    fake_upstream: FakeUpstream,
-    no_orphans: list[int],
-) -> None:
-    write_config(workspace, "slow", fake_model_config(batch_size=2))
-    fake_upstream.delay = 0.3
-    args = ["eval", "run", "ws/configs/eval/slow.toml", "--name", "nobridge", "--yes"]
-    run = run_dir(workspace, "nobridge")
-    live = await start_cli(
-        args, cwd=tmp_path, env=_fake_env(env, fake_upstream), logdir=tmp_path / "o"
-    )
-    await wait_for(lambda: count_log(run, "work item finished") >= 1)
-    record = server_record(run)
-    assert record is not None
-    no_orphans.append(record["pgid"])
-    bridge = bridge_child_pid(live.process.pid)
-    assert bridge is not None
-    os.kill(bridge, signal.SIGKILL)
-    result = await live.wait(timeout=60)
-    assert result.returncode == 1, result.stderr + result.stdout
-    assert (
-        "stopping dispatch: the LLM bridge process was killed by signal 9; see logs.txt"
-        in result.stdout
-    )
+    assert f"stopping dispatch: {reason}; see logs.txt" in result.stdout
     assert "Results (incomplete)" in result.stdout
     assert count_log(run, "halting dispatch") == 1
     done = journal(run)
