@@ -327,21 +327,36 @@ class BridgeProcessHandle:
 
 
 async def _pump_stderr(
-    stream: trio.abc.ReceiveStream, tail: deque[str], log: Callable[[str, str], None] | None
+    stream: trio.abc.ReceiveStream,
+    tail: deque[str],
+    log: Callable[[str, str], None] | None,
+    redact: Callable[[str], str],
 ) -> None:
-    """Log the child's stderr (a warning or a traceback: it writes nothing else there)."""
+    """Log the child's stderr (a warning or a traceback: it writes nothing else there), each
+    line through ``redact`` first: unlike its log lines, the child has not scrubbed these."""
     buffer = b""
     async for chunk in stream:
         buffer += chunk
         *lines, buffer = buffer.split(b"\n")
         for raw in lines:
-            line = raw.decode("utf-8", errors="replace").rstrip()
+            line = redact(raw.decode("utf-8", errors="replace").rstrip())
             if line:
                 tail.append(line)
                 if log is not None:
                     log("warning", f"bridge process: {line}")
     if buffer.strip():
-        tail.append(buffer.decode("utf-8", errors="replace").rstrip())
+        tail.append(redact(buffer.decode("utf-8", errors="replace").rstrip()))
+
+
+def _redactor(config: BridgeConfig) -> Callable[[str], str]:
+    """The bridge's bearer, then the run's redactor (``config.redact``), over a line."""
+    extra = config.redact
+
+    def redact(text: str) -> str:
+        text = text.replace(config.token, "[REDACTED]")
+        return extra(text) if extra is not None else text
+
+    return redact
 
 
 def _exit_reason(code: int, channel: _Channel, tail: deque[str]) -> str:
@@ -390,7 +405,7 @@ async def run_bridge_process(
         failure: Exception | None = None
         try:
             async with trio.open_nursery() as nursery:
-                nursery.start_soon(_pump_stderr, stderr, tail, config.log)
+                nursery.start_soon(_pump_stderr, stderr, tail, config.log, _redactor(config))
                 nursery.start_soon(channel.flush)
                 while channel.started is None and not channel.eof:
                     await trio.lowlevel.wait_readable(sock)

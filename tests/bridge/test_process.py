@@ -15,6 +15,7 @@ import httpx
 import psutil
 import pytest
 import trio
+import trio.testing
 
 from bridge.errors import BridgeBindError
 from bridge.process import (
@@ -284,3 +285,28 @@ async def test_forgets_are_batched_and_urgent_messages_are_not() -> None:
             usage = channel.ledger.pop("r3")
             assert usage is not None and usage.total_tokens == 3
             nursery.cancel_scope.cancel()
+
+
+async def test_the_childs_stderr_is_redacted_before_it_is_logged() -> None:
+    from collections import deque
+
+    from bridge.process import _pump_stderr, _redactor
+
+    config = _config(redact=lambda text: text.replace(SECRET, "[REDACTED]"))
+    send, receive = trio.testing.memory_stream_pair()
+    lines: list[str] = []
+    tail: deque[str] = deque(maxlen=5)
+    with trio.fail_after(10):
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(
+                _pump_stderr, receive, tail, lambda _, line: lines.append(line), _redactor(config)
+            )
+            await send.send_all(
+                f"Traceback: token={TOKEN}\nkey {SECRET}\npartial {SECRET}".encode()
+            )
+            await send.aclose()
+    assert lines == [
+        "bridge process: Traceback: token=[REDACTED]",
+        "bridge process: key [REDACTED]",
+    ]
+    assert list(tail) == ["Traceback: token=[REDACTED]", "key [REDACTED]", "partial [REDACTED]"]
