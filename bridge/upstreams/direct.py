@@ -55,17 +55,23 @@ class _Transport(httpx.AsyncBaseTransport):
     """httpx's pooled transport, closing the lean pool (:mod:`rollout_server.net.wire`) with it."""
 
     def __init__(self, wire: WirePool) -> None:
-        self._inner = ShardedTransport(_SHARDS, _LIMITS)
+        # Made at the first request that needs httpx (a streamed call): its 16 pools and the
+        # TLS context cost ~60 ms, which the model preflight (one non-streaming call, on the
+        # lean pool) and a run that never streams should not pay.
+        self._inner: ShardedTransport | None = None
         self._wire = wire
 
     async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
+        if self._inner is None:
+            self._inner = ShardedTransport(_SHARDS, _LIMITS)
         return await self._inner.handle_async_request(request)
 
     async def aclose(self) -> None:
         try:
             await self._wire.aclose()
         finally:
-            await self._inner.aclose()
+            if self._inner is not None:
+                await self._inner.aclose()
 
 
 class BridgeClient(httpx.AsyncClient):
