@@ -48,7 +48,9 @@ class _Reporter:
                 try:
                     data = data[self._sock.send(data) :]
                 except (BlockingIOError, InterruptedError):
-                    select.select([], [self._sock], [])
+                    poller = select.poll()  # not select(): the fd may be above FD_SETSIZE
+                    poller.register(self._sock, select.POLLOUT)
+                    poller.poll()
                 except OSError:
                     self.gone = True  # the supervisor is gone: the reader sees EOF and stops
 
@@ -86,6 +88,11 @@ def _read_config(sock: socket.socket) -> tuple[dict[str, Any], bytearray]:
     if kind != "c" or not isinstance(doc, dict):
         raise ValueError("the first message is not a configuration")
     return doc, buffer
+
+
+def _text(hexed: str) -> str:
+    """A string sent as :func:`bridge.ipc.hex_text` (any ``str``, lone surrogates included)."""
+    return bytes.fromhex(hexed).decode("utf-8", "surrogatepass")
 
 
 def _redactor(values: list[str]) -> Callable[[str], str]:
@@ -176,11 +183,12 @@ def main(argv: list[str]) -> int:
             doc, buffer = _read_config(sock)
         except EOFError:
             return 0  # a spare the supervisor did not need
-        redact = _redactor(doc.get("redact") or [doc["token"]])
+        redact = _redactor([_text(value) for value in doc.get("redact") or []] or [doc["token"]])
         environ = doc.get("env")
-        if isinstance(environ, dict):
-            os.environ.clear()
-            os.environ.update(environ)
+        if isinstance(environ, list):
+            # As bytes: an environment value need not be valid UTF-8.
+            os.environb.clear()
+            os.environb.update((bytes.fromhex(k), bytes.fromhex(v)) for k, v in environ)
         sock.setblocking(False)
         trio.run(_serve, _config(doc, reporter, redact), sock, reporter, buffer)
     except Exception as exc:

@@ -3,14 +3,14 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from typing import Any, Final
 
 import msgspec
 
 from bridge.server import BridgeConfig
 
-__all__ = ["config_message", "encode_line", "split_lines"]
+__all__ = ["config_message", "encode_line", "environ_message", "hex_text", "split_lines"]
 
 _ENCODE: Final = msgspec.json.Encoder().encode
 _DECODE: Final = msgspec.json.Decoder(list[Any]).decode
@@ -31,6 +31,16 @@ def split_lines(buffer: bytearray) -> list[list[Any]]:
     return [_DECODE(line) for line in chunk.split(b"\n")]
 
 
+def hex_text(text: str) -> str:
+    """``text`` as hex of its UTF-8 bytes, lone surrogates included (JSON cannot carry those)."""
+    return text.encode("utf-8", "surrogatepass").hex()
+
+
+def environ_message(environ: Mapping[bytes, bytes]) -> list[list[str]]:
+    """The environment as ``[[hex name, hex value], ...]``: bytes, which need not be UTF-8."""
+    return [[name.hex(), value.hex()] for name, value in environ.items()]
+
+
 def config_message(config: BridgeConfig, redact_values: Iterable[str]) -> list[Any]:
     """The child's configuration as the socket's first message."""
     retry = config.retry
@@ -49,7 +59,7 @@ def config_message(config: BridgeConfig, redact_values: Iterable[str]) -> list[A
             "keepalive_interval": config.keepalive_interval,
             "max_body_bytes": config.max_body_bytes,
             "probe_key": (config.probe_key or b"").hex(),
-            "redact": sorted(redact_values),
+            "redact": sorted(hex_text(value) for value in redact_values),
             "retry": None
             if retry is None
             else [retry.max_attempts, retry.base_delay, retry.max_delay, retry.budget],

@@ -37,7 +37,6 @@ import os
 import secrets
 import socket
 import subprocess
-import threading
 from collections import deque
 from collections.abc import Callable
 from dataclasses import replace
@@ -46,29 +45,17 @@ from typing import TYPE_CHECKING, Any, Final
 import trio
 
 from bridge.errors import BridgeBindError, BridgeProcessError
-from bridge.ipc import config_message, encode_line, split_lines
+from bridge.ipc import config_message, encode_line, environ_message, split_lines
 from bridge.probe import ProbeKey
+from bridge.scrub import ErrorScrubber
 from bridge.server import BridgeConfig, rollout_url
-from bridge.spare import (
-    IN_PROCESS_ENV,
-    STOP_GRACE_S,
-    BridgeSpare,
-    in_process_requested,
-    wait_exit,
-)
+from bridge.spare import STOP_GRACE_S, BridgeSpare, wait_exit
 from bridge.usage import CallUsage, RolloutUsage, UpstreamPressure, UsageLedger
 
 if TYPE_CHECKING:
     from collections.abc import Iterable
 
-__all__ = [
-    "IN_PROCESS_ENV",
-    "BridgeProcessError",
-    "BridgeProcessHandle",
-    "BridgeSpare",
-    "in_process_requested",
-    "run_bridge_process",
-]
+__all__ = ["BridgeProcessHandle", "run_bridge_process"]
 
 #: Bytes read from the socket at a time.
 _CHUNK: Final = 1 << 18
@@ -88,7 +75,6 @@ class _Channel:
     def __init__(self, sock: socket.socket, log: Callable[[str, str], None] | None) -> None:
         self.sock = sock
         self._log = log
-        self._lock = threading.RLock()
         self._buffer = bytearray()
         self._backlog = bytearray()
         self._backlog_ready = trio.Event()
@@ -104,25 +90,24 @@ class _Channel:
 
     def drain(self) -> None:
         """Read and apply everything the socket holds now (never blocks)."""
-        with self._lock:
-            while not self.eof:
-                try:
-                    data = self.sock.recv(_CHUNK)
-                except (BlockingIOError, InterruptedError):
-                    break
-                except OSError:
-                    data = b""
-                if not data:
-                    self.eof = True
-                    for waiter in self._pings.values():
-                        waiter.set()  # nothing more will be answered
-                    break
-                self._buffer += data
-                if len(data) < _CHUNK:
-                    break
-            if self._buffer:
-                for message in split_lines(self._buffer):
-                    self._apply(message)
+        while not self.eof:
+            try:
+                data = self.sock.recv(_CHUNK)
+            except (BlockingIOError, InterruptedError):
+                break
+            except OSError:
+                data = b""
+            if not data:
+                self.eof = True
+                for waiter in self._pings.values():
+                    waiter.set()  # nothing more will be answered
+                break
+            self._buffer += data
+            if len(data) < _CHUNK:
+                break
+        if self._buffer:
+            for message in split_lines(self._buffer):
+                self._apply(message)
 
     def _apply(self, message: list[Any]) -> None:
         kind = message[0]
@@ -155,16 +140,15 @@ class _Channel:
         """Send ``message`` with others that can wait: once :data:`_FORGET_BATCH` are held,
         else :data:`_FORGET_DELAY_S` after the first (by :meth:`flush`). Messages sent with
         :meth:`send` meanwhile may overtake it."""
-        with self._lock:
-            if self.eof:
-                return
-            self._later += encode_line(message)
-            self._later_count += 1
-            if self._later_count >= _FORGET_BATCH:
-                self._send(self._take_later())
-            elif self._later_count == 1:
-                self._later_due = trio.current_time() + _FORGET_DELAY_S
-                self._backlog_ready.set()  # the writer task starts the clock
+        if self.eof:
+            return
+        self._later += encode_line(message)
+        self._later_count += 1
+        if self._later_count >= _FORGET_BATCH:
+            self._send(self._take_later())
+        elif self._later_count == 1:
+            self._later_due = trio.current_time() + _FORGET_DELAY_S
+            self._backlog_ready.set()  # the writer task starts the clock
 
     def _take_later(self) -> bytes:
         data = bytes(self._later)
@@ -173,20 +157,19 @@ class _Channel:
         return data
 
     def _send(self, data: bytes) -> None:
-        with self._lock:
-            if self.eof:
-                return
-            if not self._backlog:
-                try:
-                    sent = self.sock.send(data)
-                except (BlockingIOError, InterruptedError):
-                    sent = 0
-                except OSError:
-                    return  # the child is gone; wait_failed reports it
-                data = data[sent:]
-            if data:
-                self._backlog += data
-                self._backlog_ready.set()
+        if self.eof:
+            return
+        if not self._backlog:
+            try:
+                sent = self.sock.send(data)
+            except (BlockingIOError, InterruptedError):
+                sent = 0
+            except OSError:
+                return  # the child is gone; wait_failed reports it
+            data = data[sent:]
+        if data:
+            self._backlog += data
+            self._backlog_ready.set()
 
     async def flush(self) -> None:
         """Write queued messages as the socket drains, and the held-back ones when due (runs
@@ -201,15 +184,14 @@ class _Channel:
                 self._send(self._take_later())
             while self._backlog:
                 await trio.lowlevel.wait_writable(self.sock)
-                with self._lock:
-                    try:
-                        sent = self.sock.send(self._backlog)
-                    except (BlockingIOError, InterruptedError):
-                        continue
-                    except OSError:
-                        self._backlog.clear()
-                        break
-                    del self._backlog[:sent]
+                try:
+                    sent = self.sock.send(self._backlog)
+                except (BlockingIOError, InterruptedError):
+                    continue
+                except OSError:
+                    self._backlog.clear()
+                    break
+                del self._backlog[:sent]
             self._backlog_ready = trio.Event()
 
     async def ping(self) -> None:
@@ -266,8 +248,16 @@ class BridgeProcessHandle:
     (:class:`bridge.server.BridgeService`)."""
 
     def __init__(
-        self, base_url: str, port: int, channel: _Channel, probe: ProbeKey, keepalive: bool
+        self,
+        base_url: str,
+        port: int,
+        pid: int,
+        channel: _Channel,
+        probe: ProbeKey,
+        keepalive: bool,
     ) -> None:
+        self.pid = pid
+        """The child's process id."""
         self._base_url = base_url
         self._port = port
         self._channel = channel
@@ -275,8 +265,6 @@ class BridgeProcessHandle:
         self._keepalive = keepalive
         self._failed = trio.Event()
         self._failure = ""
-        self.pid: int | None = None
-        """The child's process id."""
 
     @property
     def base_url(self) -> str:
@@ -331,32 +319,26 @@ async def _pump_stderr(
     tail: deque[str],
     log: Callable[[str, str], None] | None,
     redact: Callable[[str], str],
+    done: trio.Event,
 ) -> None:
     """Log the child's stderr (a warning or a traceback: it writes nothing else there), each
-    line through ``redact`` first: unlike its log lines, the child has not scrubbed these."""
+    line through ``redact`` first: unlike its log lines, the child has not scrubbed these.
+    ``done`` is set at EOF."""
     buffer = b""
-    async for chunk in stream:
-        buffer += chunk
-        *lines, buffer = buffer.split(b"\n")
-        for raw in lines:
-            line = redact(raw.decode("utf-8", errors="replace").rstrip())
-            if line:
-                tail.append(line)
-                if log is not None:
-                    log("warning", f"bridge process: {line}")
-    if buffer.strip():
-        tail.append(redact(buffer.decode("utf-8", errors="replace").rstrip()))
-
-
-def _redactor(config: BridgeConfig) -> Callable[[str], str]:
-    """The bridge's bearer, then the run's redactor (``config.redact``), over a line."""
-    extra = config.redact
-
-    def redact(text: str) -> str:
-        text = text.replace(config.token, "[REDACTED]")
-        return extra(text) if extra is not None else text
-
-    return redact
+    try:
+        async for chunk in stream:
+            buffer += chunk
+            *lines, buffer = buffer.split(b"\n")
+            for raw in lines:
+                line = redact(raw.decode("utf-8", errors="replace").rstrip())
+                if line:
+                    tail.append(line)
+                    if log is not None:
+                        log("warning", f"bridge process: {line}")
+        if buffer.strip():
+            tail.append(redact(buffer.decode("utf-8", errors="replace").rstrip()))
+    finally:
+        done.set()
 
 
 def _exit_reason(code: int, channel: _Channel, tail: deque[str]) -> str:
@@ -388,54 +370,58 @@ async def run_bridge_process(
     """
     probe_key = config.probe_key or secrets.token_bytes(32)
     config = replace(config, probe_key=probe_key)
-    if spare is None or spare.taken:
+    if spare is None or spare.taken or spare.process.poll() is not None:
         spare = BridgeSpare.take()
     spare.taken = True
     process, sock = spare.process, spare.sock
+    assert process.stderr is not None
+    stderr = trio.lowlevel.FdStream(os.dup(process.stderr.fileno()))
+    process.stderr.close()
+    stderr_done = trio.Event()
+    tail: deque[str] = deque(maxlen=_TAIL)
+    failure: Exception | None = None
     try:
-        message = config_message(config, redact_values)
-        message[1]["env"] = dict(os.environ)
         sock.setblocking(False)
         channel = _Channel(sock, config.log)
+        message = config_message(config, redact_values)
+        message[1]["env"] = environ_message(os.environb)
         channel.send(message)  # what the socket does not take now, the flush task writes
-        tail: deque[str] = deque(maxlen=_TAIL)
-        assert process.stderr is not None
-        stderr = trio.lowlevel.FdStream(os.dup(process.stderr.fileno()))
-        process.stderr.close()
-        failure: Exception | None = None
-        try:
-            async with trio.open_nursery() as nursery:
-                nursery.start_soon(_pump_stderr, stderr, tail, config.log, _redactor(config))
-                nursery.start_soon(channel.flush)
-                while channel.started is None and not channel.eof:
-                    await trio.lowlevel.wait_readable(sock)
-                    channel.drain()
-                if channel.started is None:
-                    code = await wait_exit(process)
-                    if channel.error is not None and channel.error[0] == "bind":
-                        failure = BridgeBindError(channel.error[1])
-                    else:
-                        failure = BridgeProcessError(_exit_reason(code, channel, tail))
-                    nursery.cancel_scope.cancel()
+        redact = ErrorScrubber([config.token], extra=config.redact).scrub
+
+        async def exit_reason() -> str:
+            code = await wait_exit(process)
+            with trio.move_on_after(1.0):  # its last stderr lines say why, when it crashed
+                await stderr_done.wait()
+            return _exit_reason(code, channel, tail)
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(_pump_stderr, stderr, tail, config.log, redact, stderr_done)
+            nursery.start_soon(channel.flush)
+            while channel.started is None and not channel.eof:
+                await trio.lowlevel.wait_readable(sock)
+                channel.drain()
+            if channel.started is None:
+                if channel.error is not None and channel.error[0] == "bind":
+                    failure = BridgeBindError(channel.error[1])
                 else:
-                    base_url, port = channel.started
-                    handle = BridgeProcessHandle(
-                        base_url, port, channel, ProbeKey(probe_key), config.keepalive
-                    )
-                    handle.pid = process.pid
-                    task_status.started(handle)
-                    await channel.follow()
-                    code = await wait_exit(process)
-                    handle._fail(_exit_reason(code, channel, tail))
-                    nursery.cancel_scope.cancel()
-            if failure is not None:
-                raise failure  # out here, not wrapped in the nursery's exception group
-        finally:
-            with trio.CancelScope(shield=True):
-                await _stop(sock, process)
-                await stderr.aclose()
+                    failure = BridgeProcessError(await exit_reason())
+                nursery.cancel_scope.cancel()
+            else:
+                base_url, port = channel.started
+                handle = BridgeProcessHandle(
+                    base_url, port, process.pid, channel, ProbeKey(probe_key), config.keepalive
+                )
+                task_status.started(handle)
+                await channel.follow()
+                handle._fail(await exit_reason())
+                nursery.cancel_scope.cancel()
+        if failure is not None:
+            raise failure  # out here, not wrapped in the nursery's exception group
     finally:
-        sock.close()
+        with trio.CancelScope(shield=True):
+            await _stop(sock, process)
+            await stderr.aclose()
+            sock.close()
 
 
 async def _stop(sock: socket.socket, process: subprocess.Popen[bytes]) -> None:

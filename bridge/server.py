@@ -32,6 +32,10 @@ WEB_STACK: Final = (
 )
 
 
+#: The listen backlog: a burst of rollouts connects at once.
+_BACKLOG: Final = 4096
+
+
 @dataclass(frozen=True)
 class BridgeConfig:
     """Everything the bridge needs to serve one run (or one daemon)."""
@@ -176,7 +180,7 @@ def _bind(host: str, port: int) -> socket.socket:
     try:
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         sock.bind(address)
-        sock.listen(4096)
+        sock.listen(_BACKLOG)
         sock.setblocking(False)
     except OSError as exc:
         sock.close()
@@ -241,7 +245,7 @@ async def run_bridge(
                 lean.errorlog = None
                 lean.keep_alive_timeout = 75.0
                 lean.graceful_timeout = 1.0
-                lean.backlog = 4096  # as bound: a burst of rollouts connects at once
+                lean.backlog = _BACKLOG  # serve_lean listens again with it
                 await nursery.start(partial(serve_lean, app, lean, sockets=[sock]))
                 base_url, port = _base_url(sock)
                 bridge.log("info", f"LLM bridge listening on {base_url} for model {config.model}")

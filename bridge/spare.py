@@ -16,7 +16,8 @@ __all__ = ["IN_PROCESS_ENV", "BridgeSpare", "in_process_requested", "wait_exit"]
 
 #: Set (``1``) to run the bridge inside the supervisor's process instead (debugging, profiling).
 IN_PROCESS_ENV: Final = "ROLLBRIDGE_BRIDGE_IN_PROCESS"
-#: How long a stopping supervisor waits for the child to finish its in-flight answers.
+#: How long a stopping supervisor gives the child to exit before SIGKILL (it stops when its
+#: socket reads EOF, which the supervisor causes only once the rollout server has stopped).
 STOP_GRACE_S: Final = 5.0
 
 
@@ -110,7 +111,10 @@ async def wait_exit(process: subprocess.Popen[bytes]) -> int:
     """Wait for ``process`` to exit without blocking the event loop (a pidfd is readable once
     the process has exited); its exit code."""
     if process.poll() is None:
-        pidfd = os.pidfd_open(process.pid)
+        try:
+            pidfd = os.pidfd_open(process.pid)
+        except (AttributeError, OSError):  # not Linux >= 5.3, or refused (seccomp, gVisor)
+            return await trio.to_thread.run_sync(process.wait, abandon_on_cancel=True)
         try:
             await trio.lowlevel.wait_readable(pidfd)
         finally:

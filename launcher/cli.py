@@ -202,6 +202,15 @@ def eval_run(ctx: click.Context, /, config: str, **flags: object) -> None:
     # First: the bridge's process imports its web stack while this one prepares the run
     # (bridge.spare; the run's bridge takes it, and it is stopped here if none did).
     spare = BridgeSpare.ahead()
+    try:
+        code = _eval_run(ctx, config, flags)
+    finally:
+        if spare is not None:
+            spare.discard()
+    ctx.exit(code)
+
+
+def _eval_run(ctx: click.Context, config: str, flags: dict[str, object]) -> int:
     from launcher.cli_ui import ambient_redactor
     from launcher.supervisor import EvalOptions, run_eval
     from launcher.ui import UI
@@ -214,12 +223,7 @@ def eval_run(ctx: click.Context, /, config: str, **flags: object) -> None:
     options = EvalOptions(config=config, **flags)  # type: ignore[arg-type]
     ui = UI(mode, verbose=options.verbose, redact=ambient_redactor())
     ctx.obj["ui"] = ui
-    try:
-        code = run_eval(options, ui)
-    finally:
-        if spare is not None:
-            spare.discard()
-    ctx.exit(code)
+    return run_eval(options, ui)
 
 
 def _ui(obj: dict[str, object], argv: list[str]) -> UI:

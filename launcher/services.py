@@ -341,9 +341,10 @@ async def _start_bridge(
 
     Keepalive starts on when the flags already force a public URL; the health report may
     switch it on later (automatic tunnel)."""
-    from bridge.errors import BridgeBindError
-    from bridge.process import BridgeProcessError, in_process_requested, run_bridge_process
+    from bridge.errors import BridgeBindError, BridgeProcessError
+    from bridge.process import run_bridge_process
     from bridge.server import BridgeConfig, run_bridge
+    from bridge.spare import in_process_requested
 
     p = ctx.prepared
 

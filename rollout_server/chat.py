@@ -113,11 +113,6 @@ async def chat(
     url = ctx.chat_completions_url.rstrip("/") + "/chat/completions"
     headers = {"Authorization": f"Bearer {ctx.api_key}"} if ctx.api_key else {}
     body = {"model": model, "messages": messages, **params}
-    request_timeout = (
-        http_timeout
-        if http_timeout is not None
-        else httpx.Timeout(_TIMEOUT_SEC, connect=_CONNECT_TIMEOUT_SEC)
-    )
     lean = (
         _lean_target(url)
         if http_timeout is None and (ctx.http_client is None or is_shared_client(ctx.http_client))
@@ -140,6 +135,11 @@ async def chat(
             raise ChatError(reply.status_code, reply.content.decode("utf-8", "replace"), url)
         answer: dict[str, Any] = json.loads(reply.content)
         return answer
+    request_timeout = (
+        http_timeout
+        if http_timeout is not None
+        else httpx.Timeout(_TIMEOUT_SEC, connect=_CONNECT_TIMEOUT_SEC)
+    )
     if ctx.http_client is not None:
         response = await ctx.http_client.post(
             url, json=body, headers=headers, timeout=request_timeout

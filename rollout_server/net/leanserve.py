@@ -79,7 +79,9 @@ async def serve_lean(
     Returns when every connection is closed (at most ``graceful_timeout`` seconds after the
     trigger).
     """
-    if config.ssl_enabled and sockets is None:
+    if config.ssl_enabled and sockets is not None:
+        raise ValueError("pre-bound sockets are served as plain HTTP: the config asks for TLS")
+    if config.ssl_enabled:
         from hypercorn.trio import serve
 
         from .httpserve import install_write_coalescing

@@ -18,15 +18,9 @@ import trio
 import trio.testing
 
 from bridge.errors import BridgeBindError
-from bridge.process import (
-    _FORGET_BATCH,
-    IN_PROCESS_ENV,
-    BridgeProcessHandle,
-    BridgeSpare,
-    _Channel,
-    run_bridge_process,
-)
+from bridge.process import _FORGET_BATCH, BridgeProcessHandle, _Channel, run_bridge_process
 from bridge.server import BridgeConfig
+from bridge.spare import IN_PROCESS_ENV, BridgeSpare
 from tests.bridge.conftest import AUTH, HI, TOKEN, url
 from tests.fakes.upstream import FakeUpstream
 
@@ -290,23 +284,35 @@ async def test_forgets_are_batched_and_urgent_messages_are_not() -> None:
 async def test_the_childs_stderr_is_redacted_before_it_is_logged() -> None:
     from collections import deque
 
-    from bridge.process import _pump_stderr, _redactor
+    from bridge.process import _pump_stderr
+    from bridge.scrub import ErrorScrubber
 
-    config = _config(redact=lambda text: text.replace(SECRET, "[REDACTED]"))
+    redact = ErrorScrubber([TOKEN], extra=lambda text: text.replace(SECRET, "[gone]")).scrub
     send, receive = trio.testing.memory_stream_pair()
     lines: list[str] = []
     tail: deque[str] = deque(maxlen=5)
+    done = trio.Event()
     with trio.fail_after(10):
         async with trio.open_nursery() as nursery:
             nursery.start_soon(
-                _pump_stderr, receive, tail, lambda _, line: lines.append(line), _redactor(config)
+                _pump_stderr, receive, tail, lambda _, line: lines.append(line), redact, done
             )
             await send.send_all(
                 f"Traceback: token={TOKEN}\nkey {SECRET}\npartial {SECRET}".encode()
             )
             await send.aclose()
-    assert lines == [
-        "bridge process: Traceback: token=[REDACTED]",
-        "bridge process: key [REDACTED]",
-    ]
-    assert list(tail) == ["Traceback: token=[REDACTED]", "key [REDACTED]", "partial [REDACTED]"]
+    assert done.is_set()
+    assert len(lines) == 2 and all(line.startswith("bridge process: ") for line in lines)
+    assert not any(TOKEN in line or SECRET in line for line in [*lines, *tail])
+    assert [line.split()[0] for line in tail] == ["Traceback:", "key", "partial"]
+
+
+async def test_an_environment_value_that_is_not_utf8_crosses_as_bytes(
+    nursery: trio.Nursery, provider_env: FakeUpstream, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("ROLLBRIDGE_TEST_LATIN1", "caf\udce9")  # the bytes b"caf\xe9"
+    with trio.fail_after(60):
+        handle = await _start(nursery, redact_values=(TOKEN, "caf\udce9"))
+        async with httpx.AsyncClient(timeout=30) as client:
+            reply = await client.post(url(handle), json={"messages": HI}, headers=AUTH)
+    assert reply.status_code == 200
