@@ -23,8 +23,7 @@ from typing import Any
 import trio
 
 from bridge.errors import BridgeBindError
-from bridge.ipc import encode_line, split_lines
-from bridge.retry import RetryPolicy
+from bridge.ipc import encode_line, read_config, split_lines
 from bridge.secret_policy import REDACTED, SecretMatcher
 from bridge.server import WEB_STACK, BridgeConfig, BridgeHandle, run_bridge
 from bridge.usage import CallUsage
@@ -82,17 +81,13 @@ def _read_config(sock: socket.socket) -> tuple[dict[str, Any], bytearray]:
         if not data:
             raise EOFError("the supervisor closed the socket before sending a configuration")
         buffer += data
-    (first,) = split_lines(bytearray(buffer[: buffer.index(b"\n") + 1]))
-    del buffer[: buffer.index(b"\n") + 1]
+    end = buffer.index(b"\n") + 1
+    (first,) = split_lines(bytearray(buffer[:end]))
+    del buffer[:end]
     kind, doc = first
     if kind != "c" or not isinstance(doc, dict):
         raise ValueError("the first message is not a configuration")
     return doc, buffer
-
-
-def _text(hexed: str) -> str:
-    """A string sent as :func:`bridge.ipc.hex_text` (any ``str``, lone surrogates included)."""
-    return bytes.fromhex(hexed).decode("utf-8", "surrogatepass")
 
 
 def _redactor(values: list[str]) -> Callable[[str], str]:
@@ -105,28 +100,6 @@ def _redactor(values: list[str]) -> Callable[[str], str]:
         return matcher.sub(REDACTED, text)
 
     return redact
-
-
-def _config(doc: dict[str, Any], reporter: _Reporter, redact: Callable[[str], str]) -> BridgeConfig:
-    retry = doc.get("retry")
-    return BridgeConfig(
-        model=doc["model"],
-        token=doc["token"],
-        host=doc["host"],
-        port=doc["port"],
-        keepalive=doc["keepalive"],
-        redact=redact,
-        log=reporter.log,
-        plain_chat_route=doc["plain_chat_route"],
-        via_litellm=doc["via_litellm"],
-        heartbeat_interval=doc["heartbeat_interval"],
-        keepalive_grace=doc["keepalive_grace"],
-        keepalive_interval=doc["keepalive_interval"],
-        max_body_bytes=doc["max_body_bytes"],
-        retry=None if retry is None else RetryPolicy(*retry),
-        probe_key=bytes.fromhex(doc["probe_key"]) or None,
-        usage_observer=reporter,
-    )
 
 
 async def _follow(
@@ -183,14 +156,13 @@ def main(argv: list[str]) -> int:
             doc, buffer = _read_config(sock)
         except EOFError:
             return 0  # a spare the supervisor did not need
-        redact = _redactor([_text(value) for value in doc.get("redact") or []] or [doc["token"]])
-        environ = doc.get("env")
-        if isinstance(environ, list):
-            # As bytes: an environment value need not be valid UTF-8.
-            os.environb.clear()
-            os.environb.update((bytes.fromhex(k), bytes.fromhex(v)) for k, v in environ)
+        fields, values, environ = read_config(doc)
+        redact = _redactor(values or [fields["token"]])
+        os.environb.clear()
+        os.environb.update(environ)
+        config = BridgeConfig(**fields, redact=redact, log=reporter.log, usage_observer=reporter)
         sock.setblocking(False)
-        trio.run(_serve, _config(doc, reporter, redact), sock, reporter, buffer)
+        trio.run(_serve, config, sock, reporter, buffer)
     except Exception as exc:
         leaf = _leaf(exc)
         if isinstance(leaf, BridgeBindError):

@@ -8,9 +8,10 @@ from typing import Any, Final
 
 import msgspec
 
+from bridge.retry import RetryPolicy
 from bridge.server import BridgeConfig
 
-__all__ = ["config_message", "encode_line", "environ_message", "hex_text", "split_lines"]
+__all__ = ["config_message", "encode_line", "read_config", "split_lines"]
 
 _ENCODE: Final = msgspec.json.Encoder().encode
 _DECODE: Final = msgspec.json.Decoder(list[Any]).decode
@@ -31,18 +32,20 @@ def split_lines(buffer: bytearray) -> list[list[Any]]:
     return [_DECODE(line) for line in chunk.split(b"\n")]
 
 
-def hex_text(text: str) -> str:
-    """``text`` as hex of its UTF-8 bytes, lone surrogates included (JSON cannot carry those)."""
+def _hex_text(text: str) -> str:
+    # Any str, lone surrogates included (JSON cannot carry those).
     return text.encode("utf-8", "surrogatepass").hex()
 
 
-def environ_message(environ: Mapping[bytes, bytes]) -> list[list[str]]:
-    """The environment as ``[[hex name, hex value], ...]``: bytes, which need not be UTF-8."""
-    return [[name.hex(), value.hex()] for name, value in environ.items()]
+def _unhex_text(hexed: str) -> str:
+    return bytes.fromhex(hexed).decode("utf-8", "surrogatepass")
 
 
-def config_message(config: BridgeConfig, redact_values: Iterable[str]) -> list[Any]:
-    """The child's configuration as the socket's first message."""
+def config_message(
+    config: BridgeConfig, redact_values: Iterable[str], environ: Mapping[bytes, bytes]
+) -> list[Any]:
+    """The child's configuration as the socket's first message; :func:`read_config` is its
+    inverse. The environment crosses as bytes (a value need not be UTF-8)."""
     retry = config.retry
     return [
         "c",
@@ -59,9 +62,39 @@ def config_message(config: BridgeConfig, redact_values: Iterable[str]) -> list[A
             "keepalive_interval": config.keepalive_interval,
             "max_body_bytes": config.max_body_bytes,
             "probe_key": (config.probe_key or b"").hex(),
-            "redact": sorted(hex_text(value) for value in redact_values),
+            "redact": sorted(_hex_text(value) for value in redact_values),
             "retry": None
             if retry is None
             else [retry.max_attempts, retry.base_delay, retry.max_delay, retry.budget],
+            "env": [[name.hex(), value.hex()] for name, value in environ.items()],
         },
     ]
+
+
+def read_config(
+    doc: dict[str, Any],
+) -> tuple[dict[str, Any], list[str], list[tuple[bytes, bytes]]]:
+    """The :class:`BridgeConfig` fields that crossed (the callables do not), the redact values
+    and the environment of a :func:`config_message` document."""
+    retry = doc["retry"]
+    fields = {
+        key: doc[key]
+        for key in (
+            "model",
+            "token",
+            "host",
+            "port",
+            "keepalive",
+            "plain_chat_route",
+            "via_litellm",
+            "heartbeat_interval",
+            "keepalive_grace",
+            "keepalive_interval",
+            "max_body_bytes",
+        )
+    }
+    fields["probe_key"] = bytes.fromhex(doc["probe_key"]) or None
+    fields["retry"] = None if retry is None else RetryPolicy(*retry)
+    redact = [_unhex_text(value) for value in doc["redact"]]
+    environ = [(bytes.fromhex(name), bytes.fromhex(value)) for name, value in doc["env"]]
+    return fields, redact, environ

@@ -45,7 +45,7 @@ from typing import TYPE_CHECKING, Any, Final
 import trio
 
 from bridge.errors import BridgeBindError, BridgeProcessError
-from bridge.ipc import config_message, encode_line, environ_message, split_lines
+from bridge.ipc import config_message, encode_line, split_lines
 from bridge.probe import ProbeKey
 from bridge.scrub import ErrorScrubber
 from bridge.server import BridgeConfig, rollout_url
@@ -383,8 +383,7 @@ async def run_bridge_process(
     try:
         sock.setblocking(False)
         channel = _Channel(sock, config.log)
-        message = config_message(config, redact_values)
-        message[1]["env"] = environ_message(os.environb)
+        message = config_message(config, redact_values, os.environb)
         channel.send(message)  # what the socket does not take now, the flush task writes
         redact = ErrorScrubber([config.token], extra=config.redact).scrub
 

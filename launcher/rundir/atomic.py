@@ -74,30 +74,16 @@ def _plain(obj: Any) -> bool:
     no exponent (msgspec writes ``1e16`` and ``1e-05`` differently), all of exactly those
     types (a subclass may render differently, or be refused by one and not the other)."""
     kind = type(obj)
-    if kind is dict:
-        for key, value in obj.items():
-            if type(key) is not str:
-                return False
-            kind = type(value)
-            if kind is str or value is None or kind is bool:
-                continue
-            if kind is int:
-                if not -_INT64 <= value < _INT64:
-                    return False
-            elif kind is float:
-                if not (value == 0.0 or 1e-4 <= abs(value) < 1e16):  # NaN, inf fail both
-                    return False
-            elif not _plain(value):
-                return False
-        return True
-    if kind is list or kind is tuple:
-        return all(map(_plain, obj))
     if kind is str or kind is bool or obj is None:
         return True
     if kind is int:
         return bool(-_INT64 <= obj < _INT64)
     if kind is float:
-        return bool(obj == 0.0 or 1e-4 <= abs(obj) < 1e16)
+        return bool(obj == 0.0 or 1e-4 <= abs(obj) < 1e16)  # NaN and infinity fail both
+    if kind is dict:
+        return all(type(key) is str for key in obj) and all(map(_plain, obj.values()))
+    if kind is list or kind is tuple:
+        return all(map(_plain, obj))
     return False
 
 

@@ -193,56 +193,17 @@ def replay_journal(path: Path) -> JournalReplay:
     return replay
 
 
+@dataclass(eq=False)
 class _Pending:
-    """A record waiting in :meth:`Journal.append`'s group-commit queue, and the task that
-    waits for it (parked until its group is committed, or until it is its turn to commit)."""
+    """A record waiting in :meth:`Journal.append`'s group-commit queue."""
 
-    __slots__ = ("done", "error", "line", "record", "task", "then", "then_error")
-
-    def __init__(
-        self, record: TerminalRecord, line: bytes, then: Callable[[], None] | None
-    ) -> None:
-        self.record = record
-        self.line = line
-        self.then = then
-        self.task: trio.lowlevel.Task | None = None
-        self.done = False
-        self.error: BaseException | None = None
-        self.then_error: BaseException | None = None
-
-
-def _refuse_abort(_: Any) -> trio.lowlevel.Abort:
-    # The waits of an append cannot be cancelled: a caller never returns before the fsync
-    # covering its record, whatever is cancelled meanwhile (a shield, without a cancel scope).
-    return trio.lowlevel.Abort.FAILED
-
-
-async def _park() -> None:
-    """Sleep, uncancellable, until :func:`trio.lowlevel.reschedule` wakes this task."""
-    await trio.lowlevel.wait_task_rescheduled(_refuse_abort)
-
-
-async def _in_thread(fn: Callable[[], None]) -> None:
-    """Run ``fn`` on a worker thread and wait for it, uncancellable (the thread is never
-    abandoned); its exception is raised here. The lean form of ``trio.to_thread.run_sync``
-    for one call at a time (no capacity limiter, no ``trio.from_thread`` in ``fn``)."""
-    task = trio.lowlevel.current_task()
-    token = trio.lowlevel.current_trio_token()
-    failure: list[BaseException] = []
-
-    def work() -> None:
-        try:
-            fn()
-        except BaseException as exc:
-            failure.append(exc)
-
-    def deliver(_: object) -> None:
-        token.run_sync_soon(trio.lowlevel.reschedule, task)
-
-    trio.lowlevel.start_thread_soon(work, deliver)
-    await _park()
-    if failure:
-        raise failure[0]
+    record: TerminalRecord
+    line: bytes
+    then: Callable[[], None] | None = None
+    turn: trio.Event = field(default_factory=trio.Event)
+    done: bool = False
+    error: BaseException | None = None
+    then_error: BaseException | None = None
 
 
 class Journal:
@@ -342,17 +303,17 @@ class Journal:
         The first caller while no write is in progress commits, on a worker thread, every
         record queued by then; callers arriving meanwhile queue up and the next of them
         commits the whole queue with one write and one fsync (group commit). Waiting is
-        uncancellable and the thread is never abandoned, so a record is never half-counted and
+        shielded and the thread is never abandoned, so a record is never half-counted and
         a caller never returns before the fsync covering its record.
         """
         self._check_usable()
         pending = _Pending(record, record.to_line(), then)
         self._queue.append(pending)
-        if self._committing:
-            pending.task = trio.lowlevel.current_task()
-            await _park()
-        if not pending.done:
-            await self._commit_queue()
+        with trio.CancelScope(shield=True):
+            if self._committing:
+                await pending.turn.wait()
+            if not pending.done:
+                await self._commit_queue()
         if pending.error is not None:
             raise pending.error
         if pending.then_error is not None:
@@ -364,22 +325,18 @@ class Journal:
         group, self._queue = self._queue, []
         error: BaseException | None = None
         try:
-            await _in_thread(lambda: self._commit_group(group))
+            await trio.to_thread.run_sync(self._commit_group, group)
         except BaseException as exc:
             error = exc  # every caller of the group learns that its record did not count
         finally:
             for p in group:
                 p.done = True
                 p.error = error
-                if p.task is not None:
-                    trio.lowlevel.reschedule(p.task)
+                p.turn.set()
             self._committing = False
             if self._queue:
                 # The next caller in line commits everything queued during this write.
-                nxt = self._queue[0]
-                assert nxt.task is not None  # it arrived while this write ran, so it waits
-                trio.lowlevel.reschedule(nxt.task)
-                nxt.task = None
+                self._queue[0].turn.set()
                 self._committing = True
 
     def close(self) -> None:
