@@ -2,9 +2,12 @@
 
 Run: ``.venv/bin/python scripts/bench/bench_eval.py`` (about 3 minutes on 2 cores).
 
-The model is ``openai/fake-model`` served by the test suite's fake OpenAI-compatible upstream
-(in this process), so upstream latency is a knob. The rollout is the example echo workflow on
-an unbounded LocalBackend. Every target of issue 15 is printed as one line
+The model is ``openai/fake-model`` served by a fake OpenAI-compatible upstream, so upstream
+latency is a knob: by default tests/fakes/lean_upstream.py in a process of its own (about
+0.07 ms of CPU per call, see scripts/bench/bench_upstreams.py), or with ``--upstream
+inprocess`` the test suite's FakeUpstream in this process (hypercorn, about 0.7 ms per call,
+taken from the same 2 cores the measured processes use), to reproduce the older figures. The
+rollout is the example echo workflow on an unbounded LocalBackend. Every target of issue 15 is printed as one line
 ``target <what>: measured X, ratio Y, met/not met`` (ratio = measured / limit, so <= 1 is met):
 
 1. 1000 rows at 0 ms, 50 in flight: the whole run's wall time against the reference's
@@ -53,8 +56,9 @@ import subprocess
 import sys
 import time
 from datetime import UTC, datetime
+from functools import partial
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import psutil
 import trio
@@ -62,6 +66,7 @@ import trio
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO))
 
+from tests.fakes.lean_upstream import run_lean_upstream  # noqa: E402
 from tests.fakes.upstream import FakeUpstream, run_fake_upstream  # noqa: E402
 
 BENCH = REPO / ".bench" / "eval"
@@ -205,16 +210,49 @@ def median_item_ms(run_dir: Path) -> float:
     return float(durations[len(durations) // 2])
 
 
-async def serve_upstream(*, task_status: trio.TaskStatus[FakeUpstream]) -> None:
-    """The fake provider with a deep listen backlog: a real provider does not drop SYNs."""
-    await run_fake_upstream(backlog=4096, task_status=task_status)
+UPSTREAM = "lean"
+"""``--upstream``: ``lean`` (its own process) or ``inprocess`` (FakeUpstream in this one)."""
+
+
+class Upstream(Protocol):
+    """What the cases need of the fake provider."""
+
+    @property
+    def v1(self) -> str: ...
+
+    async def set_delay(self, seconds: float) -> None: ...
+
+
+class InProcessUpstream:
+    """FakeUpstream (in this process) behind the :class:`Upstream` interface."""
+
+    def __init__(self, fake: FakeUpstream) -> None:
+        self.fake = fake
+
+    @property
+    def v1(self) -> str:
+        return self.fake.v1
+
+    async def set_delay(self, seconds: float) -> None:
+        self.fake.delay = seconds
+
+
+async def serve_upstream(*, task_status: trio.TaskStatus[Upstream]) -> None:
+    """The fake provider with a deep listen backlog (4096; the lean one always has it): a
+    real provider does not drop SYNs."""
+    if UPSTREAM == "lean":
+        await run_lean_upstream(task_status=task_status)
+        return
+    async with trio.open_nursery() as nursery:
+        fake = await nursery.start(partial(run_fake_upstream, backlog=4096))
+        task_status.started(InProcessUpstream(fake))
 
 
 async def run_eval(
     ws: Path,
     config: str,
     name: str,
-    upstream: FakeUpstream,
+    upstream: Upstream,
     in_flight: int,
     backlog: int | None = None,
     tree: Path | None = None,
@@ -370,7 +408,7 @@ async def main(cases: set[int], large: int) -> None:
     ws = setup()
     configs = {n: dataset(ws, n) for n in {50, 200, 1000, large}}
     async with trio.open_nursery() as nursery:
-        upstream: FakeUpstream = await nursery.start(serve_upstream)
+        upstream: Upstream = await nursery.start(serve_upstream)
         out: dict[str, Any] = {}
 
         # Warm-up run (also primes OS caches for the rollout env and the CLI's imports).
@@ -393,10 +431,10 @@ async def main(cases: set[int], large: int) -> None:
 
 
 async def case_fast(
-    ws: Path, configs: dict[int, str], upstream: FakeUpstream, out: dict[str, Any]
+    ws: Path, configs: dict[int, str], upstream: Upstream, out: dict[str, Any]
 ) -> None:
     """Case 1: 1000 rows at 0 ms upstream."""
-    upstream.delay = 0.0
+    await upstream.set_delay(0.0)
     base = None
     if BASELINE_TREE is not None:
         base = await run_eval(ws, configs[1000], "fast-1000-base", upstream, 50, tree=BASELINE_TREE)
@@ -450,10 +488,10 @@ async def case_fast(
 
 
 async def case_latency(
-    ws: Path, configs: dict[int, str], upstream: FakeUpstream, out: dict[str, Any]
+    ws: Path, configs: dict[int, str], upstream: Upstream, out: dict[str, Any]
 ) -> None:
     """Case 2: 1000 rows at 500 ms upstream, 200 in flight."""
-    upstream.delay = 0.5
+    await upstream.set_delay(0.5)
     fixed = out["fast"]["median_item_ms"] / 1000
     ideal = 1000 / 200 * 0.5 + fixed
     print(f"2) 1000 rows, 500 ms upstream, 200 in flight (ideal {ideal:.2f} s)")
@@ -476,10 +514,10 @@ async def case_latency(
 
 
 async def case_wide(
-    ws: Path, configs: dict[int, str], upstream: FakeUpstream, out: dict[str, Any]
+    ws: Path, configs: dict[int, str], upstream: Upstream, out: dict[str, Any]
 ) -> None:
     """Case 3: 1000 rollouts in flight at 5 s upstream."""
-    upstream.delay = 5.0
+    await upstream.set_delay(5.0)
     fixed = out["fast"]["median_item_ms"] / 1000
     ideal = 1000 / 1000 * 5.0 + fixed
     print(
@@ -494,10 +532,10 @@ async def case_wide(
 
 
 async def case_scale(
-    ws: Path, configs: dict[int, str], upstream: FakeUpstream, out: dict[str, Any], large: int
+    ws: Path, configs: dict[int, str], upstream: Upstream, out: dict[str, Any], large: int
 ) -> None:
     """Case 4: per-item cost at 200 vs ``large`` rows."""
-    upstream.delay = 0.0
+    await upstream.set_delay(0.0)
     small = await run_eval(ws, configs[200], "scale-200", upstream, 50)
     big = await run_eval(ws, configs[large], f"scale-{large}", upstream, 50)
     print(f"4) per-item cost, 0 ms upstream, 50 in flight: 200 vs {large:,} rows")
@@ -520,10 +558,10 @@ async def case_scale(
 
 
 async def case_slow_model(
-    ws: Path, configs: dict[int, str], upstream: FakeUpstream, out: dict[str, Any]
+    ws: Path, configs: dict[int, str], upstream: Upstream, out: dict[str, Any]
 ) -> None:
     """Case 5: a model that answers in 5 s delays the first dispatch by the preflight only."""
-    upstream.delay = 5.0
+    await upstream.set_delay(5.0)
     base = None
     if BASELINE_TREE is not None:
         base = await run_eval(ws, configs[50], "slow-model-base", upstream, 50, tree=BASELINE_TREE)
@@ -583,7 +621,9 @@ if __name__ == "__main__":
     parser.add_argument("--profile", type=Path, default=None)
     parser.add_argument("--py-spy", type=Path, default=None, dest="py_spy")
     parser.add_argument("--against", type=Path, default=None)
+    parser.add_argument("--upstream", choices=("lean", "inprocess"), default="lean")
     args = parser.parse_args()
+    UPSTREAM = args.upstream
     if args.against is not None:
         BASELINE_TREE = args.against.resolve()
     if args.profile is not None:
@@ -592,6 +632,6 @@ if __name__ == "__main__":
     if args.py_spy is not None:
         args.py_spy.mkdir(parents=True, exist_ok=True)
         PYSPY_DIR = args.py_spy.resolve()
-    print(f"load average at start: {os.getloadavg()}")
+    print(f"load average at start: {os.getloadavg()}; fake upstream: {UPSTREAM}")
     trio.run(main, set(args.case or (1, 2, 3, 4, 5, 6)), args.large)
     print(f"load average at end: {os.getloadavg()}")
