@@ -13,7 +13,11 @@ URLs, accounts: :func:`is_provider_env_name`); the bridge holds those. It gets a
 that kind only when the eval config names it in ``[env]`` or ``[secrets]``.
 
 ``/health`` is read through :class:`rollout_server.client.RolloutClient` and its
-:class:`~rollout_server.protocol.HealthReport`, the one reader of that body.
+:class:`~rollout_server.protocol.HealthReport`, the one reader of that body. Each attempt
+makes one client, right after the spawn (building it loads the CA bundle and the HTTP pools,
+which overlaps the server's own start-up), and a healthy server keeps it for the run: the
+health wait, the capacity probe and the whole dispatch share its keep-alive connections, so
+nothing of the kind is built between "healthy" and the first dispatch.
 """
 
 from __future__ import annotations
@@ -52,7 +56,6 @@ __all__ = [
     "ServerLaunch",
     "code_error",
     "is_provider_env_name",
-    "loopback_http_client",
     "rollout_base_env",
     "start_rollout_server",
 ]
@@ -145,6 +148,8 @@ class RolloutServer:
     health: HealthReport
     """The ``/health`` answer that proved the server ours."""
     record_path: Path
+    client: RolloutClient
+    """The run's client of this server (health, capacity, dispatch); :meth:`stop` closes it."""
     stopping: bool = False
 
     @property
@@ -155,28 +160,27 @@ class RolloutServer:
     @property
     def base_url(self) -> str:
         """Where the supervisor talks to the server (always loopback)."""
-        return f"http://127.0.0.1:{self.port}"
+        return _loopback_url(self.port)
 
     async def stop(self, grace: float = STOP_GRACE_S, hurry: trio.Event | None = None) -> bool:
-        """Stop the server's process group and remove ``server.json`` (whatever happens)."""
+        """Stop the server's process group, remove ``server.json`` and close the client
+        (whatever happens)."""
         self.stopping = True
         try:
             return await self.child.stop(grace, hurry)
         finally:
             with contextlib.suppress(FileNotFoundError):
                 self.record_path.unlink()
+            with trio.CancelScope(shield=True):
+                await self.client.aclose()
 
-    async def probe_capacity(self, client: httpx.AsyncClient | None = None) -> int | None:
+    async def probe_capacity(self) -> int | None:
         """A second ``/health`` probe after start-up, read only for the capacity (a failed
-        probe counts as no cap). ``client`` is an HTTP pool to share, if any."""
-        async with contextlib.AsyncExitStack() as stack:
-            if client is None:
-                client = await stack.enter_async_context(loopback_http_client())
-            async with _health_client(self.base_url, client) as rollout:
-                try:
-                    health = await rollout.health()
-                except (RolloutClientError, httpx.HTTPError):
-                    return None
+        probe counts as no cap)."""
+        try:
+            health = await self.client.health()
+        except (RolloutClientError, httpx.HTTPError):
+            return None
         return health.capacity
 
 
@@ -274,13 +278,6 @@ def _child_env(launch: ServerLaunch, port: int, instance_id: str) -> dict[str, s
     )
 
 
-def loopback_http_client() -> httpx.AsyncClient:
-    """An HTTP client for plain HTTP to this machine's own servers: no proxy from the
-    environment, and no CA bundle loaded (creating a verifying client loads one: about 0.1 s
-    of CPU per client, on the way to the first dispatch)."""
-    return httpx.AsyncClient(trust_env=False, verify=False)
-
-
 def _announcing(sink: OutputSink, port: int, announced: trio.Event) -> OutputSink:
     """``sink``, which also sets ``announced`` at the first output line naming ``:<port>``
     (ours prints "rollout server listening on http://127.0.0.1:<port>", uvicorn "running on
@@ -295,20 +292,28 @@ def _announcing(sink: OutputSink, port: int, announced: trio.Event) -> OutputSin
     return forward
 
 
-def _health_client(base_url: str, http: httpx.AsyncClient | None) -> RolloutClient:
-    return RolloutClient(base_url, http_client=http, health_timeout_sec=HEALTH_REQUEST_TIMEOUT_S)
+def _loopback_url(port: int) -> str:
+    return f"http://127.0.0.1:{port}"
+
+
+def _run_client(child: Child, port: int) -> RolloutClient:
+    """The client of a server just spawned on ``port``: it retries a connect-phase failure of
+    an admission or a long-poll while ``child`` runs (the server may be slow to accept)."""
+    return RolloutClient(
+        _loopback_url(port),
+        health_timeout_sec=HEALTH_REQUEST_TIMEOUT_S,
+        server_alive=lambda: child.returncode is None,
+    )
 
 
 async def _wait_healthy(
     child: Child,
-    client: httpx.AsyncClient,
-    base_url: str,
+    rollout: RolloutClient,
     instance_id: str,
     launch: ServerLaunch,
     redact: Callable[[str], str],
     announced: trio.Event,
 ) -> HealthReport:
-    rollout = _health_client(base_url, client)
     with trio.move_on_after(HEALTH_DEADLINE_S):
         while True:
             if child.returncode is not None:
@@ -338,7 +343,7 @@ async def _wait_healthy(
                 continue
             if health.instance_id != instance_id:
                 raise _StartupFailure(
-                    f"another process is already listening on {base_url} and its /health "
+                    f"another process is already listening on {rollout.url} and its /health "
                     f"reports instance_id={health.instance_id!r} instead of this run's; stop it, "
                     "or choose a different --rollout-port"
                 )
@@ -377,58 +382,59 @@ async def start_rollout_server(
         )
     attempts = 1 if launch.fixed_port is not None else 2
     record_path = launch.run_dir / SERVER_RECORD
-    async with loopback_http_client() as client:
-        for attempt in range(1, attempts + 1):
-            port = launch.fixed_port if launch.fixed_port is not None else _free_port()
-            instance_id = uuid.uuid4().hex
-            stage(f"starting rollout server ({launch.entrypoint.name})")
-            log(
-                "INFO",
-                "server",
-                f"starting rollout server ({launch.entrypoint.name})",
-                {"attempt": attempt, "port": port},
+    for attempt in range(1, attempts + 1):
+        port = launch.fixed_port if launch.fixed_port is not None else _free_port()
+        instance_id = uuid.uuid4().hex
+        stage(f"starting rollout server ({launch.entrypoint.name})")
+        log(
+            "INFO",
+            "server",
+            f"starting rollout server ({launch.entrypoint.name})",
+            {"attempt": attempt, "port": port},
+        )
+        env = _child_env(launch, port, instance_id)
+        announced = trio.Event()
+        try:
+            child = await spawn_child(
+                nursery,
+                [launch.python, launch.entrypoint],
+                cwd=launch.rollout_dir,
+                env=env,
+                sink=_announcing(sink, port, announced),
+                name="rollout-server",
             )
-            env = _child_env(launch, port, instance_id)
-            announced = trio.Event()
-            try:
-                child = await spawn_child(
-                    nursery,
-                    [launch.python, launch.entrypoint],
-                    cwd=launch.rollout_dir,
-                    env=env,
-                    sink=_announcing(sink, port, announced),
-                    name="rollout-server",
-                )
-            except OSError as exc:
-                raise LocalEvalError(f"could not start the rollout server: {exc}") from None
-            try:
-                write_record(record_path, owner_record(child.pid, instance_id, port))
-            except OSError as exc:
-                await child.stop(STOP_GRACE_S)
-                with contextlib.suppress(FileNotFoundError):
-                    record_path.unlink()
-                raise LocalEvalError(
-                    f"could not record the rollout server process for orphan cleanup: {exc}"
-                ) from None
-            server = RolloutServer(child, port, instance_id, HealthReport(), record_path)
-            try:
-                server.health = await _wait_healthy(
-                    child, client, server.base_url, instance_id, launch, redact, announced
-                )
-            except _CodeFailure as exc:
-                await server.stop(STOP_GRACE_S)
-                raise LocalEvalError(str(exc)) from None
-            except _StartupFailure as exc:
-                await server.stop(STOP_GRACE_S)
-                if attempt < attempts:
-                    log("WARNING", "server", "retrying startup on a new port", {"error": str(exc)})
-                    continue
-                raise LocalEvalError(str(exc)) from None
-            except BaseException:
-                # Nothing was dispatched yet, so the ordinary grace is enough.
-                await server.stop(STOP_GRACE_S)
-                raise
-            log("INFO", "server", f"rollout server healthy on port {port}", {"port": port})
-            stage(f"rollout server healthy on port {port}")
-            return server
+        except OSError as exc:
+            raise LocalEvalError(f"could not start the rollout server: {exc}") from None
+        try:
+            write_record(record_path, owner_record(child.pid, instance_id, port))
+        except OSError as exc:
+            await child.stop(STOP_GRACE_S)
+            with contextlib.suppress(FileNotFoundError):
+                record_path.unlink()
+            raise LocalEvalError(
+                f"could not record the rollout server process for orphan cleanup: {exc}"
+            ) from None
+        server = RolloutServer(
+            child, port, instance_id, HealthReport(), record_path, _run_client(child, port)
+        )
+        try:
+            server.health = await _wait_healthy(
+                child, server.client, instance_id, launch, redact, announced
+            )
+        except _CodeFailure as exc:
+            await server.stop(STOP_GRACE_S)
+            raise LocalEvalError(str(exc)) from None
+        except _StartupFailure as exc:
+            await server.stop(STOP_GRACE_S)
+            if attempt < attempts:
+                log("WARNING", "server", "retrying startup on a new port", {"error": str(exc)})
+                continue
+            raise LocalEvalError(str(exc)) from None
+        except BaseException:
+            # Nothing was dispatched yet, so the ordinary grace is enough.
+            await server.stop(STOP_GRACE_S)
+            raise
+        log("INFO", "server", f"rollout server healthy on port {port}", {"port": port})
+        stage(f"rollout server healthy on port {port}")
+        return server
     raise AssertionError("unreachable")  # pragma: no cover

@@ -49,7 +49,6 @@ from launcher.sandbox_probe import SandboxRouting, probe_for_services
 from launcher.secrets import read_secrets_file, resolve_secrets, scoped_environ
 from launcher.signals import Interrupts
 from launcher.ui import CLI_VERSION, UI
-from rollout_server.client import RolloutClient
 from tunnel.errors import TunnelError
 from tunnel.plan import TunnelDecision, choose_tunnel
 
@@ -105,18 +104,9 @@ class Services:
     endpoint: BridgeEndpoint
     routing: SandboxRouting | None = None
 
-    @asynccontextmanager
-    async def rollout_transport(
-        self, admission_timeout_s: float
-    ) -> AsyncIterator[RolloutClientTransport]:
-        """A long-poll client to the rollout server, for the length of a dispatch."""
-        server = self.server
-        async with RolloutClient(
-            server.base_url,
-            admission_timeout_sec=admission_timeout_s,
-            server_alive=lambda: server.child.returncode is None,
-        ) as client:
-            yield RolloutClientTransport(client, server)
+    def rollout_transport(self) -> RolloutClientTransport:
+        """The dispatch's transport: the server's own client (built during its start-up)."""
+        return RolloutClientTransport(self.server.client, self.server)
 
     async def live_usage(self, run_dir: Path, in_flight: Callable[[], int]) -> None:
         """Keep ``<run>/usage_live.json`` (the bridge's usage of the rollouts in flight) current

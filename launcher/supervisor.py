@@ -276,43 +276,37 @@ class Supervisor:
             grader_timeout_sec=spec.grader_timeout_sec,
         )
         concurrency = services.concurrency
-        admission_timeout = limits.item_deadline_s * max(1, concurrency)
         workers = max(1, min(concurrency, len(pending)))
         limit = InFlightLimit(
             workers,
             milestone=partial(self.stage, step="schedule"),
             log=lambda message: self.log("INFO", "schedule", message),
         )
-        async with services.rollout_transport(admission_timeout) as transport:
-            dispatcher = Dispatcher(
-                pending,
-                concurrency=concurrency,
-                transport=transport,
-                endpoint=services.endpoint,
-                sink=RunSink(
-                    rd, self.prepared.redactor, self.log, self.ui.progress_update, self._halt
-                ),
-                limits=limits,
-                interrupts=self.interrupts,
-                log=self.log,
-                limit=limit,
-            )
-            self.stage(
-                f"running {len(pending)} work items, up to {workers} in flight", step="schedule"
-            )
-            total = self.prepared.meta.total_work_items
-            self.ui.open_progress(total, rd.counters, len(pending), lambda: limit.in_flight)
-            try:
-                async with trio.open_nursery() as watchers:
-                    watchers.start_soon(
-                        services.watch_faults, partial(dispatcher.halt, cancel_all=True)
-                    )
-                    watchers.start_soon(limit.follow, services.bridge.ledger.pressure)
-                    watchers.start_soon(services.live_usage, rd.path, lambda: limit.in_flight)
-                    self.dispatch_report = await dispatcher.run()
-                    watchers.cancel_scope.cancel()
-            finally:
-                self.ui.close_progress()
+        dispatcher = Dispatcher(
+            pending,
+            concurrency=concurrency,
+            transport=services.rollout_transport(),
+            endpoint=services.endpoint,
+            sink=RunSink(rd, self.prepared.redactor, self.log, self.ui.progress_update, self._halt),
+            limits=limits,
+            interrupts=self.interrupts,
+            log=self.log,
+            limit=limit,
+        )
+        self.stage(f"running {len(pending)} work items, up to {workers} in flight", step="schedule")
+        total = self.prepared.meta.total_work_items
+        self.ui.open_progress(total, rd.counters, len(pending), lambda: limit.in_flight)
+        try:
+            async with trio.open_nursery() as watchers:
+                watchers.start_soon(
+                    services.watch_faults, partial(dispatcher.halt, cancel_all=True)
+                )
+                watchers.start_soon(limit.follow, services.bridge.ledger.pressure)
+                watchers.start_soon(services.live_usage, rd.path, lambda: limit.in_flight)
+                self.dispatch_report = await dispatcher.run()
+                watchers.cancel_scope.cancel()
+        finally:
+            self.ui.close_progress()
 
     # -- reporting -----------------------------------------------------------------------
 

@@ -58,7 +58,13 @@ from launcher.rundir.logs import RunLog, utc_now_iso
 from launcher.rundir.manifest import GateOutcome, Manifest, manifest_gate
 from launcher.rundir.metrics import LiveCounters, aggregate_metrics
 from launcher.rundir.names import validate_run_name
-from launcher.rundir.projections import index_line, index_row, load_valid_trajectory, project_item
+from launcher.rundir.projections import (
+    index_line,
+    index_row,
+    load_valid_trajectory,
+    project_item,
+    read_valid_trajectory,
+)
 
 __all__ = [
     "FailedRow",
@@ -470,12 +476,12 @@ class RunDirectory:
         warnings: list[tuple[str, dict[str, Any]]],
         require_trajectory: bool = False,
     ) -> bool:
-        trajectory = load_valid_trajectory(self.trials_dir, record.rollout_id)
+        trajectory = read_valid_trajectory(self.trials_dir, record.rollout_id)
         if trajectory is None and require_trajectory:
             return False
         if record.key not in self._expected:
             return True
-        row = index_row(record, trajectory, resumed=False)
+        row = index_row(record, trajectory.doc if trajectory else None, resumed=False)
         self._rows[record.key] = row
         self._current.pop(record.key, None)
         line = index_line(row)
@@ -490,6 +496,7 @@ class RunDirectory:
             record,
             trajectory_valid=trajectory is not None,
             warn=lambda message, details: warnings.append((message, details)),
+            trajectory=trajectory,
         )
         if trajectory is not None:
             self._current[record.key] = record.rollout_id
@@ -598,10 +605,15 @@ class RunDirectory:
             if reuse and self._current.get(key) == record.rollout_id and key in previous:
                 rows[key] = previous[key]
                 continue
-            trajectory = load_valid_trajectory(self.trials_dir, record.rollout_id)
-            rows[key] = index_row(record, trajectory, resumed=key not in self._fresh)
+            trajectory = read_valid_trajectory(self.trials_dir, record.rollout_id)
+            doc = trajectory.doc if trajectory is not None else None
+            rows[key] = index_row(record, doc, resumed=key not in self._fresh)
             project_item(
-                self.path, record, trajectory_valid=trajectory is not None, warn=self._warn
+                self.path,
+                record,
+                trajectory_valid=trajectory is not None,
+                warn=self._warn,
+                trajectory=trajectory,
             )
             if trajectory is not None:
                 self._current[key] = record.rollout_id

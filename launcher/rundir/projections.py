@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from launcher.rundir.atomic import atomic_copy_file
+from launcher.rundir.atomic import atomic_copy_bytes, atomic_copy_file, read_to_end
 from launcher.rundir.journal import TerminalRecord
 
 __all__ = [
@@ -24,12 +24,14 @@ __all__ = [
     "INDEX_KEYS",
     "TRAJECTORY_FILENAME",
     "SafeArtifacts",
+    "TrajectoryFile",
     "index_line",
     "index_row",
     "load_failure_detail",
     "load_valid_trajectory",
     "project_item",
     "projection_stem",
+    "read_valid_trajectory",
     "safe_artifacts",
     "trajectory_identity",
     "trajectory_usage",
@@ -83,24 +85,44 @@ def trajectory_identity(doc: dict[str, Any]) -> str | None:
     return None
 
 
-def load_valid_trajectory(trials_dir: Path, rollout_id: str) -> dict[str, Any] | None:
-    """The parsed ``rollout_trials/<id>/trajectory.json`` if it is a real file holding a JSON
-    object whose identity is ``rollout_id``; None otherwise (symlinks are never followed)."""
+@dataclass(frozen=True)
+class TrajectoryFile:
+    """A valid ``trajectory.json`` as it was read: the document, the file's bytes and its
+    status (what :func:`project_item` needs to copy it without reading it again)."""
+
+    doc: dict[str, Any]
+    data: bytes
+    status: os.stat_result
+
+
+def read_valid_trajectory(trials_dir: Path, rollout_id: str) -> TrajectoryFile | None:
+    """``rollout_trials/<id>/trajectory.json`` if it is a real file holding a JSON object
+    whose identity is ``rollout_id``; None otherwise (symlinks are never followed)."""
     trial = trials_dir / rollout_id
-    if trial.is_symlink() or not trial.is_dir():
+    mode = _lstat_mode(trial)  # a link to a directory is not one here
+    if mode is None or not stat.S_ISDIR(mode):
         return None
     try:
         fd = os.open(trial / TRAJECTORY_FILENAME, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0))
     except OSError:
         return None
     try:
-        with os.fdopen(fd, "rb") as fh:
-            doc = json.loads(fh.read())
+        status = os.fstat(fd)
+        data = read_to_end(fd, status.st_size)
+        doc = json.loads(data)
     except (OSError, ValueError):
         return None
+    finally:
+        os.close(fd)
     if not isinstance(doc, dict) or trajectory_identity(doc) != rollout_id:
         return None
-    return doc
+    return TrajectoryFile(doc, data, status)
+
+
+def load_valid_trajectory(trials_dir: Path, rollout_id: str) -> dict[str, Any] | None:
+    """The parsed document of :func:`read_valid_trajectory`, or None."""
+    found = read_valid_trajectory(trials_dir, rollout_id)
+    return found.doc if found is not None else None
 
 
 def load_failure_detail(trials_dir: Path, rollout_id: str) -> dict[str, Any] | None:
@@ -267,16 +289,25 @@ def _lstat_mode(path: Path) -> int | None:
         return None
 
 
-def _same_file(src: Path, dst: Path) -> bool:
+def _is_copy_of(source: os.stat_result, dst: Path) -> bool:
+    """Whether ``dst`` is a regular file with ``source``'s size and mtime (a copy keeps it)."""
     try:
-        a, b = os.stat(src), os.lstat(dst)
+        copy = os.lstat(dst)
     except OSError:
         return False
-    return a.st_size == b.st_size and a.st_mtime_ns == b.st_mtime_ns and not stat.S_ISLNK(b.st_mode)
+    return (
+        source.st_size == copy.st_size
+        and source.st_mtime_ns == copy.st_mtime_ns
+        and not stat.S_ISLNK(copy.st_mode)
+    )
 
 
 def _copy_if_changed(src: Path, dst: Path, *, durable: bool) -> None:
-    if not _same_file(src, dst):
+    try:
+        source = os.stat(src)
+    except OSError:
+        source = None
+    if source is None or not _is_copy_of(source, dst):
         atomic_copy_file(src, dst, durable=durable)
 
 
@@ -287,18 +318,24 @@ def project_item(
     trajectory_valid: bool,
     warn: Warn | None = None,
     durable: bool = False,
+    trajectory: TrajectoryFile | None = None,
 ) -> None:
     """Make ``trajectories/<stem>.json`` and ``artifacts/<stem>/`` mirror this record's attempt.
 
     Files already identical (size and mtime) are left alone, stale files are removed, so the
     same call serves the per-item update and the full refresh at start and finalize. Unsafe
     artifacts are skipped with ``warn(message, details)``; nothing here is fatal for the run
-    except I/O errors on the run directory itself.
+    except I/O errors on the run directory itself. ``trajectory``, the valid trajectory the
+    caller has just read (:func:`read_valid_trajectory`), is copied from those bytes: the
+    copy is then exactly the document that was validated, and the file is not read twice.
     """
     stem = projection_stem(record.row_index, record.run_index)
     trial = run_dir / "rollout_trials" / record.rollout_id
     traj_dst = run_dir / "trajectories" / f"{stem}.json"
-    if trajectory_valid:
+    if trajectory is not None:
+        if not _is_copy_of(trajectory.status, traj_dst):
+            atomic_copy_bytes(traj_dst, trajectory.data, trajectory.status, durable=durable)
+    elif trajectory_valid:
         _copy_if_changed(trial / TRAJECTORY_FILENAME, traj_dst, durable=durable)
     elif traj_dst.exists() or traj_dst.is_symlink():
         traj_dst.unlink()

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import stat
 from pathlib import Path
 
@@ -15,6 +16,7 @@ from launcher.rundir.projections import (
     index_row,
     load_valid_trajectory,
     project_item,
+    read_valid_trajectory,
     safe_artifacts,
     trajectory_identity,
     trajectory_usage,
@@ -181,6 +183,32 @@ def test_project_item_copies_then_mirrors_changes(tmp_path: Path) -> None:
     # No valid trajectory and no artifacts: both projections disappear.
     project_item(tmp_path, rec(rollout_id="c" * 32), trajectory_valid=False)
     assert not traj.exists() and not art.exists()
+
+
+def test_a_trajectory_read_once_is_copied_as_validated(tmp_path: Path) -> None:
+    trial = write_trajectory(tmp_path, steps=[{"step_id": 1}])
+    os.utime(trial / "trajectory.json", ns=(1_000_000_000, 2_000_000_000))
+    found = read_valid_trajectory(tmp_path / "rollout_trials", RID)
+    assert found is not None and found.doc["steps"] == [{"step_id": 1}]
+    # Rewritten after it was read (and validated): the projection is the validated document.
+    (trial / "trajectory.json").write_text(json.dumps({"session_id": "someone else"}))
+    project_item(tmp_path, rec(), trajectory_valid=True, trajectory=found)
+    copy = tmp_path / "trajectories" / "row_1_run_0.json"
+    assert copy.read_bytes() == found.data
+    assert copy.stat().st_mtime_ns == 2_000_000_000  # the source's mtime, as a copy keeps it
+    assert stat.S_IMODE(copy.stat().st_mode) == 0o600
+    inode = copy.stat().st_ino
+    project_item(tmp_path, rec(), trajectory_valid=True, trajectory=found)
+    assert copy.stat().st_ino == inode  # identical already: not rewritten
+
+
+def test_read_valid_trajectory_refuses_a_linked_trial(tmp_path: Path) -> None:
+    real = write_trajectory(tmp_path / "elsewhere")
+    trials = tmp_path / "rollout_trials"
+    trials.mkdir()
+    (trials / RID).symlink_to(real, target_is_directory=True)
+    assert read_valid_trajectory(trials, RID) is None
+    assert load_valid_trajectory(trials, RID) is None
 
 
 def test_project_item_skips_identical_copies(tmp_path: Path) -> None:

@@ -15,6 +15,7 @@ import trio
 import launcher.rundir.directory as rundir_module
 from launcher.errors import CLIError
 from launcher.rundir.journal import Journal, replay_journal
+from launcher.rundir.projections import TrajectoryFile
 from tests.launcher.unit.test_journal import rec
 from tests.launcher.unit.test_rundir import open_rd, record, selection
 
@@ -150,12 +151,18 @@ async def test_a_present_trajectory_is_read_once(
     rid = "a" * 32
     _write_trajectory(rd.trial_dir(rid), rid)
     loads: list[str] = []
+    real_read = rundir_module.read_valid_trajectory
     real_load = rundir_module.load_valid_trajectory
+
+    def counting_read(trials_dir: Path, rollout_id: str) -> TrajectoryFile | None:
+        loads.append(rollout_id)
+        return real_read(trials_dir, rollout_id)
 
     def counting_load(trials_dir: Path, rollout_id: str) -> dict | None:
         loads.append(rollout_id)
         return real_load(trials_dir, rollout_id)
 
+    monkeypatch.setattr(rundir_module, "read_valid_trajectory", counting_read)
     monkeypatch.setattr(rundir_module, "load_valid_trajectory", counting_load)
     with trio.fail_after(20):
         await rd.record_result(record(0, 0, rollout_id=rid), wait_for_trajectory=True)
