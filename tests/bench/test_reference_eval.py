@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import os
 import re
 import sys
 from pathlib import Path
@@ -109,6 +110,17 @@ def test_a_run_the_upstream_did_not_see_is_refused(tmp_path: Path) -> None:
 async def test_the_reference_runs_every_row_through_the_upstream(
     fake_upstream: FakeUpstream, tmp_path: Path
 ) -> None:
+    if (
+        not sys.modules["reference_setup"].ENV_DIR.exists()
+        and os.environ.get("ROLLBRIDGE_BUILD_REFERENCE") != "1"
+    ):
+        # The first build installs osmosis-ai[eval] (about 630 MB, 2 minutes): a benchmark's
+        # cost, not one every CI run on a fresh machine should pay.
+        print(
+            "SKIP reference eval: not built (run scripts/bench/reference_eval.py once, or set "
+            "ROLLBRIDGE_BUILD_REFERENCE=1)"
+        )
+        pytest.skip("the reference eval is not built here; ROLLBRIDGE_BUILD_REFERENCE=1 builds it")
     try:
         find_python312()
     except NoPython312 as exc:
