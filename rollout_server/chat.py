@@ -14,12 +14,13 @@ custom timeouts, a client a test or tool put in the context) goes through httpx 
 
 from __future__ import annotations
 
+import functools
 import ipaddress
 import json
 from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
 
-from .sdk import RolloutContext, get_rollout_context, is_shared_client
+from .sdk import RolloutContext, get_rollout_context, given_http_client, is_shared_client
 
 if TYPE_CHECKING:
     import httpx
@@ -49,18 +50,30 @@ def _loopback(host: str) -> bool:
         return False
 
 
+@functools.lru_cache(maxsize=64)
+def _lean_origin(netloc: str) -> tuple[str, int] | None:
+    """``(host, port)`` when a plain-HTTP URL's authority ``netloc`` is a loopback host
+    without credentials. Cached: a run's rollouts call URLs that differ only in their paths,
+    and parsing the authority and the address is most of the cost of this routing."""
+    parts = urlsplit(f"http://{netloc}")
+    host = parts.hostname
+    if host is None or parts.username or parts.password or not _loopback(host):
+        return None
+    try:
+        return host, parts.port or 80
+    except ValueError:
+        return None
+
+
 def _lean_target(url: str) -> tuple[H1Pool, bytes] | None:
     """The pool and request target for ``url`` when it is plain HTTP to a loopback host."""
     if not url.startswith("http://"):
         return None
     parts = urlsplit(url)
-    host = parts.hostname
-    if host is None or parts.username or parts.password or parts.fragment or not _loopback(host):
+    origin = _lean_origin(parts.netloc)
+    if origin is None or parts.fragment:
         return None
-    try:
-        port = parts.port or 80
-    except ValueError:
-        return None
+    host, port = origin
     global _POOLS
     if _POOLS is None:
         from trio.lowlevel import RunVar
@@ -102,9 +115,6 @@ async def chat(
     Must run inside a rollout (or be given ``ctx``). ``http_timeout`` overrides the default
     (600 s total, 10 s connect). Returns the parsed response body.
     """
-    # Imported here: a rollout's main.py imports chat, and httpx is not needed before a call.
-    import httpx
-
     ctx = ctx or get_rollout_context()
     if ctx is None:
         raise RuntimeError("chat() needs a rollout context: call it from a workflow or grader")
@@ -113,9 +123,12 @@ async def chat(
     url = ctx.chat_completions_url.rstrip("/") + "/chat/completions"
     headers = {"Authorization": f"Bearer {ctx.api_key}"} if ctx.api_key else {}
     body = {"model": model, "messages": messages, **params}
+    # The context's own client, not one its factory would make for this read: that one is
+    # the server's shared client, which the lean path bypasses anyway.
+    given = given_http_client(ctx)
     lean = (
         _lean_target(url)
-        if http_timeout is None and (ctx.http_client is None or is_shared_client(ctx.http_client))
+        if http_timeout is None and (given is None or is_shared_client(given))
         else None
     )
     if lean is not None:
@@ -135,6 +148,10 @@ async def chat(
             raise ChatError(reply.status_code, reply.content.decode("utf-8", "replace"), url)
         answer: dict[str, Any] = json.loads(reply.content)
         return answer
+    # Imported here, not on the lean path: a server whose rollouts only take that path never
+    # imports httpx (about 30 ms of CPU).
+    import httpx
+
     request_timeout = (
         http_timeout
         if http_timeout is not None

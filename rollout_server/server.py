@@ -120,7 +120,8 @@ def _service(backend: ExecutionBackend, **options: Any) -> RolloutService:
 
 
 def _workflow_http_client() -> httpx.AsyncClient:
-    """The client workflows' model calls share, made when the first rollout starts.
+    """The client workflows' model calls share, made when a rollout first reads its context's
+    ``http_client`` (``chat()`` over its loopback path never does).
 
     httpx's default pool caps them at 100 at once and one big pool costs O(n^2) per request;
     the sharded transport has neither problem. Made on first use, so that importing httpx

@@ -195,9 +195,9 @@ class RolloutService:
     same run; the non-async ones never block, which makes each of them atomic.
 
     Rollouts' contexts carry ``http_client`` (for workflows' model calls). Without one,
-    ``http_client_factory`` makes it when the first rollout starts (it then stays in
-    ``http_client``, for the caller to close), so a server pays for its HTTP client library
-    only once it runs a rollout.
+    ``http_client_factory`` makes it the first time a rollout's context is asked for it (it
+    then stays in ``http_client``, for the caller to close), so a server pays for its HTTP
+    client library only once a rollout uses it.
     """
 
     def __init__(
@@ -538,8 +538,10 @@ class RolloutService:
 
     # -- execution ----------------------------------------------------------------------
 
-    def _rollout_http_client(self) -> httpx.AsyncClient | None:
-        if self.http_client is None and self._http_client_factory is not None:
+    def _make_http_client(self) -> httpx.AsyncClient:
+        # The contexts' factory: one client for the whole service, made at the first read.
+        if self.http_client is None:
+            assert self._http_client_factory is not None
             self.http_client = self._http_client_factory()
         return self.http_client
 
@@ -555,7 +557,10 @@ class RolloutService:
                         api_key=request.llm_api_key,
                         rollout_id=entry.id,
                         process_id=self.process_id,
-                        http_client=self._rollout_http_client(),
+                        http_client=self.http_client,
+                        http_client_factory=(
+                            self._make_http_client if self._http_client_factory else None
+                        ),
                         status_callback=self._status_callback(entry),
                     )
                 )

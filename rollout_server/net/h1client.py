@@ -21,9 +21,9 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from math import inf
+from typing import TYPE_CHECKING
 
 import h11
-import httpx
 import trio
 
 from .wire import (
@@ -36,6 +36,9 @@ from .wire import (
     WirePool,
     WriteFailed,
 )
+
+if TYPE_CHECKING:
+    import httpx
 
 __all__ = ["H1Pool", "H1Reply"]
 
@@ -60,6 +63,10 @@ class H1Reply:
 
 def _as_httpx(exc: WireError) -> httpx.TransportError:
     """The httpx exception for ``exc``; only a failure to connect becomes a connect error."""
+    # Imported on failure only: the SDK's chat() reaches its loopback bridge through this pool
+    # in a server that need not import httpx otherwise (about 30 ms of CPU at its start).
+    import httpx
+
     cause = exc.__cause__
     detail = (str(cause) or type(cause).__name__) if cause is not None else str(exc)
     if isinstance(exc, ConnectTimeout):
@@ -123,8 +130,12 @@ class H1Pool:
         except WireError as exc:
             raise _as_httpx(exc) from exc
         except h11.ProtocolError as exc:
+            import httpx
+
             raise httpx.RemoteProtocolError(str(exc)) from exc
         if bound.cancelled_caught:
+            import httpx
+
             raise httpx.ReadTimeout("timed out waiting for the answer")
         fields = response.raw_headers
         return H1Reply(response.status, fields if type(fields) is list else list(fields), content)

@@ -460,6 +460,7 @@ async def case_fast(
             "cpu_ms_per_item",
             "dispatch_cpu_ms_per_item",
             "dispatch_main_thread_cpu_ms_per_item",
+            "other_children_cpu_ms_per_item",
             "peak_rss_mb",
         ):
             print(

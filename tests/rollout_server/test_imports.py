@@ -46,7 +46,8 @@ def test_protocol_imports_alone_and_sdk_has_no_heavy_dependencies() -> None:
 
 
 # What a rollout's main.py imports, then a started server answering /health: none of it needs
-# httpx (made when the first rollout starts) or hypercorn's worker and HTTP/2 stack.
+# httpx (made only when a rollout reads its context's http_client) or hypercorn's worker and
+# HTTP/2 stack.
 STARTUP = """
 import sys
 from functools import partial
@@ -87,6 +88,106 @@ def test_sdk_names_and_a_started_server_import_no_http_client_or_hypercorn_worke
         [sys.executable, "-c", STARTUP], cwd=REPO, capture_output=True, text=True, timeout=60
     )
     assert result.stdout.split("\n")[:3] == ["[]", "HTTP/1.1 200 ", "[]"], result.stderr
+
+
+# A server whose rollouts call chat() over the loopback path never imports httpx (nor builds
+# the shared client, which loads the CA bundle); a rollout that reads ctx.http_client still
+# gets the server's one shared httpx client.
+CHAT_ROLLOUTS = """
+import json
+import sys
+from functools import partial
+
+import msgspec
+import trio
+
+from rollout_server import AgentWorkflow, LocalBackend, chat, get_rollout_context, reply_text
+from rollout_server import serve_async
+from rollout_server.protocol import RolloutInitRequest
+
+REPLY = json.dumps({"choices": [{"message": {"role": "assistant", "content": "pong"}}]}).encode()
+seen = []
+
+
+async def fake_provider(stream):
+    buffer = b""
+    while True:
+        while b"\\r\\n\\r\\n" not in buffer:
+            chunk = await stream.receive_some()
+            if not chunk:
+                return
+            buffer += chunk
+        head, _, buffer = buffer.partition(b"\\r\\n\\r\\n")
+        length = int(head.lower().split(b"content-length:")[1].split(b"\\r\\n")[0])
+        while len(buffer) < length:
+            buffer += await stream.receive_some()
+        buffer = buffer[length:]
+        await stream.send_all(
+            b"HTTP/1.1 200 OK\\r\\ncontent-type: application/json\\r\\n"
+            + b"content-length: %d\\r\\n\\r\\n" % len(REPLY) + REPLY
+        )
+
+
+class Workflow(AgentWorkflow):
+    async def run(self, ctx):
+        reply = await chat(list(ctx.prompt))
+        if ctx.metadata:
+            seen.append(get_rollout_context().http_client)
+        return [*ctx.prompt, {"role": "assistant", "content": reply_text(reply)}]
+
+
+async def rollout(service, url, rollout_id, metadata=None):
+    request = RolloutInitRequest(
+        initial_messages=[{"role": "user", "content": "ping"}],
+        rollout_id=rollout_id,
+        chat_completions_url=url,
+        grade=False,
+        metadata=metadata,
+    )
+    token = service.admit(request)["polling_lease_token"]
+    while True:
+        body = msgspec.json.decode(await service.poll(rollout_id, token))
+        if body["status"] != "queued" and body["status"] != "running":
+            return body["status"], body["sample"]["messages"][-1]["content"]
+
+
+async def main():
+    with trio.fail_after(30):
+        async with trio.open_nursery() as nursery:
+            listeners = await nursery.start(partial(trio.serve_tcp, fake_provider, 0, host="127.0.0.1"))
+            url = f"http://127.0.0.1:{listeners[0].socket.getsockname()[1]}/r1/v1"
+            running = await nursery.start(partial(serve_async, LocalBackend(Workflow), port=0))
+            print(await rollout(running.service, url, "a"), "httpx" in sys.modules)
+            print(await rollout(running.service, url, "b", {"read": 1}))
+            print(await rollout(running.service, url, "c", {"read": 1}))
+            print(type(seen[0]).__name__, seen[0] is seen[1] is running.service.http_client)
+            running.request_shutdown()
+            await running.service.wait_idle()
+            nursery.cancel_scope.cancel()
+
+
+trio.run(main)
+"""
+
+
+def test_loopback_chat_rollouts_import_no_httpx_and_a_read_client_is_shared(
+    tmp_path: Path,
+) -> None:
+    env = {**os.environ, ENV_ARTIFACT_ROOT: str(tmp_path)}
+    result = subprocess.run(
+        [sys.executable, "-c", CHAT_ROLLOUTS],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env=env,
+    )
+    assert result.stdout.split("\n")[:4] == [
+        "('success', 'pong') False",
+        "('success', 'pong')",
+        "('success', 'pong')",
+        "AsyncClient True",
+    ], result.stderr
 
 
 def test_sources_import_only_the_base_dependencies() -> None:
