@@ -401,3 +401,21 @@ async def test_wait_idle_and_restart_detection(autojump_clock: Any) -> None:
     client = scripted([(200, {"lifecycle": {}})], [])
     with pytest.raises(RolloutProtocolError, match="lifecycle identity"):
         await client.wait_idle()
+
+
+async def test_a_plain_http_run_never_builds_an_httpx_client(
+    nursery: trio.Nursery, tmp_path: Path
+) -> None:
+    """Health, admission and the long-poll all go through the lean pool: the httpx client (64
+    transports and the CA bundle) is made only for a call that needs it, here a cancel."""
+    with trio.fail_after(20):
+        _running, client = await start(nursery, tmp_path)
+        health = await client.health()
+        assert health.status_code == 200 and health.headers["content-type"] == "application/json"
+        assert health.instance_id == "test-instance"
+        result = await client.run_rollout(request("lean", label="L"))
+        assert result.status == RolloutStatus.SUCCESS
+        assert "_http" not in client.__dict__
+        await client.cancel(all=True)
+        assert "_http" in client.__dict__
+        await client.aclose()
