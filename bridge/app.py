@@ -3,23 +3,22 @@
 The chat routes are answered by that layer directly (:class:`ChatRoutes`), without quart: quart's
 request/response machinery costs about as much CPU per call as the rest of the bridge's own work,
 and the chat routes are the only hot path. Everything else (404/405, trailing-slash redirects of
-other shapes) still goes through the quart app, and the chat routes answer byte for byte as the
-quart handlers did.
+other shapes) still goes through the quart app (:mod:`bridge.fallback`, made at the first such
+request), and the chat routes answer byte for byte as the quart handlers did.
 """
 
 from __future__ import annotations
 
 import re
-from collections.abc import AsyncGenerator
+from collections.abc import AsyncGenerator, Callable
 from contextlib import aclosing
-from typing import Any
+from typing import TYPE_CHECKING
 from urllib.parse import quote
 
 import trio
-from quart import Response
-from quart_trio import QuartTrio
 
-from bridge.handler import Bridge, dumps
+from bridge.codec import dumps
+from bridge.handler import Bridge
 from bridge.policy import (
     MAX_BODY_BYTES,
     InvalidBody,
@@ -28,20 +27,26 @@ from bridge.policy import (
     parse_body,
     valid_rollout_id,
 )
-from bridge.probe import PROBE_PREFIX, ProbeKey, valid_nonce
+from bridge.probe import ProbeKey
+from bridge.watch import DisconnectWatch
 from rollout_server.net.asgi import (
-    ASGIFramework,
-    ASGIReceiveCallable,
-    ASGIReceiveEvent,
-    ASGISendCallable,
     BodyTooLarge,
     ClientDisconnected,
-    HTTPScope,
-    Scope,
     header,
     read_body,
     send_json,
 )
+
+if TYPE_CHECKING:
+    # Types only: they come from hypercorn.typing, which imports h2.
+    from rollout_server.net.asgi import (
+        ASGIFramework,
+        ASGIReceiveCallable,
+        ASGIReceiveEvent,
+        ASGISendCallable,
+        HTTPScope,
+        Scope,
+    )
 
 #: Header naming the usage bucket of a plain ``/v1/chat/completions`` call (daemon mode).
 ROLLOUT_ID_HEADER = "X-Rollbridge-Rollout-Id"
@@ -55,10 +60,6 @@ _SSE_HEADERS = {
     "Cache-Control": "no-cache",
     "X-Accel-Buffering": "no",
 }
-
-
-def _detail(status: int, detail: str) -> Response:
-    return Response(dumps({"detail": detail}), status=status, content_type="application/json")
 
 
 class BufferedBody:
@@ -135,13 +136,15 @@ class ChatRoutes:
 
     Same checks in the same order, same statuses, bodies and response headers as the quart
     handlers they replaced. Like quart-trio, the handler is cancelled when the client goes
-    away (so the provider call stops too).
+    away (so the provider call stops too), once the call has run for a second
+    (:mod:`bridge.watch` says why).
     """
 
     def __init__(self, bridge: Bridge, *, token: str, plain_chat_route: bool) -> None:
         self.bridge = bridge
         self.token = token
         self.plain_chat_route = plain_chat_route
+        self.watch = DisconnectWatch(bridge.nursery)
 
     def match(self, scope: HTTPScope) -> str | None:
         """The rollout id a request is for, or ``None`` when it is not a chat call."""
@@ -164,10 +167,12 @@ class ChatRoutes:
         send: ASGISendCallable,
     ) -> None:
         """Answer one chat call whose whole body has been read."""
-        async with trio.open_nursery() as nursery:
-            nursery.start_soon(_cancel_on_disconnect, receive, nursery.cancel_scope)
-            await self._answer(scope, rollout_id, body, send)
-            nursery.cancel_scope.cancel()
+        call = self.watch.begin(receive)
+        try:
+            with call.scope:
+                await self._answer(scope, rollout_id, body, send)
+        finally:
+            await self.watch.end(call)
 
     async def _answer(
         self, scope: HTTPScope, rollout_id: str, raw: bytes, send: ASGISendCallable
@@ -202,12 +207,6 @@ def _header(scope: HTTPScope, name: bytes) -> str | None:
     return None if value is None else value.decode("latin-1")
 
 
-async def _cancel_on_disconnect(receive: ASGIReceiveCallable, scope: trio.CancelScope) -> None:
-    while (await receive())["type"] != "http.disconnect":
-        pass
-    scope.cancel()
-
-
 async def _send_stream(
     send: ASGISendCallable, headers: list[tuple[bytes, bytes]], body: AsyncGenerator[bytes, None]
 ) -> None:
@@ -218,56 +217,25 @@ async def _send_stream(
     await send({"type": "http.response.body", "body": b"", "more_body": False})
 
 
-def _usage_doc(bridge: Bridge) -> dict[str, Any]:
-    """``GET /v1/usage``: the usage counted per id so far and its totals."""
-    rollouts = {rid: u.to_json() for rid, u in sorted(bridge.ledger.snapshot().items())}
-    keys = ("calls", "prompt_tokens", "completion_tokens", "total_tokens")
-    totals = {key: sum(doc.get(key, 0) for doc in rollouts.values()) for key in keys}
-    largest = max((doc["max_context_tokens"] for doc in rollouts.values()), default=0)
-    return {"rollouts": rollouts, "totals": {**totals, "max_context_tokens": largest}}
+class FirstUse:
+    """An ASGI app made at its first request, in a worker thread (its imports are slow), so
+    that a bridge which never needs it never pays for it."""
 
+    def __init__(self, make: Callable[[], ASGIFramework]) -> None:
+        self._make: Callable[[], ASGIFramework] | None = make
+        self._app: ASGIFramework | None = None
+        self._lock = trio.Lock()
 
-def _daemon_routes(app: QuartTrio, bridge: Bridge, token: str) -> None:
-    """``bridge serve`` only: a health route (no token: it says nothing but "up"), the model
-    list OpenAI clients ask for, and the usage counted so far (token required)."""
-    from quart import request
-
-    def unauthorized() -> Response | None:
-        if check_auth(request.headers.get("Authorization"), token):
-            return None
-        return _detail(401, "Unauthorized")
-
-    @app.get("/health")
-    async def health() -> Response:
-        return Response(dumps({"status": "ok"}), content_type="application/json")
-
-    @app.get("/v1/models")
-    async def models() -> Response:
-        refused = unauthorized()
-        if refused is not None:
-            return refused
-        entry = {"id": bridge.model, "object": "model", "created": 0, "owned_by": "rollbridge"}
-        return Response(dumps({"object": "list", "data": [entry]}), content_type="application/json")
-
-    @app.get("/v1/usage")
-    async def usage() -> Response:
-        refused = unauthorized()
-        if refused is not None:
-            return refused
-        return Response(dumps(_usage_doc(bridge)), content_type="application/json")
-
-
-def _probe_route(app: QuartTrio, probe: ProbeKey) -> None:
-    """The sandbox probe's answer; no bearer (bridge.probe says why)."""
-
-    async def probe_answer(nonce: str) -> Response:
-        if not valid_nonce(nonce):
-            return _detail(400, "invalid probe nonce")
-        return Response(
-            dumps({"rollbridge_probe": probe.answer(nonce)}), content_type="application/json"
-        )
-
-    app.add_url_rule(PROBE_PREFIX + "<nonce>", "sandbox_probe", probe_answer, methods=["GET"])
+    async def __call__(
+        self, scope: Scope, receive: ASGIReceiveCallable, send: ASGISendCallable
+    ) -> None:
+        if self._app is None:
+            async with self._lock:
+                if self._make is not None:
+                    self._app = await trio.to_thread.run_sync(self._make)
+                    self._make = None
+        assert self._app is not None
+        await self._app(scope, receive, send)
 
 
 def create_app(
@@ -280,45 +248,14 @@ def create_app(
 ) -> BufferedBody:
     """The ASGI app serving ``bridge`` (whose ``keepalive`` mode may be switched while serving).
 
-    With ``probe``, ``GET /v1/rollbridge/probe/<nonce>`` answers sandbox probes (bridge.probe)."""
-    app = QuartTrio("rollbridge-bridge")
-    # Quart's defaults cut long answers (docs/hazards.md #5): a streamed or trickled answer may run
-    # as long as the provider takes, and the body is already read by BufferedBody.
-    app.config.update(
-        RESPONSE_TIMEOUT=None,
-        BODY_TIMEOUT=None,
-        MAX_CONTENT_LENGTH=None,
-        PROVIDE_AUTOMATIC_OPTIONS=False,
-    )
+    With ``probe``, ``GET /v1/rollbridge/probe/<nonce>`` answers sandbox probes (bridge.probe).
+    Requests other than chat calls go to the quart app of :mod:`bridge.fallback`, made when the
+    first of them arrives."""
 
-    # ChatRoutes answers every POST to these paths before quart sees the request. The routes
-    # are declared here only so that quart answers the other methods with 405, as it always has.
-    async def declared_only(**_: str) -> Response:
-        return _detail(404, "Not Found")
+    def make() -> ASGIFramework:
+        from bridge.fallback import build_app
 
-    app.add_url_rule(
-        "/v1/rollouts/<rollout_id>/chat/completions",
-        "rollout_chat",
-        declared_only,
-        methods=["POST"],
-    )
-    if plain_chat_route:
-        app.add_url_rule("/v1/chat/completions", "plain_chat", declared_only, methods=["POST"])
-        _daemon_routes(app, bridge, token)
-    if probe is not None:
-        _probe_route(app, probe)
-
-    @app.errorhandler(404)
-    async def not_found(_: Exception) -> Response:
-        return _detail(404, "Not Found")
-
-    @app.errorhandler(405)
-    async def not_allowed(_: Exception) -> Response:
-        return _detail(405, "Method Not Allowed")
-
-    @app.errorhandler(413)
-    async def too_large(_: Exception) -> Response:
-        return _detail(413, "Request Entity Too Large")
+        return build_app(bridge, token=token, plain_chat_route=plain_chat_route, probe=probe)
 
     chat = ChatRoutes(bridge, token=token, plain_chat_route=plain_chat_route)
-    return BufferedBody(app, max_body, chat)
+    return BufferedBody(FirstUse(make), max_body, chat)

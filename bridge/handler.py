@@ -7,13 +7,13 @@ becomes the JSON error object of docs/spec/bridge.md §12, redacted.
 
 from __future__ import annotations
 
-import json
 from collections.abc import AsyncGenerator, Callable
 from dataclasses import dataclass
 from typing import Any
 
 import trio
 
+from bridge.codec import dumps
 from bridge.errors import BridgeError, UpstreamError, error_body, final_status
 from bridge.policy import prepare, response_model
 from bridge.reasoning import ReasoningMemory, StreamedMessage
@@ -32,11 +32,6 @@ from bridge.usage import CallUsage, UsageLedger, UsageObserver
 
 PING = b": ping\n\n"
 DONE = b"data: [DONE]\n\n"
-
-
-def dumps(obj: Any) -> bytes:
-    """Compact UTF-8 JSON, as the bridge sends it."""
-    return json.dumps(obj, ensure_ascii=False, separators=(",", ":")).encode("utf-8")
 
 
 def _sse(obj: Any) -> bytes:
@@ -88,6 +83,11 @@ class Bridge:
         follows the mode it started in."""
         self._nursery = nursery
         self._log = log
+
+    @property
+    def nursery(self) -> trio.Nursery:
+        """The bridge's own nursery: tasks that outlive a request's handler run there."""
+        return self._nursery
 
     def log(self, level: str, message: str) -> None:
         """Send a redacted line to the log sink, if there is one."""

@@ -7,7 +7,6 @@ and turns the outcome into a status code.
 from __future__ import annotations
 
 import copy
-import json
 import secrets
 from dataclasses import dataclass
 from typing import Any
@@ -67,9 +66,13 @@ def valid_rollout_id(rollout_id: str) -> bool:
 
 
 def parse_body(raw: bytes) -> dict[str, Any]:
-    """Parse a request body as a JSON object, whatever the Content-Type."""
+    """Parse a request body as a JSON object, whatever the Content-Type (as ``json.loads``
+    reads it: :mod:`bridge.codec`)."""
+    # Imported here, like the protocol module above: msgspec stays out of ``import bridge``.
+    from bridge.codec import loads
+
     try:
-        body = json.loads(raw)
+        body = loads(raw)
     except (ValueError, RecursionError) as exc:
         raise InvalidBody("invalid body") from exc
     if not isinstance(body, dict):

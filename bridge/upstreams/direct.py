@@ -11,6 +11,7 @@ from typing import Any
 import httpx
 import trio
 
+from bridge.codec import dumps, loads
 from bridge.errors import UpstreamError
 from bridge.policy import PreparedRequest
 from bridge.retry import ProviderFault, status_fault
@@ -98,7 +99,7 @@ def _payload(route: DirectRoute, prepared: PreparedRequest, stream: bool) -> byt
     if stream:
         body["stream"] = True
         body["stream_options"] = {"include_usage": True}
-    return json.dumps(body, ensure_ascii=False, separators=(",", ":")).encode("utf-8")
+    return dumps(body)
 
 
 def _transport_error(exc: httpx.TransportError, *, answering: bool = False) -> UpstreamError:
@@ -152,7 +153,7 @@ def _wire_answer(response: WireResponse, raw: bytes) -> dict[str, Any]:
 
 def _parse(text: str) -> Any:
     try:
-        return json.loads(text)
+        return loads(text)
     except ValueError as exc:
         raise UpstreamError(502, f"provider returned invalid JSON: {text[:200]}") from exc
 
