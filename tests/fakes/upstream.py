@@ -147,29 +147,40 @@ class FakeUpstream:
             return
 
         self.in_flight += 1
+        answered = False
+
+        async def tracked_send(message: dict[str, Any]) -> None:
+            # Once the last body chunk is handed over the answer is complete: the server may
+            # then report the connection's end as a disconnect, which is not the client leaving.
+            nonlocal answered
+            if message["type"] == "http.response.body" and not message.get("more_body"):
+                answered = True
+            await send(message)
+
+        async def watch_disconnect(scope_guard: trio.CancelScope) -> None:
+            while True:
+                message = await receive()
+                if message["type"] == "http.disconnect":
+                    if not answered:
+                        scope_guard.cancel()
+                    return
+
         try:
             with trio.CancelScope() as scope_guard:
                 async with trio.open_nursery() as nursery:
-                    nursery.start_soon(self._watch_disconnect, receive, scope_guard)
+                    nursery.start_soon(watch_disconnect, scope_guard)
                     fault = self._pick_fault()
                     if fault is not None:
-                        await self._inject(fault, scope["client"][1], send)
+                        await self._inject(fault, scope["client"][1], tracked_send)
                     else:
-                        await self._answer(parsed, send)
+                        await self._answer(parsed, tracked_send)
                     nursery.cancel_scope.cancel()
-            if scope_guard.cancelled_caught:
-                self.disconnects += 1
-            else:
+            if answered:
                 self.completed += 1
+            else:
+                self.disconnects += 1
         finally:
             self.in_flight -= 1
-
-    async def _watch_disconnect(self, receive: Any, scope_guard: trio.CancelScope) -> None:
-        while True:
-            message = await receive()
-            if message["type"] == "http.disconnect":
-                scope_guard.cancel()
-                return
 
     async def _answer(self, request: dict[str, Any], send: Any) -> None:
         if self.delay:
