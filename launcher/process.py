@@ -24,14 +24,16 @@ from collections import deque
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import psutil
 import trio
 
 from launcher.rundir.atomic import atomic_write_json
 from launcher.rundir.lock import RunLock
 from launcher.rundir.logs import utc_now_iso
+
+if TYPE_CHECKING:
+    import psutil
 
 #: Grace between SIGTERM and SIGKILL for an ordinary stop.
 STOP_GRACE_S = 5.0
@@ -85,6 +87,8 @@ def start_token(pid: int) -> str | None:
     try:
         raw = Path(f"/proc/{pid}/stat").read_bytes()
     except OSError:
+        import psutil
+
         try:
             return str(psutil.Process(pid).create_time())
         except (psutil.Error, OSError):
@@ -95,7 +99,12 @@ def start_token(pid: int) -> str | None:
 
 
 def group_members(pgid: int) -> list[psutil.Process]:
-    """The live (non-zombie) processes whose process group is ``pgid``."""
+    """The live (non-zombie) processes whose process group is ``pgid``.
+
+    psutil is imported here, not with the module: only a stop that finds the group still there,
+    and reaping, walk the process table, and an eval run starts ~15 ms sooner without it."""
+    import psutil
+
     members = []
     for proc in psutil.process_iter(["pid", "status"]):
         try:
@@ -149,7 +158,8 @@ async def _escalate(
     _killpg(pgid, signal.SIGCONT)
     deadline = trio.current_time() + grace
     hurried = False
-    while group_alive(pgid) or (leader is not None and leader.returncode is None):
+    # The leader first: while it runs, the group is there without walking the process table.
+    while (leader is not None and leader.returncode is None) or group_alive(pgid):
         now = trio.current_time()
         if hurry is not None and hurry.is_set() and not hurried:
             hurried = True
@@ -161,6 +171,10 @@ async def _escalate(
                 await leader.wait()
         else:
             await trio.sleep(_POLL_S)
+    else:  # No break: the group went within the grace.
+        return True
+    import psutil
+
     for proc in group_members(pgid):
         with contextlib.suppress(psutil.Error):
             proc.kill()
@@ -369,6 +383,8 @@ def _owned(record: Mapping[str, Any]) -> tuple[int, int] | None:
         return None
     if start_token(pid) != token:
         return None
+    import psutil
+
     try:
         zombie = psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
     except psutil.Error:

@@ -192,6 +192,9 @@ class RunDirectory:
                 self.counters.apply(record.status, record.reward, tokens=record.tokens)
         # Projections run on worker threads (the journal's committing thread, or a retry's).
         self._projection_lock = threading.Lock()
+        # Joined once: each finished item reads its trial and appends to both row files.
+        self._trials_root = os.fspath(path / "rollout_trials")
+        self._row_files = (os.fspath(path / "index.jsonl"), os.fspath(path / "summary.jsonl"))
         self._journal_failure: WriteFailure | None = None
         self._other_failure: WriteFailure | None = None
 
@@ -476,7 +479,7 @@ class RunDirectory:
         warnings: list[tuple[str, dict[str, Any]]],
         require_trajectory: bool = False,
     ) -> bool:
-        trajectory = read_valid_trajectory(self.trials_dir, record.rollout_id)
+        trajectory = read_valid_trajectory(self._trials_root, record.rollout_id)
         if trajectory is None and require_trajectory:
             return False
         if record.key not in self._expected:
@@ -485,8 +488,8 @@ class RunDirectory:
         self._rows[record.key] = row
         self._current.pop(record.key, None)
         line = index_line(row)
-        for name in ("index.jsonl", "summary.jsonl"):
-            fd = os.open(self.path / name, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+        for row_file in self._row_files:
+            fd = os.open(row_file, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
             try:
                 os.write(fd, line)
             finally:

@@ -95,15 +95,17 @@ class TrajectoryFile:
     status: os.stat_result
 
 
-def read_valid_trajectory(trials_dir: Path, rollout_id: str) -> TrajectoryFile | None:
+def read_valid_trajectory(
+    trials_dir: str | os.PathLike[str], rollout_id: str
+) -> TrajectoryFile | None:
     """``rollout_trials/<id>/trajectory.json`` if it is a real file holding a JSON object
     whose identity is ``rollout_id``; None otherwise (symlinks are never followed)."""
-    trial = trials_dir / rollout_id
+    trial = f"{os.fspath(trials_dir)}/{rollout_id}"  # a string: see project_item
     mode = _lstat_mode(trial)  # a link to a directory is not one here
     if mode is None or not stat.S_ISDIR(mode):
         return None
     try:
-        fd = os.open(trial / TRAJECTORY_FILENAME, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0))
+        fd = os.open(f"{trial}/{TRAJECTORY_FILENAME}", os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0))
     except OSError:
         return None
     try:
@@ -229,7 +231,7 @@ class SafeArtifacts:
     skipped: list[tuple[str, str]]
 
 
-def safe_artifacts(root: Path) -> SafeArtifacts:
+def safe_artifacts(root: str | os.PathLike[str]) -> SafeArtifacts:
     """List the safe regular files under an ``artifacts/`` root (§3.7), sorted.
 
     Skipped (with a reason): a symlinked root (everything), symlinks, non-files, odd path parts,
@@ -248,6 +250,7 @@ def safe_artifacts(root: Path) -> SafeArtifacts:
             return result  # the common case: nothing to list (and no root to resolve)
     except OSError:
         return result  # unreadable: os.walk would list nothing either
+    root = Path(root)
     real_root = root.resolve()
     for dirpath, dirnames, filenames in os.walk(root):
         current = Path(dirpath)
@@ -281,7 +284,7 @@ def safe_artifacts(root: Path) -> SafeArtifacts:
     return result
 
 
-def _lstat_mode(path: Path) -> int | None:
+def _lstat_mode(path: str | os.PathLike[str]) -> int | None:
     """``path``'s own file type and mode (a link is not followed), None when it is missing."""
     try:
         return os.lstat(path).st_mode
@@ -289,7 +292,7 @@ def _lstat_mode(path: Path) -> int | None:
         return None
 
 
-def _is_copy_of(source: os.stat_result, dst: Path) -> bool:
+def _is_copy_of(source: os.stat_result, dst: str | os.PathLike[str]) -> bool:
     """Whether ``dst`` is a regular file with ``source``'s size and mtime (a copy keeps it)."""
     try:
         copy = os.lstat(dst)
@@ -302,7 +305,9 @@ def _is_copy_of(source: os.stat_result, dst: Path) -> bool:
     )
 
 
-def _copy_if_changed(src: Path, dst: Path, *, durable: bool) -> None:
+def _copy_if_changed(
+    src: str | os.PathLike[str], dst: str | os.PathLike[str], *, durable: bool
+) -> None:
     try:
         source = os.stat(src)
     except OSError:
@@ -330,20 +335,24 @@ def project_item(
     copy is then exactly the document that was validated, and the file is not read twice.
     """
     stem = projection_stem(record.row_index, record.run_index)
-    trial = run_dir / "rollout_trials" / record.rollout_id
-    traj_dst = run_dir / "trajectories" / f"{stem}.json"
+    # The paths are strings: this runs once per finished item, where a dozen pathlib joins
+    # cost more than the system calls they name (pathlib is used only to walk artifacts).
+    root = os.fspath(run_dir)
+    trial = f"{root}/rollout_trials/{record.rollout_id}"
+    traj_dst = f"{root}/trajectories/{stem}.json"
     if trajectory is not None:
         if not _is_copy_of(trajectory.status, traj_dst):
             atomic_copy_bytes(traj_dst, trajectory.data, trajectory.status, durable=durable)
     elif trajectory_valid:
-        _copy_if_changed(trial / TRAJECTORY_FILENAME, traj_dst, durable=durable)
-    elif traj_dst.exists() or traj_dst.is_symlink():
-        traj_dst.unlink()
+        _copy_if_changed(f"{trial}/{TRAJECTORY_FILENAME}", traj_dst, durable=durable)
+    elif _lstat_mode(traj_dst) is not None:
+        os.unlink(traj_dst)
 
-    art_dst = run_dir / "artifacts" / stem
+    art_dst = f"{root}/artifacts/{stem}"
+    trial_mode = _lstat_mode(trial)
     safe = (
-        safe_artifacts(trial / "artifacts")
-        if not trial.is_symlink()
+        safe_artifacts(f"{trial}/artifacts")
+        if trial_mode is None or not stat.S_ISLNK(trial_mode)
         else SafeArtifacts(files={}, skipped=[(".", "trial directory is a symbolic link")])
     )
     if warn is not None:
@@ -356,17 +365,18 @@ def project_item(
     mode = _lstat_mode(art_dst)
     was_dir = mode is not None and stat.S_ISDIR(mode)
     if mode is not None and not was_dir:
-        art_dst.unlink()
+        os.unlink(art_dst)
     if was_dir:
-        for dirpath, _dirnames, filenames in os.walk(art_dst, topdown=False):
+        art_root = Path(art_dst)
+        for dirpath, _dirnames, filenames in os.walk(art_root, topdown=False):
             current = Path(dirpath)
             for name in filenames:
-                rel = (current / name).relative_to(art_dst).as_posix()
+                rel = (current / name).relative_to(art_root).as_posix()
                 if rel not in safe.files:
                     (current / name).unlink()
-            if current != art_dst and not any(current.iterdir()):
+            if current != art_root and not any(current.iterdir()):
                 current.rmdir()
     for rel, src in safe.files.items():
-        _copy_if_changed(src, art_dst / rel, durable=durable)
+        _copy_if_changed(src, f"{art_dst}/{rel}", durable=durable)
     if was_dir and not safe.files:
         shutil.rmtree(art_dst)
