@@ -9,6 +9,10 @@ reaches only the supervisor, which then decides how to stop its children (docs/h
 kernel start time of the leader, so a later invocation can prove a leftover process is really
 ours before killing it. The tunnel package knows none of this: it is handed a
 :class:`TunnelOwner` (its ``ChildOwner``) and calls it to record and stop each cloudflared.
+
+Why one module of this size: spawning, stopping and reaping are one contract (a child is
+spawned into its own group, recorded with its start token, stopped by that group, and reaped
+by proving that record), and each half of a split would need the other's private rules.
 """
 
 from __future__ import annotations
