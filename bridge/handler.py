@@ -113,9 +113,16 @@ class Bridge:
         self.log("warning", f"LLM bridge error{where}: {message}")
         return status, error_body(status, message, upstream)
 
-    def _recorder(self, rollout_id: str) -> Callable[[Any], None]:
+    def _recorder(
+        self, rollout_id: str, last: list[tuple[Any, CallUsage]] | None = None
+    ) -> Callable[[Any], None]:
+        """Records one call's usage; ``last`` keeps the latest (raw usage, its normalized form)."""
+
         def record(usage: Any) -> None:
-            self.ledger.record(rollout_id, CallUsage.from_json(usage))
+            call = CallUsage.from_json(usage)
+            self.ledger.record(rollout_id, call)
+            if last is not None:
+                last[:] = [(usage, call)]
 
         return record
 
@@ -130,15 +137,17 @@ class Bridge:
     async def complete(self, rollout_id: str, body: dict[str, Any]) -> dict[str, Any]:
         """Answer one non-streaming request; raises on any failure (see :meth:`error`)."""
         prepared = self.memory.replay(rollout_id, prepare(body))
-        record = self._recorder(rollout_id)
+        last: list[tuple[Any, CallUsage]] = []
+        record = self._recorder(rollout_id, last)
         data = await retrying(
             lambda: self.upstream.complete(prepared, record), self.retry, self._on_fault(rollout_id)
         )
         if not data.get("choices"):
             raise UpstreamError(502, NO_CHOICES_MESSAGE)
-        out = shape_completion(
-            data, response_model(body, self.model), CallUsage.from_json(data.get("usage"))
-        )
+        usage = data.get("usage")
+        # The answer's usage was normalized when it was recorded (the same object, unchanged).
+        call = last[0][1] if last and last[0][0] is usage else CallUsage.from_json(usage)
+        out = shape_completion(data, response_model(body, self.model), call)
         for choice in out["choices"]:
             self.memory.remember(rollout_id, choice["message"])
         return out

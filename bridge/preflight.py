@@ -87,15 +87,18 @@ async def preflight(model: str, *, redact: Callable[[str], str] | None = None) -
             f"set {bad} to the key exactly as the provider issued it"
         )
     from bridge.upstreams import make_upstream
-    from bridge.upstreams.direct import new_client
+    from bridge.upstreams.direct import LazyClient
 
-    async with new_client() as client:
+    client = LazyClient()
+    try:
         upstream = make_upstream(model, client, via_litellm=False)
         scrubber = ErrorScrubber(upstream.secrets(), extra=redact)
         try:
             await upstream.complete(_PROBE, _ignore)
         except Exception as exc:
             return _verdict(model, exc, scrubber)
+    finally:
+        await client.aclose()
     return None
 
 

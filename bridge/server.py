@@ -209,10 +209,10 @@ async def run_bridge(
         from bridge.app import create_app
         from bridge.handler import Bridge, Timing
         from bridge.upstreams import make_upstream
-        from bridge.upstreams.direct import new_client
+        from bridge.upstreams.direct import LazyClient
         from rollout_server.net.leanserve import LeanConfig, serve_lean
 
-        client = new_client()
+        client = LazyClient()
         try:
             async with trio.open_nursery() as nursery:
                 bridge = Bridge(

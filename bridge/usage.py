@@ -182,7 +182,8 @@ class UsageLedger:
         """Add one provider call's usage to ``rollout_id``."""
         with self._lock:
             self._usage[rollout_id] = self._usage.get(rollout_id, _EMPTY).plus(call)
-            self._pressure = replace(self._pressure, answered=self._pressure.answered + 1)
+            pressure = self._pressure
+            self._pressure = UpstreamPressure(pressure.rate_limited, pressure.answered + 1)
         if self._observer is not None:
             self._observer.recorded(rollout_id, call)
 

@@ -16,6 +16,8 @@ from bridge.upstreams.routing import path_kind
 if TYPE_CHECKING:
     import httpx
 
+    from bridge.upstreams.direct import LazyClient
+
 
 class Upstream(Protocol):
     """One way of reaching the configured model."""
@@ -39,8 +41,11 @@ class Upstream(Protocol):
         ...
 
 
-def make_upstream(model: str, client: httpx.AsyncClient, *, via_litellm: bool) -> Upstream:
-    """The upstream path for ``model``; ``client`` is the bridge's pooled client (direct path).
+def make_upstream(
+    model: str, client: LazyClient | httpx.AsyncClient, *, via_litellm: bool
+) -> Upstream:
+    """The upstream path for ``model``; ``client`` is the bridge's pooled client (direct path):
+    a :class:`~bridge.upstreams.direct.LazyClient`, or :func:`~bridge.upstreams.direct.new_client`'s.
 
     ``via_litellm`` sends a model the direct path could serve through LiteLLM instead
     (diagnostics, benchmarks). The LiteLLM path starts importing LiteLLM at once.

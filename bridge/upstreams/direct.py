@@ -1,14 +1,16 @@
-"""The direct upstream path: one pooled httpx client to an OpenAI-chat-speaking provider."""
+"""The direct path: calls to an OpenAI-chat-speaking provider.
+
+Non-streaming calls go through the lean pool (:mod:`rollout_server.net.wire`); streamed ones
+through httpx (:mod:`bridge.upstreams.streamed`), which is imported at the first streamed call.
+"""
 
 from __future__ import annotations
 
 import contextlib
-import json
-import math
 from collections.abc import AsyncGenerator, Callable
-from typing import Any
+from contextlib import aclosing
+from typing import TYPE_CHECKING, Any, Final
 
-import httpx
 import trio
 
 from bridge.codec import dumps, loads
@@ -16,8 +18,8 @@ from bridge.errors import UpstreamError
 from bridge.policy import PreparedRequest
 from bridge.retry import ProviderFault, status_fault
 from bridge.upstreams.routing import DirectRoute, resolve_direct
-from rollout_server.net.httpclient import ShardedTransport, skip_empty_cookies
 from rollout_server.net.wire import (
+    CheckedHeaders,
     ConnectTimeout,
     Origin,
     ReadTimeout,
@@ -26,70 +28,68 @@ from rollout_server.net.wire import (
     WireResponse,
 )
 
+if TYPE_CHECKING:
+    import httpx
+
 # The bridge sets no deadline of its own on a model call; these match the OpenAI SDK's
 # defaults that LiteLLM would apply (10 minutes), so a wedged provider still ends eventually.
-_TIMEOUT = httpx.Timeout(600.0, connect=30.0)
+_CONNECT_TIMEOUT = 30.0
+_READ_TIMEOUT = 600.0
 # How long a provider answer whose headers have arrived may take to finish arriving once the
 # rollout has gone away (see DirectUpstream.complete).
 _DELIVERY_GRACE = 30.0
-# httpcore's pool bookkeeping costs O(connections²) per request: at 64 concurrent calls it was
-# a fifth of the bridge's CPU. Split over small pools it is noise (256 idle connections kept
-# in all, as before).
-_SHARDS = 16
+_KEEPALIVE_EXPIRY = 60.0
 # What httpx would add to a request: the lean client decodes these codings as httpx does.
-_WIRE_HEADERS = [(b"accept-encoding", b"gzip, deflate"), (b"user-agent", b"rollbridge")]
-_LIMITS = httpx.Limits(
-    max_connections=None, max_keepalive_connections=256 // _SHARDS, keepalive_expiry=60
-)
+_WIRE_HEADERS: Final = ((b"accept-encoding", b"gzip, deflate"), (b"user-agent", b"rollbridge"))
 
 
 def _new_pool() -> WirePool:
     return WirePool(
-        connect_timeout=_TIMEOUT.connect or math.inf,
-        timeout=_TIMEOUT.read or math.inf,
-        keepalive_expiry=_LIMITS.keepalive_expiry or 60.0,
+        connect_timeout=_CONNECT_TIMEOUT,
+        timeout=_READ_TIMEOUT,
+        keepalive_expiry=_KEEPALIVE_EXPIRY,
         max_idle=256,
     )
 
 
-class _Transport(httpx.AsyncBaseTransport):
-    """httpx's pooled transport, closing the lean pool (:mod:`rollout_server.net.wire`) with it."""
+def _http(wire: WirePool) -> httpx.AsyncClient:
+    import httpx
 
-    def __init__(self, wire: WirePool) -> None:
-        # Made at the first request that needs httpx (a streamed call): its 16 pools and the
-        # TLS context cost ~60 ms, which the model preflight (one non-streaming call, on the
-        # lean pool) and a run that never streams should not pay.
-        self._inner: ShardedTransport | None = None
-        self._wire = wire
+    from bridge.upstreams.streamed import new_client as streamed_client
 
-    async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
-        if self._inner is None:
-            self._inner = ShardedTransport(_SHARDS, _LIMITS)
-        return await self._inner.handle_async_request(request)
-
-    async def aclose(self) -> None:
-        try:
-            await self._wire.aclose()
-        finally:
-            if self._inner is not None:
-                await self._inner.aclose()
+    return streamed_client(wire, httpx.Timeout(_READ_TIMEOUT, connect=_CONNECT_TIMEOUT))
 
 
-class BridgeClient(httpx.AsyncClient):
-    """The bridge's httpx client, carrying the lean pool that non-streaming calls use.
+def new_client() -> httpx.AsyncClient:
+    """A pooled httpx client for the direct path (and its lean pool, closed with it). It never
+    retries by itself (httpx does not by default): which faults are retried is
+    :mod:`bridge.retry`'s decision."""
+    return _http(_new_pool())
 
-    Closing the client (``aclose`` or ``async with``) closes both.
+
+class LazyClient:
+    """The bridge's clients of the direct path: the lean pool at once, httpx's at the first
+    streamed call (a bridge whose calls are not streamed never imports httpx).
+
+    :meth:`aclose` closes both.
     """
 
     def __init__(self) -> None:
         self.wire = _new_pool()
-        super().__init__(timeout=_TIMEOUT, transport=_Transport(self.wire), follow_redirects=False)
+        self._http: httpx.AsyncClient | None = None
 
+    def http(self) -> httpx.AsyncClient:
+        """The httpx client, made at the first call."""
+        if self._http is None:
+            self._http = _http(self.wire)
+        return self._http
 
-def new_client() -> httpx.AsyncClient:
-    """The bridge's one pooled client. It never retries by itself (httpx does not by default):
-    which faults are retried is :mod:`bridge.retry`'s decision."""
-    return skip_empty_cookies(BridgeClient())
+    async def aclose(self) -> None:
+        """Close the pool, and the httpx client if it was made."""
+        if self._http is not None:
+            await self._http.aclose()  # its transport closes the pool
+        else:
+            await self.wire.aclose()
 
 
 def _payload(route: DirectRoute, prepared: PreparedRequest, stream: bool) -> bytes:
@@ -102,25 +102,9 @@ def _payload(route: DirectRoute, prepared: PreparedRequest, stream: bool) -> byt
     return dumps(body)
 
 
-def _transport_error(exc: httpx.TransportError, *, answering: bool = False) -> UpstreamError:
-    """The error for a failed exchange; ``answering`` when the provider's answer had begun.
-
-    A connection that failed or was reset before any answer is a :class:`ProviderFault` (the
-    call may be made again); once an answer is arriving it is billed, so it is not.
-    """
-    detail = str(exc) or type(exc).__name__
-    if isinstance(exc, httpx.ConnectTimeout):
-        return ProviderFault(408, f"provider request timed out: {detail}", kind="Timeout")
-    if isinstance(exc, httpx.TimeoutException):
-        return UpstreamError(408, f"provider request timed out: {detail}", kind="Timeout")
-    message = f"could not reach the provider: {detail}"
-    if not answering and isinstance(exc, httpx.NetworkError | httpx.RemoteProtocolError):
-        return ProviderFault(502, message, kind="APIConnectionError")
-    return UpstreamError(502, message, kind="APIConnectionError")
-
-
 def _wire_error(exc: WireError) -> UpstreamError:
-    """:func:`_transport_error` for the lean client's failures (same statuses and kinds)."""
+    """The error for a failed exchange of the lean client (the statuses and kinds of httpx's
+    failures in :mod:`bridge.upstreams.streamed`)."""
     detail = str(exc)
     if isinstance(exc, ConnectTimeout):
         return ProviderFault(408, f"provider request timed out: {detail}", kind="Timeout")
@@ -132,26 +116,21 @@ def _wire_error(exc: WireError) -> UpstreamError:
     return UpstreamError(502, message, kind="APIConnectionError")
 
 
-def _status_error(response: httpx.Response) -> UpstreamError:
-    return _status_fault(response.status_code, response.text, response.headers.get("retry-after"))
-
-
-def _status_fault(status: int, text: str, retry_after: str | None) -> UpstreamError:
-    return status_fault(status, text.strip() or f"provider answered HTTP {status}", retry_after)
-
-
 def _wire_answer(response: WireResponse, raw: bytes) -> dict[str, Any]:
-    """:func:`_answer` for a lean-client answer whose body is ``raw``."""
+    """The JSON object of a lean-client answer whose body is ``raw``; raises for any other."""
     text = raw.decode("utf-8", "replace")
     if not 200 <= response.status < 300:
-        raise _status_fault(response.status, text, response.headers.get("retry-after"))
-    data = _parse(text)
+        status = response.status
+        message = text.strip() or f"provider answered HTTP {status}"
+        raise status_fault(status, message, response.headers.get("retry-after"))
+    data = parse_json(text)
     if not isinstance(data, dict):
         raise UpstreamError(502, "provider returned a JSON value that is not an object")
     return data
 
 
-def _parse(text: str) -> Any:
+def parse_json(text: str) -> Any:
+    """A provider's JSON text; :class:`UpstreamError` (502) when it is not JSON."""
     try:
         return loads(text)
     except ValueError as exc:
@@ -159,27 +138,39 @@ def _parse(text: str) -> Any:
 
 
 class DirectUpstream:
-    """Calls ``<base>/chat/completions`` of the configured provider with one shared client."""
+    """Calls ``<base>/chat/completions`` of the configured provider with shared clients.
 
-    def __init__(self, model: str, client: httpx.AsyncClient) -> None:
+    ``client`` is the bridge's :class:`LazyClient`, or any httpx client (the lean pool is then
+    its own when it is not :func:`new_client`'s).
+    """
+
+    def __init__(self, model: str, client: LazyClient | httpx.AsyncClient) -> None:
         self.model = model
-        self._client = client
-        # Any other client (none in rollbridge) gets a pool of its own, closed with the process.
-        self._wire = client.wire if isinstance(client, BridgeClient) else _new_pool()
-        self._parsed: tuple[str, httpx.URL] | None = None
+        self._http: Callable[[], httpx.AsyncClient]
+        if isinstance(client, LazyClient):
+            self._wire, self._http = client.wire, client.http
+        else:
+            from bridge.upstreams.streamed import BridgeClient
+
+            # Any other client (none in rollbridge) gets a pool of its own, closed with the
+            # process.
+            self._wire = client.wire if isinstance(client, BridgeClient) else _new_pool()
+            self._http = lambda: client
         self._origin: tuple[str, Origin] | None = None
+        self._headers: tuple[dict[str, str], CheckedHeaders] | None = None
 
     def _wire_origin(self, url: str) -> Origin:
         if self._origin is None or self._origin[0] != url:
             self._origin = (url, Origin.parse(url))
         return self._origin[1]
 
-    def _url(self, url: str) -> httpx.URL:
-        # Parsing the URL was a tenth of the client's CPU per call. The route is still
-        # resolved per call (the environment may change); only the parse is reused.
-        if self._parsed is None or self._parsed[0] != url:
-            self._parsed = (url, httpx.URL(url))
-        return self._parsed[1]
+    def _wire_headers(self, headers: dict[str, str]) -> CheckedHeaders:
+        # The route is resolved per call (the environment may change); its headers are
+        # encoded and checked again only when they changed.
+        if self._headers is None or self._headers[0] != headers:
+            encoded = [(k.encode("latin-1"), v.encode("latin-1")) for k, v in headers.items()]
+            self._headers = (headers, CheckedHeaders([*encoded, *_WIRE_HEADERS]))
+        return self._headers[1]
 
     def secrets(self) -> list[str]:
         """The credential this path would send, for redaction."""
@@ -195,8 +186,7 @@ class DirectUpstream:
         """One non-streaming call; ``record`` gets the usage the moment the answer is parsed."""
         route = resolve_direct(self.model)
         origin = self._wire_origin(route.url)
-        headers = [(k.encode("latin-1"), v.encode("latin-1")) for k, v in route.headers.items()]
-        headers += _WIRE_HEADERS
+        headers = self._wire_headers(route.headers)
         try:
             # Cancellable while the provider works: a rollout that goes away stops the call.
             response = await self._wire.request(origin, headers, _payload(route, prepared, False))
@@ -224,67 +214,10 @@ class DirectUpstream:
     async def stream(self, prepared: PreparedRequest) -> AsyncGenerator[dict[str, Any], None]:
         """Stream raw chunks as the provider sends them (a whole completion if it did not stream)."""
         route = resolve_direct(self.model)
-        request = self._client.build_request(
-            "POST",
-            self._url(route.url),
-            content=_payload(route, prepared, True),
-            headers={**route.headers, "Accept": "text/event-stream"},
-        )
-        try:
-            response = await self._client.send(request, stream=True)
-        except httpx.TransportError as exc:
-            raise _transport_error(exc) from exc
-        try:
-            if not 200 <= response.status_code < 300:
-                await response.aread()
-                raise _status_error(response)
-            if "event-stream" not in response.headers.get("content-type", ""):
-                await response.aread()
-                data = _parse(response.text)
-                if not isinstance(data, dict):
-                    raise UpstreamError(502, "provider returned a JSON value that is not an object")
-                yield data
-                return
-            async for event, data in _sse_events(response):
-                if data == "[DONE]":
-                    return
-                parsed = _parse(data)
-                if event == "error" or (isinstance(parsed, dict) and "error" in parsed):
-                    raise _stream_error(parsed)
-                if isinstance(parsed, dict):
-                    yield parsed
-        except httpx.TransportError as exc:
-            raise _transport_error(exc, answering=True) from exc
-        finally:
-            await response.aclose()
+        from bridge.upstreams.streamed import stream_chunks
 
-
-def _stream_error(parsed: Any) -> UpstreamError:
-    error = parsed.get("error") if isinstance(parsed, dict) else None
-    if isinstance(error, dict):
-        code = error.get("code")
-        status = code if isinstance(code, int) and not isinstance(code, bool) else 502
-        return UpstreamError(status, json.dumps(parsed, ensure_ascii=False))
-    return UpstreamError(502, json.dumps(parsed, ensure_ascii=False))
-
-
-async def _sse_events(response: httpx.Response) -> AsyncGenerator[tuple[str, str], None]:
-    """(event name, data) pairs of a server-sent-events body."""
-    event = "message"
-    data: list[str] = []
-    async for line in response.aiter_lines():
-        if not line:
-            if data:
-                yield event, "\n".join(data)
-            event, data = "message", []
-        elif line.startswith(":"):
-            continue
-        else:
-            name, _, value = line.partition(":")
-            value = value.removeprefix(" ")
-            if name == "data":
-                data.append(value)
-            elif name == "event":
-                event = value
-    if data:
-        yield event, "\n".join(data)
+        content = _payload(route, prepared, True)
+        chunks = stream_chunks(self._http(), route.url, route.headers, content)
+        async with aclosing(chunks):
+            async for chunk in chunks:
+                yield chunk

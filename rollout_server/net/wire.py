@@ -41,7 +41,7 @@ from urllib.parse import urlsplit
 import h11
 import trio
 
-from .wireanswer import WireResponse
+from .wireanswer import _READING, _WRITING, WireResponse
 from .wireerrors import (
     DROPPED,
     ConnectFailed,
@@ -54,9 +54,10 @@ from .wireerrors import (
     WriteFailed,
     detail,
 )
-from .wirefast import Unusual, encode_request, parse_head
+from .wirefast import CheckedHeaders, Unusual, encode_request, parse_head
 
 __all__ = [
+    "CheckedHeaders",
     "ConnectFailed",
     "ConnectTimeout",
     "Connection",
@@ -199,14 +200,39 @@ class WirePool:
         h11's, from the request or from the answer's first unusual byte. On any failure (or
         cancellation) the connection is closed.
         """
+        response = WireResponse(self, connection)
+        if self.timeout == inf:
+            await self._send(response, connection, origin, method, target, headers, body, None)
+            return response
+        # One scope bounds the write and each read of the head, its deadline moved before
+        # each of them (a scope entered per step was most of what the bound cost).
+        with trio.CancelScope() as bound:
+            await self._send(response, connection, origin, method, target, headers, body, bound)
+            return response
+        # The connection is closed already (by _send, as the cancellation passed).
+        if response._step == _WRITING:
+            raise ReadTimeout("timed out writing the request", before_answer=True)
+        raise ReadTimeout("timed out reading the answer", before_answer=not response._answering)
+
+    async def _send(
+        self,
+        response: WireResponse,
+        connection: Connection,
+        origin: Origin,
+        method: bytes,
+        target: bytes,
+        headers: Sequence[tuple[bytes, bytes]],
+        body: bytes,
+        bound: trio.CancelScope | None,
+    ) -> None:
         sized = bool(body) or method in _BODY_METHODS
         data = encode_request(method, target, origin.host_header, headers, body, sized)
         try:
             if data is None:
                 protocol = connection.h11 = h11.Connection(h11.CLIENT)
                 data = _h11_request(protocol, method, target, origin, headers, body, sized)
-            await self._write(connection, data)
-            response = WireResponse(self, connection)
+            await self._write(connection, data, bound)
+            response._step = _READING
             if connection.h11 is None:
                 buffer, closed = connection.buffer, False
                 while True:
@@ -219,8 +245,8 @@ class WirePool:
                         response._remaining = response._length = length
                         connection.buffer = buffer[end:]
                         response._begin(status, fields)
-                        return response
-                    received = await response._receive(connection)
+                        return
+                    received = await response._receive(connection, bound)
                     if not received:
                         closed = True
                         break
@@ -232,26 +258,26 @@ class WirePool:
                 protocol.receive_data(buffer)
                 if closed:
                     protocol.receive_data(b"")
-            await self._h11_head(response, connection)
+            await self._h11_head(response, connection, bound)
         except BaseException:
             await trio.aclose_forcefully(connection.stream)
             raise
-        return response
 
-    async def _write(self, connection: Connection, data: bytes) -> None:
-        timeout = self.timeout
+    async def _write(
+        self, connection: Connection, data: bytes, bound: trio.CancelScope | None
+    ) -> None:
         try:
-            if timeout == inf:
+            if bound is None:
                 await connection.stream.send_all(data)
             else:
-                with trio.CancelScope(deadline=trio.current_time() + timeout) as write:
-                    await connection.stream.send_all(data)
-                if write.cancelled_caught:
-                    raise ReadTimeout("timed out writing the request", before_answer=True)
+                bound.deadline = trio.current_time() + self.timeout
+                await connection.stream.send_all(data)
         except DROPPED as exc:
             raise WriteFailed(detail(exc), before_answer=True) from exc
 
-    async def _h11_head(self, response: WireResponse, connection: Connection) -> None:
+    async def _h11_head(
+        self, response: WireResponse, connection: Connection, bound: trio.CancelScope | None
+    ) -> None:
         protocol = connection.h11
         assert protocol is not None
         if connection.buffer:
@@ -264,7 +290,7 @@ class WirePool:
             except h11.RemoteProtocolError as exc:
                 raise response._lost(ConnectionLost, exc) from exc
             if event is h11.NEED_DATA:
-                protocol.receive_data(await response._receive(connection))
+                protocol.receive_data(await response._receive(connection, bound))
             elif type(event) is h11.Response:
                 response._begin(event.status_code, event.headers)
                 return

@@ -22,6 +22,9 @@ if TYPE_CHECKING:
 __all__ = ["WireResponse"]
 
 _RECEIVE: Final = 65536
+_WRITING: Final = 0
+_READING: Final = 1
+"""Where :meth:`WirePool.send <rollout_server.net.wire.WirePool.send>` is, for its timeout's words."""
 
 
 class WireResponse:
@@ -37,6 +40,7 @@ class WireResponse:
         "_parts",
         "_pool",
         "_remaining",
+        "_step",
         "raw_headers",
         "status",
     )
@@ -55,6 +59,7 @@ class WireResponse:
         self._headers: dict[str, str] | None = None
         self._remaining = self._length = 0
         """Body bytes still to come (of ``_length``) while h11 is not reading the answer."""
+        self._step = _WRITING
 
     @property
     def headers(self) -> dict[str, str]:
@@ -67,11 +72,20 @@ class WireResponse:
             self._headers = headers
         return self._headers
 
-    async def _receive(self, connection: Connection) -> bytes:
-        """The next bytes from the socket; ``b""`` at its end."""
+    async def _receive(
+        self, connection: Connection, bound: trio.CancelScope | None = None
+    ) -> bytes:
+        """The next bytes from the socket; ``b""`` at its end.
+
+        The pool's timeout bounds the read: ``bound`` (the caller's scope, which reports the
+        timeout) gets its deadline moved, or the read gets a scope of its own.
+        """
         timeout = self._pool.timeout
         try:
             if timeout == inf:
+                data = await connection.stream.receive_some(_RECEIVE)
+            elif bound is not None:
+                bound.deadline = trio.current_time() + timeout
                 data = await connection.stream.receive_some(_RECEIVE)
             else:
                 with trio.CancelScope(deadline=trio.current_time() + timeout) as read:

@@ -32,7 +32,7 @@ import re
 from collections.abc import Sequence
 from typing import Final
 
-__all__ = ["MAX_HEAD", "Head", "Unusual", "encode_request", "parse_head"]
+__all__ = ["MAX_HEAD", "CheckedHeaders", "Head", "Unusual", "encode_request", "parse_head"]
 
 MAX_HEAD: Final = 16 * 1024
 """h11's limit on an incomplete event (its default ``max_incomplete_event_size``)."""
@@ -64,6 +64,35 @@ class Unusual(Exception):
     """The answer is not the simple kind: h11 must read it (from the bytes read so far)."""
 
 
+class CheckedHeaders(tuple[tuple[bytes, bytes], ...]):
+    """Request headers checked and encoded once, for a caller that sends the same ones on
+    every request: :func:`encode_request` then writes their bytes without checking each
+    header again. Immutable (a tuple), so the bytes stay those of the headers."""
+
+    encoded: bytes | None
+    """Their lines as :func:`encode_request` writes them; ``None`` when h11 must write them."""
+
+    def __new__(cls, headers: Sequence[tuple[bytes, bytes]]) -> CheckedHeaders:
+        self = super().__new__(cls, headers)
+        self.encoded = _encode_fields(self)
+        return self
+
+
+def _encode_fields(headers: Sequence[tuple[bytes, bytes]]) -> bytes | None:
+    parts = []
+    for name, value in headers:
+        if (
+            type(name) is not bytes
+            or type(value) is not bytes
+            or not _NAME.fullmatch(name)
+            or not _VALUE.fullmatch(value)
+            or name.lower() in _OURS
+        ):
+            return None
+        parts.append(b"%s: %s\r\n" % (name, value))
+    return b"".join(parts)
+
+
 def encode_request(
     method: bytes,
     target: bytes,
@@ -82,23 +111,18 @@ def encode_request(
         return None
     if type(host) is not bytes or not _VALUE.fullmatch(host):
         return None
-    parts = [b"%s %s HTTP/1.1\r\nhost: %s\r\n" % (method, target, host)]
-    for name, value in headers:
-        if (
-            type(name) is not bytes
-            or type(value) is not bytes
-            or not _NAME.fullmatch(name)
-            or not _VALUE.fullmatch(value)
-            or name.lower() in _OURS
-        ):
-            return None
-        parts.append(b"%s: %s\r\n" % (name, value))
-    if content_length:
-        parts.append(b"content-length: %d\r\n" % len(body))
-    parts.append(b"\r\n")
-    if body:
-        parts.append(body)
-    return b"".join(parts)
+    fields = headers.encoded if type(headers) is CheckedHeaders else _encode_fields(headers)
+    if fields is None:
+        return None
+    length = b"content-length: %d\r\n" % len(body) if content_length else b""
+    return b"%s %s HTTP/1.1\r\nhost: %s\r\n%s%s\r\n%s" % (
+        method,
+        target,
+        host,
+        fields,
+        length,
+        body,
+    )
 
 
 def parse_head(buffer: bytes, method: bytes) -> Head | None:

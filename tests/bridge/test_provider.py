@@ -165,7 +165,7 @@ async def test_upstream_timeout_is_408(
 ) -> None:
     import bridge.upstreams.direct
 
-    monkeypatch.setattr(bridge.upstreams.direct, "_TIMEOUT", httpx.Timeout(0.2))
+    monkeypatch.setattr(bridge.upstreams.direct, "_READ_TIMEOUT", 0.2)
     scripted.reply(Reply(200, parts=[(5.0, b"{}")]))
     handle = await start_bridge()
     response = await call(handle, {"messages": HI})

@@ -27,7 +27,13 @@ from rollout_server.net.wire import (
     WireError,
     WirePool,
 )
-from rollout_server.net.wirefast import MAX_HEAD, Unusual, encode_request, parse_head
+from rollout_server.net.wirefast import (
+    MAX_HEAD,
+    CheckedHeaders,
+    Unusual,
+    encode_request,
+    parse_head,
+)
 
 Header = tuple[bytes, bytes]
 Outcome = tuple[object, ...]
@@ -117,6 +123,8 @@ def test_requests_are_written_as_h11_writes_them(
     method, target, headers, body = request
     sized = bool(body) or method in (b"POST", b"PUT", b"PATCH")
     ours = encode_request(method, target, HOST, headers, body, sized)
+    # Headers checked once write the same bytes, and are refused alike.
+    assert encode_request(method, target, HOST, CheckedHeaders(headers), body, sized) == ours
     if ours is None:
         return
     _, theirs = _h11_request(method, target, headers, body)  # raising here fails the test
@@ -136,6 +144,7 @@ def test_ordinary_requests_take_the_fast_path() -> None:
         sized = bool(body) or method == b"POST"
         ours = encode_request(method, target, HOST, headers, body, sized)
         assert ours == _h11_request(method, target, headers, body)[1]
+        assert encode_request(method, target, HOST, CheckedHeaders(headers), body, sized) == ours
 
 
 # --- answers -------------------------------------------------------------------------------
