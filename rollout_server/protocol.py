@@ -21,9 +21,11 @@ from __future__ import annotations
 
 import enum
 import math
+import os
+import re
+import sys
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from importlib import metadata
 from typing import Any, Final
 
 import msgspec
@@ -476,11 +478,66 @@ def decode_cancel_response(data: bytes) -> CancelRolloutsResponse:
 
 def sdk_version() -> str:
     """The installed rollbridge version (what :data:`SDK_VERSION_HEADER` carries), or
-    ``"unknown"``."""
+    ``"unknown"``.
+
+    The ``Version`` field of the first ``rollbridge`` distribution in a ``sys.path`` directory,
+    found the way :mod:`importlib.metadata` finds it, read without importing that module: it
+    and the email parser it reads metadata with cost a server's start-up about as much CPU as
+    its HTTP stack. What this plain reading does not cover (no such directory: a zip on the
+    path, or no distribution at all; metadata without a ``Version`` line) is left to
+    :mod:`importlib.metadata`.
+    """
+    for entry in sys.path:
+        info = _distribution_in(entry or ".")
+        if info is not None:
+            version = _metadata_version(info)
+            if version is not None:
+                return version
+            break
+    from importlib import metadata
+
     try:
-        return metadata.version("rollbridge")
+        # (A distribution without a Version field reads as None there.)
+        return metadata.version("rollbridge") or "unknown"
     except metadata.PackageNotFoundError:
         return "unknown"
+
+
+def _distribution_in(directory: str) -> str | None:
+    """The path of a ``rollbridge`` ``.dist-info``/``.egg-info`` in ``directory`` (names
+    compared as :mod:`importlib.metadata` compares them), or None."""
+    try:
+        names = os.listdir(directory)
+    except OSError:  # not a directory (a zip, a missing entry)
+        return None
+    for name in names:
+        low = name.lower()
+        if low.endswith((".dist-info", ".egg-info")):
+            project = low.rpartition(".")[0].partition("-")[0]
+            if re.sub(r"[-_.]+", "_", project) == "rollbridge":
+                return os.path.join(directory, name)
+    return None
+
+
+def _metadata_version(info: str) -> str | None:
+    """The ``Version`` field of a distribution's ``METADATA`` (or ``PKG-INFO``), or None."""
+    for file in ("METADATA", "PKG-INFO"):
+        try:
+            with open(os.path.join(info, file), encoding="utf-8") as stream:
+                text = stream.read()
+        except OSError:
+            continue
+        # The RFC 822 header block (up to the first empty line), read as the email parser
+        # reads it: field names are case-insensitive, the first one counts, a value loses
+        # its leading blanks.
+        for line in text.splitlines():
+            if not line:
+                break
+            name, colon, value = line.partition(":")
+            if colon and name.lower() == "version":
+                return value.lstrip(" \t")
+        return None
+    return None
 
 
 # -- /health ------------------------------------------------------------------------------

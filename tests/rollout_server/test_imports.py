@@ -46,8 +46,8 @@ def test_protocol_imports_alone_and_sdk_has_no_heavy_dependencies() -> None:
 
 
 # What a rollout's main.py imports, then a started server answering /health: none of it needs
-# httpx (made only when a rollout reads its context's http_client) or hypercorn's worker and
-# HTTP/2 stack.
+# httpx (made only when a rollout reads its context's http_client), hypercorn's worker and
+# HTTP/2 stack, or importlib.metadata (the SDK version is read from the dist-info directly).
 STARTUP = """
 import sys
 from functools import partial
@@ -57,7 +57,7 @@ import trio
 from rollout_server import AgentWorkflow, Grader, LocalBackend, chat, reply_text, serve
 from rollout_server import serve_async
 
-LATE = ("httpx", "hypercorn.trio", "hypercorn.typing", "h2", "wsproto")
+LATE = ("httpx", "hypercorn.trio", "hypercorn.typing", "h2", "wsproto", "importlib.metadata")
 print(sorted(m for m in LATE if m in sys.modules))
 
 
