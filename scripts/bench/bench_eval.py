@@ -53,6 +53,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
+import math
 import os
 import shutil
 import subprocess
@@ -414,6 +415,19 @@ def _bridge_child(supervisor: psutil.Process) -> psutil.Process | None:
     return None
 
 
+def speed_probe_ms() -> float:
+    """CPU time of a fixed pure-Python workload (best of 5): on a VM whose host speed drifts,
+    absolute CPU figures move with it, and this shows by how much between runs."""
+    best = math.inf
+    for _ in range(5):
+        t0 = time.process_time()
+        total = 0
+        for i in range(300_000):
+            total += i % 7
+        best = min(best, time.process_time() - t0)
+    return best * 1000
+
+
 async def main(cases: set[int], large: int) -> None:
     ws = setup()
     configs = {n: dataset(ws, n) for n in {50, 200, 1000, large}}
@@ -671,6 +685,9 @@ if __name__ == "__main__":
     if args.py_spy is not None:
         args.py_spy.mkdir(parents=True, exist_ok=True)
         PYSPY_DIR = args.py_spy.resolve()
-    print(f"load average at start: {os.getloadavg()}; fake upstream: {UPSTREAM}")
+    print(
+        f"load average at start: {os.getloadavg()}; fake upstream: {UPSTREAM}; "
+        f"machine speed probe {speed_probe_ms():.1f} ms"
+    )
     trio.run(main, set(args.case or (1, 2, 3, 4, 5, 6)), args.large)
-    print(f"load average at end: {os.getloadavg()}")
+    print(f"load average at end: {os.getloadavg()}; machine speed probe {speed_probe_ms():.1f} ms")
