@@ -499,7 +499,7 @@ def sdk_version() -> str:
     try:
         # (A distribution without a Version field reads as None there.)
         return metadata.version("rollbridge") or "unknown"
-    except metadata.PackageNotFoundError:
+    except (metadata.PackageNotFoundError, KeyError):  # KeyError: importlib_metadata, no Version
         return "unknown"
 
 
