@@ -41,7 +41,16 @@ _LISTED_OFFSETS = 20
 _ROWS_SYNTAX = re.compile(r"^\d+(?:-\d+)?(?:,\d+(?:-\d+)?)*$")
 
 
-@dataclass(frozen=True)
+def _messages(system_prompt: str | None, user_prompt: str | None) -> list[dict[str, str]]:
+    messages = []
+    if system_prompt is not None:
+        messages.append({"role": "system", "content": system_prompt})
+    if user_prompt is not None:
+        messages.append({"role": "user", "content": user_prompt})
+    return messages
+
+
+@dataclass(frozen=True, slots=True)
 class NormalizedRow:
     """The columns of one dataset row that a rollout uses (§5.3)."""
 
@@ -53,26 +62,32 @@ class NormalizedRow:
     @property
     def initial_messages(self) -> list[dict[str, str]]:
         """``[system?, user?]`` chat messages sent to the rollout."""
-        messages = []
-        if self.system_prompt is not None:
-            messages.append({"role": "system", "content": self.system_prompt})
-        if self.user_prompt is not None:
-            messages.append({"role": "user", "content": self.user_prompt})
-        return messages
+        return _messages(self.system_prompt, self.user_prompt)
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class SelectedRow:
-    """One selected row: ``row_index`` in the selected set, ``source_row_index`` in the file."""
+    """One selected row: ``row_index`` in the selected set, ``source_row_index`` in the file.
+
+    The supervisor holds every selected row for the whole run, so a row keeps its two prompts
+    (slots, no per-row dict) and builds its chat messages only when asked: the message dicts
+    were about half of a row's memory.
+    """
 
     row_index: int
     source_row_index: int
-    initial_messages: list[dict[str, str]]
+    system_prompt: str | None
+    user_prompt: str | None
     label: str | None
     metadata: dict[str, Any] | None
 
+    @property
+    def initial_messages(self) -> list[dict[str, str]]:
+        """``[system?, user?]`` chat messages sent to the rollout (a new list at each call)."""
+        return _messages(self.system_prompt, self.user_prompt)
 
-@dataclass(frozen=True)
+
+@dataclass(frozen=True, slots=True)
 class WorkItem:
     """One unit of work: run ``run_index`` of a selected row."""
 
@@ -321,16 +336,38 @@ def select_rows(
     wanted = parse_rows_selector(rows) if rows is not None else None
     starts = [lo for lo, _ in wanted or ()]
     take = limit if (wanted is None and limit is not None and limit > 0) else None
-    chosen: list[tuple[int, dict[str, Any]]] = []
-    total = 0
+    # Each chosen row is normalized as it is read, so the raw rows are never all held at
+    # once; the first row that does not normalize is reported only after the whole file was
+    # read, as before (an out-of-range --rows, or no row selected, is the error shown first).
+    selected: list[SelectedRow] = []
+    bad_row: ValidationError | None = None
+    picked = total = 0
     for offset, raw in enumerate(iter_raw_rows(path, extension)):
         total = offset + 1
         if wanted is not None:
             at = bisect.bisect_right(starts, offset) - 1
-            if at >= 0 and offset <= wanted[at][1]:
-                chosen.append((offset, raw))
-        elif take is None or offset < take:
-            chosen.append((offset, raw))
+            chosen = at >= 0 and offset <= wanted[at][1]
+        else:
+            chosen = take is None or offset < take
+        if not chosen:
+            continue
+        picked += 1
+        if bad_row is None:
+            try:
+                norm = normalize_row(raw, offset)
+            except ValidationError as exc:
+                bad_row = exc
+                continue
+            selected.append(
+                SelectedRow(
+                    row_index=picked - 1,
+                    source_row_index=offset,
+                    system_prompt=norm.system_prompt,
+                    user_prompt=norm.user_prompt,
+                    label=norm.label,
+                    metadata=norm.metadata,
+                )
+            )
     display_name = name or path.name
     if wanted is not None:
         out_of_range = _out_of_range(wanted, total)
@@ -339,20 +376,10 @@ def select_rows(
                 f"--rows selects {out_of_range} but {display_name} has {total} rows "
                 f"(valid indices are 0-{max(total - 1, 0)})"
             )
-    if not chosen:
+    if not picked:
         raise ValidationError(f"{path} selected no rows")
-    selected: list[SelectedRow] = []
-    for row_index, (offset, raw) in enumerate(chosen):
-        norm = normalize_row(raw, offset)
-        selected.append(
-            SelectedRow(
-                row_index=row_index,
-                source_row_index=offset,
-                initial_messages=norm.initial_messages,
-                label=norm.label,
-                metadata=norm.metadata,
-            )
-        )
+    if bad_row is not None:
+        raise bad_row
     return DatasetSelection(
         path=path,
         name=display_name,

@@ -317,7 +317,7 @@ class Dispatcher:
 
     def _request(self, item: WorkItem, rollout_id: str) -> RolloutInitRequest:
         return RolloutInitRequest(
-            initial_messages=list(item.row.initial_messages),
+            initial_messages=item.row.initial_messages,  # a new list per call
             label=item.row.label,
             metadata=item.row.metadata,
             rollout_id=rollout_id,

@@ -188,7 +188,9 @@ def _open_temp(path: str) -> tuple[int, str]:
     raise FileExistsError(errno.EEXIST, "no usable temporary file name", path)
 
 
-def atomic_write_bytes(path: str | os.PathLike[str], data: bytes, *, durable: bool = True) -> None:
+def atomic_write_bytes(
+    path: str | os.PathLike[str], data: bytes | bytearray, *, durable: bool = True
+) -> None:
     """Replace ``path`` with ``data`` atomically (mode 0600); readers see old or new, never half.
 
     The path is handled as a string and its directory is created only when the temporary file

@@ -156,6 +156,27 @@ def compute_pending(
     return pending
 
 
+class _ItemGrid:
+    """The expected work keys ``(row, run)`` for ``0 <= row < rows``, ``0 <= run < n``, as
+    bounds: a set of them held a tuple, its ints and a table slot per item (~13 MB at 100,000
+    rows)."""
+
+    __slots__ = ("_rows", "_runs")
+
+    def __init__(self, rows: int, n: int) -> None:
+        self._rows = range(rows)
+        self._runs = range(n)
+
+    def __contains__(self, key: object) -> bool:
+        if not isinstance(key, tuple) or len(key) != 2:
+            return False
+        row, run = key
+        return row in self._rows and run in self._runs
+
+    def __len__(self) -> int:
+        return len(self._rows) * len(self._runs)
+
+
 class RunDirectory:
     """An open run directory. Create it with :meth:`open` while holding the :class:`RunLock`."""
 
@@ -185,7 +206,7 @@ class RunDirectory:
         # The rollout whose projections (index row, copies) were made by this invocation and
         # are current, per item: finalize rebuilds only the others.
         self._current: dict[WorkKey, str] = {}
-        self._expected = frozenset((r, k) for r in range(meta.sampled_rows) for k in range(meta.n))
+        self._expected = _ItemGrid(meta.sampled_rows, meta.n)
         self.counters = LiveCounters(pass_threshold=meta.pass_threshold)
         for key, record in journal.latest.items():
             if key in self._expected:
@@ -482,11 +503,12 @@ class RunDirectory:
         trajectory = read_valid_trajectory(self._trials_root, record.rollout_id)
         if trajectory is None and require_trajectory:
             return False
-        if record.key not in self._expected:
+        key = record.key  # one tuple shared by both maps (each call makes a new one)
+        if key not in self._expected:
             return True
         row = index_row(record, trajectory.doc if trajectory else None, resumed=False)
-        self._rows[record.key] = row
-        self._current.pop(record.key, None)
+        self._rows[key] = row
+        self._current.pop(key, None)
         line = index_line(row)
         for row_file in self._row_files:
             fd = os.open(row_file, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
@@ -502,7 +524,7 @@ class RunDirectory:
             trajectory=trajectory,
         )
         if trajectory is not None:
-            self._current[record.key] = record.rollout_id
+            self._current[key] = record.rollout_id
         now = time.monotonic()
         if now >= self._next_metrics:
             self._write_metrics("running", durable=False)
@@ -621,7 +643,11 @@ class RunDirectory:
             if trajectory is not None:
                 self._current[key] = record.rollout_id
         self._rows = rows
-        data = b"".join(index_line(rows[k]) for k in sorted(rows))
+        # Appended line by line: a list of every line before a join would double this
+        # buffer's size at the supervisor's peak (finalize, with every row in memory).
+        data = bytearray()
+        for k in sorted(rows):
+            data += index_line(rows[k])
         atomic_write_bytes(self.path / "index.jsonl", data)
         atomic_write_bytes(self.path / "summary.jsonl", data)
         self._next_metrics = time.monotonic() + self._metrics_interval_s

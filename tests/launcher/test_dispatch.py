@@ -34,7 +34,8 @@ def _item(row: int, run: int = 0) -> WorkItem:
         SelectedRow(
             row_index=row,
             source_row_index=row + 10,
-            initial_messages=[{"role": "user", "content": f"q{row}"}],
+            system_prompt=None,
+            user_prompt=f"q{row}",
             label=f"a{row}",
             metadata=None,
         ),

@@ -243,6 +243,23 @@ def test_bad_unselected_rows_are_not_checked_but_selected_ones_are(tmp_path: Pat
     assert msg(err) == "row 2: user_prompt is required for a dataset with no 'metadata' column"
 
 
+def test_a_bad_selected_row_is_reported_after_the_whole_file_was_read(tmp_path: Path) -> None:
+    # Rows are normalized while the file is read; the errors keep their order: an
+    # out-of-range --rows first, then the first selected row that does not normalize.
+    path = jsonl(tmp_path, [{"nothing": 1}, *rows(2), {"user_prompt": "x"}])
+    with pytest.raises(CLIError) as err:
+        select_rows(path, rows="0,3,7")
+    assert msg(err) == "--rows selects [7] but d.jsonl has 4 rows (valid indices are 0-3)"
+    with pytest.raises(CLIError) as err:
+        select_rows(path, rows="0,3")
+    assert msg(err) == "row 0: user_prompt is required for a dataset with no 'metadata' column"
+    with pytest.raises(CLIError) as err:
+        select_rows(path, rows="1-3")
+    assert msg(err) == (
+        "row 3: ground_truth (or label) is required for a dataset with no 'metadata' column"
+    )
+
+
 def test_empty_selection(tmp_path: Path) -> None:
     path = tmp_path / "d.jsonl"
     path.write_text("\n\n")
