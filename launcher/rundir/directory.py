@@ -56,11 +56,12 @@ from launcher.rundir.journal import Journal, TerminalRecord, WorkKey
 from launcher.rundir.lock import RunLock, lock_path
 from launcher.rundir.logs import RunLog, utc_now_iso
 from launcher.rundir.manifest import GateOutcome, Manifest, manifest_gate
-from launcher.rundir.metrics import LiveCounters, aggregate_metrics
+from launcher.rundir.metrics import LiveCounters, aggregate_index_values
 from launcher.rundir.names import validate_run_name
 from launcher.rundir.projections import (
-    index_line,
-    index_row,
+    IndexValues,
+    index_values,
+    index_values_line,
     load_valid_trajectory,
     project_item,
     read_valid_trajectory,
@@ -176,6 +177,11 @@ class _ItemGrid:
     def __len__(self) -> int:
         return len(self._rows) * len(self._runs)
 
+    def slot(self, key: WorkKey) -> int:
+        """The position of an expected key in row-major ``(row, run)`` order."""
+        row, run = key
+        return row * len(self._runs) + run
+
 
 class RunDirectory:
     """An open run directory. Create it with :meth:`open` while holding the :class:`RunLock`."""
@@ -201,12 +207,17 @@ class RunDirectory:
         self._t0 = time.monotonic()
         self._metrics_interval_s = metrics_interval_s
         self._next_metrics = -float("inf")
-        self._fresh: set[WorkKey] = set()
-        self._rows: dict[WorkKey, dict[str, Any]] = {}
-        # The rollout whose projections (index row, copies) were made by this invocation and
-        # are current, per item: finalize rebuilds only the others.
-        self._current: dict[WorkKey, str] = {}
         self._expected = _ItemGrid(meta.sampled_rows, meta.n)
+        # Per expected item, by its grid slot (so in (row_index, run_index) order): no key
+        # tuples or table entries (~17 MB more at 100,000 rows as dicts keyed by tuple).
+        size = len(self._expected)
+        # 1 where this invocation produced the latest record (the others are resumed).
+        self._fresh = bytearray(size)
+        # The index row of the latest record, as made by this invocation.
+        self._rows: list[IndexValues | None] = [None] * size
+        # 1 where the projections (copies) of the rollout in _rows were made by this
+        # invocation with a valid trajectory and are current: finalize rebuilds only the others.
+        self._current = bytearray(size)
         self.counters = LiveCounters(pass_threshold=meta.pass_threshold)
         for key, record in journal.latest.items():
             if key in self._expected:
@@ -350,8 +361,11 @@ class RunDirectory:
     @property
     def resumed_count(self) -> int:
         """Recorded items whose latest record was not produced by this invocation."""
+        expected = self._expected
         return sum(
-            1 for key in self.journal.latest if key in self._expected and key not in self._fresh
+            1
+            for key in self.journal.latest
+            if key in expected and not self._fresh[expected.slot(key)]
         )
 
     def pending_items(
@@ -410,8 +424,8 @@ class RunDirectory:
             if isinstance(exc.__cause__, OSError) and self._journal_failure is None:
                 self._journal_failure = WriteFailure(self.journal.path, exc.__cause__)
             raise
-        self._fresh.add(record.key)
         if record.key in self._expected:
+            self._fresh[self._expected.slot(record.key)] = 1
             prev = (
                 (previous.status, previous.reward, previous.tokens)
                 if previous is not None
@@ -503,13 +517,14 @@ class RunDirectory:
         trajectory = read_valid_trajectory(self._trials_root, record.rollout_id)
         if trajectory is None and require_trajectory:
             return False
-        key = record.key  # one tuple shared by both maps (each call makes a new one)
+        key = record.key
         if key not in self._expected:
             return True
-        row = index_row(record, trajectory.doc if trajectory else None, resumed=False)
-        self._rows[key] = row
-        self._current.pop(key, None)
-        line = index_line(row)
+        slot = self._expected.slot(key)
+        values = index_values(record, trajectory.doc if trajectory else None, resumed=False)
+        self._rows[slot] = values
+        self._current[slot] = 0
+        line = index_values_line(values)
         for row_file in self._row_files:
             fd = os.open(row_file, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
             try:
@@ -524,7 +539,7 @@ class RunDirectory:
             trajectory=trajectory,
         )
         if trajectory is not None:
-            self._current[key] = record.rollout_id
+            self._current[slot] = 1
         now = time.monotonic()
         if now >= self._next_metrics:
             self._write_metrics("running", durable=False)
@@ -583,7 +598,6 @@ class RunDirectory:
     def _metrics_doc(
         self, status: str, duration_ms: float, completed_at: str | None
     ) -> dict[str, Any]:
-        rows = [self._rows[k] for k in sorted(self._rows)]
         eval_run: dict[str, Any] = {
             "id": self.manifest.local_run_id,
             "status": status,
@@ -596,7 +610,12 @@ class RunDirectory:
         }
         if completed_at is not None:
             eval_run["completed_at"] = completed_at
-        return {"eval_run": eval_run, "summary": aggregate_metrics(rows, self.meta.pass_threshold)}
+        # The rows in slot order, read in place: no list or per-row dict per refresh.
+        rows = (values for values in self._rows if values is not None)
+        return {
+            "eval_run": eval_run,
+            "summary": aggregate_index_values(rows, self.meta.pass_threshold),
+        }
 
     def _write_metrics(
         self,
@@ -624,15 +643,17 @@ class RunDirectory:
         its latest record, with a valid trajectory (at open, or when its result came in), keeps
         them: only the other items are read and projected again, so finalize does not redo the
         whole run's file work."""
-        previous, rows = self._rows, {}
+        previous: list[IndexValues | None] = self._rows
+        rows: list[IndexValues | None] = [None] * len(previous)
         for record in self._latest_expected():
-            key = record.key
-            if reuse and self._current.get(key) == record.rollout_id and key in previous:
-                rows[key] = previous[key]
+            slot = self._expected.slot(record.key)
+            kept = previous[slot]
+            if reuse and self._current[slot] and kept is not None and kept[2] == record.rollout_id:
+                rows[slot] = kept  # kept[2]: the rollout_id the row (and its copies) were made for
                 continue
             trajectory = read_valid_trajectory(self.trials_dir, record.rollout_id)
             doc = trajectory.doc if trajectory is not None else None
-            rows[key] = index_row(record, doc, resumed=key not in self._fresh)
+            rows[slot] = index_values(record, doc, resumed=not self._fresh[slot])
             project_item(
                 self.path,
                 record,
@@ -640,25 +661,26 @@ class RunDirectory:
                 warn=self._warn,
                 trajectory=trajectory,
             )
-            if trajectory is not None:
-                self._current[key] = record.rollout_id
+            self._current[slot] = trajectory is not None
         self._rows = rows
         # Appended line by line: a list of every line before a join would double this
         # buffer's size at the supervisor's peak (finalize, with every row in memory).
         data = bytearray()
-        for k in sorted(rows):
-            data += index_line(rows[k])
+        for values in rows:
+            if values is not None:
+                data += index_values_line(values)
         atomic_write_bytes(self.path / "index.jsonl", data)
         atomic_write_bytes(self.path / "summary.jsonl", data)
         self._next_metrics = time.monotonic() + self._metrics_interval_s
         return self._write_metrics(status, duration_ms=duration_ms, completed_at=completed_at)
 
-    def _index_rows(self) -> dict[WorkKey, dict[str, Any]]:
+    def _index_rows(self) -> list[IndexValues | None]:
         """The index row of every expected item (reads trajectories, writes nothing)."""
-        rows: dict[WorkKey, dict[str, Any]] = {}
+        rows: list[IndexValues | None] = [None] * len(self._expected)
         for record in self._latest_expected():
+            slot = self._expected.slot(record.key)
             trajectory = load_valid_trajectory(self.trials_dir, record.rollout_id)
-            rows[record.key] = index_row(record, trajectory, resumed=record.key not in self._fresh)
+            rows[slot] = index_values(record, trajectory, resumed=not self._fresh[slot])
         return rows
 
     def _salvage_metrics(self, doc: dict[str, Any]) -> None:
@@ -736,7 +758,7 @@ class RunDirectory:
             succeeded=sum(1 for r in latest if r.status == "success"),
             failed=sum(1 for r in latest if r.status == "failed"),
             skipped=sum(1 for r in latest if r.status == "skipped"),
-            resumed=sum(1 for r in latest if r.key not in self._fresh),
+            resumed=sum(1 for r in latest if not self._fresh[self._expected.slot(r.key)]),
             duration_ms=duration_ms,
             failed_rows=self.failed_rows(),
             write_failure=self.write_failure,

@@ -8,11 +8,21 @@ from __future__ import annotations
 
 import math
 import statistics
-from collections.abc import Iterable, Mapping
+from array import array
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any, TypeGuard
 
-__all__ = ["LiveCounters", "aggregate_metrics", "pass_at_k", "pass_at_k_estimate", "reward_stats"]
+from launcher.rundir.projections import INDEX_KEYS, IndexValues
+
+__all__ = [
+    "LiveCounters",
+    "aggregate_index_values",
+    "aggregate_metrics",
+    "pass_at_k",
+    "pass_at_k_estimate",
+    "reward_stats",
+]
 
 
 def _numeric(value: Any) -> TypeGuard[int | float]:
@@ -48,10 +58,17 @@ def pass_at_k(per_row: Mapping[int, tuple[int, int]], n_runs: int) -> list[dict[
     ``per_row`` maps a row index to ``(attempts, passes)`` (skipped attempts excluded).
     A k with no eligible row is dropped.
     """
+    return _pass_at_k_pairs(lambda: per_row.values(), n_runs)
+
+
+def _pass_at_k_pairs(
+    pairs: Callable[[], Iterable[tuple[int, int]]], n_runs: int
+) -> list[dict[str, Any]]:
+    """:func:`pass_at_k` over ``pairs()``, the rows' ``(attempts, passes)`` (read once per k)."""
     points: list[dict[str, Any]] = []
     k = 1
     while k <= n_runs:
-        values = [pass_at_k_estimate(a, p, k) for a, p in per_row.values() if a >= k]
+        values = [pass_at_k_estimate(a, p, k) for a, p in pairs() if a >= k]
         if values:
             points.append({"k": k, "value": sum(values) / len(values)})
         k *= 2
@@ -62,7 +79,10 @@ def aggregate_metrics(rows: Iterable[Mapping[str, Any]], pass_threshold: float) 
     """``metrics.json.summary`` from index rows (one per work item with a record), key order §6.2."""
     total = skipped = failed = graded = passed = tokens_used = 0
     rewards: list[float] = []
-    per_row: dict[int, list[int]] = {}
+    # Two int maps rather than a [attempts, passes] list per row: the counts are small
+    # (cached) ints, so a row costs two table slots instead of a list object as well.
+    attempts: dict[int, int] = {}
+    passes: dict[int, int] = {}
     max_run = -1
     for row in rows:
         total += 1
@@ -77,15 +97,83 @@ def aggregate_metrics(rows: Iterable[Mapping[str, Any]], pass_threshold: float) 
             continue
         if status == "failed":
             failed += 1
-        counts = per_row.setdefault(row["row_index"], [0, 0])
-        counts[0] += 1
+        row_index = row["row_index"]
+        attempts[row_index] = attempts.get(row_index, 0) + 1
         reward = row.get("reward")
         if _numeric(reward):
             graded += 1
             rewards.append(float(reward))
             if reward >= pass_threshold:
                 passed += 1
-                counts[1] += 1
+                passes[row_index] = passes.get(row_index, 0) + 1
+    return _summary(
+        (total, skipped, failed, graded, passed, tokens_used),
+        rewards,
+        lambda: ((a, passes.get(r, 0)) for r, a in attempts.items()),
+        max_run + 1,
+        pass_threshold,
+    )
+
+
+_ROW, _RUN, _STATUS, _REWARD, _TOKENS = (
+    INDEX_KEYS.index(key) for key in ("row_index", "run_index", "status", "reward", "tokens")
+)
+
+
+def aggregate_index_values(rows: Iterable[IndexValues], pass_threshold: float) -> dict[str, Any]:
+    """:func:`aggregate_metrics` over index rows in their compact form
+    (:func:`~launcher.rundir.projections.index_values`), given in ``(row_index, run_index)``
+    order: each row's attempts are then contiguous, so its counts are kept as two machine
+    ints in arrays (the same row order, hence the same sums, as the mapping form)."""
+    total = skipped = failed = graded = passed = tokens_used = 0
+    rewards: list[float] = []
+    attempts, passes = array("q"), array("q")
+    current = None
+    max_run = -1
+    for row in rows:
+        total += 1
+        tokens = row[_TOKENS]
+        if isinstance(tokens, int) and not isinstance(tokens, bool):
+            tokens_used += tokens
+        max_run = max(max_run, row[_RUN])
+        status = row[_STATUS]
+        if status == "skipped":
+            skipped += 1
+            continue
+        if status == "failed":
+            failed += 1
+        row_index = row[_ROW]
+        if row_index != current:
+            if current is not None and row_index < current:
+                raise ValueError("index rows must be in (row_index, run_index) order")
+            current = row_index
+            attempts.append(0)
+            passes.append(0)
+        attempts[-1] += 1
+        reward = row[_REWARD]
+        if _numeric(reward):
+            graded += 1
+            rewards.append(float(reward))
+            if reward >= pass_threshold:
+                passed += 1
+                passes[-1] += 1
+    return _summary(
+        (total, skipped, failed, graded, passed, tokens_used),
+        rewards,
+        lambda: zip(attempts, passes, strict=True),
+        max_run + 1,
+        pass_threshold,
+    )
+
+
+def _summary(
+    counts: tuple[int, int, int, int, int, int],
+    rewards: list[float],
+    pairs: Callable[[], Iterable[tuple[int, int]]],
+    n_runs: int,
+    pass_threshold: float,
+) -> dict[str, Any]:
+    total, skipped, failed, graded, passed, tokens_used = counts
     completed = total - skipped
     summary: dict[str, Any] = {
         "total_samples": total,
@@ -101,10 +189,9 @@ def aggregate_metrics(rows: Iterable[Mapping[str, Any]], pass_threshold: float) 
     stats = reward_stats(rewards)
     if stats is not None:
         summary["reward_stats"] = stats
-    n_runs = max_run + 1
     if n_runs >= 2:
         summary["n_runs"] = n_runs
-        points = pass_at_k({r: (a, p) for r, (a, p) in per_row.items()}, n_runs)
+        points = _pass_at_k_pairs(pairs, n_runs)
         if len(points) >= 2:
             summary["pass_at_k"] = points
     return summary

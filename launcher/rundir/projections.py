@@ -23,10 +23,14 @@ __all__ = [
     "ARTIFACT_MAX_BYTES",
     "INDEX_KEYS",
     "TRAJECTORY_FILENAME",
+    "IndexValues",
     "SafeArtifacts",
     "TrajectoryFile",
     "index_line",
     "index_row",
+    "index_values",
+    "index_values_line",
+    "index_values_row",
     "load_failure_detail",
     "load_valid_trajectory",
     "project_item",
@@ -60,6 +64,9 @@ INDEX_KEYS = (
 )
 
 Warn = Callable[[str, dict[str, Any]], None]
+IndexValues = tuple[Any, ...]
+"""An index row's values in :data:`INDEX_KEYS` order, None for a key the row leaves out: the
+form the supervisor keeps per item (a tuple is about a third of the row's dict)."""
 
 
 def projection_stem(row_index: int, run_index: int) -> str:
@@ -184,6 +191,32 @@ def trajectory_usage(doc: dict[str, Any]) -> tuple[int | None, int | None]:
     return tokens, max_context
 
 
+def index_values(
+    record: TerminalRecord, trajectory: dict[str, Any] | None, *, resumed: bool
+) -> IndexValues:
+    """One index.jsonl row (:func:`index_row`) as :data:`IndexValues`."""
+    tokens, max_context = record.tokens, record.max_context_tokens
+    if trajectory is not None and (tokens is None or max_context is None):
+        fallback_tokens, fallback_max = trajectory_usage(trajectory)
+        tokens = fallback_tokens if tokens is None else tokens
+        max_context = fallback_max if max_context is None else max_context
+    return (
+        record.row_index,
+        record.run_index,
+        record.rollout_id,
+        TRAJECTORY_FILENAME if trajectory is not None else None,
+        record.status,
+        float(record.reward) if record.reward is not None else None,
+        tokens,
+        max_context,
+        record.retries,
+        float(record.duration_ms or 0.0),
+        record.error_type,
+        record.error.to_json() if record.error is not None else None,
+        True if resumed else None,
+    )
+
+
 def index_row(
     record: TerminalRecord, trajectory: dict[str, Any] | None, *, resumed: bool
 ) -> dict[str, Any]:
@@ -193,27 +226,17 @@ def index_row(
     ``tokens``/``max_context_tokens`` come from the journal record, falling back to the valid
     trajectory's metrics when the bridge saw no usage.
     """
-    tokens, max_context = record.tokens, record.max_context_tokens
-    if trajectory is not None and (tokens is None or max_context is None):
-        fallback_tokens, fallback_max = trajectory_usage(trajectory)
-        tokens = fallback_tokens if tokens is None else tokens
-        max_context = fallback_max if max_context is None else max_context
-    values: dict[str, Any] = {
-        "row_index": record.row_index,
-        "run_index": record.run_index,
-        "rollout_id": record.rollout_id,
-        "trajectory_filename": TRAJECTORY_FILENAME if trajectory is not None else None,
-        "status": record.status,
-        "reward": float(record.reward) if record.reward is not None else None,
-        "tokens": tokens,
-        "max_context_tokens": max_context,
-        "retries": record.retries,
-        "duration_ms": float(record.duration_ms or 0.0),
-        "error_type": record.error_type,
-        "error": record.error.to_json() if record.error is not None else None,
-        "resumed": True if resumed else None,
-    }
-    return {k: values[k] for k in INDEX_KEYS if values[k] is not None}
+    return index_values_row(index_values(record, trajectory, resumed=resumed))
+
+
+def index_values_row(values: IndexValues) -> dict[str, Any]:
+    """The index row (a dict in §3.4 key order, None values left out) of ``values``."""
+    return {k: v for k, v in zip(INDEX_KEYS, values, strict=True) if v is not None}
+
+
+def index_values_line(values: IndexValues) -> bytes:
+    """:func:`index_line` of the row ``values`` hold."""
+    return index_line(index_values_row(values))
 
 
 def index_line(row: dict[str, Any]) -> bytes:

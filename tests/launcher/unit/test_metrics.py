@@ -136,3 +136,54 @@ def test_live_rate_is_zero_when_nothing_scored() -> None:
     live = LiveCounters()
     live.apply("skipped", None)
     assert live.pass_rate == 0.0
+
+
+def test_compact_rows_give_the_same_summary_and_lines() -> None:
+    # The supervisor keeps each index row as a tuple (index_values) and aggregates those; the
+    # summary and every index line must be byte-identical to the dict form's.
+    import json
+    import random
+
+    from launcher.rundir.journal import TerminalRecord
+    from launcher.rundir.metrics import aggregate_index_values
+    from launcher.rundir.projections import (
+        index_line,
+        index_row,
+        index_values,
+        index_values_line,
+    )
+
+    rng = random.Random(15)
+    records = []
+    for r in range(300):
+        for k in range(rng.choice([4, 4, 3])):  # some rows with fewer attempts
+            status = rng.choice(["success", "success", "failed", "skipped"])
+            reward = rng.choice([None, 0, 1, 0.1, 0.7, rng.random()])
+            records.append(
+                TerminalRecord(
+                    row_index=r,
+                    run_index=k,
+                    rollout_id=f"r{r}-{k}",
+                    status=status,
+                    reward=reward,
+                    tokens=rng.choice([None, 0, rng.randrange(10_000)]),
+                    duration_ms=rng.choice([None, 12.5]),
+                    error_type="timeout" if status == "failed" else None,
+                )
+            )
+    traj = {"final_metrics": {"total_prompt_tokens": 3}}
+    values = [
+        index_values(rec, traj if i % 3 else None, resumed=i % 5 == 0)
+        for i, rec in enumerate(records)
+    ]
+    rows = [
+        index_row(rec, traj if i % 3 else None, resumed=i % 5 == 0) for i, rec in enumerate(records)
+    ]
+    assert [index_values_line(v) for v in values] == [index_line(r) for r in rows]
+    for threshold in (0.5, 1.0):
+        compact = aggregate_index_values(values, threshold)
+        assert json.dumps(compact) == json.dumps(aggregate_metrics(rows, threshold))
+        assert "pass_at_k" in compact and compact["reward_stats"]["std"] > 0
+    assert aggregate_index_values([], 1.0) == aggregate_metrics([], 1.0)
+    with pytest.raises(ValueError, match="order"):
+        aggregate_index_values(values[::-1], 1.0)

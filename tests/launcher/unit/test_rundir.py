@@ -463,7 +463,7 @@ async def test_a_slow_metrics_refresh_is_spaced_out(
 
     import launcher.rundir.directory as directory
 
-    real = directory.aggregate_metrics
+    real = directory.aggregate_index_values
 
     def slow(*args: object, **kwargs: object) -> dict:
         time.sleep(0.1)  # like 50,000 rows: the next refresh waits about 5 s
@@ -471,7 +471,7 @@ async def test_a_slow_metrics_refresh_is_spaced_out(
 
     sel = selection(tmp_path, rows=3)
     rd = open_rd(tmp_path, sel, n=1)
-    monkeypatch.setattr(directory, "aggregate_metrics", slow)
+    monkeypatch.setattr(directory, "aggregate_index_values", slow)
     with trio.fail_after(20):
         for row in range(3):
             await rd.record_result(record(row, 0))
