@@ -15,13 +15,23 @@ from typing import Any, Final
 
 import msgspec
 
-__all__ = ["completion", "encode", "error", "events", "reply_text", "usage"]
+__all__ = [
+    "completion",
+    "content_text",
+    "encode",
+    "error",
+    "events",
+    "last_user_text",
+    "prompt_words",
+    "reply_text",
+    "usage",
+]
 
 CREATED: Final = 1_700_000_000
 encode: Final = msgspec.json.Encoder().encode
 
 
-def _content_text(content: Any) -> str:
+def content_text(content: Any) -> str:
     if isinstance(content, str):
         return content
     if isinstance(content, list):
@@ -29,19 +39,19 @@ def _content_text(content: Any) -> str:
     return ""
 
 
-def _last_user_text(messages: Any) -> str:
+def last_user_text(messages: Any) -> str:
     if isinstance(messages, list):
         for message in reversed(messages):
             if isinstance(message, dict) and message.get("role") == "user":
-                return _content_text(message.get("content"))
+                return content_text(message.get("content"))
     return ""
 
 
-def _prompt_words(messages: Any) -> int:
+def prompt_words(messages: Any) -> int:
     if not isinstance(messages, list):
         return 0
     words = sum(
-        len(_content_text(message.get("content")).split())
+        len(content_text(message.get("content")).split())
         for message in messages
         if isinstance(message, dict)
     )
@@ -50,12 +60,12 @@ def _prompt_words(messages: Any) -> int:
 
 def reply_text(request: dict[str, Any]) -> str:
     """The reply to ``request``: ``"echo: "`` and the last user message's text."""
-    return "echo: " + _last_user_text(request.get("messages"))
+    return "echo: " + last_user_text(request.get("messages"))
 
 
 def usage(request: dict[str, Any], text: str) -> dict[str, int]:
     """The ``usage`` of the reply ``text`` to ``request``."""
-    prompt = _prompt_words(request.get("messages"))
+    prompt = prompt_words(request.get("messages"))
     words = len(text.split())
     return {"prompt_tokens": prompt, "completion_tokens": words, "total_tokens": prompt + words}
 

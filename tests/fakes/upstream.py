@@ -38,6 +38,8 @@ import trio
 from hypercorn.config import Config
 from hypercorn.trio import serve
 
+from tests.fakes.echo_reply import last_user_text, prompt_words
+
 
 @dataclass
 class RecordedRequest:
@@ -189,9 +191,9 @@ class FakeUpstream:
             status = self.fail_statuses.popleft()
             await _send_raw(send, status, self.fail_body.encode(), b"application/json")
             return
-        text = self.reply_prefix + _last_user_text(request.get("messages"))
+        text = self.reply_prefix + last_user_text(request.get("messages"))
         model = str(request.get("model", "fake-model"))
-        prompt_tokens = _count_words(request.get("messages"))
+        prompt_tokens = prompt_words(request.get("messages"))
         completion_tokens = len(text.split())
         usage = {
             "prompt_tokens": prompt_tokens,
@@ -274,32 +276,6 @@ def _chunk(model: str, delta: dict[str, Any], finish: str | None) -> dict[str, A
 
 def _sse(obj: dict[str, Any]) -> bytes:
     return b"data: " + json.dumps(obj).encode() + b"\n\n"
-
-
-def _content_text(content: Any) -> str:
-    if isinstance(content, str):
-        return content
-    if isinstance(content, list):
-        return " ".join(str(part.get("text", "")) for part in content if isinstance(part, dict))
-    return ""
-
-
-def _last_user_text(messages: Any) -> str:
-    if isinstance(messages, list):
-        for message in reversed(messages):
-            if isinstance(message, dict) and message.get("role") == "user":
-                return _content_text(message.get("content"))
-    return ""
-
-
-def _count_words(messages: Any) -> int:
-    if not isinstance(messages, list):
-        return 0
-    total = 0
-    for message in messages:
-        if isinstance(message, dict):
-            total += len(_content_text(message.get("content")).split())
-    return max(total, 1)
 
 
 async def _send_json(send: Any, status: int, payload: Any) -> None:
