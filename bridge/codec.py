@@ -13,10 +13,10 @@ fraction of that. What goes on the wire stays exactly what :mod:`json` makes of 
   depth, is the one place the two may part by a few levels.)
 * :func:`dumps` writes with msgspec only a value whose every part msgspec renders as
   ``json.dumps(..., ensure_ascii=False, separators=(",", ":"))`` does: dicts with ``str``
-  keys, lists, tuples, ``str``, ``bool``, ``None``, ``int`` and finite ``float`` in the range
-  where ``repr`` uses no exponent (msgspec writes ``1e16`` and ``1e-05`` its own way), all of
-  exactly those types; anything else, and anything msgspec refuses (a lone surrogate), is
-  written by :mod:`json`, errors included.
+  keys, lists, tuples, ``str``, ``bool``, ``None``, 64-bit ``int`` and finite ``float`` in
+  the range where ``repr`` uses no exponent, all of exactly those types
+  (:func:`rollout_server.net.jsonbytes.renders_like_json`); anything else, and anything
+  msgspec refuses (a lone surrogate), is written by :mod:`json`, errors included.
 
 ``tests/bridge/test_codec.py`` holds both against :mod:`json` over generated values.
 """
@@ -27,6 +27,8 @@ import json
 from typing import Any, Final
 
 import msgspec
+
+from rollout_server.net.jsonbytes import renders_like_json
 
 __all__ = ["dumps", "loads"]
 
@@ -43,25 +45,11 @@ def loads(data: bytes | str) -> Any:
         return json.loads(data)
 
 
-def _plain(obj: Any) -> bool:
-    """Whether msgspec writes ``obj`` exactly as :mod:`json` does (see the module's text)."""
-    kind = type(obj)
-    if kind is str or kind is int or kind is bool or obj is None:
-        return True
-    if kind is float:
-        return bool(obj == 0.0 or 1e-4 <= abs(obj) < 1e16)  # NaN and infinity fail both
-    if kind is dict:
-        return all(type(key) is str for key in obj) and all(map(_plain, obj.values()))
-    if kind is list or kind is tuple:
-        return all(map(_plain, obj))
-    return False
-
-
 def dumps(obj: Any) -> bytes:
     """Compact UTF-8 JSON: ``json.dumps(obj, ensure_ascii=False, separators=(",", ":"))``
     encoded as UTF-8, byte for byte (and the same exception where that raises)."""
     try:
-        if _plain(obj):
+        if renders_like_json(obj):
             return _ENCODE(obj)
     except (RecursionError, UnicodeEncodeError, TypeError, ValueError, OverflowError):
         pass  # json decides, and raises its own error where it fails too

@@ -20,6 +20,8 @@ from typing import Any, Final
 
 import msgspec
 
+from rollout_server.net.jsonbytes import renders_like_json
+
 __all__ = [
     "DIR_MODE",
     "FILE_MODE",
@@ -66,36 +68,16 @@ class WriteFailure:
 
 
 _SORTED_ENCODE: Final = msgspec.json.Encoder(order="sorted").encode
-_INT64: Final = 1 << 63
-
-
-def _plain(obj: Any) -> bool:
-    """Whether msgspec's sorted encoder writes ``obj`` exactly as ``json.dumps`` with sorted
-    keys and compact separators does: dicts with ``str`` keys, lists, tuples, ``str``,
-    ``bool``, ``None``, 64-bit ``int`` and finite ``float`` in the range where ``repr`` uses
-    no exponent (msgspec writes ``1e16`` and ``1e-05`` differently), all of exactly those
-    types (a subclass may render differently, or be refused by one and not the other)."""
-    kind = type(obj)
-    if kind is str or kind is bool or obj is None:
-        return True
-    if kind is int:
-        return bool(-_INT64 <= obj < _INT64)
-    if kind is float:
-        return bool(obj == 0.0 or 1e-4 <= abs(obj) < 1e16)  # NaN and infinity fail both
-    if kind is dict:
-        return all(type(key) is str for key in obj) and all(map(_plain, obj.values()))
-    if kind is list or kind is tuple:
-        return all(map(_plain, obj))
-    return False
 
 
 def fast_sorted_json(obj: Any) -> bytes | None:
     """``json.dumps(obj, sort_keys=True, separators=(",", ":"), ensure_ascii=False)`` as UTF-8,
     from msgspec (a fraction of the cost), or None when that could differ in any way (see
-    :func:`_plain`; a lone surrogate, which UTF-8 cannot hold, is None too): the caller then
-    takes the stdlib path. Byte-identical output is pinned by a differential test."""
+    :func:`~rollout_server.net.jsonbytes.renders_like_json`; a lone surrogate, which UTF-8
+    cannot hold, is None too): the caller then takes the stdlib path. Byte-identical output
+    is pinned by a differential test."""
     try:
-        if not _plain(obj):
+        if not renders_like_json(obj):
             return None
         return _SORTED_ENCODE(obj)
     except (RecursionError, UnicodeEncodeError, TypeError, ValueError, OverflowError):
