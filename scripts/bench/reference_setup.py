@@ -29,7 +29,6 @@ import os
 import shutil
 import subprocess
 import sys
-import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -38,7 +37,7 @@ REPO = Path(__file__).resolve().parents[2]
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
-from tests.rollout_server.interop_env import find_python312  # noqa: E402
+from tests.rollout_server.interop_env import build_then_rename, find_python312  # noqa: E402
 
 REFERENCE_VERSION = "0.3.8"
 CACHE = Path.home() / ".cache" / "rollbridge" / "bench-reference"
@@ -121,9 +120,7 @@ def _answers(python: Path, code: str) -> bool:
 
 
 def _build_env(python312: str) -> None:
-    building = Path(tempfile.mkdtemp(prefix=ENV_DIR.name + ".build-", dir=CACHE))
-    try:
-        shutil.rmtree(building)
+    def build(building: Path) -> None:
         _run([python312, "-m", "venv", str(building)], "creating the reference's venv")
         _run(
             [
@@ -137,17 +134,12 @@ def _build_env(python312: str) -> None:
             ],
             f"pip install osmosis-ai[eval]=={REFERENCE_VERSION}",
         )
-        if ENV_DIR.exists():
-            shutil.rmtree(ENV_DIR)
-        os.rename(building, ENV_DIR)
-    except BaseException:
-        shutil.rmtree(building, ignore_errors=True)
-        raise
+
+    build_then_rename(ENV_DIR, build)
 
 
 def _build_workspace() -> None:
-    building = Path(tempfile.mkdtemp(prefix=WORKSPACE.name + ".build-", dir=CACHE))
-    try:
+    def build(building: Path) -> None:
         for sub in ("rollouts/echo", "configs/eval", "configs/training", "data"):
             (building / sub).mkdir(parents=True)
         for name in ROLLOUT_FILES:
@@ -157,12 +149,8 @@ def _build_workspace() -> None:
         _run([*git, "init", "-q", "-b", "main"], "git init of the reference workspace")
         _run([*git, "add", "-A"], "git add in the reference workspace")
         _run([*git, "commit", "-q", "-m", "reference benchmark workspace"], "git commit")
-        if WORKSPACE.exists():
-            shutil.rmtree(WORKSPACE)
-        os.rename(building, WORKSPACE)
-    except BaseException:
-        shutil.rmtree(building, ignore_errors=True)
-        raise
+
+    build_then_rename(WORKSPACE, build)
 
 
 def _workspace_ready(key: str) -> bool:

@@ -14,6 +14,7 @@ import os
 import shutil
 import subprocess
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
 
 OSMOSIS_VERSION = "0.3.8"
@@ -93,6 +94,23 @@ def interop_python(extras: tuple[str, ...] = ()) -> str:
         return _locked_interop_python(extras)
 
 
+def build_then_rename(target: Path, build: Callable[[Path], None]) -> None:
+    """Run ``build(directory)`` on a fresh temporary sibling of ``target`` (which does not exist
+    yet when ``build`` is called), then put it in ``target``'s place: an interrupted build never
+    looks valid, and a failed one leaves nothing behind."""
+    target.parent.mkdir(parents=True, exist_ok=True)
+    building = Path(tempfile.mkdtemp(prefix=target.name + ".build-", dir=target.parent))
+    try:
+        building.rmdir()
+        build(building)
+        if target.exists():
+            shutil.rmtree(target)
+        os.rename(building, target)
+    except BaseException:
+        shutil.rmtree(building, ignore_errors=True)
+        raise
+
+
 def _locked_interop_python(extras: tuple[str, ...]) -> str:
     python = ENV_DIR / "bin" / "python"
     if _check(python, extras):
@@ -102,19 +120,13 @@ def _locked_interop_python(extras: tuple[str, ...]) -> str:
         if _check(python, extras):
             return str(python)
     base = find_python312()
-    building = Path(tempfile.mkdtemp(prefix=ENV_DIR.name + ".build-", dir=ENV_DIR.parent))
-    try:
-        # Built under a temporary name and renamed, so an interrupted build never looks valid.
+
+    def build(building: Path) -> None:
         # Only `python -m ...` is ever run, so the scripts' embedded paths do not matter.
-        shutil.rmtree(building)
         subprocess.run([base, "-m", "venv", str(building)], check=True)
         _pip_install(building / "bin" / "python", extras)
-        if ENV_DIR.exists():
-            shutil.rmtree(ENV_DIR)
-        os.rename(building, ENV_DIR)
-    except BaseException:
-        shutil.rmtree(building, ignore_errors=True)
-        raise
+
+    build_then_rename(ENV_DIR, build)
     if not _check(python, extras):
         raise RuntimeError(f"could not build a working osmosis-ai environment at {ENV_DIR}")
     return str(python)
