@@ -39,7 +39,7 @@ Supervisor CPU "during dispatch" is from first dispatch to last result (50 ms ps
 all threads and the main thread alone): the per-item cost without start-up.
 
 ``--case N`` (repeatable) runs only the given cases (the warm-up always runs);
-``--against DIR`` also runs cases 1, 5 and 6 from the source tree DIR (on ``PYTHONPATH``)
+``--against DIR`` also runs cases 1, 2, 3, 5 and 6 from the source tree DIR (on ``PYTHONPATH``)
 just before ours, and prints before -> after;
 ``--profile DIR`` runs each supervisor under cProfile (timed by its main thread's CPU clock),
 writing ``DIR/<name>.prof``; ``--py-spy DIR`` samples each supervisor with
@@ -80,7 +80,7 @@ BENCH = REPO / ".bench" / "eval"
 PROFILE_DIR: Path | None = None
 PYSPY_DIR: Path | None = None
 BASELINE_TREE: Path | None = None
-"""``--against DIR``: a source tree to run as the "before" of case 1 in the same run."""
+"""``--against DIR``: a source tree to run as the "before" of cases 1, 2, 3, 5 and 6 in the same run."""
 # The CLI under cProfile timed by the main thread's CPU clock: wall-clock timing would charge
 # a loopback send() with the time the woken peer process ran, on a loaded 2-core machine.
 PROFILED_CLI = """
@@ -454,6 +454,29 @@ async def main(cases: set[int], large: int) -> None:
     (BENCH / "results.json").write_text(json.dumps(out, indent=2))
 
 
+_COMPARED = (
+    "wall_s",
+    "start_to_first_dispatch_s",
+    "dispatch_wall_s",
+    "last_result_to_exit_s",
+    "cpu_ms_per_item",
+    "dispatch_cpu_ms_per_item",
+    "dispatch_main_thread_cpu_ms_per_item",
+    "dispatch_bridge_process_cpu_ms_per_item",
+    "other_children_cpu_ms_per_item",
+    "peak_rss_mb",
+)
+
+
+def print_before_after(base: dict[str, Any], after: dict[str, Any]) -> None:
+    """``--against``: each figure of the baseline tree's run and ours, from the same run."""
+    print(f"   before ({BASELINE_TREE}) -> after, same run:")
+    for key in _COMPARED:
+        print(
+            f"     {key:40} {base[key]:9.3f} -> {after[key]:9.3f}  ({after[key] / base[key]:.2f}x)"
+        )
+
+
 async def case_fast(
     ws: Path, configs: dict[int, str], upstream: Upstream, out: dict[str, Any]
 ) -> None:
@@ -465,22 +488,7 @@ async def case_fast(
     fast = await run_eval(ws, configs[1000], "fast-1000", upstream, 50)
     print("1) 1000 rows, 0 ms upstream, 50 in flight")
     if base is not None:
-        print(f"   before ({BASELINE_TREE}) -> after, same run:")
-        for key in (
-            "wall_s",
-            "start_to_first_dispatch_s",
-            "dispatch_wall_s",
-            "last_result_to_exit_s",
-            "cpu_ms_per_item",
-            "dispatch_cpu_ms_per_item",
-            "dispatch_main_thread_cpu_ms_per_item",
-            "other_children_cpu_ms_per_item",
-            "peak_rss_mb",
-        ):
-            print(
-                f"     {key:38} {base[key]:9.3f} -> {fast[key]:9.3f}  "
-                f"({fast[key] / base[key]:.2f}x)"
-            )
+        print_before_after(base, fast)
         out["fast_before"] = base
     print(
         f"   rows/s during dispatch {fast['finished'] / fast['dispatch_wall_s']:.0f}; "
@@ -547,9 +555,18 @@ async def case_latency(
     ideal = 1000 / 200 * 0.5 + fixed
     print(f"2) 1000 rows, 500 ms upstream, 200 in flight (ideal {ideal:.2f} s)")
     for label, backlog in (("default backlog", None), ("backlog 4096", 4096)):
+        base = None
+        if BASELINE_TREE is not None:
+            base = await run_eval(
+                ws, configs[1000], f"latency-{backlog}-base", upstream, 200, backlog=backlog,
+                tree=BASELINE_TREE,
+            )  # fmt: skip
         slow = await run_eval(
             ws, configs[1000], f"latency-{backlog}", upstream, 200, backlog=backlog
         )
+        if base is not None:
+            print_before_after(base, slow)
+            out[f"latency-{backlog}_before"] = base
         print(
             f"   rollout server {label}: dispatch wall {slow['dispatch_wall_s']:.2f} s; "
             f"supervisor CPU during dispatch {slow['dispatch_cpu_ms_per_item']:.2f} ms/item "
@@ -575,7 +592,15 @@ async def case_wide(
         f"3) 1000 rows, 5 s upstream, 1000 in flight (rollout server backlog 4096; ideal "
         f"{ideal:.2f} s)"
     )
+    base = None
+    if BASELINE_TREE is not None:
+        base = await run_eval(
+            ws, configs[1000], "wide-1000-base", upstream, 1000, backlog=4096, tree=BASELINE_TREE
+        )
     wide = await run_eval(ws, configs[1000], "wide-1000", upstream, 1000, backlog=4096)
+    if base is not None:
+        print_before_after(base, wide)
+        out["wide_before"] = base
     print(f"   dispatch wall {wide['dispatch_wall_s']:.2f} s")
     target("1000 in flight wall / ideal", wide["dispatch_wall_s"] / ideal, 1.3, unit="x")
     target("supervisor peak RSS, 1000 in flight", wide["peak_rss_mb"], 200, unit=" MB")

@@ -22,6 +22,7 @@ from rollout_server.net import httpclient
 from rollout_server.net.wire import (
     ConnectFailed,
     ConnectionLost,
+    ConnectTimeout,
     NotSent,
     Origin,
     ReadTimeout,
@@ -329,3 +330,55 @@ async def test_https_reuses_one_tls_connection_and_verifies_the_server(
         await pool.aclose()
     assert bodies == [b"secure", b"secure"]
     assert opened == 2  # the refused handshake, then one connection for both calls
+
+
+async def test_numeric_hosts_connect_without_the_resolver(
+    nursery: trio.Nursery, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An IP literal (every loopback hop of a run) connects with one ``connect`` call, IPv4 or
+    IPv6; a host name still goes through ``trio.open_tcp_stream``; the connect timeout holds on
+    both paths."""
+    assert Origin("http", "127.0.0.1", 1).address == (socket.AF_INET, ("127.0.0.1", 1))
+    assert Origin("http", "::1", 2).address == (socket.AF_INET6, ("::1", 2))
+    assert Origin.parse("http://[::1]:3/v1").address == (socket.AF_INET6, ("::1", 3))
+    assert Origin("http", "localhost", 4).address is None
+    assert Origin("https", "api.example.invalid", 443).address is None
+
+    by_name: list[tuple[str, int]] = []
+
+    async def resolver_path(host: str, port: int) -> trio.SocketStream:
+        by_name.append((host, port))
+        raise OSError("name lookups are not for this test")
+
+    monkeypatch.setattr(trio, "open_tcp_stream", resolver_path)
+
+    async def ok(stream: trio.SocketStream) -> None:
+        conn = h11.Connection(h11.SERVER)
+        while await _read_request(stream, conn):
+            await stream.send_all(_answer(conn, b"{}"))
+            conn.start_next_cycle()
+
+    port = await _serve(nursery, ok)
+    pool = WirePool(connect_timeout=10, timeout=10)
+    with trio.fail_after(20):
+        response = await pool.request(Origin("http", "127.0.0.1", port), [], b"{}")
+        assert response.status == 200 and await response.read() == b"{}"
+        with pytest.raises(ConnectFailed, match="name lookups"):
+            await pool.request(Origin("http", "localhost", port), [], b"{}")
+        assert by_name == [("localhost", port)]
+
+        try:
+            with socket.socket(socket.AF_INET6) as probe:
+                probe.bind(("::1", 0))
+        except OSError:
+            pass  # no IPv6 loopback here: the IPv4 case above is the one that counts
+        else:
+            v6 = await nursery.start(partial(trio.serve_tcp, ok, 0, host="::1"))
+            v6_port = v6[0].socket.getsockname()[1]
+            response = await pool.request(Origin.parse(f"http://[::1]:{v6_port}/"), [], b"{}")
+            assert response.status == 200 and await response.read() == b"{}"
+
+        timed_out = WirePool(connect_timeout=0, timeout=10)
+        with pytest.raises(ConnectTimeout):
+            await timed_out.request(Origin("http", "127.0.0.1", port), [], b"{}")
+    await pool.aclose()

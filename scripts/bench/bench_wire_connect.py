@@ -1,0 +1,126 @@
+"""Microbenchmark: the CPU cost of opening one loopback connection, and of a cold exchange.
+
+A run with many rollouts in flight opens a new connection per rollout on every hop
+(supervisor -> rollout server, rollout -> bridge, bridge -> provider): HTTP/1.1 carries one
+request at a time, so a thousand concurrent calls need a thousand connections. Two figures,
+each CPU time (``time.process_time``, both ends of the connection in this process), measured
+in this run:
+
+* connect + accept: ``trio.open_tcp_stream("127.0.0.1", port)`` (what
+  :class:`rollout_server.net.wire.WirePool` used for every origin) against the pool's
+  numeric-address path (one non-blocking ``connect``, no resolver call, no happy-eyeballs
+  nursery);
+* a cold exchange: :meth:`WirePool.request` on a pool with no idle connection (connect, one
+  request, one small answer, close), the same two ways (the old one patched in).
+
+Run: ``.venv/bin/python scripts/bench/bench_wire_connect.py [--connections N]``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from collections.abc import Awaitable, Callable
+from functools import partial
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT))
+
+import trio  # noqa: E402
+import trio.testing  # noqa: E402
+
+from rollout_server.net import wire  # noqa: E402
+
+ANSWER = b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\ncontent-type: application/json\r\n\r\n{}"
+
+
+async def _by_name(host: str, port: int) -> trio.SocketStream:
+    return await trio.open_tcp_stream(host, port)
+
+
+async def _by_address(host: str, port: int) -> trio.SocketStream:
+    address = wire.Origin("http", host, port).address
+    assert address is not None
+    return await wire._connect_literal(*address)
+
+
+async def connects(
+    port: int, accepted: list[trio.SocketStream], how: Callable[[str, int], Awaitable[trio.SocketStream]], n: int
+) -> float:  # fmt: skip
+    """CPU microseconds per connection opened with ``how`` (and accepted by the listener)."""
+    streams = []
+    start = time.process_time()
+    for _ in range(n):
+        streams.append(await how("127.0.0.1", port))
+    await trio.testing.wait_all_tasks_blocked()
+    spent = time.process_time() - start
+    for stream in streams + accepted:
+        await stream.aclose()
+    accepted.clear()
+    return spent / n * 1e6
+
+
+async def cold_exchanges(port: int, n: int, *, by_address: bool) -> float:
+    """CPU microseconds per request on a pool that keeps no connection."""
+    pool = wire.WirePool(max_idle=0)
+    origin = wire.Origin("http", "127.0.0.1", port)
+    if not by_address:
+        origin.address = None  # the resolver's path, as before
+    headers = [(b"content-type", b"application/json")]
+    start = time.process_time()
+    for _ in range(n):
+        response = await pool.request(origin, headers, b"{}")
+        assert response.status == 200
+        await response.read()
+    return (time.process_time() - start) / n * 1e6
+
+
+async def main(n: int) -> None:
+    accepted: list[trio.SocketStream] = []
+
+    async def hold(stream: trio.SocketStream) -> None:
+        accepted.append(stream)
+        await trio.sleep_forever()
+
+    async def answer(stream: trio.SocketStream) -> None:
+        async with stream:
+            data = b""
+            while b"\r\n\r\n" not in data:
+                chunk = await stream.receive_some(65536)
+                if not chunk:
+                    return
+                data += chunk
+            await stream.send_all(ANSWER)
+            await stream.receive_some(65536)  # until the pool closes it
+
+    async with trio.open_nursery() as nursery:
+        holding = (await nursery.start(partial(trio.serve_tcp, hold, 0, host="127.0.0.1")))[0]
+        answering = (await nursery.start(partial(trio.serve_tcp, answer, 0, host="127.0.0.1")))[0]
+        hold_port = holding.socket.getsockname()[1]
+        answer_port = answering.socket.getsockname()[1]
+        rows: dict[str, list[float]] = {}
+        for _ in range(3):  # interleaved rounds: drift in the host's speed hits both alike
+            for name, how in (("open_tcp_stream", _by_name), ("numeric address", _by_address)):
+                rows.setdefault(f"connect + accept, {name}", []).append(
+                    await connects(hold_port, accepted, how, n)
+                )
+            for name, by_address in (("numeric address", True), ("open_tcp_stream", False)):
+                rows.setdefault(f"cold exchange, {name}", []).append(
+                    await cold_exchanges(answer_port, n // 2, by_address=by_address)
+                )
+        nursery.cancel_scope.cancel()
+    best = {name: min(values) for name, values in rows.items()}
+    for name, value in best.items():
+        print(f"{name:<40}{value:>9.1f} us CPU (best of 3)")
+    for what in ("connect + accept", "cold exchange"):
+        new, old = best[f"{what}, numeric address"], best[f"{what}, open_tcp_stream"]
+        print(f"{what}: numeric address / open_tcp_stream = {new / old:.2f}x "
+              f"({old - new:.0f} us less per connection)")  # fmt: skip
+
+
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--connections", type=int, default=1000)
+    trio.run(main, parser.parse_args().connections)
