@@ -216,19 +216,34 @@ def pct(values: list[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, int(q * len(ordered)))] * 1000
 
 
-async def latencies(url: str, headers: dict[str, str], body: dict[str, Any], n: int) -> list[float]:
+async def latencies(
+    targets: list[tuple[str, dict[str, str]]], body: dict[str, Any], n: int
+) -> list[list[float]]:
+    """Sequential keep-alive latency of each target (url, headers), ``n`` calls each.
+
+    The calls take turns, one to each target in order, each target on its own keep-alive
+    connection: the host's speed on this VM drifts by tens of percent within a minute, and
+    taking turns call by call makes that drift hit every target alike, so the differences
+    between their medians (the added latency) are stable where the medians themselves move.
+    """
     import httpx
 
-    out = []
-    async with httpx.AsyncClient(timeout=60) as client:
+    out: list[list[float]] = [[] for _ in targets]
+    clients = [httpx.AsyncClient(timeout=60) for _ in targets]
+    try:
         for _ in range(5):
-            (await client.post(url, json=body, headers=headers)).raise_for_status()
+            for client, (url, headers) in zip(clients, targets, strict=True):
+                (await client.post(url, json=body, headers=headers)).raise_for_status()
         for _ in range(n):
-            start = time.perf_counter()
-            response = await client.post(url, json=body, headers=headers)
-            await response.aread()
-            out.append(time.perf_counter() - start)
-            response.raise_for_status()
+            for client, (url, headers), seen in zip(clients, targets, out, strict=True):
+                start = time.perf_counter()
+                response = await client.post(url, json=body, headers=headers)
+                await response.aread()
+                seen.append(time.perf_counter() - start)
+                response.raise_for_status()
+    finally:
+        for client in clients:
+            await client.aclose()
     return out
 
 
@@ -317,16 +332,21 @@ def main() -> None:
                 ("bridge, direct path", direct_url + chat, auth, direct_bridge.pid),
                 ("bridge, LiteLLM path", litellm_url + chat, auth, litellm_bridge.pid),
             ]
-            results = {name: ([], [], [], []) for name, _, _, _ in targets}
-            # Rounds interleave the targets, so drift in the machine's load hits all alike.
+            results: dict[str, tuple[list[float], list[float], list[float], list[float]]] = {
+                name: ([], [], [], []) for name, _, _, _ in targets
+            }
+            addresses = [(url, headers) for _, url, headers, _ in targets]
+            # Rounds interleave the targets, so drift in the machine's load hits all alike
+            # (and the latency calls take turns call by call, see latencies()).
             for _ in range(ROUNDS):
+                for kind, body in ((0, BODY), (1, stream_body)):
+                    per_target = await latencies(addresses, body, args.calls // ROUNDS)
+                    for (name, _, _, _), seen in zip(targets, per_target, strict=True):
+                        results[name][kind].extend(seen)
                 for name, url, headers, pid in targets:
-                    plain, streamed, rps, cpu = results[name]
-                    plain += await latencies(url, headers, BODY, args.calls // ROUNDS)
-                    streamed += await latencies(url, headers, stream_body, args.calls // ROUNDS)
                     rate, cpu_ms = await throughput(url, headers, args.seconds / ROUNDS, pid)
-                    rps.append(rate)
-                    cpu.append(cpu_ms)
+                    results[name][2].append(rate)
+                    results[name][3].append(cpu_ms)
             for name, (plain, streamed, rps, cpu) in results.items():
                 rows.append((name, plain, streamed, statistics.median(rps), statistics.median(cpu)))
 
