@@ -458,7 +458,7 @@ def _report(results: dict[str, dict[str, Figures]], args: argparse.Namespace) ->
         ref_p50 = ref[driver].serial("after_admission", 0.5)
         print(
             f"target: admission -> result p50 <= 0.5 ms at concurrency 1 ({driver} driver): "
-            f"measured {p50:.3f} ms, ratio {0.5 / p50:.2f}x of the bound "
+            f"measured {p50:.3f} ms, ratio {p50 / 0.5:.2f} of the bound "
             f"(reference server {ref_p50:.3f} ms, {ref_p50 / p50:.2f}x ours), {_verdict(p50 <= 0.5)}"
         )
     load = os.getloadavg()
