@@ -1,6 +1,7 @@
 """End-to-end benchmark of ``rollbridge eval run`` (the real CLI, uv env, rollout server, bridge).
 
-Run: ``.venv/bin/python scripts/bench/bench_eval.py`` (about 3 minutes on 2 cores).
+Run: ``.venv/bin/python scripts/bench/bench_eval.py`` (about 5 minutes on 2 cores, of which the
+reference's own 1000-row run takes about 1.5).
 
 The model is ``openai/fake-model`` served by a fake OpenAI-compatible upstream, so upstream
 latency is a knob: by default tests/fakes/lean_upstream.py in a process of its own (about
@@ -30,6 +31,9 @@ rollout is the example echo workflow on an unbounded LocalBackend. Every target 
 5. A 5 s model: preflight start -> first dispatch against the model's latency + 0.3 s (the
    rollout server starts while the preflight waits); process start -> first dispatch is shown.
 6. ``rollbridge --help`` wall time (best of 7).
+7. What case 2's ratio is made of: 1000 rows at 200 in flight with 0.25, 0.5, 1 and 2 s
+   upstreams, each run's dispatch wall minus rows / in flight x latency (no target: the
+   evidence for what bounds case 2).
 
 The fake provider is served with a deep listen backlog (a real provider does not drop SYNs).
 Expect noisy figures on a shared 2-core machine: the load average is printed at the start and
@@ -450,6 +454,8 @@ async def main(cases: set[int], large: int) -> None:
             await case_slow_model(ws, configs, upstream, out)
         if 6 in cases:
             case_help(out)
+        if 7 in cases:
+            await case_sweep(ws, configs, upstream, out)
         nursery.cancel_scope.cancel()
     (BENCH / "results.json").write_text(json.dumps(out, indent=2))
 
@@ -662,6 +668,32 @@ async def case_slow_model(
     out["slow_model"] = slow
 
 
+async def case_sweep(
+    ws: Path, configs: dict[int, str], upstream: Upstream, out: dict[str, Any]
+) -> None:
+    """Case 7: what case 2's ratio is made of. 1000 rows at 200 in flight with 0.25, 0.5, 1
+    and 2 s upstreams: dispatch wall minus rows / in flight x latency. Where that excess stays
+    the same whatever the latency, it is the time the machine takes to turn a burst of 200
+    results around (a burst of admissions comes back as a burst), a cost of CPU per item,
+    not of waiting; where it grows, the run is throughput-bound."""
+    print("7) 1000 rows, 200 in flight, upstream latency swept")
+    sweep = {}
+    for delay in (0.25, 0.5, 1.0, 2.0):
+        await upstream.set_delay(delay)
+        run = await run_eval(ws, configs[1000], f"sweep-{delay:g}", upstream, 200)
+        waited = 1000 / 200 * delay
+        excess = run["dispatch_wall_s"] - waited
+        print(
+            f"   {delay:4g} s: dispatch wall {run['dispatch_wall_s']:.2f} s, "
+            f"rows / in flight x latency {waited:.2f} s, excess {excess:.2f} s "
+            f"({run['dispatch_wall_s'] / waited:.2f}x); CPU per item: supervisor and bridge "
+            f"{run['dispatch_cpu_ms_per_item']:.2f} ms, rollout server and uv "
+            f"{run['other_children_cpu_ms_per_item']:.2f} ms"
+        )
+        sweep[str(delay)] = run
+    out["sweep"] = sweep
+
+
 def case_help(out: dict[str, Any]) -> None:
     """Case 6: ``rollbridge --help``."""
 
@@ -692,7 +724,7 @@ def case_help(out: dict[str, Any]) -> None:
 
 if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
-    parser.add_argument("--case", type=int, action="append", choices=(1, 2, 3, 4, 5, 6))
+    parser.add_argument("--case", type=int, action="append", choices=(1, 2, 3, 4, 5, 6, 7))
     parser.add_argument("--large", type=int, default=10_000)
     parser.add_argument("--profile", type=Path, default=None)
     parser.add_argument("--py-spy", type=Path, default=None, dest="py_spy")
@@ -714,5 +746,5 @@ if __name__ == "__main__":
         f"load average at start: {os.getloadavg()}; fake upstream: {UPSTREAM}; "
         f"machine speed probe {speed_probe_ms():.1f} ms"
     )
-    trio.run(main, set(args.case or (1, 2, 3, 4, 5, 6)), args.large)
+    trio.run(main, set(args.case or (1, 2, 3, 4, 5, 6, 7)), args.large)
     print(f"load average at end: {os.getloadavg()}; machine speed probe {speed_probe_ms():.1f} ms")
