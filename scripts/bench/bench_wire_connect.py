@@ -6,8 +6,8 @@ request at a time, so a thousand concurrent calls need a thousand connections. T
 each CPU time (``time.process_time``, both ends of the connection in this process), measured
 in this run:
 
-* connect + accept: ``trio.open_tcp_stream("127.0.0.1", port)`` (what
-  :class:`rollout_server.net.wire.WirePool` used for every origin) against the pool's
+* connect + accept: :meth:`rollout_server.net.wire.WirePool.connect` to ``127.0.0.1``
+  through ``trio.open_tcp_stream`` (what the pool used for every origin) against its
   numeric-address path (one non-blocking ``connect``, no resolver call, no happy-eyeballs
   nursery);
 * a cold exchange: :meth:`WirePool.request` on a pool with no idle connection (connect, one
@@ -22,10 +22,10 @@ Run: ``.venv/bin/python scripts/bench/bench_wire_connect.py [--connections N]``.
 from __future__ import annotations
 
 import argparse
+import math
 import socket
 import sys
 import time
-from collections.abc import Awaitable, Callable
 from functools import partial
 from pathlib import Path
 
@@ -40,27 +40,28 @@ from rollout_server.net import wire  # noqa: E402
 ANSWER = b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\ncontent-type: application/json\r\n\r\n{}"
 
 
-async def _by_name(host: str, port: int) -> trio.SocketStream:
-    return await trio.open_tcp_stream(host, port)
-
-
-async def _by_address(host: str, port: int) -> trio.SocketStream:
-    address = wire.Origin("http", host, port).address
-    assert address is not None
-    return await wire._connect_literal(*address)
+def _origin(port: int, *, by_address: bool) -> wire.Origin:
+    """The pool's origin for ``port``; ``by_address=False`` takes the resolver's path."""
+    origin = wire.Origin("http", "127.0.0.1", port)
+    if not by_address:
+        origin.address = None
+    return origin
 
 
 async def connects(
-    port: int, accepted: list[trio.SocketStream], how: Callable[[str, int], Awaitable[trio.SocketStream]], n: int
-) -> float:  # fmt: skip
-    """CPU microseconds per connection opened with ``how`` (and accepted by the listener)."""
-    streams = []
+    port: int, accepted: list[trio.SocketStream], n: int, *, by_address: bool
+) -> float:
+    """CPU microseconds per connection :meth:`WirePool.connect` opens (and the listener
+    accepts)."""
+    pool = wire.WirePool()
+    origin = _origin(port, by_address=by_address)
+    connections = []
     start = time.process_time()
     for _ in range(n):
-        streams.append(await how("127.0.0.1", port))
+        connections.append(await pool.connect(origin, math.inf))
     await trio.testing.wait_all_tasks_blocked()
     spent = time.process_time() - start
-    for stream in streams + accepted:
+    for stream in [c.stream for c in connections] + accepted:
         await stream.aclose()
     accepted.clear()
     return spent / n * 1e6
@@ -69,9 +70,7 @@ async def connects(
 async def cold_exchanges(port: int, n: int, *, by_address: bool) -> float:
     """CPU microseconds per request on a pool that keeps no connection."""
     pool = wire.WirePool(max_idle=0)
-    origin = wire.Origin("http", "127.0.0.1", port)
-    if not by_address:
-        origin.address = None  # the resolver's path, as before
+    origin = _origin(port, by_address=by_address)
     headers = [(b"content-type", b"application/json")]
     start = time.process_time()
     for _ in range(n):
@@ -126,9 +125,9 @@ async def main(n: int) -> None:
         answer_port = answering.socket.getsockname()[1]
         rows: dict[str, list[float]] = {}
         for _ in range(3):  # interleaved rounds: drift in the host's speed hits both alike
-            for name, how in (("open_tcp_stream", _by_name), ("numeric address", _by_address)):
+            for name, by_address in (("open_tcp_stream", False), ("numeric address", True)):
                 rows.setdefault(f"connect + accept, {name}", []).append(
-                    await connects(hold_port, accepted, how, n)
+                    await connects(hold_port, accepted, n, by_address=by_address)
                 )
             for name, by_address in (("numeric address", True), ("open_tcp_stream", False)):
                 rows.setdefault(f"cold exchange, {name}", []).append(
