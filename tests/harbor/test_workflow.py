@@ -186,7 +186,12 @@ def test_the_harbor_child_gets_the_sandbox_url_and_the_relay_target() -> None:
     assert (AGENT_PATH / "rollbridge_harness.py").is_file()
 
 
-async def test_a_sandbox_image_that_cannot_be_made_fails_the_rollout_in_one_line() -> None:
+async def test_a_sandbox_image_that_cannot_be_made_fails_the_rollout_in_one_line(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # The image is refused before Harbor would run: any executable stands in for Harbor's CLI,
+    # so this holds on a machine without the sandbox test bed too.
+    monkeypatch.setenv("ROLLBRIDGE_HARBOR", "/bin/true")
     backend = _backend(environment_type="daytona")
     request = ExecutionRequest(id="r1", prompt=[{"role": "user", "content": "hi"}])
     url = "http://127.0.0.1:9/v1/rollouts/r1"
