@@ -10,8 +10,11 @@ Request bodies are never logged: a start request may carry secrets.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import secrets as _secrets
+import sys
+import traceback
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -112,6 +115,14 @@ class ControlApp:
         except ApiError as exc:
             body = _json({"error": {"code": exc.code, "message": exc.message}})
             await send_json(send, exc.status, body)
+        except Exception as exc:
+            # An IDE client always gets a JSON error; the traceback goes to the daemon's log
+            # (hypercorn's own error log is off and would answer an empty 500).
+            traceback.print_exc(file=sys.stderr)
+            message = f"{type(exc).__name__}: {exc}"
+            body = _json({"error": {"code": "INTERNAL", "message": message[:500]}})
+            with contextlib.suppress(Exception):
+                await send_json(send, 500, body)
 
     async def _route(
         self, scope: HTTPScope, receive: ASGIReceiveCallable, send: ASGISendCallable

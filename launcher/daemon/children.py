@@ -105,11 +105,17 @@ class RunChild:
 
     @property
     def alive(self) -> bool:
-        """Whether the recorded pid is still this child."""
+        """Whether the recorded pid is still this child (safe from worker threads).
+
+        Our own child's pid cannot be reused before :meth:`watch` reaps it and sets
+        :attr:`exited`, so the event alone answers for it. ``trio.Process.returncode`` is not
+        asked here: it closes the process's pidfd through trio's I/O manager, which raises
+        outside the trio thread (the daemon builds run views in worker threads).
+        """
         if self.exited.is_set():
             return False
         if self._process is not None:
-            return self._process.returncode is None
+            return True
         return _same_live_process(self.record.pid, self.record.start_token)
 
     def send_interrupt(self) -> bool:

@@ -155,7 +155,9 @@ async def wait_state(
     """Poll ``GET /v1/runs/{name}`` until its state is one of ``states``."""
     with trio.fail_after(timeout):
         while True:
-            doc: dict[str, Any] = (await client.get(f"/v1/runs/{name}")).json()
+            answer = await client.get(f"/v1/runs/{name}")
+            assert answer.status_code == 200, (answer.status_code, answer.text[:500])
+            doc: dict[str, Any] = answer.json()
             if doc.get("state") in states:
                 return doc
             await trio.sleep(0.1)
