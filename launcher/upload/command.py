@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import os
 import shlex
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
@@ -24,6 +24,7 @@ import trio
 from launcher.cli_ui import ambient_redactor, command_ui
 from launcher.errors import CLIError, NotFoundError
 from launcher.prepare import EvalOptions
+from launcher.redact import Redactor
 from launcher.reporting.resolve import find_workspace_root
 from launcher.rundir.lock import RunLock
 from launcher.ui import UI, OutputMode
@@ -74,12 +75,11 @@ def platform_identity(ui: UI, workspace_name: str | None) -> PlatformIdentity:
     identity = resolve_identity(
         os.environ, cwd=Path.cwd(), home=Path.home(), workspace_name=workspace_name
     )
-    redact = ui.redact
-
-    def redact_token(text: str) -> str:
-        return redact(text).replace(identity.token, "[REDACTED]")
-
-    ui.set_redactor(redact_token)
+    if isinstance(ui, UploadingUI):
+        ui.secret = identity.token
+    redactor = ambient_redactor()
+    redactor.add(identity.token)
+    ui.set_redactor(redactor)
     return identity
 
 
@@ -283,6 +283,13 @@ class UploadingUI(UI):
     """The UI of ``eval run --upload``: its final result carries the upload's outcome."""
 
     upload: AfterRunUpload | None = None
+    secret: str | None = None
+
+    def set_redactor(self, redact: Callable[[str], str]) -> None:
+        """Use ``redact`` (the run's redactor), which learns the platform token too."""
+        if isinstance(redact, Redactor) and self.secret is not None:
+            redact.add(self.secret)
+        super().set_redactor(redact)
 
     def result(
         self,
