@@ -122,10 +122,12 @@ class StandIn:
         if body is not None:
             headers.append(("Content-Type", "application/json"))
         headers += [(k, v) for k, v in extra.items()]
+        # Recorded before the answer leaves: the client's next request (perhaps on another
+        # connection) may be recorded before this task runs again.
+        self.requests[-1].status = status
         await stream.send_all(conn.send(h11.Response(status_code=status, headers=headers)))
         await stream.send_all(conn.send(h11.Data(data=data)) or b"")
         await stream.send_all(conn.send(h11.EndOfMessage()) or b"")
-        self.requests[-1].status = status
 
     def _fault(self, route: str) -> str | None:
         pending = self.faults.get(route)
