@@ -106,8 +106,5 @@ async def test_the_409_message_is_the_reference_s(tmp_path: Path, nursery: trio.
         # The reference also prints its status line ("Starting local evaluation upload...").
         messages.append([line for line in done.stderr.splitlines() if line.startswith("Error: ")])
     reference, mine = messages
-    assert stand_in.conflict_message in reference
-    assert mine == reference.replace("osmosis eval upload", "rollbridge eval upload"), (
-        reference,
-        mine,
-    )
+    assert len(reference) == 1 and stand_in.conflict_message in reference[0]
+    assert mine == [reference[0].replace("osmosis eval upload", "rollbridge eval upload")]
