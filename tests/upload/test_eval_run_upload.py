@@ -1,0 +1,84 @@
+"""``rollbridge eval run --upload`` end to end on the example workspace (real uv, real
+processes): a complete run is published under its lock, a rerun of the finished run publishes
+nothing new, and the real run directory is one osmosis-ai 0.3.8's uploader sends identically."""
+
+from __future__ import annotations
+
+import subprocess
+from pathlib import Path
+
+import pytest
+import trio
+
+from tests.rollout_server.interop_env import NoPython312, interop_python
+from tests.upload.helpers import TOKEN, client_env, ours, run, write_credentials
+from tests.upload.standin import StandIn
+from tests.upload.test_interop import _sequence
+
+pytestmark = pytest.mark.slow
+
+CONFIG = "configs/eval/echo.toml"
+
+
+def _git_workspace(ws: Path) -> Path:
+    (ws / "configs" / "training").mkdir(parents=True, exist_ok=True)  # the reference wants it
+    subprocess.run(["git", "init", "-q", str(ws)], check=True)
+    subprocess.run(
+        ["git", "-C", str(ws), "remote", "add", "origin", "git@github.com:Acme/Rollouts.git"],
+        check=True,
+    )
+    return ws
+
+
+async def test_eval_run_upload_publishes_a_complete_run(
+    workspace: Path, env: dict[str, str], tmp_path: Path, nursery: trio.Nursery
+) -> None:
+    ws = _git_workspace(workspace)
+    stand_in = StandIn(token=TOKEN)
+    await nursery.start(stand_in.serve)
+    write_credentials(tmp_path / "home", stand_in.url)
+    cli_env = {**env, **client_env(tmp_path / "home", stand_in.url)}
+    cli_env["UV_PROJECT_ENVIRONMENT"] = env["UV_PROJECT_ENVIRONMENT"]
+    argv = ours("eval", "run", CONFIG, "--yes", "--name", "up", "--upload", "--json")
+    done = await run(argv, cwd=ws, env=cli_env, limit_s=240)
+    assert done.returncode == 0, done.stderr + done.stdout
+    resource = done.envelope()["resource"]
+    assert resource["upload"]["status"] == "finalized"
+    assert resource["upload"]["eval_run_id"] == "er_1"
+    assert resource["platform_url"] == "https://platform.example/evals/er_1"
+    start = next(r for r in stand_in.requests if r.route == "/api/cli/eval-runs/imports")
+    assert start.body["provenance"]["config_path"] == CONFIG
+    assert start.body["reimport"] is False
+    assert start.headers["x-osmosis-git"] == "acme/rollouts"
+    run_dir = ws / ".osmosis" / "evals" / "up"
+    paths = {f["path"] for f in start.body["files"]}
+    assert {"index.jsonl", "progress.json", "logs.txt"} <= paths
+    assert any(p.endswith("/trajectory.json") for p in paths)
+    assert stand_in.stored == {p: (run_dir / p).read_bytes() for p in paths}
+    assert TOKEN not in done.stdout + done.stderr
+    assert TOKEN.encode() not in (run_dir / "logs.txt").read_bytes()
+
+    # The run is complete: a rerun dispatches nothing and the upload sends nothing again.
+    puts = sum(r.method == "PUT" for r in stand_in.requests)
+    again = await run(argv, cwd=ws, env=cli_env, limit_s=240)
+    assert again.returncode == 0, again.stderr + again.stdout
+    assert again.envelope()["resource"]["upload"]["eval_run_id"] == "er_1"
+    assert sum(r.method == "PUT" for r in stand_in.requests) == puts
+
+    # osmosis-ai 0.3.8 uploads this real run directory with the same requests.
+    try:
+        python = await trio.to_thread.run_sync(interop_python, ("eval",))
+    except (NoPython312, subprocess.CalledProcessError, RuntimeError):
+        return  # the interop half needs Python 3.12 and osmosis-ai 0.3.8; the rest ran
+    pairs = []
+    for argv2 in ([python, "-m", "osmosis_ai.cli.main"], ours()):
+        fresh = StandIn(token=TOKEN)
+        await nursery.start(fresh.serve)
+        write_credentials(tmp_path / "home", fresh.url)
+        upload_env = client_env(tmp_path / "home", fresh.url)
+        uploaded = await run([*argv2, "eval", "upload", "up"], cwd=ws, env=upload_env, limit_s=120)
+        assert uploaded.returncode == 0, uploaded.stdout + uploaded.stderr
+        pairs.append(fresh)
+    reference, mine = pairs
+    assert _sequence(mine) == _sequence(reference)
+    assert mine.stored == reference.stored
