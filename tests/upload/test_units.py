@@ -4,8 +4,8 @@
 from __future__ import annotations
 
 import io
-import re
 import json
+import re
 import subprocess
 from pathlib import Path
 
