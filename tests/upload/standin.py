@@ -8,7 +8,8 @@ declared sha256, and finalize needs every file. A finalized import answers a sta
 same files as finalized again, and one with other files with a 409 unless ``reimport``.
 
 Faults are injected per route (``start``, ``uploads``, ``complete``, ``finalize``, ``put``):
-a 500 before the request is processed, or (``complete``) after it was. ``reset_put`` resets
+a 500 before the request is processed, or (``complete``) after it was, or a 422 with
+validation ``issues`` (``invalid``). ``reset_put`` resets
 the connection in the middle of a PUT body; ``on_part`` is called when the PUT of a given part
 arrives (before its body is read), for a test that kills the client between two parts.
 
@@ -160,6 +161,17 @@ class StandIn:
         fault = self._fault(kind)
         if fault == "before":
             await self._send(conn, stream, 500, {"error": "injected fault"})
+            return True
+        if fault == "invalid":
+            invalid = {
+                "error": "Eval import failed validation",
+                "code": "VALIDATION",
+                "issues": [
+                    {"path": ["files", "index.jsonl"], "message": "row 3 missing"},
+                    "second",
+                ],
+            }
+            await self._send(conn, stream, 422, invalid)
             return True
         status, answer = self._api(kind, session, parsed)
         if fault == "after":

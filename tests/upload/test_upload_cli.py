@@ -117,6 +117,18 @@ async def test_a_500_then_a_rerun_ends_in_one_import(
         assert max(_puts(standin).values()) == 1
 
 
+async def test_server_validation_errors_are_one_line(setup, standin: StandIn) -> None:
+    ws, _, env = setup
+    standin.faults["finalize"] = ["invalid"]
+    failed = await run(ours("eval", "upload", NAME), cwd=ws, env=env)
+    assert failed.returncode == 1
+    assert failed.stderr == (
+        "Error: Eval import failed validation - files.index.jsonl: row 3 missing - second\n"
+    )
+    failed_json = await run(ours("eval", "upload", NAME, "--json"), cwd=ws, env=env)
+    assert failed_json.returncode == 0  # the rerun finalizes (the fault was for one request)
+
+
 async def test_a_500_on_a_put_is_retried(setup, standin: StandIn) -> None:
     ws, run_dir, env = setup
     standin.faults["put"] = ["before"]
