@@ -216,7 +216,11 @@ class AfterRunUpload:
             self.skipped = True
             return
         self.ui.close_progress()
-        retry = upload_command_line(run_dir.name, replace=self.replace)
+        # A run in its workspace's default place is named; any other is given by its path.
+        default_place = run_dir.parent.name == "evals" and run_dir.parent.parent.name == ".osmosis"
+        retry = upload_command_line(
+            run_dir.name if default_place else str(run_dir), replace=self.replace
+        )
         where = f"Local evaluation results are complete at {run_dir}, but"
         try:
             plan, published = await publish_run(

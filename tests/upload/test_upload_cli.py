@@ -237,3 +237,21 @@ async def test_no_credential_reaches_a_body_file_or_output(
                 assert secret.encode() not in path.read_bytes(), path
     assert standin.stored["logs.txt"] == b"key [REDACTED] and token [REDACTED]\n"
     assert oct((run_dir / "logs.txt").stat().st_mode & 0o777) == "0o600"
+
+
+async def test_the_run_lock_and_an_unfinished_run_refuse(setup, standin: StandIn) -> None:
+    from launcher.rundir.lock import RunLock
+
+    ws, run_dir, env = setup
+    with RunLock.acquire(run_dir.parent, NAME):
+        held = await run(ours("eval", "upload", NAME), cwd=ws, env=env)
+    assert held.returncode == 1
+    assert held.stderr.startswith("Error: another `rollbridge eval run` already holds ")
+    metrics = json.loads((run_dir / "metrics.json").read_text())
+    metrics["eval_run"]["status"] = "running"
+    (run_dir / "metrics.json").write_text(json.dumps(metrics))
+    unfinished = await run(ours("eval", "upload", NAME), cwd=ws, env=env)
+    assert unfinished.stderr == (
+        "Error: local evaluation is not completed: metrics.json status must be finished\n"
+    )
+    assert standin.requests == []
