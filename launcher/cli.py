@@ -227,12 +227,14 @@ def _eval_run(ctx: click.Context, config: str, flags: dict[str, object]) -> int:
         bool(flags.pop("plain")) or obj.get("plain", False),
     )
     upload, workspace = bool(flags.pop("upload")), flags.pop("workspace")
-    assert workspace is None or isinstance(workspace, str)
+    if workspace is not None and not upload:
+        raise click.UsageError("--workspace names the platform workspace of --upload")
     options = EvalOptions(config=config, **flags)  # type: ignore[arg-type]
     if upload:  # launcher.upload: resolve the login first, publish after a complete run
         from launcher.upload.command import upload_step
 
-        uploading, after_run = upload_step(mode, options, workspace)
+        name = None if workspace is None else str(workspace)
+        uploading, after_run = upload_step(mode, options, name)
         ctx.obj["ui"] = uploading
         return run_eval(options, uploading, after_run)
     ui = UI(mode, verbose=options.verbose, redact=ambient_redactor())

@@ -82,3 +82,20 @@ async def test_eval_run_upload_publishes_a_complete_run(
     reference, mine = pairs
     assert _sequence(mine) == _sequence(reference)
     assert mine.stored == reference.stored
+
+
+async def test_eval_run_upload_without_login_fails_before_running(
+    workspace: Path, env: dict[str, str], tmp_path: Path
+) -> None:
+    ws = _git_workspace(workspace)
+    cli_env = {**env, **client_env(tmp_path / "nobody", "http://127.0.0.1:9")}
+    cli_env["UV_PROJECT_ENVIRONMENT"] = env["UV_PROJECT_ENVIRONMENT"]
+    done = await run(ours("eval", "run", CONFIG, "--yes", "--upload"), cwd=ws, env=cli_env)
+    assert done.returncode == 1
+    assert done.stderr.endswith(
+        "Error: Not logged in to http://127.0.0.1:9. "
+        "Run 'osmosis auth login' (the osmosis-ai CLI) or set OSMOSIS_TOKEN.\n"
+    )
+    assert not (ws / ".osmosis" / "evals").exists()
+    misuse = await run(ours("eval", "run", CONFIG, "--workspace", "w"), cwd=ws, env=cli_env)
+    assert misuse.returncode == 2 and "--workspace names the platform workspace" in misuse.stderr
