@@ -283,6 +283,9 @@ def _check_upload_path(path: str) -> None:
 
 def _artifacts(run_dir: Path, rollout_id: str) -> list[PlanFile]:
     base = f"rollout_trials/{rollout_id}/artifacts"
+    trial_mode = _lstat_mode(run_dir / "rollout_trials" / rollout_id)
+    if trial_mode is not None and stat.S_ISLNK(trial_mode):  # its artifacts would be elsewhere
+        raise UploadError(f"rollout_trials/{rollout_id} must not be a symlink")
     root = run_dir / base
     mode = _lstat_mode(root)
     if mode is None:

@@ -87,6 +87,14 @@ def test_symlinks_are_refused(run_dir: Path, tmp_path: Path) -> None:
     with pytest.raises(UploadError, match="must not be a symlink"):
         build_plan(run_dir)
     link.unlink()
+    skipped = json.loads((run_dir / "index.jsonl").read_text().splitlines()[3])["rollout_id"]
+    trial = run_dir / "rollout_trials" / skipped  # a skipped item: no trajectory is read
+    trial.rename(tmp_path / "moved")
+    trial.symlink_to(tmp_path / "moved")
+    with pytest.raises(UploadError, match=f"rollout_trials/{skipped} must not be a symlink"):
+        build_plan(run_dir)
+    trial.unlink()
+    (tmp_path / "moved").rename(trial)
     (tmp_path / "link").symlink_to(run_dir)
     with pytest.raises(UploadError, match="symlink"):
         build_plan(tmp_path / "link")
