@@ -33,7 +33,7 @@ from launcher.upload.identity import PlatformIdentity, resolve_identity
 from launcher.upload.import038 import Import038
 from launcher.upload.plan import UploadPlan, build_plan
 from launcher.upload.progress import UploadProgress, format_bytes
-from launcher.upload.transport import PlatformError, Published
+from launcher.upload.transport import PlatformError, Published, Transport
 
 __all__ = [
     "AfterRunUpload",
@@ -95,15 +95,15 @@ async def publish_run(
     replace: bool,
     progress: UploadProgress,
     config_path: str | None = None,
-    client: httpx.AsyncClient | None = None,
 ) -> tuple[UploadPlan, Published]:
     """Scrub, plan and publish ``run_dir``; the caller holds the run's lock."""
     await trio.to_thread.run_sync(
         lambda: scrub_logs_file(run_dir / "logs.txt", os.environ, (identity.token,))
     )
     plan = await trio.to_thread.run_sync(lambda: build_plan(run_dir, config_path=config_path))
-    async with client or httpx.AsyncClient(follow_redirects=False) as http:
-        transport = Import038(
+    async with httpx.AsyncClient(follow_redirects=False) as http:
+        # The one transport today; the 0.3.10 archive protocol would be chosen here.
+        transport: Transport = Import038(
             identity, http, env_token=os.environ.get("OSMOSIS_TOKEN") == identity.token
         )
         published = await transport.publish(plan, replace=replace, progress=progress)
