@@ -16,6 +16,8 @@ from tests.upload.helpers import PROVIDER_KEY, TOKEN, client_env, ours, run, wri
 from tests.upload.rundir import expected_paths, make_workspace, write_finished_run
 from tests.upload.standin import StandIn
 
+pytestmark = pytest.mark.slow  # the CLI runs as a subprocess (a kill -9 must be real)
+
 NAME = "quiet-otter-7"
 
 
@@ -255,3 +257,18 @@ async def test_the_run_lock_and_an_unfinished_run_refuse(setup, standin: StandIn
         "Error: local evaluation is not completed: metrics.json status must be finished\n"
     )
     assert standin.requests == []
+
+
+async def test_uploads_are_asked_for_in_batches_of_100(setup, standin: StandIn) -> None:
+    ws, run_dir, env = setup
+    first = json.loads((run_dir / "index.jsonl").read_text().splitlines()[0])["rollout_id"]
+    many = run_dir / "rollout_trials" / first / "artifacts" / "many"
+    many.mkdir()
+    for i in range(130):
+        (many / f"{i:03d}.txt").write_text(f"{i}\n")
+    done = await run(ours("eval", "upload", NAME, "--json"), cwd=ws, env=env)
+    assert done.returncode == 0, done.stderr
+    batches = [r.body["paths"] for r in standin.requests if r.route.endswith("/uploads")]
+    assert [len(b) for b in batches] == [100, len(expected_paths(run_dir)) + 130 - 100]
+    assert [p for b in batches for p in b] == sorted(p for b in batches for p in b)
+    assert len(standin.stored) == len(expected_paths(run_dir)) + 130
