@@ -65,23 +65,35 @@ async def test_eval_run_upload_publishes_a_complete_run(
     assert again.envelope()["resource"]["upload"]["eval_run_id"] == "er_1"
     assert sum(r.method == "PUT" for r in stand_in.requests) == puts
 
-    # osmosis-ai 0.3.8 uploads this real run directory with the same requests.
+
+async def test_a_real_run_directory_uploads_as_the_reference_uploads_it(
+    workspace: Path, env: dict[str, str], tmp_path: Path, nursery: trio.Nursery
+) -> None:
+    """A run directory ``eval run`` really wrote, uploaded by osmosis-ai 0.3.8 and by us."""
     try:
         python = await trio.to_thread.run_sync(interop_python, ("eval",))
-    except (NoPython312, subprocess.CalledProcessError, RuntimeError):
-        return  # the interop half needs Python 3.12 and osmosis-ai 0.3.8; the rest ran
-    pairs = []
-    for argv2 in ([python, "-m", "osmosis_ai.cli.main"], ours()):
-        fresh = StandIn(token=TOKEN)
-        await nursery.start(fresh.serve)
-        write_credentials(tmp_path / "home", fresh.url)
-        upload_env = client_env(tmp_path / "home", fresh.url)
-        uploaded = await run([*argv2, "eval", "upload", "up"], cwd=ws, env=upload_env, limit_s=120)
-        assert uploaded.returncode == 0, uploaded.stdout + uploaded.stderr
-        pairs.append(fresh)
-    reference, mine = pairs
+    except NoPython312 as exc:
+        pytest.skip(f"needs Python 3.12 for osmosis-ai 0.3.8: {exc}")
+    except (subprocess.CalledProcessError, RuntimeError) as exc:
+        pytest.skip(f"needs osmosis-ai 0.3.8 installed in a Python 3.12 venv: {exc}")
+    ws = _git_workspace(workspace)
+    made = await run(
+        ours("eval", "run", CONFIG, "--yes", "--name", "real"), cwd=ws, env=env, limit_s=240
+    )
+    assert made.returncode == 0, made.stderr + made.stdout
+    stand_ins = []
+    for argv in ([python, "-m", "osmosis_ai.cli.main"], ours()):
+        stand_in = StandIn(token=TOKEN)
+        await nursery.start(stand_in.serve)
+        write_credentials(tmp_path / "home", stand_in.url)
+        upload_env = client_env(tmp_path / "home", stand_in.url)
+        done = await run([*argv, "eval", "upload", "real"], cwd=ws, env=upload_env, limit_s=120)
+        assert done.returncode == 0, done.stdout + done.stderr
+        stand_ins.append(stand_in)
+    reference, mine = stand_ins
     assert _sequence(mine) == _sequence(reference)
     assert mine.stored == reference.stored
+    assert any(p.endswith("/trajectory.json") for p in mine.stored)
 
 
 async def test_eval_run_upload_without_login_fails_before_running(
