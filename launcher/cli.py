@@ -153,6 +153,10 @@ def cli(ctx: click.Context, json_output: bool, plain: bool) -> None:
             "launcher.rubric.cli:eval_rubric",
             "Score conversations (-d) or a run's rollouts (--run) with an LLM judge.",
         ),
+        "upload": (
+            "launcher.upload.command:eval_upload",
+            "Publish a finished local run (RUN: a run name or a run directory) to the platform.",
+        ),
     },
 )
 def eval_group() -> None:
@@ -192,6 +196,8 @@ def eval_group() -> None:
 @click.option("--listener-port", type=int, default=None, help="Fixed model-bridge port.")
 @click.option("--advertise-url", default=None, help="Public base URL reaching the bridge listener.")
 @click.option("--verbose", is_flag=True, help="Stream every logs.txt line to the terminal.")
+@click.option("--upload", is_flag=True, help="Publish the run to the platform once it is complete.")
+@click.option("--workspace", default=None, help="Platform workspace for --upload (default: git's).")
 @click.option("--json", "json_output", is_flag=True, help="Print one JSON result envelope.")
 @click.option("--plain", is_flag=True, help="Plain text output: result and next steps only.")
 @click.pass_context
@@ -220,7 +226,17 @@ def _eval_run(ctx: click.Context, config: str, flags: dict[str, object]) -> int:
         bool(flags.pop("json_output")) or obj.get("json", False),
         bool(flags.pop("plain")) or obj.get("plain", False),
     )
+    upload, workspace = bool(flags.pop("upload")), flags.pop("workspace")
+    if workspace is not None and not upload:
+        raise click.UsageError("--workspace names the platform workspace of --upload")
     options = EvalOptions(config=config, **flags)  # type: ignore[arg-type]
+    if upload:  # launcher.upload: resolve the login first, publish after a complete run
+        from launcher.upload.command import upload_step
+
+        name = None if workspace is None else str(workspace)
+        uploading, after_run = upload_step(mode, options, name)
+        ctx.obj["ui"] = uploading
+        return run_eval(options, uploading, after_run)
     ui = UI(mode, verbose=options.verbose, redact=ambient_redactor())
     ctx.obj["ui"] = ui
     return run_eval(options, ui)

@@ -48,16 +48,17 @@ from launcher.rundir.peek import peek_complete, read_metrics, read_summary
 from launcher.services import RunContext, Services, open_services
 from launcher.signals import EXIT_INTERRUPTED, Interrupts, watch_signals
 from launcher.ui import CLI_VERSION, UI
+from launcher.upload.hook import AfterRun
 
 __all__ = ["EXIT_INTERRUPTED", "EvalOptions", "Supervisor", "run_eval"]
 
 
-def run_eval(options: EvalOptions, ui: UI) -> int:
+def run_eval(options: EvalOptions, ui: UI, after_run: AfterRun | None = None) -> int:
     """Run ``rollbridge eval run`` end to end; returns the exit code (0, 1 or 130).
 
     User errors raise :class:`CLIError` for the CLI to print.
     """
-    supervisor = Supervisor(prepare(options, ui), ui)
+    supervisor = Supervisor(prepare(options, ui), ui, after_run)
     try:
         try:
             return trio.run(supervisor.main)
@@ -79,8 +80,9 @@ class _Request:
 class Supervisor:
     """One invocation of ``rollbridge eval run`` inside ``trio.run``."""
 
-    def __init__(self, prepared: Prepared, ui: UI) -> None:
+    def __init__(self, prepared: Prepared, ui: UI, after_run: AfterRun | None = None) -> None:
         self.prepared = prepared
+        self.after_run = after_run  # eval run --upload (launcher.upload), under the run lock
         self.ui = ui
         self.halted: str | None = None
         self.dispatch_report = DispatchReport()
@@ -229,6 +231,9 @@ class Supervisor:
                     partial(rd.finalize, cancelled=self._stopped_early)
                 )
         assert result is not None
+        if self.after_run is not None:
+            complete = result.complete and not self._stopped_early
+            await self.after_run(rd.path, complete, p.workspace.config_relpath)
         return self._report(rd, result)
 
     async def _ask(self, prompt: str, *, default: bool) -> bool:
@@ -352,6 +357,8 @@ class Supervisor:
             self.ui.note(f"{name} is complete and stays untouched; starting new run '{new_name}'")
             return _Request(new_name, fresh=False, retry_failed=False)
         self.ui.stage(f"{name}: all {total} work items already have results")
+        if self.after_run is not None:
+            await self.after_run(run_dir, True, p.workspace.config_relpath)
         records = list(latest.values())
         summary = read_summary(run_dir) or aggregate_metrics(
             [r.to_dict() for r in records], p.spec.pass_threshold

@@ -3,7 +3,7 @@
 The environment lives at ``~/.cache/rollbridge/interop-osmosis-0.3.8-py312``. It is built once
 (into a temporary sibling directory, then renamed, so an interrupted build never looks valid),
 checked on every use, and rebuilt when the check fails. ``extras`` adds osmosis-ai extras
-(the benchmark needs ``server`` for the reference FastAPI server); they are installed into the
+(the benchmark needs ``server`` for the reference FastAPI server, the upload test ``eval``); they are installed into the
 same environment on demand.
 """
 
@@ -23,6 +23,8 @@ ENV_DIR = Path.home() / ".cache" / "rollbridge" / f"interop-osmosis-{OSMOSIS_VER
 _CHECKS = {
     "": "import osmosis_ai.rollout.client",
     "server": "import fastapi, uvicorn, osmosis_ai.rollout.server",
+    # `osmosis eval upload` imports the local-eval runner (tests/upload/test_interop.py).
+    "eval": "import osmosis_ai.eval.local.runner, osmosis_ai.platform.cli.eval_upload",
 }
 
 

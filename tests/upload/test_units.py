@@ -1,0 +1,170 @@
+"""Identity resolution, presigned-PUT instruction checks, progress text and the ``eval run
+--upload`` step's message, as plain functions."""
+
+from __future__ import annotations
+
+import io
+import json
+import re
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from launcher.errors import CLIError
+from launcher.ui import UI
+from launcher.upload.command import AfterRunUpload, resolve_upload_dir
+from launcher.upload.identity import (
+    AuthError,
+    PlatformIdentity,
+    git_identity,
+    normalize_platform_url,
+    resolve_identity,
+)
+from launcher.upload.progress import UploadProgress
+from launcher.upload.put import PutError, UploadInfo, _parts
+from tests.upload.helpers import write_credentials
+
+
+def _repo(path: Path, origin: str) -> Path:
+    subprocess.run(["git", "init", "-q", str(path)], check=True)
+    subprocess.run(["git", "-C", str(path), "remote", "add", "origin", origin], check=True)
+    return path
+
+
+@pytest.mark.parametrize(
+    ("origin", "identity"),
+    [
+        ("https://github.com/Acme/Rollouts.git", "acme/rollouts"),
+        ("git@github.com:Acme/Rollouts.git", "acme/rollouts"),
+        ("https://user:pw@github.com/acme/r", "acme/r"),
+        ("https://gitlab.com/acme/r.git", None),
+        ("https://github.com/acme/r/extra", None),
+    ],
+)
+def test_git_identity(tmp_path: Path, origin: str, identity: str | None) -> None:
+    found, display = git_identity(_repo(tmp_path, origin))
+    assert found == identity
+    assert display is None or "pw" not in display
+
+
+def test_platform_url_normalization() -> None:
+    assert normalize_platform_url(None) == "https://platform.osmosis.ai"
+    assert (
+        normalize_platform_url("HTTPS://Platform.Osmosis.AI:443/") == "https://platform.osmosis.ai"
+    )
+    assert normalize_platform_url("localhost:3000") == "http://localhost:3000"
+
+
+def test_token_sources(tmp_path: Path) -> None:
+    ws = _repo(tmp_path / "ws", "https://github.com/acme/r")
+    url = "http://127.0.0.1:9"
+    env = {"OSMOSIS_PLATFORM_URL": url}
+    with pytest.raises(
+        AuthError, match=re.escape("Not logged in to http://127.0.0.1:9. Run 'osmosis auth login'")
+    ):
+        resolve_identity(env, cwd=ws, home=tmp_path / "home", workspace_name=None)
+    write_credentials(tmp_path / "home", url, "file-token-123")
+    found = resolve_identity(env, cwd=ws, home=tmp_path / "home", workspace_name=None)
+    assert found.token == "file-token-123" and found.git_identity == "acme/r"
+    assert "file-token-123" not in repr(found)
+    with pytest.raises(AuthError, match=re.escape("OSMOSIS_TOKEN_PLATFORM_URL=http://127.0.0.1:9")):
+        resolve_identity(
+            {**env, "OSMOSIS_TOKEN": "env-token-1234"},
+            cwd=ws,
+            home=tmp_path / "home",
+            workspace_name=None,
+        )
+    bound = {**env, "OSMOSIS_TOKEN": "env-token-1234", "OSMOSIS_TOKEN_PLATFORM_URL": url + "/"}
+    assert (
+        resolve_identity(bound, cwd=ws, home=tmp_path / "home", workspace_name=None).token
+        == "env-token-1234"
+    )
+    creds = tmp_path / "home" / ".config" / "osmosis" / "credentials.json"
+    doc = json.loads(creds.read_text())
+    doc["platforms"][url]["expires_at"] = "2001-01-01T00:00:00+00:00"
+    creds.write_text(json.dumps(doc))
+    with pytest.raises(AuthError, match="expired"):
+        resolve_identity(env, cwd=ws, home=tmp_path / "home", workspace_name=None)
+
+
+def test_scope_and_insecure_platform(tmp_path: Path) -> None:
+    write_credentials(tmp_path / "home", "http://127.0.0.1:9")
+    env = {"OSMOSIS_PLATFORM_URL": "http://127.0.0.1:9"}
+    (tmp_path / "plain").mkdir()
+    with pytest.raises(CLIError, match=r"Set `origin`.*--workspace"):
+        resolve_identity(env, cwd=tmp_path / "plain", home=tmp_path / "home", workspace_name=None)
+    scoped = resolve_identity(
+        env, cwd=tmp_path / "plain", home=tmp_path / "home", workspace_name="team"
+    )
+    assert (
+        scoped.headers()["X-Osmosis-Workspace"] == "team"
+        and "X-Osmosis-Git" not in scoped.headers()
+    )
+    with pytest.raises(CLIError, match="plain HTTP"):
+        resolve_identity(
+            {"OSMOSIS_PLATFORM_URL": "http://example.com"},
+            cwd=tmp_path,
+            home=tmp_path,
+            workspace_name="t",
+        )
+
+
+def test_multipart_instructions_are_checked() -> None:
+    def info(**kw: object) -> UploadInfo:
+        base = {"method": "multipart", "part_size": 10, "total_parts": 3}
+        urls = [{"part_number": n, "presigned_url": f"https://s3/{n}"} for n in (1, 2, 3)]
+        return UploadInfo.parse({**base, "presigned_urls": urls, **kw})
+
+    assert _parts(info(), 25)[1] == 3
+    with pytest.raises(PutError, match="too small"):
+        _parts(info(), 20)
+    with pytest.raises(PutError, match="silently truncated"):
+        _parts(info(), 31)
+    with pytest.raises(PutError, match=r"Missing: \[3\]"):
+        _parts(
+            info(presigned_urls=[{"part_number": n, "presigned_url": "https://s"} for n in (1, 2)]),
+            25,
+        )
+    with pytest.raises(PutError, match="must use HTTPS"):
+        _parts(
+            info(
+                presigned_urls=[
+                    {"part_number": n, "presigned_url": "http://s3.example/x"} for n in (1, 2, 3)
+                ]
+            ),
+            25,
+        )
+
+
+def test_progress_line_has_bytes_rate_and_eta() -> None:
+    now = [0.0]
+    progress = UploadProgress(None, clock=lambda: now[0])
+    progress.begin(4 * 1024 * 1024)
+    now[0] = 2.0
+    progress.advance(1024 * 1024)
+    assert progress.line() == "1.0 MiB / 4.0 MiB · 512.0 KiB/s · ETA 6s"
+
+
+def test_incomplete_run_is_not_uploaded_and_says_why(tmp_path: Path) -> None:
+    import trio
+
+    ui = UI("plain", stdout=io.StringIO(), stderr=io.StringIO())
+    step = AfterRunUpload(PlatformIdentity("http://127.0.0.1:9", "t" * 12, "a/b", None), False, ui)
+    trio.run(step, tmp_path, False, None)
+    message, steps, resource = step.amend("Evaluation run interrupted: x", ["Resume: y"], {})
+    assert (
+        message
+        == "Evaluation run interrupted: x Upload skipped because the local evaluation is incomplete."
+    )
+    assert steps == ["Resume: y"] and "upload" not in resource
+
+
+def test_run_argument_resolution(tmp_path: Path) -> None:
+    ws = tmp_path / "ws"
+    (ws / "configs" / "eval").mkdir(parents=True)
+    assert resolve_upload_dir("my-run", cwd=ws) == ws / ".osmosis" / "evals" / "my-run"
+    assert resolve_upload_dir("./my-run", cwd=ws) == ws / "my-run"
+    (ws / "here").mkdir()
+    assert resolve_upload_dir("here", cwd=ws) == ws / "here"
+    assert resolve_upload_dir("/abs/run", cwd=ws) == Path("/abs/run")
