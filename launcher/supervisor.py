@@ -295,7 +295,13 @@ class Supervisor:
         )
         self.stage(f"running {len(pending)} work items, up to {workers} in flight", step="schedule")
         total = self.prepared.meta.total_work_items
-        self.ui.open_progress(total, rd.counters, len(pending), lambda: limit.in_flight)
+        self.ui.open_progress(
+            total,
+            rd.counters,
+            len(pending),
+            lambda: limit.in_flight,
+            lambda: limit.limit if limit.lowered else None,
+        )
         try:
             async with trio.open_nursery() as watchers:
                 watchers.start_soon(
