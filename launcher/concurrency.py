@@ -118,10 +118,10 @@ class InFlightLimit:
         else:
             self._log(f"in flight raised to {self.limit}")
 
-    @property
-    def lowered(self) -> bool:
-        """Whether the limit is below the configured concurrency (progress shows it then)."""
-        return self.limit < self.ceiling
+    def lowered_limit(self) -> int | None:
+        """The limit while it is below the configured concurrency (progress shows it), else
+        None."""
+        return self.limit if self.limit < self.ceiling else None
 
     def _set(self, limit: int) -> None:
         self.limit = limit

@@ -24,7 +24,10 @@ from typing import Any
 from launcher.redact import Redactor
 from launcher.rundir.atomic import WriteFailure, fast_sorted_json
 
-__all__ = ["RunLog", "utc_now_iso"]
+__all__ = ["RUN_FAILED", "RunLog", "utc_now_iso"]
+
+#: How an ``ERROR [run]`` line that names the error which ended an invocation begins.
+RUN_FAILED = "the run stopped with an error: "
 
 
 def utc_now_iso(now: datetime | None = None, *, timespec: str = "microseconds") -> str:
