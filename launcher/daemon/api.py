@@ -207,7 +207,17 @@ class ControlApp:
 
     def _brief(self, name: str) -> dict[str, Any]:
         doc = self.registry.view(name).doc
-        keys = ("state", "stage", "cancel_stage", "total", "done", "pending", "error")
+        keys = (
+            "state",
+            "cause",
+            "stage",
+            "cancel_stage",
+            "total",
+            "done",
+            "pending",
+            "pass_rate",
+            "error",
+        )
         return {k: doc[k] for k in keys if k in doc}
 
     async def _logs(
