@@ -94,3 +94,22 @@ def test_reward_comes_from_the_reward_channel_only() -> None:
     assert outcome_from_result(other, prompt=[], label=None, grade=True).reported().status == (
         RolloutStatus.FAILURE
     )
+
+
+@pytest.mark.parametrize(
+    ("kind", "phase"),
+    [
+        ("AgentTimeoutError", "agent"),
+        ("AgentSetupTimeoutError", "agent"),
+        ("RuntimeError", "agent"),
+        ("SandboxBuildFailedError", "server"),
+        ("VerifierTimeoutError", "grader"),
+        ("RewardFileNotFoundError", "grader"),
+    ],
+)
+def test_a_trial_failure_says_where_it_happened(kind: str, phase: str) -> None:
+    """Issue 27 item 13: an agent timeout was labelled ``rollout:`` (no phase was recorded)."""
+    result = {"trial_name": "t", "exception_info": {"exception_type": kind}}
+    reported = outcome_from_result(result, prompt=[], label=None, grade=True).reported()
+    assert reported.extra_fields is not None
+    assert reported.extra_fields["failure"] == {"phase": phase, "type": kind}
