@@ -24,10 +24,13 @@ CONFIG = "configs/eval/echo.toml"
 
 
 async def _workspace_frames(
-    client: httpx.AsyncClient, until: Any
-) -> list[tuple[str, dict[str, Any]]]:
-    """``(event, data)`` of ``GET /v1/events`` until ``until(frames)`` is true."""
-    frames: list[tuple[str, dict[str, Any]]] = []
+    client: httpx.AsyncClient,
+    frames: list[tuple[str, dict[str, Any]]],
+    until: Any,
+    started: trio.Event,
+) -> None:
+    """Append ``(event, data)`` of ``GET /v1/events`` to ``frames`` until ``until(frames)``;
+    ``started`` is set once the first frame (the snapshot) is in."""
     async with client.stream("GET", "/v1/events") as response:
         assert response.status_code == 200
         event = ""
@@ -36,9 +39,9 @@ async def _workspace_frames(
                 event = line[7:]
             elif line.startswith("data: "):
                 frames.append((event, json.loads(line[6:])))
+                started.set()
                 if until(frames):
-                    return frames
-    return frames
+                    return
 
 
 async def test_listings_health_validation_and_schema(workspace: Path, env: dict[str, str]) -> None:
@@ -89,11 +92,9 @@ async def test_workspace_events_diff_export_rubric_and_every_described_path(
                 def a_finished(frames: list[tuple[str, dict[str, Any]]]) -> bool:
                     return any(e == "run" and d["state"] == "finished" for e, d in frames)
 
-                async def follow() -> None:
-                    seen.extend(await _workspace_frames(client, a_finished))
-
-                nursery.start_soon(follow)
-                await trio.sleep(0.5)
+                snapshot = trio.Event()
+                nursery.start_soon(_workspace_frames, client, seen, a_finished, snapshot)
+                await snapshot.wait()
                 body = {"config": CONFIG, "name": "one"}
                 assert (await client.post("/v1/runs", json=body)).status_code == 202
             assert seen[0] == ("runs", {"runs": []})
