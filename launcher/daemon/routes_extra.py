@@ -103,17 +103,21 @@ class ExtraRoutes:
         return True
 
     async def _diff(self, send: ASGISendCallable, query: Query) -> None:
-        runs = []
+        names = []
         for key in ("a", "b"):
             name = (query.get(key) or [""])[0]
             try:
-                validate_run_name(name)
+                names.append(validate_run_name(name))
             except CLIError:
                 raise ApiError(400, "VALIDATION", f"{key} must name a run") from None
-            runs.append(self.registry.view(name).run_dir)
         page = (query.get("page") or ["0"])[0] in ("1", "true")
+
+        def compare() -> dict[str, Any] | str:
+            a, b = (self.registry.view(name).run_dir for name in names)  # 404s
+            return diff_doc(a, b, page=page)
+
         try:
-            doc = await trio.to_thread.run_sync(lambda: diff_doc(runs[0], runs[1], page=page))
+            doc = await trio.to_thread.run_sync(compare)
         except CLIError as exc:
             raise ApiError.from_cli(exc.code, exc.message) from None
         if isinstance(doc, str):
