@@ -8,6 +8,7 @@ from typing import Any
 
 from bridge.errors import PreflightError, UpstreamError
 from bridge.policy import PreparedRequest
+from bridge.retry import ProviderFault, RetryPolicy, retrying
 from bridge.scrub import ErrorScrubber
 from bridge.secret_policy import is_secret_env_name
 
@@ -71,8 +72,22 @@ def non_ascii_credential(model: str, environ: Mapping[str, str]) -> str | None:
     return None
 
 
-async def preflight(model: str, *, redact: Callable[[str], str] | None = None) -> str | None:
-    """Probe ``model`` once through the same path the bridge will use.
+class _Busy(Exception):
+    """A 429 during the probe: the key works, so it is not retried (see :data:`TOLERATED`)."""
+
+
+async def preflight(
+    model: str,
+    *,
+    redact: Callable[[str], str] | None = None,
+    retry: RetryPolicy | None = None,
+    on_retry: Callable[[str], None] | None = None,
+) -> str | None:
+    """Probe ``model`` through the same path the bridge will use.
+
+    A transient fault (a 5xx, a connection that failed or was reset before an answer) is
+    retried with ``retry``, by default the policy of the rollouts' calls, so one bad answer at
+    start does not stop a run; ``on_retry`` is told of each retry (a line for the log).
 
     Returns None on success, a warning text for a failure that does not stop the run, and
     raises :class:`PreflightError` (``model preflight failed for '<model>': <ExcName>: <msg>``)
@@ -89,20 +104,39 @@ async def preflight(model: str, *, redact: Callable[[str], str] | None = None) -
     from bridge.upstreams import make_upstream
     from bridge.upstreams.direct import LazyClient
 
+    attempts = 0
+
+    def on_fault(fault: ProviderFault, again: bool) -> None:
+        if again and on_retry is not None:
+            on_retry(f"retrying the model preflight after a provider fault: {fault.kind}")
+
     client = LazyClient()
     try:
         upstream = make_upstream(model, client, via_litellm=False)
         scrubber = ErrorScrubber(upstream.secrets(), extra=redact)
+
+        async def probe() -> dict[str, Any]:
+            nonlocal attempts
+            attempts += 1
+            try:
+                return await upstream.complete(_PROBE, _ignore)
+            except ProviderFault as fault:
+                if fault.status == 429:
+                    raise _Busy from fault
+                raise
+
         try:
-            await upstream.complete(_PROBE, _ignore)
+            await retrying(probe, retry or RetryPolicy(), on_fault)
+        except _Busy:
+            return None
         except Exception as exc:
-            return _verdict(model, exc, scrubber)
+            return _verdict(model, exc, scrubber, attempts)
     finally:
         await client.aclose()
     return None
 
 
-def _verdict(model: str, exc: Exception, scrubber: ErrorScrubber) -> str | None:
+def _verdict(model: str, exc: Exception, scrubber: ErrorScrubber, attempts: int = 1) -> str | None:
     """What a failed probe means for the run (see :func:`preflight`)."""
     # Only a failure can have come from the LiteLLM path, so only a failure imports it.
     from bridge.upstreams.litellm import InvalidModel, to_upstream_error
@@ -115,6 +149,8 @@ def _verdict(model: str, exc: Exception, scrubber: ErrorScrubber) -> str | None:
     error = exc if isinstance(exc, UpstreamError) else to_upstream_error(exc)
     name = getattr(error, "kind", type(exc).__name__)
     message = scrubber(error.message)
+    if attempts > 1:
+        message += f" (after {attempts} attempts)"
     if name in TOLERATED:
         return None
     if name in FATAL:

@@ -4,10 +4,15 @@ The dispatcher's workers take a slot of :class:`InFlightLimit` before each admis
 limit bounds the rollouts in flight. :meth:`InFlightLimit.follow` samples the bridge's running
 totals of 429 answers and answered calls (``bridge.usage.UpstreamPressure``) once a second: a
 second in which at least :data:`RATE_LIMITED_SHARE` of the provider's outcomes were 429s halves
-the limit (multiplicative decrease, at most once per :data:`DECREASE_COOLDOWN_S`); a second
-with answers and no 429 raises it by an eighth of the configured concurrency (additive
-increase) until it is back at that ceiling. Occasional 429s among many answers change
-nothing: lowering the concurrency would not help them, and the bridge retries them anyway.
+the limit (multiplicative decrease, at most once per :data:`DECREASE_COOLDOWN_S`). A window of
+successes, as many answered calls as the current limit since the last change (TCP's
+congestion window: one round of acknowledgements), raises it by an eighth of the configured
+concurrency (additive increase, at most once a sample) until it is back at that ceiling. The
+window counts answers whether or not 429s came with them: a provider that rate-limits a
+steady share of calls whatever the load would otherwise hold the limit at 1 for good, while
+one that limits by load sees the next increase undone by the next decrease, so the limit
+oscillates just above what it can take, as TCP does. Occasional 429s among many answers
+change nothing: lowering the concurrency would not help them, and the bridge retries them.
 
 A change of direction is a milestone (``in flight lowered to 8 (upstream rate limits)``,
 ``in flight back to 16``); the steps of a recovery in between go to ``logs.txt`` only.
@@ -62,6 +67,9 @@ class InFlightLimit:
         self._log = log
         self._waiting = trio.lowlevel.ParkingLot()
         self._last_decrease = -math.inf
+        self._window = 0
+        """Answers since the last change of the limit."""
+        self._episode_low = self.ceiling
 
     @asynccontextmanager
     async def slot(self) -> AsyncIterator[None]:
@@ -80,20 +88,44 @@ class InFlightLimit:
         """One sample: the 429s and answers seen since the previous one."""
         now = trio.current_time()
         outcomes = rate_limited + answered
-        if rate_limited and rate_limited >= RATE_LIMITED_SHARE * outcomes:
-            if now - self._last_decrease >= DECREASE_COOLDOWN_S and self.limit > 1:
-                self._last_decrease = now
-                self._set(max(1, self.limit // 2))
-                self._milestone(f"in flight lowered to {self.limit} (upstream rate limits)")
-        elif answered and not rate_limited and self.limit < self.ceiling:
-            self._set(min(self.ceiling, self.limit + self._step))
-            if self.limit == self.ceiling:
-                self._milestone(f"in flight back to {self.limit}")
+        pressed = bool(rate_limited) and rate_limited >= RATE_LIMITED_SHARE * outcomes
+        if pressed and now - self._last_decrease >= DECREASE_COOLDOWN_S and self.limit > 1:
+            self._last_decrease = now
+            self._set(max(1, self.limit // 2))
+            message = f"in flight lowered to {self.limit} (upstream rate limits)"
+            # Under steady pressure the limit saws up and down every few seconds: only a new
+            # low since it was last back at the ceiling is worth a line on the terminal.
+            if self.limit < self._episode_low:
+                self._episode_low = self.limit
+                self._milestone(message)
             else:
-                self._log(f"in flight raised to {self.limit}")
+                self._log(message)
+            return
+        self._window += answered
+        if self._window < self.limit or self.limit >= self.ceiling:
+            return
+        raised = self.limit
+        while self._window >= raised and raised < self.ceiling:
+            # One step per window; a fast provider fills several windows in one sample.
+            self._window -= raised
+            raised = min(self.ceiling, raised + self._step)
+        window = self._window
+        self._set(raised)
+        self._window = window
+        if self.limit == self.ceiling:
+            self._episode_low = self.ceiling
+            self._milestone(f"in flight back to {self.limit}")
+        else:
+            self._log(f"in flight raised to {self.limit}")
+
+    def lowered_limit(self) -> int | None:
+        """The limit while it is below the configured concurrency (progress shows it), else
+        None."""
+        return self.limit if self.limit < self.ceiling else None
 
     def _set(self, limit: int) -> None:
         self.limit = limit
+        self._window = 0
         self.lowest = min(self.lowest, limit)
         # Waiters re-check the new limit; a lower one wakes nobody into a slot.
         self._waiting.unpark_all()

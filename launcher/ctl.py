@@ -9,10 +9,12 @@ connection drops. Errors are the API's one-line messages: ``Error: …`` and exi
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 from typing import Any
 
 import click
+import msgspec
 
 from launcher.errors import CLIError, NotFoundError
 
@@ -136,13 +138,17 @@ def item(ctx: click.Context, name: str, row: int, run: int) -> None:
 @ctl.command("watch")
 @click.argument("name")
 @click.option("--after", type=int, default=0, help="Resume after this journal line.")
+@click.option("--json", "as_json", is_flag=True, help="Print each event as one JSON line.")
 @click.pass_context
-def watch(ctx: click.Context, name: str, after: int) -> None:
-    """Follow a run's event stream until it ends (reconnecting after a dropped connection)."""
+def watch(ctx: click.Context, name: str, after: int, as_json: bool) -> None:
+    """Follow a run's event stream until it ends (reconnecting after a dropped connection):
+    one line per finished work item and per milestone, or with --json every event as
+    ``{"event", "id", "data"}``."""
     import httpx
 
     client = _client(ctx)
     last = after
+    render = _render_json if as_json else _Renderer()
     while True:
         try:
             with client.http.stream(
@@ -155,7 +161,7 @@ def watch(ctx: click.Context, name: str, after: int) -> None:
                 for event, event_id, data in _frames(response.iter_lines()):
                     if event_id is not None:
                         last = event_id
-                    if _render(event, data):
+                    if render(event, event_id, data):
                         return
         except (httpx.RemoteProtocolError, httpx.ReadError):
             continue
@@ -177,18 +183,50 @@ def _frames(lines: Any) -> Any:
             data += line[6:]
 
 
-def _render(event: str, data: Any) -> bool:
-    """Print one event; True at the end of the stream."""
-    if event == "record":
-        reward = data.get("reward")
-        shown = f" reward={reward}" if reward is not None else ""
-        err = f" {data['error_type']}" if data.get("error_type") else ""
-        click.echo(f"row {data['row_index']} run {data['run_index']}: {data['status']}{shown}{err}")
-    elif event == "stage":
-        click.echo(f"→ {data['message']}")
-    elif event == "state":
-        click.echo(f"[{data.get('state')}] {data.get('done')}/{data.get('total')}")
-    elif event == "end":
-        click.echo(f"[{data.get('state')}] {data.get('done')}/{data.get('total')} (end)")
-        return True
-    return False
+def _render_json(event: str, event_id: int | None, data: Any) -> bool:
+    """``--json``: the event as it came; True at the end of the stream."""
+    click.echo(json.dumps({"event": event, "id": event_id, "data": data}, ensure_ascii=False))
+    return event == "end"
+
+
+#: Milestone messages end with the log line's details as JSON; a reader wants the words.
+_DETAILS = re.compile(r"\s+\{.*\}$")
+
+
+class _Renderer:
+    """The readable form: ``row 3 run 0: success, reward 1`` per finished item (as a piped
+    ``eval run`` prints it), ``→ message`` per milestone, a state line when the state changes,
+    and ``finished 21/21, pass 100%`` at the end."""
+
+    def __init__(self) -> None:
+        self.state: str | None = None
+
+    def __call__(self, event: str, event_id: int | None, data: Any) -> bool:
+        if event == "record":
+            from launcher.report import describe
+            from launcher.rundir.records import TerminalRecord
+
+            try:
+                click.echo(describe(msgspec.convert(data, TerminalRecord)))
+            except msgspec.ValidationError:
+                click.echo(f"row {data.get('row_index')} run {data.get('run_index')}: ?")
+        elif event == "stage":
+            click.echo(f"→ {_DETAILS.sub('', str(data.get('message', '')))}")
+        elif event == "state" and data.get("state") != self.state:
+            self.state = data.get("state")
+            stage = f" ({data['stage']})" if data.get("stage") else ""
+            click.echo(f"[{self.state}{stage}] {data.get('done')}/{data.get('total')}")
+        elif event == "end":
+            click.echo(_end_line(data))
+            return True
+        return False
+
+
+def _end_line(data: dict[str, Any]) -> str:
+    """``finished 21/21, pass 100%`` (plus the cause of a run that did not finish)."""
+    text = f"{data.get('state')} {data.get('done')}/{data.get('total')}"
+    if isinstance(data.get("pass_rate"), int | float):
+        text += f", pass {data['pass_rate']:.0%}"
+    if data.get("state") != "finished" and data.get("cause"):
+        text += f": {data['cause']}"
+    return text

@@ -255,7 +255,11 @@ async def _preflight(ctx: RunContext, done: trio.Event) -> None:
     model = ctx.prepared.config.experiment.model_path
     ctx.stage(f"checking model {model}", step="preflight")
     try:
-        warning = await preflight(model, redact=ctx.prepared.redactor)
+        warning = await preflight(
+            model,
+            redact=ctx.prepared.redactor,
+            on_retry=lambda message: ctx.log("WARNING", "preflight", message, None),
+        )
     except PreflightError as exc:
         raise LocalEvalError(str(exc)) from None
     if warning:

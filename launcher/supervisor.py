@@ -41,6 +41,7 @@ from launcher.report import (
 from launcher.rundir import FinalizeResult, RunDirectory, RunLock
 from launcher.rundir.discard import DiscardIfEmpty
 from launcher.rundir.journal import TerminalRecord, WorkKey
+from launcher.rundir.logs import RUN_FAILED
 from launcher.rundir.manifest import build_inputs, build_provenance, read_manifest
 from launcher.rundir.metrics import aggregate_metrics
 from launcher.rundir.names import generate_run_name
@@ -225,6 +226,11 @@ class Supervisor:
         try:
             if pending:
                 await self._start_and_dispatch(rd, pending)
+        except BaseException as exc:  # why it stopped, for readers without our stderr
+            error = unwrap_group(exc) if isinstance(exc, BaseExceptionGroup) else exc
+            if isinstance(error, CLIError):
+                self.log("ERROR", "run", RUN_FAILED + " ".join(error.message.split("\n")))
+            raise
         finally:
             with trio.CancelScope(shield=True):
                 result = await trio.to_thread.run_sync(
@@ -300,7 +306,8 @@ class Supervisor:
         )
         self.stage(f"running {len(pending)} work items, up to {workers} in flight", step="schedule")
         total = self.prepared.meta.total_work_items
-        self.ui.open_progress(total, rd.counters, len(pending), lambda: limit.in_flight)
+        in_flight = (lambda: limit.in_flight), limit.lowered_limit
+        self.ui.open_progress(total, rd.counters, len(pending), *in_flight)
         try:
             async with trio.open_nursery() as watchers:
                 watchers.start_soon(

@@ -132,6 +132,7 @@ class UI:
         self._finished = 0  # results recorded by this invocation
         self._started = 0.0
         self._in_flight: Callable[[], int] | None = None
+        self._lowered_limit: Callable[[], int | None] | None = None
         self._closing = False
 
     # -- redaction -------------------------------------------------------------------------
@@ -277,12 +278,15 @@ class UI:
         counters: ProgressCounters,
         pending: int | None = None,
         in_flight: Callable[[], int] | None = None,
+        lowered_limit: Callable[[], int | None] | None = None,
     ) -> None:
         """Open the progress display right before scheduling starts.
 
         ``pending`` work items are dispatched now (default: those without a record); the rest
         of ``total`` count as done from the start, so a resume or ``--retry-failed`` shows
-        ``kept + finished here`` out of ``total``. ``in_flight`` reads the rollouts running.
+        ``kept + finished here`` out of ``total``. ``in_flight`` reads the rollouts running;
+        ``lowered_limit`` reads the in-flight limit while adaptive concurrency holds it below
+        the configured one (``None`` otherwise), shown as ``3 in flight (limit 4)``.
         """
         self._counters = counters
         self._total = total
@@ -291,6 +295,7 @@ class UI:
         self._finished = 0
         self._started = self._clock()
         self._in_flight = in_flight
+        self._lowered_limit = lowered_limit
         self._closing = False
         if not self.rich:
             return
@@ -333,7 +338,9 @@ class UI:
             if rate is not None and remaining > 0:
                 parts.append(f"ETA {_clock_text(remaining / rate)}")
             if self._in_flight is not None:
-                parts.append(f"{self._in_flight()} in flight")
+                lowered = self._lowered_limit() if self._lowered_limit is not None else None
+                limit = f" (limit {lowered})" if lowered is not None else ""
+                parts.append(f"{self._in_flight()} in flight{limit}")
         if counters.tokens:
             parts.append(f"{counters.tokens:,} tokens")
         if self._closing and remaining > 0:

@@ -33,7 +33,7 @@ __all__ = [
 
 FAILURE_KEY = "failure"
 """The ``extra_fields`` (``diagnostics.json``) key that says why a rollout failed: ``phase``
-(``agent``, ``grader``, ``bridge``, ``server``), ``type`` (the exception class), ``status`` (an
+(``agent``, ``grader``, ``bridge``, ``network``, ``server``), ``type`` (the exception class), ``status`` (an
 HTTP status) and ``message`` (only when it says more than ``err_message``). The wire result has
 no room for these, and a client that does not read the file loses nothing."""
 _BRIDGE_MESSAGE_LIMIT = 4096
@@ -81,18 +81,43 @@ def _bridge_error(body: str) -> tuple[str, int | None]:
     return (message if isinstance(message, str) else body)[:_BRIDGE_MESSAGE_LIMIT], upstream
 
 
+def _from_an_api(body: str) -> bool:
+    """Whether an error answer's body is an API's JSON error (the bridge's, or any OpenAI-style
+    endpoint's ``{"error": …}`` / ``{"detail": …}``), not a proxy's page."""
+    try:
+        doc = json.loads(body)
+    except (ValueError, RecursionError):
+        return False
+    return isinstance(doc, dict) and ("error" in doc or "detail" in doc)
+
+
 def describe_exception(exc: BaseException, phase: str) -> dict[str, Any]:
     """The :data:`FAILURE_KEY` object for ``exc`` raised in ``phase``.
 
-    A :class:`~rollout_server.chat.ChatError` is the model endpoint (the bridge) answering an
-    error: its phase becomes ``bridge``, with the status and the endpoint's own message. Any
-    other exception carrying an integer ``status_code`` (HTTP client errors) keeps that status.
+    A :class:`~rollout_server.chat.ChatError` whose body is an API's JSON error is the model
+    endpoint (the bridge) answering an error: its phase becomes ``bridge``, with the status
+    and the endpoint's own message. A model call that never reached the bridge is ``network``:
+    no connection could be made to the chat URL, or something in front of it (a proxy or
+    tunnel at the advertised URL) answered with a page of its own. Any other exception
+    carrying an integer ``status_code`` (HTTP client errors) keeps that status.
     """
     detail: dict[str, Any] = {"phase": phase, "type": type(exc).__name__}
+    unreached = getattr(exc, "rollbridge_unreached_url", None)
+    if isinstance(unreached, str):
+        message = f"could not connect to the chat endpoint {unreached}: {exc}"
+        detail.update(phase="network", message=message[:_BRIDGE_MESSAGE_LIMIT])
+        return detail
     # Looked up, not imported: importing the submodule here would shadow the lazily exported
     # ``rollout_server.chat`` function with the module (and a ChatError implies it is loaded).
     chat_error = getattr(sys.modules.get(f"{__package__}.chat"), "ChatError", None)
     if chat_error is not None and isinstance(exc, chat_error):
+        if not _from_an_api(exc.body):
+            # Something between the rollout and the bridge answered (a proxy or tunnel at
+            # the advertised URL whose origin is down): the call never reached the bridge.
+            text = " ".join(exc.body.split())[:300]
+            message = f"HTTP {exc.status_code} from in front of the chat endpoint: {text}"
+            detail.update(phase="network", status=exc.status_code, message=message)
+            return detail
         message, upstream = _bridge_error(exc.body)
         detail.update(phase="bridge", status=upstream or exc.status_code, message=message)
         if upstream is not None:

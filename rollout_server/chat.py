@@ -28,7 +28,11 @@ if TYPE_CHECKING:
 
     from .net.h1client import H1Pool
 
-__all__ = ["DEFAULT_MODEL", "ChatError", "chat", "reply_text"]
+__all__ = ["DEFAULT_MODEL", "UNREACHED_TYPES", "ChatError", "chat", "reply_text"]
+
+#: Exception types (by name, to import nothing) of a call that never reached the endpoint:
+#: no connection could be made. Such an exception gets ``rollbridge_unreached_url``.
+UNREACHED_TYPES = frozenset({"ConnectError", "ConnectTimeout"})
 
 DEFAULT_MODEL = "osmosis-rollout"
 """The model name sent when none is given; the bridge maps it to the configured model."""
@@ -123,6 +127,24 @@ async def chat(
     url = ctx.chat_completions_url.rstrip("/") + "/chat/completions"
     headers = {"Authorization": f"Bearer {ctx.api_key}"} if ctx.api_key else {}
     body = {"model": model, "messages": messages, **params}
+    try:
+        return await _post(ctx, url, body, headers, http_timeout)
+    except Exception as exc:
+        if not isinstance(exc, ChatError) and UNREACHED_TYPES & {
+            t.__name__ for t in type(exc).__mro__
+        }:
+            # Tells describe_exception the call never reached the endpoint (see there).
+            exc.rollbridge_unreached_url = url  # type: ignore[attr-defined]
+        raise
+
+
+async def _post(
+    ctx: RolloutContext,
+    url: str,
+    body: dict[str, Any],
+    headers: dict[str, str],
+    http_timeout: float | httpx.Timeout | None,
+) -> dict[str, Any]:
     # The context's own client, not one its factory would make for this read: that one is
     # the server's shared client, which the lean path bypasses anyway.
     given = given_http_client(ctx)

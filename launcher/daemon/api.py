@@ -25,6 +25,7 @@ import trio
 
 from launcher.daemon.live_usage import dispatched_keys, live_rollouts, read_live_usage
 from launcher.daemon.registry import ApiError, Registry, parse_start
+from launcher.daemon.routes_extra import ExtraRoutes
 from launcher.daemon.stream import journal_events, log_events, tail_lines
 from launcher.errors import CLIError
 from launcher.rundir.projections import projection_stem
@@ -104,6 +105,7 @@ class ControlApp:
         self._info = daemon_info
         self._shutdown = request_shutdown
         self._guard = guard
+        self._extra = ExtraRoutes(registry, daemon_info, self._body, self._stream)
 
     async def __call__(
         self, scope: Scope, receive: ASGIReceiveCallable, send: ASGISendCallable
@@ -159,6 +161,8 @@ class ControlApp:
                 return await send_json(send, 202, _json(started))
         if len(route) >= 2 and route[0] == "runs":
             return await self._run_route(scope, receive, send, route[1], route[2:], query)
+        if await self._extra.route(scope, receive, send, route, query):
+            return None
         raise ApiError(404, "NOT_FOUND", "no such route")
 
     async def _run_route(
@@ -203,6 +207,8 @@ class ControlApp:
         if len(rest) == 3 and rest[0] == "items" and method == "GET":
             item = await trio.to_thread.run_sync(_item, view.run_dir, rest[1], rest[2])
             return await send_json(send, 200, _json(item))
+        if await self._extra.run_route(scope, receive, send, view, rest):
+            return None
         raise ApiError(404, "NOT_FOUND", "no such route")
 
     def _live_pid(self, name: str) -> int | None:
@@ -212,7 +218,17 @@ class ControlApp:
 
     def _brief(self, name: str) -> dict[str, Any]:
         doc = self.registry.view(name).doc
-        keys = ("state", "stage", "cancel_stage", "total", "done", "pending", "error")
+        keys = (
+            "state",
+            "cause",
+            "stage",
+            "cancel_stage",
+            "total",
+            "done",
+            "pending",
+            "pass_rate",
+            "error",
+        )
         return {k: doc[k] for k in keys if k in doc}
 
     async def _logs(

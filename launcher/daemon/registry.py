@@ -111,8 +111,9 @@ def parse_start(body: Any) -> StartRequest:
     return StartRequest(config=config, name=name, flags=flags, secrets=dict(secrets))
 
 
-def _prepare_check(workspace: Path, request: StartRequest, name: str) -> None:
-    """The CLI's own validation of the flags, config, dataset and rows (raises CLIError)."""
+def _prepare_check(workspace: Path, request: StartRequest, name: str | None) -> dict[str, Any]:
+    """The CLI's own validation of the flags, config, dataset and rows (raises CLIError);
+    what a run of it would do when it passes (``POST /v1/configs/validate``)."""
     from launcher.prepare import EvalOptions, prepare
     from launcher.ui import UI
 
@@ -125,6 +126,17 @@ def _prepare_check(workspace: Path, request: StartRequest, name: str) -> None:
             f"{request.config} belongs to the workspace {prepared.workspace.root}, "
             f"not to this daemon's {workspace}"
         )
+    return {
+        "valid": True,
+        "config": request.config,
+        "model": prepared.config.experiment.model_path,
+        "rollout": prepared.config.experiment.rollout,
+        "dataset": prepared.dataset.name,
+        "rows": len(prepared.selection.rows),
+        "n": prepared.spec.n,
+        "work_items": prepared.meta.total_work_items,
+        "secrets_required": list(prepared.config.secrets_required),
+    }
 
 
 def _size(path: Path) -> int:
@@ -226,6 +238,14 @@ class Registry:
             error = doc.get("error")
             if isinstance(error, dict) and child.record.returncode not in (0, None):
                 raise ApiError.from_cli(str(error.get("code")), str(error.get("message")))
+
+    async def validate(self, request: StartRequest) -> dict[str, Any]:
+        """The checks a start makes before it spawns anything, without starting."""
+        try:
+            name = validate_run_name(request.name) if request.name else None
+            return await trio.to_thread.run_sync(_prepare_check, self.workspace, request, name)
+        except CLIError as exc:
+            raise ApiError.from_cli(exc.code, exc.message) from None
 
     # -- views ---------------------------------------------------------------------------
 

@@ -116,6 +116,15 @@ async def run_daemon(
                     "usage",
                     "report",
                     "shutdown",
+                    "health",
+                    "workspace",
+                    "validate",
+                    "workspace_events",
+                    "diff",
+                    "export",
+                    "rubric",
+                    "openapi",
+                    "config_schema",
                 ],
             }
 

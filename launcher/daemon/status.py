@@ -4,14 +4,17 @@ total, ``logs.txt`` for the stage, the child's record for cancel requests and it
 
 States: ``starting`` (with ``stage``), ``running``, ``cancelling`` (with ``cancel_stage``),
 ``finished`` (every work item has a result), ``cancelled`` (stopped by a cancel request),
-``failed`` (the child ended with an error), ``interrupted`` (pending items and no live child,
-for no reason the daemon knows of: a ``kill -9``, a crash, a Ctrl-C in some terminal).
+``failed`` (the run ended with an error: the child's envelope, or the ``ERROR [run]`` line
+an invocation logs when an error stops it, so one started in a terminal counts too),
+``interrupted`` (pending items and no live child, and no error: a signal killed the child, a
+Ctrl-C in some terminal, a crash). An ended run's ``cause`` says which, in words.
 """
 
 from __future__ import annotations
 
 import json
 import re
+import signal
 import time
 from collections import Counter
 from dataclasses import dataclass
@@ -22,6 +25,7 @@ from typing import Any
 from launcher.daemon.children import ChildRecord
 from launcher.daemon.live_usage import read_live_usage
 from launcher.rundir.journal import TerminalRecord, replay_journal
+from launcher.rundir.logs import RUN_FAILED
 from launcher.rundir.metrics import LiveCounters
 from launcher.rundir.peek import read_metrics
 
@@ -41,6 +45,8 @@ class LogFacts:
     stage_message: str | None = None
     dispatching: bool = False
     tunnel_url: str | None = None
+    error: str | None = None
+    """The error that stopped the latest invocation, from its ``ERROR [run]`` line."""
 
 
 def log_facts(logs_path: Path, offset: int) -> LogFacts:
@@ -54,9 +60,15 @@ def log_facts(logs_path: Path, offset: int) -> LogFacts:
         return facts
     for raw in data.decode("utf-8", "replace").splitlines():
         match = _LOG_STEP.match(raw)
+        if match is not None and match["level"] == "ERROR" and match["step"] == "run":
+            message = match["message"]
+            if message.startswith(RUN_FAILED):
+                facts.error = message[len(RUN_FAILED) :]
         if match is None or match["level"] != "INFO":
             continue
         step = match["step"]
+        if step == "run":
+            facts.error = None  # a later invocation began
         facts.stage, facts.stage_message = step, match["message"]
         if step == _DISPATCH_STEP:
             facts.dispatching = True
@@ -115,6 +127,13 @@ def _counts(latest: dict[tuple[int, int], TerminalRecord], threshold: float) -> 
     }
 
 
+def _signal_name(number: int) -> str:
+    try:
+        return signal.Signals(number).name
+    except ValueError:
+        return f"signal {number}"
+
+
 def _state(
     *,
     alive: bool,
@@ -122,19 +141,31 @@ def _state(
     facts: LogFacts,
     pending: int,
     status: str | None,
-    failed_child: bool,
-) -> str:
+    error: str | None,
+) -> tuple[str, str | None]:
+    """The state and, once the run has ended, its cause in words."""
     if alive:
         if record is not None and record.cancel_stage:
-            return "cancelling"
-        return "running" if facts.dispatching else "starting"
+            return "cancelling", None
+        return ("running" if facts.dispatching else "starting"), None
     if pending == 0 and status == "finished":
-        return "finished"
+        return "finished", "every work item has a result"
     if record is not None and record.cancel_stage:
-        return "cancelled"
-    if failed_child:
-        return "failed"
-    return "finished" if pending == 0 and status is not None else "interrupted"
+        return "cancelled", f"cancelled through the daemon (stage {record.cancel_stage})"
+    if error is not None:
+        return "failed", error
+    code = record.returncode if record is not None else None
+    if code is not None and code < 0:
+        return "interrupted", f"the run's process was killed by {_signal_name(-code)}"
+    if code == 130:
+        return "interrupted", "the run's process was interrupted (SIGINT, a Ctrl-C)"
+    if code not in (None, 0):
+        return "failed", f"the run's process exited with code {code}"
+    if pending == 0 and status is not None:
+        return "finished", "every work item has a result"
+    if record is not None and code is None:
+        return "interrupted", "the run's process ended while no daemon watched it"
+    return "interrupted", "work items are pending and no process runs them"
 
 
 def run_view(
@@ -159,23 +190,19 @@ def run_view(
     summary = metrics.get("summary")
     threshold = summary.get("pass_threshold", 1.0) if isinstance(summary, dict) else 1.0
     error = child_envelope.get("error") if child_envelope else None
-    failed_child = bool(
-        record is not None and (error is not None or (record.returncode not in (None, 0, 130)))
-    )
+    message = error.get("message") if isinstance(error, dict) else None
+    if not isinstance(message, str) or not message:
+        message = facts.error
     live = read_live_usage(run_dir, record.pid) if alive and record is not None else None
     live_totals = live.get("totals") if live is not None else None
-    state = _state(
-        alive=alive,
-        record=record,
-        facts=facts,
-        pending=pending,
-        status=status,
-        failed_child=failed_child,
+    state, cause = _state(
+        alive=alive, record=record, facts=facts, pending=pending, status=status, error=message
     )
     doc: dict[str, Any] = {
         "name": name,
         "run_dir": str(run_dir),
         "state": state,
+        "cause": cause,
         "total": total,
         "done": done,
         "pending": pending,
@@ -200,6 +227,8 @@ def run_view(
         doc["eta_s"] = _eta(record, done, pending, alive)
     if isinstance(error, dict):
         doc["error"] = {"code": error.get("code"), "message": error.get("message")}
+    elif state == "failed" and facts.error is not None:
+        doc["error"] = {"code": None, "message": facts.error}
     return RunView(name=name, run_dir=run_dir, state=state, doc=doc)
 
 

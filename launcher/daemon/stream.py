@@ -34,6 +34,9 @@ __all__ = ["LineTail", "journal_events", "log_events", "sse"]
 POLL_S = 0.02
 #: A comment line after this long without an event, so idle proxies and clients stay open.
 HEARTBEAT_S = 15.0
+#: Steps logged once per work item: the ``record`` events already tell them, so they are no
+#: milestones (``dispatching rollout`` and ``work item finished`` lines).
+PER_ITEM_STEPS = frozenset({"dispatch", "result"})
 _LOG_STEP = re.compile(r"^\S+ INFO \[(?P<step>[^\]]+)\] (?P<message>.*)$")
 
 
@@ -135,7 +138,7 @@ async def journal_events(
         usage_file.saw(new_logs)
         for raw in new_logs:
             match = _LOG_STEP.match(raw.decode("utf-8", "replace"))
-            if match is not None:
+            if match is not None and match["step"] not in PER_ITEM_STEPS:
                 frames.append(sse("stage", {"step": match["step"], "message": match["message"]}))
         if batch:
             frames.append(sse("progress", {"journal_lines": journal.line}))

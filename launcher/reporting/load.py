@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from launcher.errors import NotFoundError
+from launcher.reporting.invocations import Invocation, parse_invocations
 from launcher.reporting.model import ItemError, ReportItem, RunData, TranscriptStep
 from launcher.rubric.store import read_rubric_scores
 from launcher.rundir.projections import load_valid_trajectory
@@ -216,6 +217,8 @@ def load_run(run_dir: Path, *, transcripts: bool = True) -> RunData:
         items.append(item)
     rubrics = _attach_rubric_scores(run_dir, items)
     log_text, truncated = _log(run_dir) if transcripts else ("", False)
+    eval_run = metrics.get("eval_run")
+    invocations = _invocations(run_dir, eval_run if isinstance(eval_run, dict) else {})
     name = manifest.get("run_name") or metrics.get("eval_run", {}).get("name") or run_dir.name
     return RunData(
         path=run_dir,
@@ -227,7 +230,20 @@ def load_run(run_dir: Path, *, transcripts: bool = True) -> RunData:
         log_text=log_text,
         log_truncated=truncated,
         rubrics=rubrics,
+        invocations=invocations,
     )
+
+
+def _invocations(run_dir: Path, eval_run: dict[str, Any]) -> list[Invocation]:
+    """The run's invocations from the whole ``logs.txt`` (read line by line, not kept)."""
+    path = run_dir / "logs.txt"
+    if path.is_symlink():
+        return []
+    try:
+        with path.open(encoding="utf-8", errors="replace") as fh:
+            return parse_invocations(fh, eval_run)
+    except OSError:
+        return []
 
 
 def _attach_rubric_scores(run_dir: Path, items: list[ReportItem]) -> list[str]:

@@ -10,6 +10,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from launcher.reporting.invocations import Invocation
+
 __all__ = ["ItemError", "ReportItem", "RunData", "TranscriptStep"]
 
 
@@ -114,6 +116,8 @@ class RunData:
     log_truncated: bool = False
     rubrics: list[str] = field(default_factory=list)
     """Labels of the rubric verdict files of the run (one column each on the page)."""
+    invocations: list[Invocation] = field(default_factory=list)
+    """Each ``eval run`` that worked on the run, oldest first (from ``logs.txt``)."""
 
     @property
     def inputs(self) -> dict[str, Any]:

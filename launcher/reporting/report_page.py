@@ -27,7 +27,7 @@ def _stat(key: str, label: str, value: Any, text: str) -> str:
     )
 
 
-def _summary_html(s: RunSummary) -> str:
+def _summary_html(s: RunSummary, invocations: int = 1, extra: str = "") -> str:
     m = s.metrics
     cards = [
         _stat("status", "status", s.status, s.status),
@@ -43,7 +43,12 @@ def _summary_html(s: RunSummary) -> str:
         _stat("skipped", "skipped", m["skipped"], fmt_num(m["skipped"])),
         _stat("graded", "graded", m["graded"], fmt_num(m["graded"])),
         _stat("tokens_used", "total tokens", m["tokens_used"], fmt_num(m["tokens_used"])),
-        _stat("wall_ms", "wall time (s)", s.wall_ms, fmt_num(s.wall_ms and s.wall_ms / 1000, 1)),
+        _stat(
+            "wall_ms",
+            "wall time (s)" + (f", {invocations} invocations" if invocations > 1 else ""),
+            s.wall_ms,
+            fmt_num(s.wall_ms and s.wall_ms / 1000, 1),
+        ),
     ]
     rewards = m.get("reward_stats")
     if isinstance(rewards, dict):
@@ -70,7 +75,26 @@ def _summary_html(s: RunSummary) -> str:
         '<div class="counts"><table class="small" id="by-status"><thead><tr><th>status</th>'
         f"<th>items</th></tr></thead><tbody>{status_rows}</tbody></table>"
         '<table class="small" id="by-error"><thead><tr><th>error category</th><th>items</th>'
-        f"</tr></thead><tbody>{error_rows}</tbody></table></div></section>"
+        f"</tr></thead><tbody>{error_rows}</tbody></table>{extra}</div></section>"
+    )
+
+
+def _invocations_html(run: RunData) -> str:
+    """Each invocation's start, wall time and end, under the summary (the wall time card is
+    their total)."""
+    if not run.invocations:
+        return ""
+    rows = "".join(
+        f'<tr data-invocation="{n}" data-duration-ms="{esc(i.duration_ms if i.duration_ms is not None else "")}">'
+        f"<td>{n}</td><td>{esc(i.started_at)}</td>"
+        f'<td class="num">{"~" if i.approximate else ""}'
+        f"{esc(fmt_num(i.duration_ms and i.duration_ms / 1000, 1))}</td>"
+        f"<td>{esc(i.status)}</td></tr>"
+        for n, i in enumerate(run.invocations, 1)
+    )
+    return (
+        '<table class="small" id="invocations"><thead><tr><th>invocation</th><th>started</th>'
+        f"<th>wall time (s)</th><th>ended</th></tr></thead><tbody>{rows}</tbody></table>"
     )
 
 
@@ -166,7 +190,7 @@ def render_report(run: RunData, *, refresh: bool = False) -> str:
         f'<header><h1>{esc(run.name)}</h1><span class="badge st-{esc(summary.status)}">'
         f"{esc(summary.status)}</span>"
         f'<span class="muted">{esc(run.inputs.get("model_path", ""))}</span></header>'
-        f"<main>{_summary_html(summary)}"
+        f"<main>{_summary_html(summary, len(run.invocations), _invocations_html(run))}"
         '<section id="distributions"><h2>Distributions</h2><div class="hists">'
         f"{_histogram_svg(summary.tokens, 'Tokens per rollout')}"
         f"{_histogram_svg(summary.context, 'Context length (max_context_tokens)')}"

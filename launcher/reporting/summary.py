@@ -59,6 +59,9 @@ def summarize(run: RunData) -> RunSummary:
     items = run.items
     status = run.eval_run.get("status")
     wall = run.eval_run.get("duration_ms")
+    spans = [i.duration_ms for i in run.invocations if i.duration_ms is not None]
+    if spans:
+        wall = sum(spans)  # the run's total over its invocations, not the latest one's
     return RunSummary(
         status=status if isinstance(status, str) else "unknown",
         metrics=aggregate_metrics(run.index_rows, run.pass_threshold),

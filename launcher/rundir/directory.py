@@ -54,7 +54,7 @@ from launcher.rundir.atomic import (
 )
 from launcher.rundir.journal import Journal, TerminalRecord, WorkKey
 from launcher.rundir.lock import RunLock, lock_path
-from launcher.rundir.logs import RunLog, utc_now_iso
+from launcher.rundir.logs import INVOCATION_ENDED, INVOCATION_STEP, RunLog, utc_now_iso
 from launcher.rundir.manifest import GateOutcome, Manifest, manifest_gate
 from launcher.rundir.metrics import LiveCounters, aggregate_index_values
 from launcher.rundir.names import validate_run_name
@@ -749,6 +749,13 @@ class RunDirectory:
             self._rows = self._index_rows()
             doc = self._metrics_doc(status, duration_ms, completed_at)
             self._salvage_metrics(doc)
+        # One line per invocation, so a report can show the run's wall time as the sum of
+        # its invocations (metrics.json keeps the latest one's only).
+        self.log.info(
+            INVOCATION_STEP,
+            INVOCATION_ENDED,
+            {"duration_ms": round(duration_ms, 1), "started_at": self.started_at, "status": status},
+        )
         latest = self._latest_expected()
         return FinalizeResult(
             metrics=doc,

@@ -24,7 +24,15 @@ from typing import Any
 from launcher.redact import Redactor
 from launcher.rundir.atomic import WriteFailure, fast_sorted_json
 
-__all__ = ["RunLog", "utc_now_iso"]
+__all__ = ["INVOCATION_ENDED", "INVOCATION_STEP", "RUN_FAILED", "RunLog", "utc_now_iso"]
+
+#: The ``INFO [finalize] invocation ended {"duration_ms", "started_at", "status"}`` line each
+#: invocation of a run writes when it finalizes (the report sums them into the run's wall time).
+INVOCATION_STEP = "finalize"
+INVOCATION_ENDED = "invocation ended"
+
+#: How an ``ERROR [run]`` line that names the error which ended an invocation begins.
+RUN_FAILED = "the run stopped with an error: "
 
 
 def utc_now_iso(now: datetime | None = None, *, timespec: str = "microseconds") -> str:

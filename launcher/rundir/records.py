@@ -31,7 +31,16 @@ WorkKey = tuple[int, int]
 #: Where a failure happened: the workflow, the grader, the model bridge or provider, the
 #: rollout server itself, the link to it (transport), its refusal to take the row, or
 #: ``rollout`` when the server reported a failure without saying where (a reference server).
-ERROR_PHASES = ("agent", "grader", "bridge", "server", "transport", "admission", "rollout")
+ERROR_PHASES = (
+    "agent",
+    "grader",
+    "bridge",
+    "network",
+    "server",
+    "transport",
+    "admission",
+    "rollout",
+)
 #: A failure message is cut to this many UTF-8 bytes once redacted (the journal stays small,
 #: and a runaway exception text cannot fill the disk one row at a time).
 ERROR_MESSAGE_LIMIT = 2048

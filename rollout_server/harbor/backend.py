@@ -32,7 +32,14 @@ from .placement import Placement, PlacementError, SandboxTrial, TrialWiring
 from .process import run_trial_process
 from .reaper import reap_dead_owners
 from .results import failed, trial_outcome
-from .staging import StagedTrial, prompt_text, stage_trial, trial_config, write_private
+from .staging import (
+    StagedTrial,
+    prompt_text,
+    stage_trial,
+    timeout_note,
+    trial_config,
+    write_private,
+)
 from .workflow import HARNESS_AGENT, WorkflowSpec, stage_workflow
 
 __all__ = ["HOST_SIDE_AGENTS", "HarborBackend", "HarborSetupError", "find_harbor"]
@@ -146,6 +153,7 @@ class HarborBackend(ExecutionBackend):
         self._queued = 0
         self._running = 0
         self._owner = containers.owner_token()
+        self._timeouts_noted: set[str] = set()
         self.engine: str | None = (
             environment_type if environment_type in ("podman", "docker") else None
         )
@@ -283,6 +291,14 @@ class HarborBackend(ExecutionBackend):
             harness, verify = stage_workflow(
                 staged.task_dir, self.workflow_spec, request, sandbox.image, sandbox.package
             )
+        note = timeout_note(
+            self._timeouts_noted,
+            self._task_for(request).name,
+            staged.task_dir,
+            request.agent_timeout_sec,
+        )
+        if note is not None:
+            logger.warning(note)
         config = trial_config(
             request,
             staged.task_dir,

@@ -144,13 +144,17 @@ def outcome_from_result(
                     sample=sample,
                     err_message=message,
                     err_category=category,
-                    extra_fields=extra,
+                    extra_fields={**extra, FAILURE_KEY: {"phase": "grader", "type": kind}},
                 ),
             )
+        # Where it happened, for the reason shown (``agent: AgentTimeoutError: …``): the
+        # sandbox's environment is the server's side, anything else the agent's.
+        phase = "agent"
         if kind in _AGENT_PHASE_TIMEOUTS:
             category = RolloutErrorCategory.TIMEOUT
         elif kind in _ENVIRONMENT_ERRORS:
             category = RolloutErrorCategory.INTERNAL_ERROR
+            phase = "server"
         else:
             category = RolloutErrorCategory.AGENT_ERROR
         return ExecutionOutcome(
@@ -158,7 +162,7 @@ def outcome_from_result(
                 RolloutStatus.FAILURE,
                 err_message=message,
                 err_category=category,
-                extra_fields=extra,
+                extra_fields={**extra, FAILURE_KEY: {"phase": phase, "type": kind}},
             )
         )
     workflow = ExecutionResult(RolloutStatus.SUCCESS, sample=sample, extra_fields=extra)

@@ -17,9 +17,11 @@ never touched.
 from __future__ import annotations
 
 import json
+import math
 import os
 import shutil
 import time
+import tomllib
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -31,10 +33,13 @@ from .containers import owner_alive
 __all__ = [
     "OWNER_FILE",
     "StagedTrial",
+    "agent_timeout",
     "prompt_text",
     "remove_scratch",
     "stage_trial",
     "stale_trials",
+    "task_agent_timeout",
+    "timeout_note",
     "trial_config",
     "write_private",
 ]
@@ -81,6 +86,41 @@ def write_private(path: Path, data: bytes) -> None:
         handle.write(data)
 
 
+def task_agent_timeout(task_dir: Path) -> float | None:
+    """The task's own ``[agent] timeout_sec`` (``task.toml``), or None when it sets none (or
+    the file does not say it readably: Harbor itself reports a broken task)."""
+    try:
+        doc = tomllib.loads((task_dir / "task.toml").read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError):
+        return None
+    agent = doc.get("agent")
+    value = agent.get("timeout_sec") if isinstance(agent, dict) else None
+    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
+        return None
+    return float(value)
+
+
+def agent_timeout(eval_timeout: float | None, task_timeout: float | None) -> float | None:
+    """The agent's time in a trial: the shorter of the eval's ``agent_workflow_timeout_s`` and
+    the task's own ``[agent] timeout_sec``, so the task author's limit is honoured and the eval
+    can only shorten it (None: neither says, Harbor's default applies)."""
+    given = [t for t in (eval_timeout, task_timeout) if t is not None]
+    return min(given) if given else None
+
+
+def timeout_note(noted: set[str], task: str, task_dir: Path, asked: float | None) -> str | None:
+    """The warning, once per task (``noted`` remembers), that its own ``[agent] timeout_sec``
+    and the eval's ``agent_workflow_timeout_s`` differ and the shorter applies; else None."""
+    own = task_agent_timeout(task_dir)
+    if own is None or asked is None or own == asked or task in noted:
+        return None
+    noted.add(task)
+    return (
+        f"task {task}: the agent gets {min(own, asked):g} s: its own [agent] timeout_sec is "
+        f"{own:g} s, the eval's agent_workflow_timeout_s {asked:g} s; the shorter applies"
+    )
+
+
 def trial_config(
     request: ExecutionRequest,
     task_dir: Path,
@@ -104,8 +144,9 @@ def trial_config(
         agent_doc["kwargs"].setdefault("api_base", chat_url)
         agent_doc["kwargs"].setdefault("enable_summarize", False)
         agent_doc["kwargs"].setdefault("record_terminal_session", False)
-    if request.agent_timeout_sec is not None:
-        agent_doc["override_timeout_sec"] = float(request.agent_timeout_sec) + timeout_grace
+    limit = agent_timeout(request.agent_timeout_sec, task_agent_timeout(task_dir))
+    if limit is not None:
+        agent_doc["override_timeout_sec"] = float(limit) + timeout_grace
     verifier: dict[str, Any] = {"disable": not (request.grade and verify)}
     if request.grader_timeout_sec is not None:
         verifier["override_timeout_sec"] = float(request.grader_timeout_sec)

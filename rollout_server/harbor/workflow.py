@@ -22,7 +22,7 @@ from ..backend import ExecutionRequest
 from ..sandbox import GRADE_COMMAND
 from ..sdk import AgentWorkflow, Grader
 from .bundle import SandboxImage, trial_dockerfile
-from .staging import write_private
+from .staging import agent_timeout, task_agent_timeout, write_private
 
 __all__ = [
     "HARNESS_AGENT",
@@ -223,6 +223,7 @@ def stage_workflow(
         prompt=request.prompt,
         metadata=request.metadata,
         package_dir_name=package_dir_name,
-        timeout_sec=request.agent_timeout_sec,
+        # The same limit the trial config gives Harbor, so the runner's deadline stays first.
+        timeout_sec=agent_timeout(request.agent_timeout_sec, task_agent_timeout(task_dir)),
     )
     return harness, verify

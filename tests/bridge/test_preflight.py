@@ -6,6 +6,7 @@ import pytest
 import trio
 
 from bridge import OFFLINE_MODEL, PreflightError, preflight
+from bridge.retry import RetryPolicy
 from tests.bridge.scripted import Reply, Scripted
 
 pytestmark = pytest.mark.timeout(120)
@@ -56,19 +57,58 @@ async def test_rate_limit_is_healthy(scripted: Scripted) -> None:
         assert await preflight("openai/test-model") is None
 
 
-async def test_server_error_is_a_warning(scripted: Scripted) -> None:
+async def test_a_lasting_server_error_is_a_warning(scripted: Scripted) -> None:
     scripted.reply(Reply(500, "internal"))
     with trio.fail_after(20):
-        warning = await preflight("openai/test-model")
+        warning = await preflight("openai/test-model", retry=QUICK)
     assert warning is not None
     assert warning.startswith("Preflight non-fatal error: InternalServerError: ")
+    assert warning.endswith("(after 6 attempts)") and len(scripted.requests) == 6
 
 
-async def test_unreachable_provider_is_fatal(monkeypatch: pytest.MonkeyPatch) -> None:
+#: The rollout calls' policy with short waits, so a test of its retries takes no time.
+QUICK = RetryPolicy(base_delay=0.01, max_delay=0.02)
+
+
+async def test_unreachable_provider_is_fatal_after_the_retries(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     monkeypatch.setenv("OPENAI_BASE_URL", "http://127.0.0.1:9/v1")
     monkeypatch.setenv("OPENAI_API_KEY", "sk-provider-key-for-tests-000000")
-    with trio.fail_after(20), pytest.raises(PreflightError, match="APIConnectionError"):
-        await preflight("openai/test-model")
+    retries: list[str] = []
+    with trio.fail_after(20), pytest.raises(PreflightError, match="APIConnectionError") as info:
+        await preflight("openai/test-model", retry=QUICK, on_retry=retries.append)
+    assert str(info.value).endswith("(after 6 attempts)")
+    assert (
+        retries == ["retrying the model preflight after a provider fault: APIConnectionError"] * 5
+    )
+
+
+@pytest.mark.parametrize("status", [502, 503, 500])
+async def test_one_transient_fault_is_retried_and_passes(scripted: Scripted, status: int) -> None:
+    """Issue 27 item 11: one 5xx at start no longer stops (or warns about) the run."""
+    ok = Reply(
+        200, {"choices": [{"index": 0, "message": {"content": "x"}, "finish_reason": "stop"}]}
+    )
+    scripted.reply(Reply(status, "bad gateway"), ok)
+    retries: list[str] = []
+    with trio.fail_after(20):
+        assert await preflight("openai/test-model", retry=QUICK, on_retry=retries.append) is None
+    assert len(scripted.requests) == 2 and len(retries) == 1
+
+
+async def test_a_rate_limit_is_not_retried(scripted: Scripted) -> None:
+    scripted.reply(Reply(429, "slow down"))
+    with trio.fail_after(20):
+        assert await preflight("openai/test-model", retry=QUICK) is None
+    assert len(scripted.requests) == 1
+
+
+async def test_a_fatal_answer_is_not_retried(scripted: Scripted) -> None:
+    scripted.reply(Reply(401, "bad key"))
+    with trio.fail_after(20), pytest.raises(PreflightError, match="AuthenticationError"):
+        await preflight("openai/test-model", retry=QUICK)
+    assert len(scripted.requests) == 1
 
 
 async def test_missing_key_is_fatal(monkeypatch: pytest.MonkeyPatch) -> None:

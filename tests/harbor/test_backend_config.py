@@ -94,3 +94,52 @@ def test_reward_comes_from_the_reward_channel_only() -> None:
     assert outcome_from_result(other, prompt=[], label=None, grade=True).reported().status == (
         RolloutStatus.FAILURE
     )
+
+
+@pytest.mark.parametrize(
+    ("kind", "phase"),
+    [
+        ("AgentTimeoutError", "agent"),
+        ("AgentSetupTimeoutError", "agent"),
+        ("RuntimeError", "agent"),
+        ("SandboxBuildFailedError", "server"),
+        ("VerifierTimeoutError", "grader"),
+        ("RewardFileNotFoundError", "grader"),
+    ],
+)
+def test_a_trial_failure_says_where_it_happened(kind: str, phase: str) -> None:
+    """Issue 27 item 13: an agent timeout was labelled ``rollout:`` (no phase was recorded)."""
+    result = {"trial_name": "t", "exception_info": {"exception_type": kind}}
+    reported = outcome_from_result(result, prompt=[], label=None, grade=True).reported()
+    assert reported.extra_fields is not None
+    assert reported.extra_fields["failure"] == {"phase": phase, "type": kind}
+
+
+@pytest.mark.parametrize(
+    ("eval_timeout", "shown", "warned"),
+    [(400.0, 120.0, True), (30.0, 30.0, True), (120.0, 120.0, False), (None, 120.0, False)],
+)
+def test_the_tasks_own_agent_timeout_is_honoured(
+    tmp_path: Path,
+    caplog: pytest.LogCaptureFixture,
+    eval_timeout: float | None,
+    shown: float | None,
+    warned: bool,
+) -> None:
+    """Issue 27 item 14: the example task says ``[agent] timeout_sec = 120``; the eval's
+    ``agent_workflow_timeout_s`` replaced it silently. The shorter applies, said once."""
+    backend = _backend("oracle", trials_root=tmp_path)
+    for n in range(2):
+        request = ExecutionRequest(id=f"r{n}", prompt=[], agent_timeout_sec=eval_timeout)
+        with caplog.at_level("WARNING", logger="rollout_server.harbor"):
+            staged = backend._stage(request, "http://127.0.0.1:9/v1/rollouts/r")
+        config = json.loads(staged.config.read_text())
+        assert config["agent"].get("override_timeout_sec") == shown
+    notes = [r.getMessage() for r in caplog.records if "timeout_sec" in r.getMessage()]
+    if warned:
+        assert notes == [
+            f"task hello: the agent gets {shown:g} s: its own [agent] timeout_sec is 120 s, "
+            f"the eval's agent_workflow_timeout_s {eval_timeout:g} s; the shorter applies"
+        ]
+    else:
+        assert notes == []

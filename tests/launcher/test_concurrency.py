@@ -45,18 +45,41 @@ async def test_a_few_429s_among_many_answers_change_nothing(autojump_clock: Any)
     assert limit.limit == 16 and milestones == []
 
 
-async def test_clean_seconds_raise_it_back_to_the_ceiling(autojump_clock: Any) -> None:
+async def test_windows_of_successes_raise_it_back_to_the_ceiling(autojump_clock: Any) -> None:
     limit, milestones, logs = _limit(16)
     limit.observe(rate_limited=5, answered=0)
     limit.observe(rate_limited=0, answered=0)  # an idle second proves nothing
     assert limit.limit == 8
-    for _ in range(4):
+    limit.observe(rate_limited=0, answered=7)  # not yet a window of 8 answers
+    assert limit.limit == 8
+    limit.observe(rate_limited=0, answered=1)
+    assert limit.limit == 10
+    limit.observe(rate_limited=0, answered=22)  # two windows (10, then 12) in one sample
+    assert limit.limit == 14
+    for _ in range(2):
         limit.observe(rate_limited=0, answered=20)
     assert limit.limit == 16
-    assert logs == ["in flight raised to 10", "in flight raised to 12", "in flight raised to 14"]
+    assert logs == ["in flight raised to 10", "in flight raised to 14"]
     assert milestones[-1] == "in flight back to 16"
     limit.observe(rate_limited=0, answered=20)
     assert limit.limit == 16 and len(milestones) == 2
+
+
+async def test_it_recovers_while_half_the_calls_get_a_429(autojump_clock: Any) -> None:
+    """Issue 27 item 12: a provider that rate-limits half the calls at any load held the limit
+    at 1 for good. Each slot answers 4 calls a second (and is refused 4 times)."""
+    limit, milestones, logs = _limit(32)
+    seen: list[int] = []
+    for _ in range(60):
+        answered = 4 * limit.limit
+        limit.observe(rate_limited=answered, answered=answered)
+        seen.append(limit.limit)
+        await trio.sleep(1.0)
+    assert limit.lowest < 32
+    last = seen[20:]
+    assert min(last) >= 8 and max(last) >= 16
+    # The saw-tooth is logged; the terminal gets one line per new low, not one per tooth.
+    assert len(milestones) <= 8 < len(logs)
 
 
 async def test_never_below_one(autojump_clock: Any) -> None:
@@ -85,7 +108,7 @@ async def test_slots_follow_the_current_limit(autojump_clock: Any) -> None:
                 nursery.start_soon(holder)
             await trio.sleep(1.5)
             assert peak == 2
-            limit.observe(rate_limited=0, answered=1)  # 3: a waiter is let in at once
+            limit.observe(rate_limited=0, answered=2)  # a window: 3, a waiter is let in at once
             await trio.sleep(0.1)
             assert limit.in_flight == 3
     assert limit.in_flight == 0

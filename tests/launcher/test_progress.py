@@ -143,3 +143,18 @@ def test_already_complete_duration_is_the_recorded_one() -> None:
     )
     assert complete_duration({}) == "already complete, nothing ran now"
     assert "0s" not in complete_duration({"eval_run": {"duration_ms": 0}})
+
+
+def test_in_flight_names_the_limit_while_adaptive_concurrency_lowers_it() -> None:
+    """Issue 27 item 12: the current limit is shown while it is below the configured one."""
+    out = io.StringIO()
+    ui = UI("rich", stdout=out, stderr=io.StringIO(), clock=FakeClock())
+    limit: list[int | None] = [4]
+    ui.open_progress(30, FakeCounters(), 30, lambda: 3, lambda: limit[0])
+    limit[0] = None
+    ui.progress_update()
+    ui.close_progress()
+    assert _lines(out) == [
+        "0/30 pass 0% · failed 0 · 3 in flight (limit 4)",
+        "0/30 pass 0% · failed 0 · 3 in flight",
+    ]

@@ -107,3 +107,38 @@ def test_a_provider_5xx_keeps_the_providers_status() -> None:
     }
     plain = describe_exception(ChatError(401, '{"error":{"message":"no"}}', "u"), "agent")
     assert plain["status"] == 401 and "bridge_status" not in plain
+
+
+async def test_a_call_that_never_reached_the_endpoint_is_a_network_failure(
+    nursery: trio.Nursery, tmp_path: Path
+) -> None:
+    """Issue 27 item 13: nothing listens at the chat URL (an unreachable advertise host)."""
+    import socket
+
+    with socket.socket() as closed:
+        closed.bind(("127.0.0.1", 0))
+        port = closed.getsockname()[1]
+    with trio.fail_after(15):
+        running, client = await start(nursery, tmp_path, LocalBackend(ChatWorkflow))
+        url = f"http://127.0.0.1:{port}/v1"
+        result = await client.run_rollout(request("nc", label="L", chat_completions_url=url))
+        failure = _failure(tmp_path / "trials", "nc")
+        assert failure["phase"] == "network", failure
+        assert failure["message"].startswith(f"could not connect to the chat endpoint {url}/")
+        assert result.err_message
+        await client.aclose()
+        running.force_stop()
+
+
+def test_a_proxy_page_in_front_of_the_bridge_is_a_network_failure() -> None:
+    """A tunnel or proxy at the advertised URL answering for an origin that is down: its page
+    is not the bridge's JSON error, so the call never reached the bridge."""
+    from rollout_server.backend import describe_exception
+    from rollout_server.chat import ChatError
+
+    page = "<html><body>error code: 530\n Origin unreachable</body></html>"
+    detail = describe_exception(ChatError(530, page, "https://x.trycloudflare.com/v1"), "agent")
+    assert detail["phase"] == "network" and detail["status"] == 530
+    assert detail["message"].startswith("HTTP 530 from in front of the chat endpoint: <html>")
+    bridge = describe_exception(ChatError(401, '{"detail": "Unauthorized"}', "u"), "agent")
+    assert bridge["phase"] == "bridge"

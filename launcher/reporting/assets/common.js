@@ -118,6 +118,7 @@ function pagedTable(root, opts) {
       th.classList.toggle("sorted-asc", th.dataset.key === state.sortKey && state.sortDir > 0);
       th.classList.toggle("sorted-desc", th.dataset.key === state.sortKey && state.sortDir < 0);
     }
+    opts.afterDraw && opts.afterDraw();
   }
   function apply(newRows, keepPage) {
     rows = newRows.slice();

@@ -32,8 +32,24 @@
     { key: "category", label: "error category", sort: true, value: (i) => errorCategory(i.error) || null },
     { key: "error", label: "error", sort: false, value: (i) => errorText(i.error) },
   ];
+  // The detail opens in a row of its own right under the clicked row; when that row is not
+  // on the page (filtered out, another page) it waits in its own section under the table.
+  const home = detail.parentNode, homeNext = detail.nextSibling;
+  const detailRow = el("tr", { class: "detail-row" }, el("td", { colspan: columns.length }));
+  function place() {
+    const tr = selected && !detail.hidden
+      ? [...document.querySelectorAll("#item-rows tr.item")].find((r) => r.dataset.id === selected)
+      : null;
+    if (tr) {
+      detailRow.firstChild.append(detail);
+      tr.after(detailRow);
+    } else {
+      detailRow.remove();
+      home.insertBefore(detail, homeNext);
+    }
+  }
   const table = pagedTable(root, {
-    columns, bodyId: "item-rows", pageSize: 100, onState: saveState,
+    columns, bodyId: "item-rows", pageSize: 100, onState: saveState, afterDraw: place,
     renderRow: (it) => el("tr", {
       class: "item" + (it.id === selected ? " selected" : "") + (it.passed ? " passed" : ""),
       "data-id": it.id, "data-status": it.status, onclick: () => select(it.id),
@@ -75,19 +91,21 @@
     selected = id;
     const it = items.find((x) => x.id === id);
     for (const tr of document.querySelectorAll("#item-rows tr")) tr.classList.toggle("selected", tr.dataset.id === id);
-    if (!it) { detail.hidden = true; saveState(); return; }
+    if (!it) { detail.hidden = true; place(); saveState(); return; }
     detail.hidden = false;
     detail.replaceChildren(
       el("h2", {}, `Item row ${it.row}, run ${it.run} `, statusBadge(it.status),
         el("button", { type: "button", class: "close", onclick: () => select("") }, "close")),
       el("p", { class: "muted" }, "rollout ", el("code", {}, it.id),
         ` · reward ${fmt(it.reward)} · tokens ${fmt(it.tokens)} · context ${fmt(it.context)} · ${fmt(it.duration_ms, 0)} ms`),
-      it.error ? el("div", { class: "error-box", id: "detail-error" }, errorText(it.error)) : null,
+      // replaceChildren, unlike el(), would print a null child as the text "null".
+      it.error ? el("div", { class: "error-box", id: "detail-error" }, errorText(it.error)) : "",
       el("h3", {}, "Prompt"), el("pre", { class: "msg" }, it.prompt || "–"),
       el("h3", {}, "Ground truth"), el("pre", { class: "msg" }, it.label === undefined ? "–" : it.label),
       el("h3", {}, "Transcript"), renderTranscript(it.transcript),
       el("h3", {}, "Diagnostics"),
-      it.diagnostics ? el("pre", { class: "msg" }, JSON.stringify(it.diagnostics, null, 2)) : el("p", { class: "muted" }, "none"));
+      it.diagnostics ? el("pre", { class: "msg diagnostics" }, JSON.stringify(it.diagnostics, null, 2)) : el("p", { class: "muted" }, "none"));
+    place();
     saveState();
   }
 

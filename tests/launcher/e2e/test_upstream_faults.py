@@ -44,20 +44,22 @@ async def _run(
     return result.returncode, result.stdout, result.stderr
 
 
-async def test_upstream_500s_are_retried_and_counted(
+async def test_upstream_500s_at_start_are_retried_by_the_preflight(
     workspace: Path, env: dict[str, str], tmp_path: Path, fake_upstream: FakeUpstream
 ) -> None:
-    # The preflight sees the first 500 (not fatal: a warning; it never retries), then three
-    # rollout calls get a 500 each: the bridge retries them, so every row succeeds.
-    fake_upstream.fail_statuses = deque([500] * 4)
+    # Issue 27 item 11: three 500s at start used to be one preflight warning and two retried
+    # rollout calls; the preflight now retries them as a rollout call would, and passes.
+    fake_upstream.fail_statuses = deque([500] * 3)
     code, out, err = await _run(workspace, env, tmp_path, fake_upstream, "e500")
     assert code == 0, err + out
     records = journal(run_dir(workspace, "e500"))
     assert len(records) == 10 and all(r["status"] == "success" for r in records)
-    assert sum(r.get("retries", 0) for r in records) == 3
+    assert sum(r.get("retries", 0) for r in records) == 0
     assert metrics(run_dir(workspace, "e500"))["summary"]["passed"] == 10
     logs = (run_dir(workspace, "e500") / "logs.txt").read_text()
-    assert "WARNING [preflight]" in logs
+    retried = "WARNING [preflight] retrying the model preflight after a provider fault"
+    assert logs.count(retried) == 3
+    assert "INFO [preflight] model preflight passed" in logs
 
 
 async def test_preflight_tolerates_429_and_rollouts_record_it(

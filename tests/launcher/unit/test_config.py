@@ -73,58 +73,60 @@ def test_read_errors(tmp_path: Path) -> None:
     assert error_of(tmp_path).message.startswith(f"Cannot read config file {tmp_path}: ")
 
 
-@pytest.mark.parametrize(
-    ("text", "message"),
-    [
-        ("[evaluation]\nn=1\n", "Missing [experiment] section in {p}"),
-        ('experiment = "x"\n', "[experiment] must be a table in {p}"),
-        ('[experiment]\nrollout="a"\n', "Missing 'entrypoint' in [experiment] section of {p}"),
-        (
-            BASE.replace('dataset = "tiny"\n', ""),
-            "Missing 'dataset' in [experiment] section of {p}",
-        ),
-        ("evaluation = 3\n" + BASE + SECRETS, "[evaluation] must be a table in {p}"),
-        ('env = "x"\n' + BASE + SECRETS, "[env] must be a table in {p}"),
-        ("advanced = 1\n" + BASE + SECRETS, "[advanced] must be a table in {p}"),
-        (BASE, "Missing [secrets] section in {p}"),
-        ("secrets = 1\n" + BASE, "[secrets] must be a table in {p}"),
-        (
-            BASE + "[secrets]\nrequired=[]\nb=1\na=2\n",
-            "[secrets] in {p} only supports the 'required' field; unknown key(s): a, b.",
-        ),
-        (BASE + "[secrets]\n", "Missing 'required' in [secrets] section of {p}"),
-        (
-            BASE + "[secrets]\nrequired=[1]\n",
-            "'required' in [secrets] of {p} must be a list of strings, e.g. required = [\"OPENAI_API_KEY\"].",
-        ),
-        (
-            BASE + '[secrets]\nrequired="A"\n',
-            "'required' in [secrets] of {p} must be a list of strings, e.g. required = [\"OPENAI_API_KEY\"].",
-        ),
-        (
-            BASE + '[env]\nbad_name = "x"\n' + SECRETS,
-            "Invalid env var name 'bad_name' in [env] of {p}: must match ^[A-Z_][A-Z0-9_]*$",
-        ),
-        (
-            BASE + '[env]\n_OSMOSIS_X = "x"\n' + SECRETS,
-            "Invalid env var name '_OSMOSIS_X' in [env] of {p}: env var names starting with "
-            "_OSMOSIS_ are reserved by the platform; choose a different name.",
-        ),
-        (
-            BASE + '[secrets]\nrequired=["B","A","B","A","C"]\n',
-            "Duplicate secret name(s) in [secrets].required of {p}: A, B. Each name must appear once.",
-        ),
-        (
-            BASE + '[secrets]\nrequired=["_A"]\n',
-            "Invalid secret name '_A' in [secrets].required of {p}: must match ^[A-Z][A-Z0-9_]*$",
-        ),
-        (
-            BASE + '[env]\nX = "1"\nY = "2"\n[secrets]\nrequired=["Y","X"]\n',
-            "Name(s) appear in both [env] and [secrets] of {p}: X, Y. Each env var name must come "
-            "from exactly one place.",
-        ),
-    ],
-)
+#: Configs every one of which load_eval_config refuses at once (also refused by the JSON Schema
+#: of the eval config, tests/launcher/unit/test_config_schema.py).
+IMMEDIATE_ERRORS = [
+    ("[evaluation]\nn=1\n", "Missing [experiment] section in {p}"),
+    ('experiment = "x"\n', "[experiment] must be a table in {p}"),
+    ('[experiment]\nrollout="a"\n', "Missing 'entrypoint' in [experiment] section of {p}"),
+    (
+        BASE.replace('dataset = "tiny"\n', ""),
+        "Missing 'dataset' in [experiment] section of {p}",
+    ),
+    ("evaluation = 3\n" + BASE + SECRETS, "[evaluation] must be a table in {p}"),
+    ('env = "x"\n' + BASE + SECRETS, "[env] must be a table in {p}"),
+    ("advanced = 1\n" + BASE + SECRETS, "[advanced] must be a table in {p}"),
+    (BASE, "Missing [secrets] section in {p}"),
+    ("secrets = 1\n" + BASE, "[secrets] must be a table in {p}"),
+    (
+        BASE + "[secrets]\nrequired=[]\nb=1\na=2\n",
+        "[secrets] in {p} only supports the 'required' field; unknown key(s): a, b.",
+    ),
+    (BASE + "[secrets]\n", "Missing 'required' in [secrets] section of {p}"),
+    (
+        BASE + "[secrets]\nrequired=[1]\n",
+        "'required' in [secrets] of {p} must be a list of strings, e.g. required = [\"OPENAI_API_KEY\"].",
+    ),
+    (
+        BASE + '[secrets]\nrequired="A"\n',
+        "'required' in [secrets] of {p} must be a list of strings, e.g. required = [\"OPENAI_API_KEY\"].",
+    ),
+    (
+        BASE + '[env]\nbad_name = "x"\n' + SECRETS,
+        "Invalid env var name 'bad_name' in [env] of {p}: must match ^[A-Z_][A-Z0-9_]*$",
+    ),
+    (
+        BASE + '[env]\n_OSMOSIS_X = "x"\n' + SECRETS,
+        "Invalid env var name '_OSMOSIS_X' in [env] of {p}: env var names starting with "
+        "_OSMOSIS_ are reserved by the platform; choose a different name.",
+    ),
+    (
+        BASE + '[secrets]\nrequired=["B","A","B","A","C"]\n',
+        "Duplicate secret name(s) in [secrets].required of {p}: A, B. Each name must appear once.",
+    ),
+    (
+        BASE + '[secrets]\nrequired=["_A"]\n',
+        "Invalid secret name '_A' in [secrets].required of {p}: must match ^[A-Z][A-Z0-9_]*$",
+    ),
+    (
+        BASE + '[env]\nX = "1"\nY = "2"\n[secrets]\nrequired=["Y","X"]\n',
+        "Name(s) appear in both [env] and [secrets] of {p}: X, Y. Each env var name must come "
+        "from exactly one place.",
+    ),
+]
+
+
+@pytest.mark.parametrize(("text", "message"), IMMEDIATE_ERRORS)
 def test_immediate_errors(tmp_path: Path, text: str, message: str) -> None:
     path = write(tmp_path, text)
     assert error_of(path).message == message.format(p=path)
@@ -196,26 +198,28 @@ def test_run_spec_defaults_and_conversions() -> None:
     assert resolve_run_spec(config_with({"limit": 7}), limit_override=2).limit == 2
 
 
-@pytest.mark.parametrize(
-    ("evaluation", "message"),
-    [
-        ({"pass_threshold": "1"}, "evaluation.pass_threshold must be a number, got '1'"),
-        ({"pass_threshold": True}, "evaluation.pass_threshold must be a number, got True"),
-        ({"pass_threshold": math.inf}, "evaluation.pass_threshold must be finite, got inf"),
-        ({"n": 1.0}, "evaluation.n must be an integer, got 1.0"),
-        ({"n": True}, "evaluation.n must be an integer, got True"),
-        ({"n": 0}, "evaluation.n must be a positive integer, got 0"),
-        ({"batch_size": "8"}, "evaluation.batch_size must be an integer, got '8'"),
-        (
-            {"agent_workflow_timeout_s": math.nan},
-            "evaluation.agent_workflow_timeout_s must be finite, got nan",
-        ),
-        ({"grader_timeout_s": [1]}, "evaluation.grader_timeout_s must be a number, got [1]"),
-        ({"limit": 2.5}, "evaluation.limit must be an integer, got 2.5"),
-        # Order: pass_threshold is checked before n.
-        ({"n": 0, "pass_threshold": "x"}, "evaluation.pass_threshold must be a number, got 'x'"),
-    ],
-)
+#: [evaluation] values resolve_run_spec refuses (also refused by the JSON Schema, but for the
+#: exceptions its docstring names).
+RUN_SPEC_ERRORS = [
+    ({"pass_threshold": "1"}, "evaluation.pass_threshold must be a number, got '1'"),
+    ({"pass_threshold": True}, "evaluation.pass_threshold must be a number, got True"),
+    ({"pass_threshold": math.inf}, "evaluation.pass_threshold must be finite, got inf"),
+    ({"n": 1.0}, "evaluation.n must be an integer, got 1.0"),
+    ({"n": True}, "evaluation.n must be an integer, got True"),
+    ({"n": 0}, "evaluation.n must be a positive integer, got 0"),
+    ({"batch_size": "8"}, "evaluation.batch_size must be an integer, got '8'"),
+    (
+        {"agent_workflow_timeout_s": math.nan},
+        "evaluation.agent_workflow_timeout_s must be finite, got nan",
+    ),
+    ({"grader_timeout_s": [1]}, "evaluation.grader_timeout_s must be a number, got [1]"),
+    ({"limit": 2.5}, "evaluation.limit must be an integer, got 2.5"),
+    # Order: pass_threshold is checked before n.
+    ({"n": 0, "pass_threshold": "x"}, "evaluation.pass_threshold must be a number, got 'x'"),
+]
+
+
+@pytest.mark.parametrize(("evaluation", "message"), RUN_SPEC_ERRORS)
 def test_run_spec_errors(evaluation: dict, message: str) -> None:
     with pytest.raises(CLIError) as info:
         resolve_run_spec(config_with(evaluation))

@@ -1,0 +1,53 @@
+"""``rollbridge ctl watch`` (issue 27 item 17): one readable line per work item and per
+milestone, never raw JSON; ``--json`` prints the stream's events, one JSON object a line."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import trio
+
+from tests.daemon.helpers import pace, running_daemon, wait_state
+from tests.launcher.e2e.helpers import run_cli
+
+pytestmark = pytest.mark.slow
+
+CONFIG = "configs/eval/echo.toml"
+
+
+async def test_watch_prints_one_readable_line_per_item(
+    workspace: Path, env: dict[str, str]
+) -> None:
+    pace(workspace, 0.4)
+    with trio.fail_after(180):
+        async with running_daemon(workspace, env) as daemon, daemon.client() as client:
+            body = {"config": CONFIG, "name": "seen", "rows": "0-4", "max_in_flight": 1}
+            assert (await client.post("/v1/runs", json=body)).status_code == 202
+            live = await run_cli(["ctl", "watch", "seen"], cwd=workspace, env=env)
+            await wait_state(client, "seen", {"finished"})
+            replay = await run_cli(["ctl", "watch", "seen"], cwd=workspace, env=env)
+            as_json = await run_cli(["ctl", "watch", "seen", "--json"], cwd=workspace, env=env)
+    expected = [f"row {row} run 0: success, reward 1" for row in range(5)]
+    for watched in (live, replay):
+        assert watched.returncode == 0, watched.stderr
+        lines = watched.stdout.splitlines()
+        assert not any("{" in line for line in lines), watched.stdout
+        assert sorted(line for line in lines if line.startswith("row ")) == expected
+        assert lines[-1] == "finished 5/5, pass 100%"
+    # Live, the milestones are there too, but nothing per item beyond its one line.
+    lines = live.stdout.splitlines()
+    assert any(line.startswith("→ ") for line in lines), live.stdout
+    assert not any("dispatching rollout" in line or "work item finished" in line for line in lines)
+    assert as_json.returncode == 0, as_json.stderr
+    events = [json.loads(line) for line in as_json.stdout.splitlines()]
+    assert sorted(e["data"]["row_index"] for e in events if e["event"] == "record") == [
+        0,
+        1,
+        2,
+        3,
+        4,
+    ]
+    assert [e["id"] for e in events if e["event"] == "record"] == [1, 2, 3, 4, 5]
+    assert events[-1]["event"] == "end" and events[-1]["data"]["state"] == "finished"
