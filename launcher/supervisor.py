@@ -6,6 +6,11 @@ reap orphans of earlier runs, choose the name, take the run's lock, reap its own
 look whether it is already complete, pass the manifest gate and replay the journal, compute
 what is pending, confirm, start the services (:mod:`launcher.services`), dispatch
 (:mod:`launcher.dispatch`), finalize, and report (:mod:`launcher.report`).
+
+Why one module of this size: it is that story, step by step in the order a run takes them;
+each step's work lives in its own module and what stays here is the ordering and the
+hand-offs between steps (the lock, the gate, the services, the after-run upload), which read
+best in one place.
 """
 
 from __future__ import annotations
