@@ -278,7 +278,20 @@ async def _sync(ctx: RunContext) -> None:
         sink=ctx.sink("deps"),
         logs_hint=ctx.logs_hint,
         redact=p.redactor,
+        find_links=await _self_wheel(ctx, uv),
     )
+
+
+async def _self_wheel(ctx: RunContext, uv: Path) -> Path | None:
+    """The find-links directory with this rollbridge's wheel (launcher.selfwheel), or None
+    with a warning: a rollout whose pyproject names another source needs none."""
+    from launcher.selfwheel import SelfWheelError, self_wheel
+
+    try:
+        return await trio.to_thread.run_sync(self_wheel, uv)
+    except SelfWheelError as exc:
+        ctx.log("WARNING", "deps", str(exc), None)
+        return None
 
 
 async def _start_server(

@@ -29,6 +29,9 @@ RULES: dict[str, frozenset[str]] = {
             "rollout_server.protocol",
             "rollout_server.client",
             "rollout_server.net",
+            # Pure file work (repack/build a wheel): the supervisor makes its own wheel with it
+            # for rollout environments (launcher.selfwheel).
+            "rollout_server.harbor.wheelhouse",
         }
     ),
     "bridge": frozenset({"rollout_server.net", "rollout_server.protocol"}),
