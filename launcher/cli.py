@@ -166,7 +166,11 @@ def eval_group() -> None:
     "-o", "--output", default=None, help="Output root (default <workspace>/.osmosis/evals)."
 )
 @click.option("--dataset-file", default=None, help="A local dataset file (jsonl, csv or parquet).")
-@click.option("--secrets-file", default=None, help="Dotenv file for [secrets] names ('-' = stdin).")
+@click.option(
+    "--secrets-file",
+    default=None,
+    help="Dotenv file: [secrets] names and provider keys for the bridge ('-' = stdin).",
+)
 @click.option("--rows", default=None, help="Source rows to run, for example '3,7,10-20'.")
 @click.option(
     "--limit", type=int, default=None, help="Run only the first N rows (overrides limit)."

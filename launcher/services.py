@@ -41,12 +41,18 @@ from launcher.rollout_child import (
     LogFn,
     RolloutServer,
     ServerLaunch,
+    is_provider_env_name,
     start_rollout_server,
 )
 from launcher.rollout_env import find_uv, rollout_python, uv_sync
 from launcher.rundir import RunDirectory
 from launcher.sandbox_probe import SandboxRouting, probe_for_services
-from launcher.secrets import read_secrets_file, resolve_secrets, scoped_environ
+from launcher.secrets import (
+    provider_values,
+    read_secrets_file,
+    resolve_secrets,
+    scoped_environ,
+)
 from launcher.signals import Interrupts
 from launcher.ui import CLI_VERSION, UI
 from tunnel.errors import TunnelError
@@ -165,8 +171,12 @@ async def _start(
     ctx: RunContext, nursery: trio.Nursery, started: _Started, env_scope: ExitStack
 ) -> Services:
     p = ctx.prepared
-    secrets = await trio.to_thread.run_sync(partial(_resolve_secrets, ctx), abandon_on_cancel=True)
-    env_scope.enter_context(scoped_environ(secrets))
+    secrets, providers = await trio.to_thread.run_sync(
+        partial(_resolve_secrets, ctx), abandon_on_cancel=True
+    )
+    # The bridge and the preflight read the environment; the rollout server's filters provider
+    # names out of it, so only `secrets` (passed to it by name) reach the rollout.
+    env_scope.enter_context(scoped_environ({**providers, **secrets}))
     p.redactor.add_known_env(os.environ)
     token = uuid.uuid4().hex
     p.redactor.add(token)
@@ -230,22 +240,26 @@ def cap_notice(
     return None
 
 
-def _resolve_secrets(ctx: RunContext) -> dict[str, str]:
+def _resolve_secrets(ctx: RunContext) -> tuple[dict[str, str], dict[str, str]]:
+    """``[secrets]`` for the rollout, and the secrets file's provider keys for the bridge."""
     p = ctx.prepared
     names = list(p.config.secrets_required)
-    if not names:
-        return {}
     file_values = (
         read_secrets_file(p.options.secrets_file, cwd=p.cwd)
         if p.options.secrets_file is not None
         else None
     )
-    values = resolve_secrets(
-        names, file_values=file_values, environ=os.environ, interactive=ctx.ui.interactive
+    values = (
+        resolve_secrets(
+            names, file_values=file_values, environ=os.environ, interactive=ctx.ui.interactive
+        )
+        if names
+        else {}
     )
-    for value in values.values():
+    providers = provider_values(file_values or {}, is_provider_env_name)
+    for value in (*values.values(), *providers.values()):
         p.redactor.add(value)
-    return values
+    return values, providers
 
 
 async def _preflight(ctx: RunContext, done: trio.Event) -> None:
