@@ -34,6 +34,7 @@ import trio
 from launcher.daemon.live_usage import publish_live_usage
 from launcher.dispatch import resolve_concurrency
 from launcher.dispatch_io import BridgeEndpoint, RolloutClientTransport
+from launcher.early_checks import early_checks
 from launcher.errors import LocalEvalError
 from launcher.prepare import Prepared
 from launcher.process import LONG_STOP_GRACE_S, STOP_GRACE_S, TunnelOwner
@@ -178,6 +179,7 @@ async def _start(
     # names out of it, so only `secrets` (passed to it by name) reach the rollout.
     env_scope.enter_context(scoped_environ({**providers, **secrets}))
     p.redactor.add_known_env(os.environ)
+    await early_checks(p)  # before the slow steps
     token = uuid.uuid4().hex
     p.redactor.add(token)
     # The model probe and the bridge's start-up overlap `uv sync` and the rollout server's
@@ -297,13 +299,12 @@ async def _sync(ctx: RunContext) -> None:
 
 
 async def _self_wheel(ctx: RunContext, uv: Path) -> Path | None:
-    """The find-links directory with this rollbridge's wheel (launcher.selfwheel), or None
-    with a warning: a rollout whose pyproject names another source needs none."""
+    """This rollbridge's wheel's directory (launcher.selfwheel), or None with a warning."""
     from launcher.selfwheel import SelfWheelError, self_wheel
 
     try:
         return await trio.to_thread.run_sync(self_wheel, uv)
-    except SelfWheelError as exc:
+    except SelfWheelError as exc:  # a rollout whose pyproject names a source needs none
         ctx.log("WARNING", "deps", str(exc), None)
         return None
 
