@@ -392,7 +392,7 @@ class UI:
                     "operation": "eval.run",
                     "status": status,
                     "message": self.redact(message),
-                    "resource": _redact_obj(dict(resource or {}), self.redact),
+                    "result": _redact_obj(dict(resource or {}), self.redact),
                 }
             )
             return
@@ -407,8 +407,8 @@ class UI:
             self._print(f"  {step}")
 
     def envelope(self, operation: str, message: str, result: Mapping[str, Any]) -> None:
-        """The one JSON document of ``--json`` for a successful command other than ``eval run``
-        (``operation`` names it, e.g. ``eval.list``; ``result`` is its payload)."""
+        """The one JSON document of ``--json`` for a successful command (``operation`` names it,
+        e.g. ``eval.list``; ``result`` is its payload): the same envelope as ``eval run``'s."""
         self._emit_json(
             {"operation": operation, "status": "success", "message": message, "result": result}
         )
