@@ -133,6 +133,7 @@ class UI:
         self._started = 0.0
         self._in_flight: Callable[[], int] | None = None
         self._closing = False
+        self._stopping: str | None = None  # see progress_stopping
 
     # -- redaction -------------------------------------------------------------------------
 
@@ -329,15 +330,19 @@ class UI:
         if rate is not None:
             parts.append(f"{rate:.1f}/s" if rate >= 1 else f"{rate * 60:.1f}/min")
         remaining = self._total - self._done
-        if not self._closing:
+        # Never more than is left: a result is counted before its worker leaves in-flight.
+        running = min(self._in_flight(), remaining) if self._in_flight is not None else None
+        if not self._closing and self._stopping is None:
             if rate is not None and remaining > 0:
                 parts.append(f"ETA {_clock_text(remaining / rate)}")
-            if self._in_flight is not None:
-                parts.append(f"{self._in_flight()} in flight")
+            if running:
+                parts.append(f"{running} in flight")
         if counters.tokens:
             parts.append(f"{counters.tokens:,} tokens")
         if self._closing and remaining > 0:
             parts.append("stopped")
+        elif self._stopping is not None:
+            parts.append(f"{self._stopping}: {running} left" if running else self._stopping)
         return " · ".join(parts)
 
     def _line(self) -> str:
@@ -360,6 +365,13 @@ class UI:
         else:
             self._print(self._line(), style="dim")
 
+    def progress_stopping(self, label: str = "cancelling") -> None:
+        """Winding down (Ctrl-C, a halt): ETA and in flight give way to ``<label>: N left``."""
+        if self._counters is None or self._stopping is not None:
+            return
+        self._stopping = label
+        self.progress_update()
+
     def close_progress(self) -> None:
         """Close the live display (idempotent). Its last frame keeps the true count: after
         Ctrl-C it shows ``k/N … stopped``, never a bar stretched to look complete."""
@@ -373,6 +385,7 @@ class UI:
         self._counters = None
         self._in_flight = None
         self._closing = False
+        self._stopping = None
 
     # -- the result ------------------------------------------------------------------------
 
