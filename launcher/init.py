@@ -20,6 +20,7 @@ from string import Template
 
 import click
 
+from launcher import completion as complete
 from launcher.errors import LocalEvalError
 
 __all__ = ["eval_init", "requirement", "scaffold"]
@@ -74,7 +75,7 @@ def scaffold(root: Path, rollout: str, dependency: str | None = None) -> list[Pa
 
 
 @click.command("init")
-@click.argument("directory", default=".", type=str)
+@click.argument("directory", default=".", type=str, shell_complete=complete.dirs)
 @click.option("--rollout", default="my-rollout", show_default=True, help="Name of the rollout.")
 def eval_init(directory: str, rollout: str) -> None:
     """Create a workspace in DIRECTORY that `rollbridge eval run` can run at once."""

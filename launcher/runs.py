@@ -25,6 +25,7 @@ from typing import Any, Literal
 
 import click
 
+from launcher import completion as complete
 from launcher.cli_ui import command_ui
 from launcher.errors import LocalEvalError
 from launcher.ui import UI
@@ -339,7 +340,11 @@ def clean_command(ui: UI, root: Path, cwd: Path, *, yes: bool) -> int:
 
 
 _output = click.option(
-    "-o", "--output", default=None, help="Output root (default <workspace>/.osmosis/evals)."
+    "-o",
+    "--output",
+    default=None,
+    shell_complete=complete.dirs,
+    help="Output root (default <workspace>/.osmosis/evals).",
 )
 _json = click.option("--json", "json_output", is_flag=True, help="Print one JSON envelope.")
 _plain = click.option("--plain", is_flag=True, help="Plain text: one tab-separated line per run.")

@@ -52,6 +52,9 @@ ROLLOUT_SERVER_FORBIDDEN = frozenset(
         "psutil",
         "click",
         "rich",
+        # python-dotenv (--secrets-file): the distribution's name, and the module it installs.
+        "python_dotenv",
+        "dotenv",
         "quart",
         "quart_trio",
         "flask",
