@@ -189,8 +189,8 @@ async def _start(
         model_checked = trio.Event()
         startup.start_soon(_preflight, ctx, model_checked)
         startup.start_soon(_start_bridge, ctx, nursery, token, started)
-        await _sync(ctx)
-        started.server = await _start_server(ctx, nursery, secrets)
+        wheelhouse = await _sync(ctx)
+        started.server = await _start_server(ctx, nursery, secrets, wheelhouse)
         await model_checked.wait()
     server, bridge = started.server, started.bridge
     assert bridge is not None
@@ -281,7 +281,8 @@ async def _preflight(ctx: RunContext, done: trio.Event) -> None:
     done.set()
 
 
-async def _sync(ctx: RunContext) -> None:
+async def _sync(ctx: RunContext) -> Path | None:
+    """``uv sync`` of the rollout; returns the directory of rollbridge's own wheel, if any."""
     p = ctx.prepared
     rollout = p.config.experiment.rollout
     uv = find_uv(rollout)
@@ -294,8 +295,9 @@ async def _sync(ctx: RunContext) -> None:
         sink=ctx.sink("deps"),
         logs_hint=ctx.logs_hint,
         redact=p.redactor,
-        find_links=await _self_wheel(ctx, uv),
+        find_links=(wheelhouse := await _self_wheel(ctx, uv)),
     )
+    return wheelhouse
 
 
 async def _self_wheel(ctx: RunContext, uv: Path) -> Path | None:
@@ -310,7 +312,7 @@ async def _self_wheel(ctx: RunContext, uv: Path) -> Path | None:
 
 
 async def _start_server(
-    ctx: RunContext, nursery: trio.Nursery, secrets: dict[str, str]
+    ctx: RunContext, nursery: trio.Nursery, secrets: dict[str, str], wheelhouse: Path | None
 ) -> RolloutServer:
     p = ctx.prepared
     launch = ServerLaunch(
@@ -318,8 +320,10 @@ async def _start_server(
         entrypoint=p.paths.entrypoint,
         rollout_dir=p.paths.rollout_dir,
         run_dir=ctx.run_dir.path,
-        # The Harbor backend builds its sandbox bundle with uv; the rollout venv has none.
-        base_env={"UV": str(find_uv(p.config.experiment.rollout)), **os.environ},
+        # The Harbor backend builds its sandbox bundle with uv (the rollout venv has none),
+        # with this rollbridge's own wheel when there is one (bundle.WHEELHOUSE_ENV).
+        base_env={"UV": str(find_uv(p.config.experiment.rollout)), **os.environ}
+        | ({"ROLLBRIDGE_WHEELHOUSE": str(wheelhouse)} if wheelhouse else {}),
         config_env=p.config.env,
         secrets=secrets,
         fixed_port=p.options.rollout_port,
