@@ -40,6 +40,7 @@ from rollout_server.harbor.wheelhouse import (
 )
 
 __all__ = [
+    "KEEP",
     "SHIPPED_ENV",
     "SelfWheelError",
     "default_cache_root",
@@ -111,6 +112,18 @@ def _make(dist: metadata.Distribution, source: Path | None, out: Path, uv: Path)
     return repack(installed, info.parent, Path(sys.prefix), out)
 
 
+#: Wheels kept in the cache (a checkout makes one per edited state); the oldest go first. A
+#: workspace whose uv.lock names a removed one re-resolves against the current one.
+KEEP = 5
+
+
+def _prune(root: Path, keep: Path) -> None:
+    made = [p for p in root.iterdir() if p.is_dir() and not p.name.startswith(".")]
+    made.sort(key=lambda p: p.stat().st_mtime, reverse=True)
+    for old in [p for p in made if p != keep][KEEP - 1 :]:
+        shutil.rmtree(old, ignore_errors=True)
+
+
 def self_wheel(uv: Path, *, cache_root: Path | None = None) -> Path:
     """The directory to hand uv as ``--find-links``: it holds a wheel of the running rollbridge.
 
@@ -142,6 +155,7 @@ def self_wheel(uv: Path, *, cache_root: Path | None = None) -> Path:
                     raise
         finally:
             shutil.rmtree(scratch, ignore_errors=True)
+        _prune(root, keep=folder)
     except (OSError, BundleError) as exc:
         raise SelfWheelError(f"cannot make a wheel of the running rollbridge: {exc}") from None
     return folder

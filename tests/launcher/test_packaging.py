@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from launcher.selfwheel import installed_differs, self_wheel
+from launcher.selfwheel import KEEP, installed_differs, self_wheel
 from rollout_server.protocol import sdk_version
 
 REPO = Path(__file__).resolve().parents[2]
@@ -126,6 +126,13 @@ def test_the_self_wheel_is_made_once_and_tells_a_stale_install(tmp_path: Path) -
     assert wheel.name == f"rollbridge-{VERSION}-py3-none-any.whl"
     assert self_wheel(UV, cache_root=tmp_path / "cache") == folder
     assert wheel.stat().st_mtime_ns == next(folder.glob("*.whl")).stat().st_mtime_ns
+    # Old wheels are pruned: at most KEEP stay, the one just made among them.
+    for i in range(KEEP + 2):
+        (tmp_path / "cache" / f"old{i}").mkdir()
+    shutil.rmtree(folder)
+    assert self_wheel(UV, cache_root=tmp_path / "cache") == folder
+    left = [p for p in (tmp_path / "cache").iterdir() if not p.name.startswith(".")]
+    assert len(left) == KEEP and folder in left
     # A venv with this wheel's files installed does not differ; one with an older file does.
     site = tmp_path / "venv/lib/python3.11/site-packages"
     info = site / f"rollbridge-{VERSION}.dist-info"
