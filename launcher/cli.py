@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any
 
 import click
 
+from launcher import completion as complete
 from launcher.errors import EXIT_INTERRUPTED, CLIError
 
 if TYPE_CHECKING:
@@ -164,13 +165,27 @@ def eval_group() -> None:
 
 
 @eval_group.command("run")
-@click.argument("config", type=str)
+@click.argument("config", type=str, shell_complete=complete.files)
 @click.option("--name", default=None, help="Run name; re-using a name resumes its pending work.")
 @click.option(
-    "-o", "--output", default=None, help="Output root (default <workspace>/.osmosis/evals)."
+    "-o",
+    "--output",
+    default=None,
+    shell_complete=complete.dirs,
+    help="Output root (default <workspace>/.osmosis/evals).",
 )
-@click.option("--dataset-file", default=None, help="A local dataset file (jsonl, csv or parquet).")
-@click.option("--secrets-file", default=None, help="Dotenv file for [secrets] names ('-' = stdin).")
+@click.option(
+    "--dataset-file",
+    default=None,
+    shell_complete=complete.files,
+    help="A local dataset file (jsonl, csv or parquet).",
+)
+@click.option(
+    "--secrets-file",
+    default=None,
+    shell_complete=complete.files,
+    help="Dotenv file: [secrets] names and provider keys for the bridge ('-' = stdin).",
+)
 @click.option("--rows", default=None, help="Source rows to run, for example '3,7,10-20'.")
 @click.option(
     "--limit", type=int, default=None, help="Run only the first N rows (overrides limit)."
@@ -185,6 +200,7 @@ def eval_group() -> None:
     "--cloudflared-path",
     "cloudflared",
     default=None,
+    shell_complete=complete.files,
     help="Path of the cloudflared binary to use (default: PATH, then pycloudflared's cache).",
 )
 @click.option(

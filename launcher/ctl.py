@@ -16,6 +16,7 @@ from typing import Any
 import click
 import msgspec
 
+from launcher import completion as complete
 from launcher.errors import CLIError, NotFoundError
 
 __all__ = ["ctl"]
@@ -68,7 +69,7 @@ def _client(ctx: click.Context) -> _Client:
 
 
 @ctl.command("start")
-@click.argument("config")
+@click.argument("config", shell_complete=complete.files)
 @click.option("--name", default=None)
 @click.option("--rows", default=None)
 @click.option("--limit", type=int, default=None)

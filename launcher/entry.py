@@ -18,7 +18,7 @@ __all__ = ["CLI_EXTRA_MODULES", "EXIT_MISSING_EXTRA", "main"]
 
 #: Top-level modules of the ``cli`` extra's packages (pyproject ``[project.optional-dependencies]``).
 CLI_EXTRA_MODULES = frozenset(
-    {"click", "rich", "litellm", "quart", "quart_trio", "uv", "pycloudflared", "psutil"}
+    {"click", "rich", "litellm", "quart", "quart_trio", "uv", "pycloudflared", "psutil", "dotenv"}
 )
 
 #: Exit code when the ``cli`` extra is not installed (a usage problem, as click's usage errors).

@@ -23,6 +23,7 @@ from typing import Any, Literal
 
 import click
 
+from launcher import completion as complete
 from launcher.errors import DependencyError, LocalEvalError
 from launcher.ui import UI
 
@@ -277,7 +278,7 @@ def _run_dir(run: str, output_root: str | None, cwd: Path) -> Path:
 
 
 @click.command("export")
-@click.argument("run", type=str)
+@click.argument("run", type=str, shell_complete=complete.run_names)
 @click.option(
     "--format",
     "fmt",
@@ -290,10 +291,14 @@ def _run_dir(run: str, output_root: str | None, cwd: Path) -> Path:
     "-o",
     "--output",
     default=None,
+    shell_complete=complete.files,
     help="Output file (default <run dir>/export.<format>; '-' = stdout).",
 )
 @click.option(
-    "--output-root", default=None, help="Output root of named runs (the -o given to eval run)."
+    "--output-root",
+    default=None,
+    shell_complete=complete.dirs,
+    help="Output root of named runs (the -o given to eval run).",
 )
 @click.option("--json", "json_output", is_flag=True, help="Print one JSON envelope.")
 @click.option("--plain", is_flag=True, help="Plain text output.")

@@ -62,14 +62,25 @@ async def uv_sync(
     sink: OutputSink,
     logs_hint: str,
     redact: Callable[[str], str],
+    find_links: Path | None = None,
 ) -> None:
     """Run ``uv sync --project <rollout_dir>`` to completion (no timeout: the first sync may
     download a lot). Output goes to ``sink``. Cancellation stops uv's group (5 s grace).
-    A non-zero exit raises :class:`DependencyError` with uv's last line."""
+    A non-zero exit raises :class:`DependencyError` with uv's last line.
+
+    ``find_links`` is a directory holding a wheel of the running rollbridge
+    (:mod:`launcher.selfwheel`), searched besides the index for the rollout's ``rollbridge``."""
+    extra: list[str | Path] = []
+    if find_links is not None:
+        from launcher.selfwheel import installed_differs
+
+        extra = ["--find-links", find_links]
+        if installed_differs(find_links, rollout_python(rollout_dir, env).parent.parent):
+            extra += ["--reinstall-package", "rollbridge"]
     async with trio.open_nursery() as nursery:
         child = await spawn_child(
             nursery,
-            [uv, "sync", "--project", rollout_dir],
+            [uv, "sync", "--project", rollout_dir, *extra],
             cwd=rollout_dir,
             env=child_environment(env),
             sink=sink,

@@ -25,6 +25,7 @@ from typing import Any, Literal
 
 import click
 
+from launcher import completion as complete
 from launcher.cli_ui import command_ui
 from launcher.errors import LocalEvalError
 from launcher.ui import UI
@@ -230,31 +231,43 @@ def list_command(ui: UI, root: Path, cwd: Path) -> int:
         )
         for r in runs
     ]
-    if ui.mode == "plain":
-        # Straight to the (redacting) stream: rich would expand the tabs.
+    if ui.mode == "plain" or not ui.tty:
+        # Porcelain, as for --plain: tab-separated, no header, whole values (a pipe or a file
+        # reads it with `cut -f`). Straight to the (redacting) stream: rich would expand tabs.
         ui.console.file.write("".join("\t".join(row) + "\n" for row in rows))
         ui.console.file.flush()
+        if ui.mode == "plain":
+            return 0
+        _clean_hint(ui, runs, stderr=True)
         return 0
     if not runs:
         ui.console.print(f"No runs under {root}.", markup=False)
         return 0
-    from rich import box
-    from rich.table import Table
+    from launcher.list_layout import fit_table
 
-    table = Table(box=box.SIMPLE_HEAD)
-    for column in columns:
-        table.add_column(column, overflow="fold", no_wrap=column not in ("model", "path"))
-    for row in rows:
-        table.add_row(*row)
-    ui.console.print(table)
+    # Fit the terminal: names whole, the path cut in the middle, then columns dropped.
+    lines = fit_table(
+        columns,
+        rows,
+        ui.console.width,
+        drop_order=("started", "model", "path", "pass rate"),
+        middle=("path",),
+    )
+    ui.console.print(lines[0], style="bold", markup=False, highlight=False, soft_wrap=True)
+    for text in lines[1:]:
+        ui.console.print(text, markup=False, highlight=False, soft_wrap=True)
+    _clean_hint(ui, runs, stderr=False)
+    return 0
+
+
+def _clean_hint(ui: UI, runs: list[RunSummary], *, stderr: bool) -> None:
     empty = sum(r.status == "empty" for r in runs)
     if empty:
-        ui.console.print(
+        (ui.err_console if stderr else ui.console).print(
             f"{empty} run{'s' if empty != 1 else ''} with nothing recorded: "
             "`rollbridge eval clean` removes them.",
             markup=False,
         )
-    return 0
 
 
 def _orphan_locks(root: Path) -> list[Path]:
@@ -327,7 +340,11 @@ def clean_command(ui: UI, root: Path, cwd: Path, *, yes: bool) -> int:
 
 
 _output = click.option(
-    "-o", "--output", default=None, help="Output root (default <workspace>/.osmosis/evals)."
+    "-o",
+    "--output",
+    default=None,
+    shell_complete=complete.dirs,
+    help="Output root (default <workspace>/.osmosis/evals).",
 )
 _json = click.option("--json", "json_output", is_flag=True, help="Print one JSON envelope.")
 _plain = click.option("--plain", is_flag=True, help="Plain text: one tab-separated line per run.")

@@ -1,13 +1,16 @@
 """``[secrets]`` resolution and scoping (docs/spec/supervisor.md §8.1, §8.2).
 
-Values come from ``--secrets-file`` (dotenv; ``-`` = stdin), then the process environment
-(non-empty values only), then a hidden interactive prompt. No secret value ever appears in an
+Values come from ``--secrets-file`` (dotenv, parsed by python-dotenv; ``-`` = stdin), then the
+process environment (non-empty values only), then a hidden interactive prompt. Provider keys
+and settings in the file (:func:`provider_values`) are for the bridge, whether or not
+``[secrets]`` lists them. No secret value ever appears in an
 exception message: errors name the variable or the line number, never the content.
 """
 
 from __future__ import annotations
 
 import getpass
+import io
 import os
 import sys
 from collections.abc import Callable, Iterator, Mapping, MutableMapping, Sequence
@@ -17,33 +20,34 @@ from typing import TextIO
 
 from launcher.errors import InteractiveRequiredError, NotFoundError, ValidationError
 
-__all__ = ["parse_secrets_text", "read_secrets_file", "resolve_secrets", "scoped_environ"]
+__all__ = [
+    "parse_secrets_text",
+    "provider_values",
+    "read_secrets_file",
+    "resolve_secrets",
+    "scoped_environ",
+]
 
 
 def parse_secrets_text(text: str, source: str) -> dict[str, str]:
-    """Parse dotenv-style ``NAME=value`` lines (§8.1). ``source`` names the file in errors.
-
-    Blank and ``#`` lines are skipped; ``export `` is allowed; one pair of matching surrounding
-    quotes is removed; no escapes, no inline comments; later duplicates win.
+    """Parse a dotenv file's text as python-dotenv does (what every ``.env`` user expects):
+    ``#`` comments, inline comments after a value (``KEY=abc # staging`` is ``abc``),
+    ``export``, single quotes literal, double quotes with escapes and several lines; later
+    duplicates win; no ``${VAR}`` interpolation. ``source`` names the file in errors, which
+    give the line number, never the content.
     """
+    from dotenv.parser import parse_stream
+
     values: dict[str, str] = {}
-    for lineno, raw in enumerate(text.splitlines(), start=1):
-        line = raw.strip()
-        if not line or line.startswith("#"):
-            continue
-        name, sep, value = line.partition("=")
-        name = name.strip()
-        if name.startswith("export "):
-            name = name[len("export ") :].strip()
-        if not sep or not name.isidentifier():
+    for binding in parse_stream(io.StringIO(text)):
+        if binding.key is None and not binding.error:
+            continue  # a blank or comment line
+        if binding.error or binding.value is None or not (binding.key or "").isidentifier():
             raise ValidationError(
-                f"Invalid line {lineno} in {source}: expected NAME=value. "
-                "Values spanning multiple lines are not supported."
+                f"Invalid line {binding.original.line} in {source}: expected NAME=value."
             )
-        value = value.strip()
-        if len(value) >= 2 and value[0] == value[-1] and value[0] in "\"'":
-            value = value[1:-1]
-        values[name] = value
+        assert binding.key is not None
+        values[binding.key] = binding.value
     return values
 
 
@@ -99,6 +103,16 @@ def resolve_secrets(
             details={"missing": missing, "flags": ["--secrets-file"]},
         )
     return resolved
+
+
+def provider_values(
+    file_values: Mapping[str, str], is_provider_name: Callable[[str], bool]
+) -> dict[str, str]:
+    """The provider keys and settings of a secrets file (names ``is_provider_name`` accepts:
+    the ones the rollout server never inherits). They are set in the supervisor's environment
+    for the run, so the bridge and the model preflight use them, the file winning over the
+    environment; the rollout gets one only when ``[secrets]`` or ``[env]`` names it."""
+    return {name: value for name, value in file_values.items() if is_provider_name(name) and value}
 
 
 @contextmanager

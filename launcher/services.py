@@ -15,6 +15,10 @@ On exit, whatever happened, the stop order is: rollout server (its process group
 or 330 s after an interrupt or halt unless a second Ctrl-C hurries it), tunnel, bridge, then the
 environment is restored. Foreign errors (bridge, tunnel, preflight) become
 :class:`LocalEvalError` with their one-line message here, so the supervisor sees only ours.
+
+Why one module of this size: the start order and the stop order are one contract (what may
+overlap with ``uv sync``, what must be stopped before what); kept together, a reader checks
+both orders against each other in one place.
 """
 
 from __future__ import annotations
@@ -34,6 +38,7 @@ import trio
 from launcher.daemon.live_usage import publish_live_usage
 from launcher.dispatch import resolve_concurrency
 from launcher.dispatch_io import BridgeEndpoint, RolloutClientTransport
+from launcher.early_checks import early_checks
 from launcher.errors import LocalEvalError
 from launcher.prepare import Prepared
 from launcher.process import LONG_STOP_GRACE_S, STOP_GRACE_S, TunnelOwner
@@ -41,12 +46,18 @@ from launcher.rollout_child import (
     LogFn,
     RolloutServer,
     ServerLaunch,
+    is_provider_env_name,
     start_rollout_server,
 )
 from launcher.rollout_env import find_uv, rollout_python, uv_sync
 from launcher.rundir import RunDirectory
 from launcher.sandbox_probe import SandboxRouting, probe_for_services
-from launcher.secrets import read_secrets_file, resolve_secrets, scoped_environ
+from launcher.secrets import (
+    provider_values,
+    read_secrets_file,
+    resolve_secrets,
+    scoped_environ,
+)
 from launcher.signals import Interrupts
 from launcher.ui import CLI_VERSION, UI
 from tunnel.errors import TunnelError
@@ -165,9 +176,14 @@ async def _start(
     ctx: RunContext, nursery: trio.Nursery, started: _Started, env_scope: ExitStack
 ) -> Services:
     p = ctx.prepared
-    secrets = await trio.to_thread.run_sync(partial(_resolve_secrets, ctx), abandon_on_cancel=True)
-    env_scope.enter_context(scoped_environ(secrets))
+    secrets, providers = await trio.to_thread.run_sync(
+        partial(_resolve_secrets, ctx), abandon_on_cancel=True
+    )
+    # The bridge and the preflight read the environment; the rollout server's filters provider
+    # names out of it, so only `secrets` (passed to it by name) reach the rollout.
+    env_scope.enter_context(scoped_environ({**providers, **secrets}))
     p.redactor.add_known_env(os.environ)
+    await early_checks(p)  # before the slow steps
     token = uuid.uuid4().hex
     p.redactor.add(token)
     # The model probe and the bridge's start-up overlap `uv sync` and the rollout server's
@@ -177,8 +193,8 @@ async def _start(
         model_checked = trio.Event()
         startup.start_soon(_preflight, ctx, model_checked)
         startup.start_soon(_start_bridge, ctx, nursery, token, started)
-        await _sync(ctx)
-        started.server = await _start_server(ctx, nursery, secrets)
+        wheelhouse = await _sync(ctx)
+        started.server = await _start_server(ctx, nursery, secrets, wheelhouse)
         await model_checked.wait()
     server, bridge = started.server, started.bridge
     assert bridge is not None
@@ -230,22 +246,26 @@ def cap_notice(
     return None
 
 
-def _resolve_secrets(ctx: RunContext) -> dict[str, str]:
+def _resolve_secrets(ctx: RunContext) -> tuple[dict[str, str], dict[str, str]]:
+    """``[secrets]`` for the rollout, and the secrets file's provider keys for the bridge."""
     p = ctx.prepared
     names = list(p.config.secrets_required)
-    if not names:
-        return {}
     file_values = (
         read_secrets_file(p.options.secrets_file, cwd=p.cwd)
         if p.options.secrets_file is not None
         else None
     )
-    values = resolve_secrets(
-        names, file_values=file_values, environ=os.environ, interactive=ctx.ui.interactive
+    values = (
+        resolve_secrets(
+            names, file_values=file_values, environ=os.environ, interactive=ctx.ui.interactive
+        )
+        if names
+        else {}
     )
-    for value in values.values():
+    providers = provider_values(file_values or {}, is_provider_env_name)
+    for value in (*values.values(), *providers.values()):
         p.redactor.add(value)
-    return values
+    return values, providers
 
 
 async def _preflight(ctx: RunContext, done: trio.Event) -> None:
@@ -269,7 +289,8 @@ async def _preflight(ctx: RunContext, done: trio.Event) -> None:
     done.set()
 
 
-async def _sync(ctx: RunContext) -> None:
+async def _sync(ctx: RunContext) -> Path | None:
+    """``uv sync`` of the rollout; returns the directory of rollbridge's own wheel, if any."""
     p = ctx.prepared
     rollout = p.config.experiment.rollout
     uv = find_uv(rollout)
@@ -282,11 +303,24 @@ async def _sync(ctx: RunContext) -> None:
         sink=ctx.sink("deps"),
         logs_hint=ctx.logs_hint,
         redact=p.redactor,
+        find_links=(wheelhouse := await _self_wheel(ctx, uv)),
     )
+    return wheelhouse
+
+
+async def _self_wheel(ctx: RunContext, uv: Path) -> Path | None:
+    """This rollbridge's wheel's directory (launcher.selfwheel), or None with a warning."""
+    from launcher.selfwheel import SelfWheelError, self_wheel
+
+    try:
+        return await trio.to_thread.run_sync(self_wheel, uv)
+    except SelfWheelError as exc:  # a rollout whose pyproject names a source needs none
+        ctx.log("WARNING", "deps", str(exc), None)
+        return None
 
 
 async def _start_server(
-    ctx: RunContext, nursery: trio.Nursery, secrets: dict[str, str]
+    ctx: RunContext, nursery: trio.Nursery, secrets: dict[str, str], wheelhouse: Path | None
 ) -> RolloutServer:
     p = ctx.prepared
     launch = ServerLaunch(
@@ -294,8 +328,10 @@ async def _start_server(
         entrypoint=p.paths.entrypoint,
         rollout_dir=p.paths.rollout_dir,
         run_dir=ctx.run_dir.path,
-        # The Harbor backend builds its sandbox bundle with uv; the rollout venv has none.
-        base_env={"UV": str(find_uv(p.config.experiment.rollout)), **os.environ},
+        # The Harbor backend builds its sandbox bundle with uv (the rollout venv has none),
+        # with this rollbridge's own wheel when there is one (bundle.WHEELHOUSE_ENV).
+        base_env={"UV": str(find_uv(p.config.experiment.rollout)), **os.environ}
+        | ({"ROLLBRIDGE_WHEELHOUSE": str(wheelhouse)} if wheelhouse else {}),
         config_env=p.config.env,
         secrets=secrets,
         fixed_port=p.options.rollout_port,

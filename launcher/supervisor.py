@@ -127,10 +127,12 @@ class Supervisor:
             self.log("WARNING", "cancel", "supervisor cancellation requested")
         self.log("WARNING", "cancel", message)
         self.ui.note(message)
+        self.ui.progress_stopping("cancelling")
 
     def _halt(self, reason: str) -> None:
         self.halted = reason
         self.ui.note(f"stopping dispatch: {reason}")
+        self.ui.progress_stopping("stopping")
 
     @property
     def _stopped_early(self) -> bool:

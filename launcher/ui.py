@@ -6,6 +6,10 @@ result message and next steps on stdout; ``json`` prints exactly one JSON envelo
 and nothing else there. Warnings and errors go to stderr in every mode (JSON lines in ``json``
 mode). Every string passes through the run's redactor before it is rendered, and the
 underlying streams redact again, so a secret can reach the terminal by no path.
+
+Why one module of this size: every line the run prints goes through one object so that the
+three modes and the redaction cannot drift apart; splitting the progress display from the
+tables would give the two halves the same mode and redactor plumbing to keep in step.
 """
 
 from __future__ import annotations
@@ -134,6 +138,7 @@ class UI:
         self._in_flight: Callable[[], int] | None = None
         self._lowered_limit: Callable[[], int | None] | None = None
         self._closing = False
+        self._stopping: str | None = None  # see progress_stopping
 
     # -- redaction -------------------------------------------------------------------------
 
@@ -334,17 +339,21 @@ class UI:
         if rate is not None:
             parts.append(f"{rate:.1f}/s" if rate >= 1 else f"{rate * 60:.1f}/min")
         remaining = self._total - self._done
-        if not self._closing:
+        # Never more than is left: a result is counted before its worker leaves in-flight.
+        running = min(self._in_flight(), remaining) if self._in_flight is not None else None
+        if not self._closing and self._stopping is None:
             if rate is not None and remaining > 0:
                 parts.append(f"ETA {_clock_text(remaining / rate)}")
-            if self._in_flight is not None:
+            if running:
                 lowered = self._lowered_limit() if self._lowered_limit is not None else None
                 limit = f" (limit {lowered})" if lowered is not None else ""
-                parts.append(f"{self._in_flight()} in flight{limit}")
+                parts.append(f"{running} in flight{limit}")
         if counters.tokens:
             parts.append(f"{counters.tokens:,} tokens")
         if self._closing and remaining > 0:
             parts.append("stopped")
+        elif self._stopping is not None:
+            parts.append(f"{self._stopping}: {running} left" if running else self._stopping)
         return " · ".join(parts)
 
     def _line(self) -> str:
@@ -367,6 +376,13 @@ class UI:
         else:
             self._print(self._line(), style="dim")
 
+    def progress_stopping(self, label: str = "cancelling") -> None:
+        """Winding down (Ctrl-C, a halt): ETA and in flight give way to ``<label>: N left``."""
+        if self._counters is None or self._stopping is not None:
+            return
+        self._stopping = label
+        self.progress_update()
+
     def close_progress(self) -> None:
         """Close the live display (idempotent). Its last frame keeps the true count: after
         Ctrl-C it shows ``k/N … stopped``, never a bar stretched to look complete."""
@@ -380,6 +396,7 @@ class UI:
         self._counters = None
         self._in_flight = None
         self._closing = False
+        self._stopping = None
 
     # -- the result ------------------------------------------------------------------------
 
@@ -399,7 +416,7 @@ class UI:
                     "operation": "eval.run",
                     "status": status,
                     "message": self.redact(message),
-                    "resource": _redact_obj(dict(resource or {}), self.redact),
+                    "result": _redact_obj(dict(resource or {}), self.redact),
                 }
             )
             return
@@ -414,8 +431,8 @@ class UI:
             self._print(f"  {step}")
 
     def envelope(self, operation: str, message: str, result: Mapping[str, Any]) -> None:
-        """The one JSON document of ``--json`` for a successful command other than ``eval run``
-        (``operation`` names it, e.g. ``eval.list``; ``result`` is its payload)."""
+        """The one JSON document of ``--json`` for a successful command (``operation`` names it,
+        e.g. ``eval.list``; ``result`` is its payload): the same envelope as ``eval run``'s."""
         self._emit_json(
             {"operation": operation, "status": "success", "message": message, "result": result}
         )

@@ -186,9 +186,12 @@ def resolve_dataset_source(
             path=path, name=path.name, source="explicit", extension=_check_extension(path)
         )
     data_dir = workspace.data_dir.resolve()
-    candidates = [data_dir / dataset] + [
-        data_dir / f"{dataset}.{ext}" for ext in ("jsonl", "csv", "parquet")
-    ]
+    # A name that already has a dataset extension is tried as given only (no `qa.jsonl.jsonl`).
+    has_extension = dataset.rpartition(".")[2].lower() in DATASET_EXTENSIONS and "." in dataset
+    names = [dataset] + (
+        [] if has_extension else [f"{dataset}.{ext}" for ext in ("jsonl", "csv", "parquet")]
+    )
+    candidates = [data_dir / name for name in names]
     for candidate in candidates:
         resolved = candidate.resolve()
         if not resolved.is_relative_to(data_dir):
@@ -202,9 +205,10 @@ def resolve_dataset_source(
                 source="workspace",
                 extension=_check_extension(resolved),
             )
+    tried = f" (tried {', '.join(names)})" if len(names) > 1 else ""
     raise NotFoundError(
-        f"dataset '{dataset}' not found in {data_dir} (tried {dataset}, {dataset}.jsonl, "
-        f"{dataset}.csv, {dataset}.parquet); add the file there or pass --dataset-file"
+        f"dataset '{dataset}' not found in {data_dir}{tried}; add the file there or pass "
+        "--dataset-file"
     )
 
 

@@ -29,6 +29,9 @@ RULES: dict[str, frozenset[str]] = {
             "rollout_server.protocol",
             "rollout_server.client",
             "rollout_server.net",
+            # Pure file work (repack/build a wheel): the supervisor makes its own wheel with it
+            # for rollout environments (launcher.selfwheel).
+            "rollout_server.harbor.wheelhouse",
         }
     ),
     "bridge": frozenset({"rollout_server.net", "rollout_server.protocol"}),
@@ -49,6 +52,9 @@ ROLLOUT_SERVER_FORBIDDEN = frozenset(
         "psutil",
         "click",
         "rich",
+        # python-dotenv (--secrets-file): the distribution's name, and the module it installs.
+        "python_dotenv",
+        "dotenv",
         "quart",
         "quart_trio",
         "flask",

@@ -10,24 +10,38 @@ from pathlib import Path
 
 import click
 
+from launcher import completion as complete
 from launcher.cli_ui import command_ui
 
 __all__ = ["eval_diff", "eval_report"]
 
 
 _workspace = click.option(
-    "-w", "--workspace", default=None, help="Workspace whose .osmosis/evals holds named runs."
+    "-w",
+    "--workspace",
+    default=None,
+    shell_complete=complete.dirs,
+    help="Workspace whose .osmosis/evals holds named runs.",
 )
 _output_root = click.option(
-    "--output-root", default=None, help="Output root of named runs (the -o given to eval run)."
+    "--output-root",
+    default=None,
+    shell_complete=complete.dirs,
+    help="Output root of named runs (the -o given to eval run).",
 )
 _json = click.option("--json", "json_output", is_flag=True, help="Print one JSON envelope.")
 _plain = click.option("--plain", is_flag=True, help="Plain text output.")
 
 
 @click.command("report")
-@click.argument("run", type=str)
-@click.option("-o", "--output", default=None, help="HTML file (default <run dir>/report.html).")
+@click.argument("run", type=str, shell_complete=complete.run_names)
+@click.option(
+    "-o",
+    "--output",
+    default=None,
+    shell_complete=complete.files,
+    help="HTML file (default <run dir>/report.html).",
+)
 @click.option("--open", "open_browser", is_flag=True, help="Open the page in a browser.")
 @click.option("--watch", is_flag=True, help="Rewrite the page until the run finishes.")
 @_workspace
@@ -58,9 +72,15 @@ def eval_report(
 
 
 @click.command("diff")
-@click.argument("run_a", type=str)
-@click.argument("run_b", type=str)
-@click.option("-o", "--output", default=None, help="HTML file (default ./diff-<A>-vs-<B>.html).")
+@click.argument("run_a", type=str, shell_complete=complete.run_names)
+@click.argument("run_b", type=str, shell_complete=complete.run_names)
+@click.option(
+    "-o",
+    "--output",
+    default=None,
+    shell_complete=complete.files,
+    help="HTML file (default ./diff-<A>-vs-<B>.html).",
+)
 @_workspace
 @_output_root
 @_json

@@ -5,22 +5,37 @@ from __future__ import annotations
 
 import click
 
+from launcher import completion as complete
+
 __all__ = ["eval_rubric"]
 
 
 @click.command("rubric")
-@click.option("-d", "--data", default=None, help="JSONL file of conversations to score.")
+@click.option(
+    "-d",
+    "--data",
+    default=None,
+    shell_complete=complete.files,
+    help="JSONL file of conversations to score.",
+)
 @click.option(
     "--run",
     "run",
     default=None,
+    shell_complete=complete.run_names,
     help="A run name (under .osmosis/evals/) or run directory whose rollouts to score.",
 )
 @click.option("-r", "--rubric", required=True, help="Rubric text, or @path to read it from a file.")
 @click.option("--model", default=None, help="Judge model, for example openai/gpt-4o-mini.")
 @click.option("--judges", default=None, help="Several judge models, comma-separated.")
 @click.option("-n", "--number", type=int, default=1, help="Judge runs per record.")
-@click.option("-o", "--output", default=None, help="Write the JSON report here.")
+@click.option(
+    "-o",
+    "--output",
+    default=None,
+    shell_complete=complete.files,
+    help="Write the JSON report here.",
+)
 @click.option("--api-key", default=None, help="Deprecated: set the provider's variable instead.")
 @click.option("--timeout", type=float, default=None, help="Seconds per judge request.")
 @click.option("--score-min", type=float, default=0.0, help="Lowest score (default 0.0).")

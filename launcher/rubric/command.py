@@ -191,7 +191,7 @@ def _emit_success(ui: UI, resource_: dict[str, Any]) -> None:
             "operation": "eval.rubric",
             "status": "success",
             "message": COMPLETED,
-            "resource": resource_,
+            "result": resource_,
         }
         # The console's stream redacts whatever passes through it.
         ui.console.file.write(json.dumps(envelope, ensure_ascii=False) + "\n")

@@ -10,7 +10,9 @@ The rollout project (usually ``[tool.uv] package = false``: a ``main.py`` and fr
 as a small project ``rollbridge-rollout-<name>`` whose one package, ``rollbridge_rollout``, holds
 a copy of the rollout's files and whose dependencies are the project's; path and editable
 dependencies (the SDK from a clone) are built from source; everything else installed in the
-rollout venv is repacked from its installed files (``wheelhouse.py``). The digest covers the
+rollout venv is repacked from its installed files (``wheelhouse.py``), except rollbridge itself
+when the supervisor hands over its own wheel of the same version (``ROLLBRIDGE_WHEELHOUSE``):
+the sandbox then runs the installed rollbridge, never a checkout. The digest covers the
 rollout's files, the source-built dependencies' trees, each repacked distribution (name, version,
 RECORD hash), the venv's Python major.minor and :data:`FORMAT`, so an unchanged rollout finds its
 bundle again without building anything. :func:`ensure_image` (``image.py``) turns a bundle and a
@@ -52,6 +54,7 @@ __all__ = [
     "FORMAT",
     "PACKAGE_DIR_NAME",
     "SANDBOX_LABEL",
+    "WHEELHOUSE_ENV",
     "Bundle",
     "BundleError",
     "SandboxImage",
@@ -67,6 +70,8 @@ FORMAT = 1
 #: The import package holding a copy of the rollout's files (put its directory on sys.path).
 PACKAGE_DIR_NAME = "rollbridge_rollout"
 MANIFEST = "manifest.json"
+#: A directory with rollbridge's own wheel (the supervisor's, launcher.selfwheel.SHIPPED_ENV).
+WHEELHOUSE_ENV = "ROLLBRIDGE_WHEELHOUSE"
 #: Installed only as a tool in a venv; dropped unless something requires them.
 _TOOLS = frozenset({"pip", "setuptools", "wheel"})
 _NAME = re.compile(r"^\s*([A-Za-z0-9][A-Za-z0-9._-]*)")
@@ -184,7 +189,7 @@ def _project_files(project_dir: Path) -> list[str]:
 class _Plan:
     """What a bundle is made of, and its digest (computed without building anything)."""
 
-    def __init__(self, project_dir: Path, python: Path) -> None:
+    def __init__(self, project_dir: Path, python: Path, wheelhouse: Path | None = None) -> None:
         self.project_dir = project_dir
         self.python = python
         self.project = _read_project(project_dir)
@@ -203,8 +208,11 @@ class _Plan:
         ]
         self.source: list[InstalledDist] = []
         self.own: InstalledDist | None = None
+        self.shipped = _shipped(wheelhouse, dists)
         repacked = []
         for dist in dists:
+            if dist.key in self.shipped:
+                continue
             if dist.source_dir is None:
                 repacked.append(dist)
                 continue
@@ -243,7 +251,28 @@ class _Plan:
                 line("source-file", dist.key, name, file_sha256(dist.source_dir / name))
         for dist in self.repacked:
             line("dist", f"{dist.key}=={dist.version}", dist.record_sha256)
+        for key, (version, wheel) in sorted(self.shipped.items()):
+            line("shipped", f"{key}=={version}", file_sha256(wheel))
         return h.hexdigest()
+
+
+def _shipped(
+    wheelhouse: Path | None, dists: Sequence[InstalledDist]
+) -> dict[str, tuple[str, Path]]:
+    """rollbridge's wheel from ``wheelhouse`` (the supervisor's own, launcher.selfwheel), when
+    it is the version the rollout venv has: the sandbox then runs the installed rollbridge, not
+    a checkout a path source points at. Keyed by normalized name."""
+    if wheelhouse is None:
+        return {}
+    found: dict[str, tuple[str, Path]] = {}
+    for dist in dists:
+        if dist.key != "rollbridge":
+            continue
+        prefix = f"rollbridge-{dist.version.replace('-', '_')}-"
+        wheels = sorted(p for p in wheelhouse.glob("rollbridge-*.whl") if p.name.startswith(prefix))
+        if wheels:
+            found[dist.key] = (dist.version, wheels[-1])
+    return found
 
 
 def _stage_project(plan: _Plan, root: Path) -> Path:
@@ -321,6 +350,9 @@ def _build(plan: _Plan, uv: str, scratch: Path, log: Callable[[str], None]) -> N
         add(wheel, dist.name, dist.version, "source")
     for dist in plan.repacked:
         add(repack(dist, plan.site, plan.prefix, wheels), dist.name, dist.version, "repacked")
+    for key, (version, wheel) in plan.shipped.items():
+        shutil.copy2(wheel, wheels / wheel.name)
+        add(wheels / wheel.name, key, version, "shipped")
     shutil.copy2(uv, scratch / "uv")
     os.chmod(scratch / "uv", 0o755)
     for stray in wheels.iterdir():
@@ -347,15 +379,21 @@ def build_bundle(
     cache_root: Path | None = None,
     uv: str | None = None,
     log: Callable[[str], None] | None = None,
+    wheelhouse: Path | None = None,
 ) -> Bundle:
     """The bundle of the rollout project at ``project_dir`` whose venv interpreter is
     ``python``: found in ``cache_root`` (default :func:`default_cache_root`) by digest, else built
     and published there atomically. Blocking: call it through ``trio.to_thread.run_sync``.
-    Raises :class:`BundleError` (a one-line message) when it cannot be made."""
+    Raises :class:`BundleError` (a one-line message) when it cannot be made.
+
+    ``wheelhouse`` (default: ``$ROLLBRIDGE_WHEELHOUSE``, which the supervisor sets to the
+    directory of its own wheel) supplies rollbridge's wheel when it holds the venv's version."""
     emit = log or (lambda _line: None)
     started = time.monotonic()
     project_dir = Path(project_dir).resolve()
-    plan = _Plan(project_dir, Path(python))
+    if wheelhouse is None and os.environ.get(WHEELHOUSE_ENV):
+        wheelhouse = Path(os.environ[WHEELHOUSE_ENV])
+    plan = _Plan(project_dir, Path(python), wheelhouse)
     root = Path(cache_root) if cache_root is not None else default_cache_root()
     directory = root / plan.digest
     found = _cached(directory, plan.digest)

@@ -233,6 +233,37 @@ def test_a_changed_source_file_changes_the_digest(bundle: Bundle, changed_bundle
         assert b"s + '!'" in archive.read("rollbridge_rollout/helpers/words.py")
 
 
+def test_the_supervisors_own_wheel_replaces_the_checkouts_sdk(
+    rollout: tuple[Path, Path], cache_root: Path, bundle: Bundle, tmp_path: Path
+) -> None:
+    """With ROLLBRIDGE_WHEELHOUSE (the supervisor's wheel, launcher.selfwheel) holding the
+    venv's rollbridge version, the sandbox gets that wheel, not one built from the path source."""
+    shipped = tmp_path / "wheelhouse"
+    subprocess.run(
+        [str(UV), "build", "--wheel", "--out-dir", str(shipped), str(REPO)],
+        check=True,
+        capture_output=True,
+        timeout=300,
+    )
+    (ours,) = shipped.glob("rollbridge-*.whl")
+    project, python = rollout
+    other = build_bundle(
+        project, python=python, cache_root=cache_root, uv=str(UV), wheelhouse=shipped
+    )
+    assert other.digest != bundle.digest
+    inside = _one(_wheels(other), "rollbridge-")
+    assert inside.read_bytes() == ours.read_bytes()
+    manifest = json.loads((other.directory / "manifest.json").read_text())
+    kinds = {e["name"]: e["kind"] for e in manifest["wheels"]}
+    assert kinds["rollbridge"] == "shipped"
+    # A wheelhouse without the venv's version changes nothing.
+    (ours).rename(shipped / "rollbridge-0.0.1-py3-none-any.whl")
+    same = build_bundle(
+        project, python=python, cache_root=cache_root, uv=str(UV), wheelhouse=shipped
+    )
+    assert same.digest == bundle.digest
+
+
 async def test_errors_are_one_line_and_say_what_to_do(
     rollout: tuple[Path, Path], tmp_path: Path
 ) -> None:

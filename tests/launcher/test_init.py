@@ -15,56 +15,19 @@ from pathlib import Path
 import pytest
 
 from launcher.cli import main
-from launcher.init import RollbridgeSource, installed_source, scaffold
+from launcher.init import requirement, scaffold
 from tests.launcher.e2e.helpers import base_env
 
 REPO = Path(__file__).resolve().parents[2]
 
 
-class FakeDist(metadata.Distribution):
-    def __init__(self, direct_url: object | None) -> None:
-        self._direct = direct_url
-
-    def read_text(self, filename: str) -> str | None:
-        if filename == "METADATA":
-            return "Metadata-Version: 2.1\nName: rollbridge\nVersion: 9.9.9\n"
-        if filename == "direct_url.json" and self._direct is not None:
-            return json.dumps(self._direct)
-        return None
-
-    def locate_file(self, path: str | os.PathLike[str]) -> Path:
-        return Path(path)
-
-
-def test_source_of_a_checkout(tmp_path: Path) -> None:
-    dist = FakeDist({"url": tmp_path.as_uri(), "dir_info": {"editable": True}})
-    assert installed_source(dist) == RollbridgeSource("rollbridge", tmp_path, editable=True)
-    dist = FakeDist({"url": tmp_path.as_uri(), "dir_info": {}})
-    assert installed_source(dist) == RollbridgeSource("rollbridge", tmp_path, editable=False)
-
-
-def test_source_of_a_wheel(tmp_path: Path) -> None:
-    wheel = tmp_path / "rollbridge-9.9.9-py3-none-any.whl"
-    wheel.write_bytes(b"")
-    dist = FakeDist({"url": wheel.as_uri(), "archive_info": {}})
-    assert installed_source(dist) == RollbridgeSource("rollbridge", wheel)
-
-
-@pytest.mark.parametrize(
-    "direct",
-    [
-        None,  # from an index
-        {"url": "https://example.test/rollbridge-9.9.9.tar.gz", "archive_info": {}},
-        {"url": "file:///no/such/rollbridge-9.9.9-py3-none-any.whl", "archive_info": {}},
-    ],
-)
-def test_source_by_version(direct: object | None) -> None:
-    assert installed_source(FakeDist(direct)) == RollbridgeSource("rollbridge==9.9.9")
+def test_the_rollout_names_rollbridge_never_a_path() -> None:
+    assert requirement("9.9.9") == "rollbridge>=9.9.9"
+    assert requirement() == f"rollbridge>={metadata.version('rollbridge')}"
 
 
 def test_scaffold_files(tmp_path: Path) -> None:
-    source = RollbridgeSource("rollbridge", Path("/src/rb"), editable=True)
-    written = scaffold(tmp_path, "qa", source)
+    written = scaffold(tmp_path, "qa", "rollbridge>=9.9.9")
     assert [p.relative_to(tmp_path).as_posix() for p in written] == [
         "configs/eval/qa.toml",
         "data/qa.jsonl",
@@ -73,8 +36,8 @@ def test_scaffold_files(tmp_path: Path) -> None:
         ".gitignore",
     ]
     project = tomllib.loads((tmp_path / "rollouts/qa/pyproject.toml").read_text())
-    assert project["project"]["dependencies"] == ["rollbridge"]
-    assert project["tool"]["uv"]["sources"]["rollbridge"] == {"path": "/src/rb", "editable": True}
+    assert project["project"]["dependencies"] == ["rollbridge>=9.9.9"]
+    assert "sources" not in project["tool"]["uv"]
     config = tomllib.loads((tmp_path / "configs/eval/qa.toml").read_text())
     assert config["experiment"] == {
         "rollout": "qa",
@@ -83,10 +46,6 @@ def test_scaffold_files(tmp_path: Path) -> None:
         "dataset": "qa.jsonl",
     }
     compile((tmp_path / "rollouts/qa/main.py").read_text(), "main.py", "exec")
-    by_version = scaffold(tmp_path / "other", "qa", RollbridgeSource("rollbridge==9.9.9"))
-    project = tomllib.loads(by_version[3].read_text())
-    assert project["project"]["dependencies"] == ["rollbridge==9.9.9"]
-    assert "sources" not in project["tool"]["uv"]
 
 
 def _run(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, str, str]:

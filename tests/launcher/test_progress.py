@@ -76,6 +76,46 @@ def test_piped_output_is_one_line_per_item_with_rate_eta_in_flight_and_tokens() 
     assert len(lines) == 5
 
 
+def test_piped_output_never_shows_more_in_flight_than_is_left() -> None:
+    out, clock = io.StringIO(), FakeClock()
+    ui = UI("rich", stdout=out, stderr=io.StringIO(), clock=clock)
+    counters = FakeCounters()
+    # The last worker is still counted in flight when its result is shown.
+    ui.open_progress(2, counters, 2, lambda: 2 - counters.completed + 1)
+    for i in range(2):
+        clock.now += 1.0
+        counters.completed += 1
+        ui.progress_update(f"row {i} run 0: success")
+    ui.close_progress()
+    lines = _lines(out)
+    assert "1 in flight" in lines[1]
+    assert lines[2].startswith("2/2 ") and "in flight" not in lines[2]
+
+
+def test_cancelling_replaces_eta_and_in_flight() -> None:
+    out, clock = io.StringIO(), FakeClock()
+    ui = UI("rich", stdout=out, stderr=io.StringIO(), clock=clock)
+    counters = FakeCounters()
+    in_flight = [4]
+    ui.open_progress(10, counters, 10, lambda: in_flight[0])
+    clock.now += 1.0
+    counters.completed += 1
+    ui.progress_update("row 0 run 0: success")
+    ui.progress_stopping("cancelling")  # what the first Ctrl-C does
+    in_flight[0] = 1
+    clock.now += 1.0
+    counters.completed += 1
+    ui.progress_update("row 1 run 0: failed")
+    in_flight[0] = 0
+    ui.progress_update()
+    lines = _lines(out)
+    assert "ETA" in lines[1] and "4 in flight" in lines[1]
+    assert lines[2].endswith(" · cancelling: 4 left")
+    assert "ETA" not in lines[2] and "in flight" not in lines[2]
+    assert "cancelling: 1 left · row 1 run 0: failed" in lines[3]
+    assert lines[4].endswith(" · cancelling")
+
+
 def test_retry_failed_counts_kept_results_as_done() -> None:
     out = io.StringIO()
     ui = UI("rich", stdout=out, stderr=io.StringIO(), clock=FakeClock())

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import io
 import json
+import re
 from pathlib import Path
 from typing import Any
 
@@ -129,12 +130,61 @@ def test_list_plain_is_one_line_per_run(ws: Path, capsys: pytest.CaptureFixture[
     ]
 
 
-def test_list_rich_points_at_clean(ws: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    make_run(ws, "nothing")
-    code, out, _ = _run(capsys, "eval", "list")
+def test_list_piped_is_porcelain(ws: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    make_run(ws, "nothing", model="hosted_vllm/a-rather-long-model-name-for-a-pipe")
+    code, out, err = _run(capsys, "eval", "list")
     assert code == 0
-    assert "nothing" in out and "empty" in out
-    assert "1 run with nothing recorded: `rollbridge eval clean` removes them." in out
+    assert out.splitlines() == [
+        "nothing\tempty\t0/3\t-\thosted_vllm/a-rather-long-model-name-for-a-pipe\t"
+        "2026-01-02 03:04Z\t.osmosis/evals/nothing"
+    ]
+    assert err == "1 run with nothing recorded: `rollbridge eval clean` removes them.\n"
+
+
+class _Terminal(io.StringIO):
+    def isatty(self) -> bool:
+        return True
+
+
+@pytest.mark.parametrize("columns", [80, 60, 40, 200])
+def test_list_fits_a_narrow_terminal_with_names_whole(
+    ws: Path, monkeypatch: pytest.MonkeyPatch, columns: int
+) -> None:
+    from launcher.runs import list_command
+    from launcher.ui import UI
+
+    monkeypatch.setenv("COLUMNS", str(columns))
+    long_name = "a-run-with-a-long-descriptive-name"
+    make_run(ws, long_name, records=[ok(0)], model="openrouter/anthropic/claude-sonnet-4-6")
+    make_run(ws, "nothing")
+    out = _Terminal()
+    ui = UI("rich", stdout=out, stderr=io.StringIO(), stdin=io.StringIO())
+    assert list_command(ui, ws, ws.parent.parent) == 0
+    lines = re.sub(r"\x1b\[[0-9;]*m", "", out.getvalue()).splitlines()
+    assert lines[0].split()[:3] == ["name", "status", "done"]
+    assert lines[1].split()[0] == long_name and lines[2].split()[0] == "nothing"
+    assert max(map(len, lines[:3])) <= max(columns, len(long_name) + 20)
+    if columns >= 200:  # everything fits: nothing cut, nothing dropped
+        assert "openrouter/anthropic/claude-sonnet-4-6" in lines[1]
+        assert lines[1].rstrip().endswith(f".osmosis/evals/{long_name}")
+    assert "1 run with nothing recorded" in lines[-1]
+
+
+def test_fit_table_cuts_the_path_in_the_middle_then_drops_columns() -> None:
+    from launcher.list_layout import fit_table, middle_cut
+
+    assert middle_cut("abcdefghij", 5) == "ab…ij"
+    assert middle_cut("abc", 5) == "abc"
+    columns = ("name", "model", "path")
+    rows = [("run-1", "openai/gpt-4o-mini", "/home/user/project/.osmosis/evals/run-1")]
+    wide = fit_table(columns, rows, 200, drop_order=("model", "path"), middle=("path",))
+    assert wide[1] == "run-1  openai/gpt-4o-mini  /home/user/project/.osmosis/evals/run-1"
+    cut = fit_table(columns, rows, 50, drop_order=("model", "path"), middle=("path",))
+    assert cut[1] == "run-1  openai/gpt-4o-mini  /home/user/…evals/run-1"
+    dropped = fit_table(columns, rows, 30, drop_order=("model", "path"), middle=("path",))
+    assert dropped == ["name   path", "run-1  /home/user/…evals/run-1"]
+    only = fit_table(columns, rows, 3, drop_order=("model", "path"), middle=("path",))
+    assert only == ["name", "run-1"]
 
 
 def test_list_outside_a_workspace(

@@ -244,7 +244,7 @@ async def test_repeats_json_envelope_and_labels(judge: FakeJudge, cli: Any, tmp_
     assert envelope["operation"] == "eval.rubric"
     assert envelope["status"] == "success"
     assert envelope["message"] == "Rubric evaluation completed."
-    resource = envelope["resource"]
+    resource = envelope["result"]
     assert resource["number"] == 3 and resource["record_count"] == 2
     assert resource["error_count"] == 0
     assert [r["label"] for r in resource["records"]] == ["c-1", "record[2]"]
@@ -292,7 +292,7 @@ async def test_transient_faults_are_retried(judge: FakeJudge, cli: Any, tmp_path
         "--json", "eval", "rubric", "-d", str(data), "-r", "R", "--model", "openai/j"
     )
     assert outcome.code == 0, outcome
-    assert outcome.envelope()["resource"]["records"][0]["scores"] == [1.0]
+    assert outcome.envelope()["result"]["records"][0]["scores"] == [1.0]
     assert len(judge.requests) == 2
 
 

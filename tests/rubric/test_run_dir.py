@@ -145,7 +145,7 @@ async def test_prompt_and_skipped_items(judge: FakeJudge, run_copy: Path, tmp_pa
         env=_env(judge),
     )
     assert outcome.returncode == 0, outcome.stderr
-    resource = outcome.envelope()["resource"]
+    resource = outcome.envelope()["result"]
     assert resource["record_count"] == 20
     assert resource["skipped"] == [{"label": "row_2_run_0", "reason": "no trajectory"}]
     assert resource["judged_now"] == 40

@@ -111,7 +111,7 @@ async def test_a_workflow_exception_is_shown_and_kept_everywhere(
     # --retry-failed runs both failed rows again: they fail the same way, nothing halts.
     again = await run_cli([*args, "--retry-failed", "--json"], cwd=tmp_path, env=env)
     assert again.returncode == 0, again.stderr + again.stdout
-    resource = again.envelope()["resource"]
+    resource = again.envelope()["result"]
     assert resource["dispatched"] == 2 and resource["failed"] == 2
     rows = {r["row_index"]: r for r in resource["failed_rows"]}
     assert rows[1]["error"] == {"phase": "agent", "type": "ValueError", "message": nonce}

@@ -93,7 +93,7 @@ async def test_json_envelope_and_completed_rerun(
     assert first.returncode == 0, first.stderr
     envelope = first.envelope()
     assert envelope["operation"] == "eval.run" and envelope["status"] == "success"
-    resource = envelope["resource"]
+    resource = envelope["result"]
     assert resource["run_name"] == "j" and resource["total_work_items"] == 21
     assert resource["dispatched"] == 21 and resource["succeeded"] == 19
     assert resource["failed"] == 1 and resource["skipped"] == 1
@@ -110,7 +110,7 @@ async def test_json_envelope_and_completed_rerun(
     envelope = again.envelope()
     assert envelope["status"] == "success"
     assert "was already complete; nothing ran" in envelope["message"]
-    assert envelope["resource"]["dispatched"] == 0
+    assert envelope["result"]["dispatched"] == 0
     after = {p.name: p.read_bytes() for p in run.iterdir() if p.is_file()}
     assert after == before
 

@@ -9,32 +9,51 @@ from pathlib import Path
 import pytest
 
 from launcher.errors import CLIError
-from launcher.secrets import parse_secrets_text, read_secrets_file, resolve_secrets, scoped_environ
+from launcher.secrets import (
+    parse_secrets_text,
+    provider_values,
+    read_secrets_file,
+    resolve_secrets,
+    scoped_environ,
+)
 
 
 def test_parse_dotenv_rules() -> None:
     text = (
-        "# comment\n\n  A = plain value  \nexport B='single'\nC=\"double\"\nD=\"mismatch'\n"
-        "E=x=y # not a comment\nA=override\nF=\n"
+        "# comment\n\n  A = plain value  \nexport B='single # kept'\nC=\"double\" # note\n"
+        'E=x=y # staging\nA=override\nF=\nG="two\nlines"\n'
     )
     assert parse_secrets_text(text, "f") == {
         "A": "override",
-        "B": "single",
+        "B": "single # kept",
         "C": "double",
-        "D": "\"mismatch'",
-        "E": "x=y # not a comment",
+        "E": "x=y",
         "F": "",
+        "G": "two\nlines",
     }
+
+
+def test_an_inline_comment_is_not_part_of_the_value() -> None:
+    assert parse_secrets_text("KEY=abc # staging\n", "f") == {"KEY": "abc"}
 
 
 @pytest.mark.parametrize("line", ["no-equals-here", "1BAD=x", "=s3cr3t", "BAD NAME=x"])
 def test_invalid_lines_never_echo_content(line: str) -> None:
     with pytest.raises(CLIError) as info:
         parse_secrets_text(f"OK=1\n{line}\n", "stdin")
-    assert info.value.message == (
-        "Invalid line 2 in stdin: expected NAME=value. Values spanning multiple lines are not supported."
-    )
+    assert info.value.message == "Invalid line 2 in stdin: expected NAME=value."
     assert line not in info.value.message
+
+
+def test_provider_values_are_the_names_the_rollout_never_inherits() -> None:
+    from launcher.rollout_child import is_provider_env_name
+
+    file_values = {"OPENAI_API_KEY": "sk-1", "OPENAI_BASE_URL": "http://x", "MY_FLAG": "1"}
+    assert provider_values(file_values, is_provider_env_name) == {
+        "OPENAI_API_KEY": "sk-1",
+        "OPENAI_BASE_URL": "http://x",
+    }
+    assert provider_values({"ANTHROPIC_API_KEY": ""}, is_provider_env_name) == {}
 
 
 def test_read_secrets_file_and_stdin(tmp_path: Path) -> None:

@@ -119,6 +119,14 @@ def test_dataset_lookup_in_data_dir(tmp_path: Path) -> None:
     assert resolve_dataset_source(ws, "tiny.csv", None, tmp_path).name == "tiny.csv"
     with pytest.raises(CLIError, match="dataset 'nope' not found"):
         resolve_dataset_source(ws, "nope", None, tmp_path)
+    # A name with its extension is looked for as given, never as `qa2.jsonl.jsonl`.
+    (tmp_path / "data" / "qa2.jsonl.jsonl").write_text("{}\n")
+    with pytest.raises(CLIError) as missing:
+        resolve_dataset_source(ws, "qa2.jsonl", None, tmp_path)
+    assert missing.value.message == (
+        f"dataset 'qa2.jsonl' not found in {(tmp_path / 'data').resolve()}; add the file there "
+        "or pass --dataset-file"
+    )
     with pytest.raises(CLIError, match="must name a file inside"):
         resolve_dataset_source(ws, "../configs/eval/sub/x.toml", None, tmp_path)
     (tmp_path / "data" / "odd.txt").write_text("")
