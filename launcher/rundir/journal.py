@@ -21,6 +21,7 @@ import trio
 
 from launcher.errors import JournalCorruptError, LocalEvalError
 from launcher.rundir.atomic import fsync_dir
+from launcher.rundir.calls import CallLog
 from launcher.rundir.records import (
     ERROR_MESSAGE_LIMIT,
     ERROR_PHASES,
@@ -54,6 +55,9 @@ _INT_FIELDS = (
     "tokens",
     "max_context_tokens",
     "retries",
+    "calls",
+    "cached_tokens",
+    "reasoning_tokens",
 )
 _FLOAT_FIELDS = ("reward", "duration_ms")
 _STR_FIELDS = ("rollout_id", "error_type")
@@ -77,6 +81,8 @@ def _field_problem(obj: dict[str, Any]) -> str | None:
         value = obj.get(name)
         if value is not None and (isinstance(value, bool) or not isinstance(value, int | float)):
             return f"{name} must be a number"
+    if obj.get("metrics") is not None and not isinstance(obj["metrics"], dict):
+        return "metrics must be an object"
     problem = _error_problem(obj.get("error"))
     if problem is not None:
         return problem
@@ -200,6 +206,7 @@ class _Pending:
     record: TerminalRecord
     line: bytes
     then: Callable[[], None] | None = None
+    calls: bytes = b""
     turn: trio.Event = field(default_factory=trio.Event)
     done: bool = False
     error: BaseException | None = None
@@ -228,6 +235,8 @@ class Journal:
         self._queue: list[_Pending] = []
         self._committing = False
         self._broken: str | None = None
+        self.call_log: CallLog | None = None
+        """Where the call lines given to :meth:`append` go, durably before their records."""
 
     @classmethod
     def open(cls, path: Path, *, on_torn: Callable[[int], None] | None = None) -> Journal:
@@ -257,7 +266,13 @@ class Journal:
 
     def _commit_group(self, group: list[_Pending]) -> None:
         """Commit ``group`` (:meth:`_commit_sync`), then run each record's ``then`` in order;
-        a failing ``then`` is kept for its own caller (its record still counts)."""
+        a failing ``then`` is kept for its own caller (its record still counts).
+
+        The group's call lines are written and fsync'd first: a record is never durable
+        before the calls it accounts for (launcher.rundir.calls)."""
+        calls = b"".join(p.calls for p in group)
+        if calls and self.call_log is not None:
+            self.call_log.write_sync(calls)
         self._commit_sync([p.record for p in group], b"".join(p.line for p in group))
         for p in group:
             if p.then is not None:
@@ -293,8 +308,17 @@ class Journal:
         self._check_usable()
         self._commit_sync([record], record.to_line())
 
-    async def append(self, record: TerminalRecord, then: Callable[[], None] | None = None) -> None:
+    async def append(
+        self,
+        record: TerminalRecord,
+        then: Callable[[], None] | None = None,
+        *,
+        calls: bytes = b"",
+    ) -> None:
         """Append ``record``; returns once it is durable (fsync'd) and counted.
+
+        ``calls``: the lines of the record's model calls for :attr:`call_log`, made durable
+        before the record (in the same group commit).
 
         ``then``, when given, is blocking work for after the commit (the record's projections):
         it runs on the committing worker thread right after the fsync, and what it raises is
@@ -307,7 +331,7 @@ class Journal:
         a caller never returns before the fsync covering its record.
         """
         self._check_usable()
-        pending = _Pending(record, record.to_line(), then)
+        pending = _Pending(record, record.to_line(), then, calls)
         self._queue.append(pending)
         with trio.CancelScope(shield=True):
             if self._committing:
@@ -339,8 +363,24 @@ class Journal:
                 self._queue[0].turn.set()
                 self._committing = True
 
+    def attach_call_log(self, path: Path) -> CallLog:
+        """Open ``path`` as :attr:`call_log`, cutting the calls of rollouts no record of this
+        journal acknowledges off its end (launcher.rundir.calls)."""
+        ids: set[str] | None = None
+
+        def acknowledged(rollout_id: str) -> bool:
+            nonlocal ids
+            if ids is None:  # built only when the file's last line is not acknowledged
+                ids = {record.rollout_id for record in self.records}
+            return rollout_id in ids
+
+        self.call_log = CallLog.open(path, acknowledged)
+        return self.call_log
+
     def close(self) -> None:
-        """Close the file descriptor (idempotent)."""
+        """Close the file descriptor and the call log (idempotent)."""
+        if self.call_log is not None:
+            self.call_log.close()
         if self._fd >= 0:
             os.close(self._fd)
             self._fd = -1
