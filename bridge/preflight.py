@@ -6,10 +6,12 @@ import os
 from collections.abc import Callable, Mapping
 from typing import Any
 
+from bridge.calls import CallTrace
 from bridge.errors import PreflightError, UpstreamError
 from bridge.policy import PreparedRequest
 from bridge.scrub import ErrorScrubber
 from bridge.secret_policy import is_secret_env_name
+from bridge.usage import CallUsage
 
 #: Failures that stop the run: the configuration is wrong and every rollout would fail.
 FATAL = frozenset(
@@ -49,10 +51,6 @@ _CREDENTIAL_PREFIXES = {
 }
 
 
-def _ignore(_: Any) -> None:
-    """Preflight usage belongs to no rollout."""
-
-
 def non_ascii_credential(model: str, environ: Mapping[str, str]) -> str | None:
     """The name of a credential variable of ``model``'s provider whose value is not ASCII.
 
@@ -71,13 +69,19 @@ def non_ascii_credential(model: str, environ: Mapping[str, str]) -> str | None:
     return None
 
 
-async def preflight(model: str, *, redact: Callable[[str], str] | None = None) -> str | None:
+async def preflight(
+    model: str,
+    *,
+    redact: Callable[[str], str] | None = None,
+    on_call: Callable[[dict[str, Any]], None] | None = None,
+) -> str | None:
     """Probe ``model`` once through the same path the bridge will use.
 
     Returns None on success, a warning text for a failure that does not stop the run, and
     raises :class:`PreflightError` (``model preflight failed for '<model>': <ExcName>: <msg>``)
     for a fatal one. A provider key that is not ASCII is fatal before any call is made (the
-    message names the variable, never its value).
+    message names the variable, never its value). ``on_call`` gets the probe's call record
+    (bridge.calls, ``kind`` "preflight"): it is billed like any call, to no rollout.
     """
     bad = non_ascii_credential(model, os.environ)
     if bad is not None:
@@ -93,10 +97,22 @@ async def preflight(model: str, *, redact: Callable[[str], str] | None = None) -
     try:
         upstream = make_upstream(model, client, via_litellm=False)
         scrubber = ErrorScrubber(upstream.secrets(), extra=redact)
+        trace = CallTrace(
+            None, api="chat.completions", model=upstream.model, stream=False, kind="preflight"
+        )
+        usage: list[CallUsage] = []
+
+        def record(raw: Any) -> None:
+            usage.append(CallUsage.from_json(raw))
+
         try:
-            await upstream.complete(_PROBE, _ignore)
+            trace.answered(await upstream.complete(_PROBE, record))
         except Exception as exc:
+            if on_call is not None:
+                on_call(trace.finish(usage[0] if usage else None, exc))
             return _verdict(model, exc, scrubber)
+        if on_call is not None:
+            on_call(trace.finish(usage[0] if usage else None))
     finally:
         await client.aclose()
     return None

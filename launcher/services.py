@@ -254,10 +254,14 @@ async def _preflight(ctx: RunContext, done: trio.Event) -> None:
 
     model = ctx.prepared.config.experiment.model_path
     ctx.stage(f"checking model {model}", step="preflight")
+    calls: list[dict[str, Any]] = []
     try:
-        warning = await preflight(model, redact=ctx.prepared.redactor)
+        warning = await preflight(model, redact=ctx.prepared.redactor, on_call=calls.append)
     except PreflightError as exc:
         raise LocalEvalError(str(exc)) from None
+    finally:
+        for call in calls:
+            await ctx.run_dir.record_call(call)
     if warning:
         ctx.log("WARNING", "preflight", warning, None)
     else:

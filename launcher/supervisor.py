@@ -202,6 +202,7 @@ class Supervisor:
             )
         )
         self._run_dir = rd
+        rd.keep_logprobs = p.spec.keep_logprobs
         try:
             if rd.gate.archived_to is not None:
                 self.ui.note(f"archived previous results to {rd.gate.archived_to}")

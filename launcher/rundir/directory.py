@@ -572,6 +572,18 @@ class RunDirectory:
         backoff = spent * METRICS_MAX_SHARE if spent >= METRICS_SLOW_S else 0.0
         return started + max(self._metrics_interval_s, backoff)
 
+    async def record_call(self, call: dict[str, Any]) -> None:
+        """Make a call of no rollout (the model preflight's, ``kind`` "preflight") durable in
+        ``calls.jsonl``; a failure to write it is logged, never fatal."""
+        data = encode_calls([call], keep_tokens=self.keep_logprobs)
+        log = self.journal.call_log
+        if log is None:
+            return
+        try:
+            await trio.to_thread.run_sync(log.write_sync, data)
+        except LocalEvalError as exc:
+            self._warn("could not record a call", {"error": str(exc)})
+
     def _call_lines(self, record: TerminalRecord, calls: Sequence[dict[str, Any]] | None) -> bytes:
         if not calls:
             return b""

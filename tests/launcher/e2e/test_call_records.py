@@ -1,0 +1,134 @@
+"""Per-call records of a real run (``calls.jsonl``, docs/calls.md): one per call the provider
+received, summing to the rows' and the run's totals, and exact after a ``kill -9`` and resume."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.fakes.upstream import FakeUpstream
+from tests.launcher.e2e.helpers import (
+    count_log,
+    fake_model_config,
+    journal,
+    metrics,
+    process_gone,
+    run_cli,
+    run_dir,
+    server_record,
+    start_cli,
+    wait_for,
+    write_config,
+)
+
+pytestmark = pytest.mark.slow
+
+TURNS = 3
+ROWS = 21
+DETAILS = {
+    "prompt_tokens_details": {"cached_tokens": 4},
+    "completion_tokens_details": {"reasoning_tokens": 2},
+}
+ONE_CALL = """        response = await chat(messages)
+        reply = {"role": "assistant", "content": reply_text(response)}
+        return AgentWorkflowOutput(messages=[*messages, reply])
+"""
+THREE_CALLS = f"""        for turn in range({TURNS}):
+            if turn:
+                messages.append(dict(ctx.prompt[-1]))
+            response = await chat(messages)
+            messages.append({{"role": "assistant", "content": reply_text(response)}})
+        return AgentWorkflowOutput(messages=messages, metrics={{"turns": {TURNS}}})
+"""
+
+
+def _multi_call_workspace(workspace: Path) -> None:
+    main = workspace / "rollouts" / "echo" / "main.py"
+    text = main.read_text()
+    assert ONE_CALL in text
+    main.write_text(text.replace(ONE_CALL, THREE_CALLS))
+
+
+def _calls(run: Path) -> list[dict[str, Any]]:
+    return [json.loads(line) for line in (run / "calls.jsonl").read_text().splitlines()]
+
+
+def _index(run: Path) -> list[dict[str, Any]]:
+    return [json.loads(line) for line in (run / "index.jsonl").read_text().splitlines()]
+
+
+def _fake_env(env: dict[str, str], upstream: FakeUpstream) -> dict[str, str]:
+    return {**env, "OPENAI_BASE_URL": upstream.v1, "OPENAI_API_KEY": "sk-fake-calls-key"}
+
+
+async def test_every_call_the_provider_received_is_recorded_once(
+    workspace: Path, env: dict[str, str], tmp_path: Path, fake_upstream: FakeUpstream
+) -> None:
+    _multi_call_workspace(workspace)
+    write_config(workspace, "multi", fake_model_config(batch_size=4))
+    fake_upstream.usage_extra = DETAILS
+    args = ["eval", "run", "ws/configs/eval/multi.toml", "--name", "calls", "--yes"]
+    result = await run_cli(args, cwd=tmp_path, env=_fake_env(env, fake_upstream))
+    assert result.returncode == 0, result.stderr + result.stdout
+    run = run_dir(workspace, "calls")
+    calls = _calls(run)
+    rollout_calls = [c for c in calls if c["kind"] == "rollout"]
+    # The preflight's probe is the one call of no rollout.
+    assert [c["kind"] for c in calls if c["kind"] != "rollout"] == ["preflight"]
+    assert len(calls) == len(fake_upstream.requests)
+    assert len(rollout_calls) == ROWS * TURNS
+    summary = metrics(run)["summary"]
+    assert summary["calls"] == ROWS * TURNS
+    assert summary["cached_tokens"] == 4 * ROWS * TURNS
+    assert summary["reasoning_tokens"] == 2 * ROWS * TURNS
+    assert summary["tokens_used"] == sum(c["total_tokens"] for c in rollout_calls)
+    for row in _index(run):
+        mine = [c for c in rollout_calls if c["rollout_id"] == row["rollout_id"]]
+        assert [c["index"] for c in mine] == list(range(TURNS))
+        assert row["calls"] == TURNS and row["cached_tokens"] == 4 * TURNS
+        assert row["tokens"] == sum(c["total_tokens"] for c in mine)
+        assert row["metrics"] == {"turns": TURNS}
+
+
+async def test_kill_9_then_resume_keeps_each_acknowledged_call_once(
+    workspace: Path,
+    env: dict[str, str],
+    tmp_path: Path,
+    fake_upstream: FakeUpstream,
+    no_orphans: list[int],
+) -> None:
+    _multi_call_workspace(workspace)
+    write_config(workspace, "multi", fake_model_config(batch_size=2))
+    fake_upstream.delay = 0.1
+    run_env = _fake_env(env, fake_upstream)
+    args = ["eval", "run", "ws/configs/eval/multi.toml", "--name", "k9calls", "--yes"]
+    run = run_dir(workspace, "k9calls")
+    live = await start_cli(args, cwd=tmp_path, env=run_env, logdir=tmp_path / "first")
+    await wait_for(lambda: count_log(run, "work item finished") >= 4)
+    record = server_record(run)
+    live.kill9()
+    await live.wait()
+    assert record is not None
+    no_orphans.append(record["pgid"])
+    await wait_for(lambda: process_gone(record["pid"]) or True)
+    acknowledged = {r["rollout_id"] for r in journal(run)}
+    before = [c for c in _calls(run) if c["kind"] == "rollout"]
+    # Every acknowledged result's calls were durable before it (possibly more: a group
+    # whose journal lines the kill cut off, which the next open removes).
+    for rollout_id in acknowledged:
+        assert sum(c["rollout_id"] == rollout_id for c in before) == TURNS
+
+    fake_upstream.delay = 0.0
+    again = await run_cli(args, cwd=tmp_path, env=run_env)
+    assert again.returncode == 0, again.stderr + again.stdout
+    records = journal(run)
+    assert len({(r["row_index"], r["run_index"]) for r in records}) == ROWS
+    calls = [c for c in _calls(run) if c["kind"] == "rollout"]
+    ids = [r["rollout_id"] for r in records]
+    assert {c["rollout_id"] for c in calls} == set(ids)  # nothing of an unacknowledged attempt
+    keys = [(c["rollout_id"], c["index"]) for c in calls]
+    assert len(keys) == len(set(keys)) == TURNS * len(ids)  # and nothing twice
+    assert metrics(run)["summary"]["calls"] == TURNS * ROWS
