@@ -82,6 +82,12 @@ class ReportItem:
     """The rollout's model calls as a timeline (launcher.reporting.calls), when loaded."""
 
     @property
+    def call_count(self) -> int | None:
+        """Model calls the rollout made (the index row's ``calls``), when recorded."""
+        value = self.usage.get("calls")
+        return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+    @property
     def key(self) -> tuple[int, int]:
         """``(row_index, run_index)``: what pairs two runs' items."""
         return (self.row_index, self.run_index)
