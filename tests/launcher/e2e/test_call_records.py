@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import trio
 
 from tests.fakes.upstream import FakeUpstream
 from tests.launcher.e2e.helpers import (
@@ -132,3 +133,42 @@ async def test_kill_9_then_resume_keeps_each_acknowledged_call_once(
     keys = [(c["rollout_id"], c["index"]) for c in calls]
     assert len(keys) == len(set(keys)) == TURNS * len(ids)  # and nothing twice
     assert metrics(run)["summary"]["calls"] == TURNS * ROWS
+
+
+def _interop_python_or_skip() -> str:
+    from tests.rollout_server.interop_env import NoPython312, interop_python
+
+    try:
+        return interop_python()
+    except NoPython312 as exc:
+        pytest.skip(f"the reference's run-directory check needs Python 3.12: {exc}")
+
+
+CHECK = (
+    "import sys; from pathlib import Path; "
+    "from osmosis_ai.eval.local.upload import build_eval_upload_plan; "
+    "build_eval_upload_plan(Path(sys.argv[1])); print('accepted')"
+)
+
+
+@pytest.mark.interop
+async def test_the_reference_still_accepts_the_run_directory(
+    workspace: Path, env: dict[str, str], tmp_path: Path, fake_upstream: FakeUpstream
+) -> None:
+    """osmosis-ai 0.3.8's ``build_eval_upload_plan`` (what ``eval upload`` checks) accepts a
+    run directory whose index rows carry the per-call totals and workflow metrics."""
+    python = await trio.to_thread.run_sync(_interop_python_or_skip)
+    _multi_call_workspace(workspace)
+    write_config(workspace, "multi", fake_model_config(batch_size=4))
+    fake_upstream.usage_extra = DETAILS
+    args = ["eval", "run", "ws/configs/eval/multi.toml", "--name", "upload", "--yes"]
+    result = await run_cli(args, cwd=tmp_path, env=_fake_env(env, fake_upstream))
+    assert result.returncode == 0, result.stderr + result.stdout
+    run = run_dir(workspace, "upload")
+    assert _index(run)[0]["calls"] == TURNS and "metrics" in _index(run)[0]
+    with trio.fail_after(120):
+        checked = await trio.run_process(
+            [python, "-c", CHECK, str(run)], capture_stdout=True, capture_stderr=True, check=False
+        )
+    assert checked.returncode == 0, checked.stderr.decode()
+    assert checked.stdout.decode().strip() == "accepted"
