@@ -160,3 +160,30 @@ async def test_row_and_run_totals_reach_the_index_and_metrics(tmp_path: Path) ->
     assert summary["retries"] == 2
     per_rollout, _ = read_calls(rd.path / "calls.jsonl")
     assert len(per_rollout[first.rollout_id]) == 2 and len(per_rollout[second.rollout_id]) == 1
+
+
+def test_keep_logprobs_is_a_boolean_switch() -> None:
+    from launcher.config import resolve_run_spec
+    from launcher.errors import CLIError
+    from tests.launcher.unit.test_config import config_with
+
+    assert resolve_run_spec(config_with({})).keep_logprobs is True
+    assert resolve_run_spec(config_with({"keep_logprobs": False})).keep_logprobs is False
+    with pytest.raises(CLIError, match=r"evaluation\.keep_logprobs must be true or false"):
+        resolve_run_spec(config_with({"keep_logprobs": "no"}))
+
+
+async def test_a_run_that_keeps_no_logprobs_writes_none(tmp_path: Path) -> None:
+    rd = open_rd(tmp_path, selection(tmp_path, rows=1), n=1)
+    rd.keep_logprobs = False
+    done = record(0, 0, calls=1)
+    with trio.fail_after(10):
+        await rd.record_result(
+            done, calls=[call(done.rollout_id, logprobs={"token": ["a"]}, token_ids=[1])]
+        )
+        await rd.record_call({"kind": "preflight", "rollout_id": None, "status": 200})
+    rd.close()
+    per_rollout, others = read_calls(rd.path / "calls.jsonl")
+    (kept,) = per_rollout[done.rollout_id]
+    assert "logprobs" not in kept and "token_ids" not in kept and kept["total_tokens"] == 15
+    assert [o["kind"] for o in others] == ["preflight"]
