@@ -71,13 +71,14 @@ class Bridge:
         retry: RetryPolicy | None = None,
         usage_observer: UsageObserver | None = None,
         call_observer: CallObserver | None = None,
+        keep_calls: bool = False,
     ) -> None:
         self.upstream = upstream
         self.model = upstream.model
         self.memory = ReasoningMemory()
         self.ledger = UsageLedger(on_forget=self.memory.forget, observer=usage_observer)
-        self.calls = CallBook(keep=call_observer is None, observer=call_observer)
-        """Each call's record (bridge.calls), kept per rollout unless an observer takes them."""
+        self.calls = CallBook(keep=keep_calls, observer=call_observer)
+        """Each call's record (bridge.calls), kept per rollout when ``keep_calls``."""
         self.scrubber = ErrorScrubber([token, *upstream.secrets()], extra=redact)
         self.timing = timing or Timing()
         self.retry = retry or RetryPolicy()

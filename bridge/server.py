@@ -75,7 +75,10 @@ class BridgeConfig:
     usage_observer: UsageObserver | None = None
     """Told of every call's usage as it is recorded (bridge.usage.UsageObserver)."""
     call_observer: CallObserver | None = None
-    """Told of every finished call's record (bridge.calls); the bridge then keeps none."""
+    """Told of every finished call's record (bridge.calls)."""
+    keep_calls: bool = False
+    """Keep each call's record per rollout until popped (a supervisor's in-process bridge,
+    which records them with the results); a standalone bridge keeps none."""
 
     def __post_init__(self) -> None:
         if not isinstance(self.token, str) or not self.token.strip():
@@ -238,6 +241,7 @@ async def run_bridge(
                     retry=config.retry,
                     usage_observer=config.usage_observer,
                     call_observer=config.call_observer,
+                    keep_calls=config.keep_calls,
                 )
                 probe = ProbeKey(config.probe_key)
                 app = create_app(

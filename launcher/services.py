@@ -352,6 +352,7 @@ async def _start_bridge(
         keepalive=not p.tunnel_plan.auto_detect,
         redact=p.redactor,
         log=bridge_log,
+        keep_calls=True,  # the in-process bridge's records go to calls.jsonl with the results
     )
     try:
         if in_process_requested():

@@ -78,13 +78,17 @@ async def test_an_in_process_bridge_keeps_its_calls_per_rollout(
     start_bridge: StartBridge, provider_env: FakeUpstream, client: httpx.AsyncClient
 ) -> None:
     with trio.fail_after(30):
-        handle: BridgeHandle = await start_bridge()
+        handle: BridgeHandle = await start_bridge(keep_calls=True)
+        standalone: BridgeHandle = await start_bridge()
         for rid in ("a", "a", "b"):
-            reply = await client.post(url(handle, rid), json={"messages": HI}, headers=AUTH)
-            assert reply.status_code == 200
+            for bridge in (handle, standalone):
+                reply = await client.post(url(bridge, rid), json={"messages": HI}, headers=AUTH)
+                assert reply.status_code == 200
     assert [c["rollout_id"] for c in handle.calls.pop("a")] == ["a", "a"]
     handle.calls.discard("b")
     assert handle.calls.pop("b") == []
+    # A standalone bridge (`rollbridge bridge serve`) runs for days: it keeps no records.
+    assert standalone.calls.get("a") == [] and standalone.calls.get("b") == []
 
 
 def test_logprobs_are_kept_as_columns() -> None:
