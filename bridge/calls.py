@@ -290,6 +290,8 @@ class CallBook:
             return list(self._calls.get(rollout_id, ()))
 
     def discard(self, rollout_id: str) -> None:
-        """Forget a rollout's calls."""
+        """Forget a rollout's calls (those still in transit included: a mirror drains first)."""
+        if self._before_read is not None:
+            self._before_read()
         with self._lock:
             self._calls.pop(rollout_id, None)

@@ -3,12 +3,12 @@
 Each line is a call record (:mod:`bridge.calls`) with the work item's ``row_index`` and
 ``run_index`` and the call's ``index`` within its rollout added. Durability follows the
 journal's rule for results: a result is acknowledged only once its calls are durable, so the
-journal's group commit writes and fsyncs the group's call lines here *before* it writes the
-group's journal lines (:meth:`launcher.rundir.journal.Journal.append`). A ``kill -9`` can
-therefore leave call lines whose rollout has no journal record, and only at the end of the
-file (the group being committed): :meth:`CallLog.open` cuts them, and a torn last line, off,
-so a resumed run never holds a call of an unacknowledged attempt and never holds one twice
-(a rollout id is used by one attempt only).
+run directory appends (and fsyncs, group-committed: :meth:`CallLog.append`) a result's call
+lines here *before* it appends the result to the journal. A ``kill -9`` can therefore leave
+call lines whose rollout has no journal record, at the end of the file (the groups being
+committed): :meth:`CallLog.open` cuts them, and a torn last line, off, so a resumed run never
+holds a call of an unacknowledged attempt and never holds one twice (a rollout id is used by
+one attempt only).
 
 Calls of superseded attempts (``--retry-failed``) stay in the file under their own rollout
 ids: readers take a row's calls by the rollout id of its latest journal record
@@ -21,10 +21,12 @@ from __future__ import annotations
 import json
 import os
 from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Final
 
 import msgspec
+import trio
 
 from launcher.errors import LocalEvalError
 from launcher.rundir.atomic import fsync_dir
@@ -164,6 +166,8 @@ class CallLog:
         self.torn_bytes = torn
         """Bytes of a partial last line cut off at open."""
         self._broken: str | None = None
+        self._queue: list[_Pending] = []
+        self._committing = False
 
     @classmethod
     def open(cls, path: Path, acknowledged: Callable[[str], bool]) -> CallLog:
@@ -209,11 +213,56 @@ class CallLog:
                 pass
             raise LocalEvalError(f"could not write call log {self.path}: {exc}") from exc
 
+    async def append(self, data: bytes) -> None:
+        """Write ``data`` (whole lines); returns once it is durable (fsync'd).
+
+        Appends that arrive while a write is in progress are group-committed, as the journal's
+        are (one write and one fsync on a worker thread per group); waiting is shielded. This
+        is the first of a result's two commits (its calls, then its journal line): with a
+        queue of its own, one group's calls are written while the group before it has its
+        journal lines written, so the extra fsync costs latency, not throughput.
+        """
+        pending = _Pending(data)
+        self._queue.append(pending)
+        with trio.CancelScope(shield=True):
+            if self._committing:
+                await pending.turn.wait()
+            if not pending.done:
+                await self._commit_queue()
+        if pending.error is not None:
+            raise pending.error
+
+    async def _commit_queue(self) -> None:
+        self._committing = True
+        group, self._queue = self._queue, []
+        error: BaseException | None = None
+        try:
+            await trio.to_thread.run_sync(self.write_sync, b"".join(p.data for p in group))
+        except BaseException as exc:
+            error = exc
+        finally:
+            for p in group:
+                p.done = True
+                p.error = error
+                p.turn.set()
+            self._committing = False
+            if self._queue:
+                self._queue[0].turn.set()
+                self._committing = True
+
     def close(self) -> None:
         """Close the file descriptor (idempotent)."""
         if self._fd >= 0:
             os.close(self._fd)
             self._fd = -1
+
+
+@dataclass(eq=False)
+class _Pending:
+    data: bytes
+    turn: trio.Event = field(default_factory=trio.Event)
+    done: bool = False
+    error: BaseException | None = None
 
 
 def read_calls(

@@ -434,7 +434,11 @@ class RunDirectory:
             projected.append(self._project_locked(record, warnings, wait_for_trajectory))
 
         try:
-            await self.journal.append(record, then=project, calls=self._call_lines(record, calls))
+            lines = self._call_lines(record, calls)
+            if lines and self.journal.call_log is not None:
+                # Durable before the record that accounts for them (launcher.rundir.calls).
+                await self.journal.call_log.append(lines)
+            await self.journal.append(record, then=project)
         except LocalEvalError as exc:
             # The journal cut its partial line off and refuses further appends; the error
             # still halts dispatch, and the run's last line names the journal file.

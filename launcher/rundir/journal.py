@@ -206,7 +206,6 @@ class _Pending:
     record: TerminalRecord
     line: bytes
     then: Callable[[], None] | None = None
-    calls: bytes = b""
     turn: trio.Event = field(default_factory=trio.Event)
     done: bool = False
     error: BaseException | None = None
@@ -236,7 +235,8 @@ class Journal:
         self._committing = False
         self._broken: str | None = None
         self.call_log: CallLog | None = None
-        """Where the call lines given to :meth:`append` go, durably before their records."""
+        """``calls.jsonl``, whose lines a result's writer makes durable before appending the
+        result here (launcher.rundir.calls)."""
 
     @classmethod
     def open(cls, path: Path, *, on_torn: Callable[[int], None] | None = None) -> Journal:
@@ -266,13 +266,7 @@ class Journal:
 
     def _commit_group(self, group: list[_Pending]) -> None:
         """Commit ``group`` (:meth:`_commit_sync`), then run each record's ``then`` in order;
-        a failing ``then`` is kept for its own caller (its record still counts).
-
-        The group's call lines are written and fsync'd first: a record is never durable
-        before the calls it accounts for (launcher.rundir.calls)."""
-        calls = b"".join(p.calls for p in group)
-        if calls and self.call_log is not None:
-            self.call_log.write_sync(calls)
+        a failing ``then`` is kept for its own caller (its record still counts)."""
         self._commit_sync([p.record for p in group], b"".join(p.line for p in group))
         for p in group:
             if p.then is not None:
@@ -308,17 +302,8 @@ class Journal:
         self._check_usable()
         self._commit_sync([record], record.to_line())
 
-    async def append(
-        self,
-        record: TerminalRecord,
-        then: Callable[[], None] | None = None,
-        *,
-        calls: bytes = b"",
-    ) -> None:
+    async def append(self, record: TerminalRecord, then: Callable[[], None] | None = None) -> None:
         """Append ``record``; returns once it is durable (fsync'd) and counted.
-
-        ``calls``: the lines of the record's model calls for :attr:`call_log`, made durable
-        before the record (in the same group commit).
 
         ``then``, when given, is blocking work for after the commit (the record's projections):
         it runs on the committing worker thread right after the fsync, and what it raises is
@@ -331,7 +316,7 @@ class Journal:
         a caller never returns before the fsync covering its record.
         """
         self._check_usable()
-        pending = _Pending(record, record.to_line(), then, calls)
+        pending = _Pending(record, record.to_line(), then)
         self._queue.append(pending)
         with trio.CancelScope(shield=True):
             if self._committing:

@@ -12,7 +12,7 @@ import pytest
 import trio
 
 from launcher.rundir.calls import CallLog, call_totals, encode_calls, read_calls
-from launcher.rundir.journal import Journal
+from launcher.rundir.journal import Journal, TerminalRecord, replay_journal
 from tests.launcher.unit.test_rundir import lines, open_rd, record, selection
 
 
@@ -67,27 +67,39 @@ def test_token_data_is_kept_compactly_or_left_out(tmp_path: Path) -> None:
 async def test_a_result_is_durable_only_after_its_calls(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    journal = Journal.open(tmp_path / "events.jsonl")
-    log = journal.attach_call_log(tmp_path / "calls.jsonl")
-    order: list[str] = []
+    rd = open_rd(tmp_path, selection(tmp_path, rows=3), n=1)
+    log = rd.journal.call_log
+    assert log is not None
+    checked: list[int] = []
     real_fsync = os.fsync
-    names = {journal._fd: "journal", log._fd: "calls"}
 
     def spy(fd: int) -> None:
-        order.append(names.get(fd, "other"))
+        # At each journal fsync, every record about to be made durable has its calls durable.
+        if fd == rd.journal._fd:
+            written = replay_journal(rd.journal.path).records
+            on_disk = read_calls(log.path)[0]
+            assert all(len(on_disk.get(r.rollout_id, [])) == 2 for r in written)
+            checked.append(len(written))
         real_fsync(fd)
 
     monkeypatch.setattr(os, "fsync", spy)
-    rd_record = record(0, 0)
+    done = [record(i, 0, calls=2) for i in range(3)]
+
+    async def one(r: TerminalRecord) -> None:
+        await rd.record_result(r, calls=[call(r.rollout_id)] * 2)
+        # On return the record and both of its calls are on disk.
+        assert (r.row_index, 0) in replay_journal(rd.journal.path).latest
+        assert len(read_calls(log.path)[0][r.rollout_id]) == 2
+
     with trio.fail_after(10):
-        await journal.append(
-            rd_record,
-            calls=encode_calls([call(rd_record.rollout_id)] * 2, row_index=0, run_index=0),
-        )
-    assert order == ["calls", "journal"]
-    journal.close()
-    per_rollout, _ = read_calls(tmp_path / "calls.jsonl")
-    assert [c["index"] for c in per_rollout[rd_record.rollout_id]] == [0, 1]
+        async with trio.open_nursery() as nursery:
+            for r in done:
+                nursery.start_soon(one, r)
+    rd.close()
+    assert checked and checked[-1] == 3
+    per_rollout, _ = read_calls(tmp_path / "out" / "run1" / "calls.jsonl")
+    assert sorted(len(v) for v in per_rollout.values()) == [2, 2, 2]
+    assert [c["index"] for c in per_rollout[done[0].rollout_id]] == [0, 1]
 
 
 def test_open_cuts_calls_of_unacknowledged_results_and_a_torn_line(tmp_path: Path) -> None:
