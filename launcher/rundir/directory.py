@@ -434,7 +434,12 @@ class RunDirectory:
             projected.append(self._project_locked(record, warnings, wait_for_trajectory))
 
         try:
-            lines = self._call_lines(record, calls)
+            lines = encode_calls(
+                calls or (),
+                row_index=record.row_index,
+                run_index=record.run_index,
+                keep_tokens=self.keep_logprobs,
+            )
             if lines and self.journal.call_log is not None:
                 # Durable before the record that accounts for them (launcher.rundir.calls).
                 await self.journal.call_log.append(lines)
@@ -579,24 +584,13 @@ class RunDirectory:
     async def record_call(self, call: dict[str, Any]) -> None:
         """Make a call of no rollout (the model preflight's, ``kind`` "preflight") durable in
         ``calls.jsonl``; a failure to write it is logged, never fatal."""
-        data = encode_calls([call], keep_tokens=self.keep_logprobs)
         log = self.journal.call_log
         if log is None:
             return
         try:
-            await trio.to_thread.run_sync(log.write_sync, data)
+            await log.append(encode_calls([call], keep_tokens=self.keep_logprobs))
         except LocalEvalError as exc:
             self._warn("could not record a call", {"error": str(exc)})
-
-    def _call_lines(self, record: TerminalRecord, calls: Sequence[dict[str, Any]] | None) -> bytes:
-        if not calls:
-            return b""
-        return encode_calls(
-            calls,
-            row_index=record.row_index,
-            run_index=record.run_index,
-            keep_tokens=self.keep_logprobs,
-        )
 
     def _warn(self, message: str, details: dict[str, Any]) -> None:
         self.log.warning("trajectory", message, details)
