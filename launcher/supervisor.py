@@ -277,6 +277,7 @@ class Supervisor:
             grader_timeout_sec=spec.grader_timeout_sec,
         )
         concurrency = services.concurrency
+        halt, calls = self._halt, services.bridge.calls
         workers = max(1, min(concurrency, len(pending)))
         limit = InFlightLimit(
             workers,
@@ -289,12 +290,7 @@ class Supervisor:
             transport=services.rollout_transport(),
             endpoint=services.endpoint,
             sink=RunSink(
-                rd,
-                self.prepared.redactor,
-                self.log,
-                self.ui.progress_update,
-                self._halt,
-                calls=services.bridge.calls,
+                rd, self.prepared.redactor, self.log, self.ui.progress_update, halt, calls
             ),
             limits=limits,
             interrupts=self.interrupts,
