@@ -40,7 +40,7 @@ ONE_CALL = """        response = await chat(messages)
 THREE_CALLS = f"""        for turn in range({TURNS}):
             if turn:
                 messages.append(dict(ctx.prompt[-1]))
-            response = await chat(messages)
+            response = await chat(messages, logprobs=turn == 0)
             messages.append({{"role": "assistant", "content": reply_text(response)}})
         return AgentWorkflowOutput(messages=messages, metrics={{"turns": {TURNS}}})
 """
@@ -92,6 +92,18 @@ async def test_every_call_the_provider_received_is_recorded_once(
         assert row["calls"] == TURNS and row["cached_tokens"] == 4 * TURNS
         assert row["tokens"] == sum(c["total_tokens"] for c in mine)
         assert row["metrics"] == {"turns": TURNS}
+    # The export carries each row's calls, the logprobs the rollout asked for included.
+    exported = await run_cli(
+        ["eval", "export", str(run), "-o", "-"], cwd=tmp_path, env=_fake_env(env, fake_upstream)
+    )
+    assert exported.returncode == 0, exported.stderr
+    rows = [json.loads(line) for line in exported.stdout.splitlines()]
+    assert len(rows) == ROWS
+    for row in rows:
+        first, *rest = row["call_records"]
+        assert first["logprobs"]["token"][0] == "echo:" and first["cached_tokens"] == 4
+        assert [c["logprobs"] for c in rest] == [None] * (TURNS - 1)
+        assert row["cached_tokens"] == 4 * TURNS and row["reasoning_tokens"] == 2 * TURNS
 
 
 async def test_kill_9_then_resume_keeps_each_acknowledged_call_once(
