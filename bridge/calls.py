@@ -30,6 +30,9 @@ __all__ = [
     "compact_logprobs",
 ]
 
+#: Discarded rollout ids a :class:`CallBook` remembers (oldest dropped first).
+_FORGOTTEN_KEPT = 4096
+
 #: What a call was made for: a rollout's own call, the model preflight, the rubric judge.
 CALL_KINDS = ("rollout", "preflight", "judge")
 
@@ -264,6 +267,9 @@ class CallBook:
         self._before_read = before_read
         self._lock = threading.Lock()
         self._calls: dict[str, list[dict[str, Any]]] = {}
+        # Rollouts discarded lately: a call of theirs still running when they were forgotten
+        # (a cancelled rollout) finishes later and must not be kept for ever.
+        self._forgotten: dict[str, None] = {}
 
     def add(self, record: dict[str, Any]) -> None:
         """Keep (and report) one finished call."""
@@ -271,7 +277,8 @@ class CallBook:
             key = record.get("rollout_id")
             if isinstance(key, str):
                 with self._lock:
-                    self._calls.setdefault(key, []).append(record)
+                    if key not in self._forgotten:
+                        self._calls.setdefault(key, []).append(record)
         if self._observer is not None:
             self._observer.called(record)
 
@@ -295,3 +302,7 @@ class CallBook:
             self._before_read()
         with self._lock:
             self._calls.pop(rollout_id, None)
+            if self._keep:
+                self._forgotten[rollout_id] = None
+                if len(self._forgotten) > _FORGOTTEN_KEPT:
+                    del self._forgotten[next(iter(self._forgotten))]

@@ -8,7 +8,7 @@ from typing import Any
 import httpx
 import trio
 
-from bridge.calls import compact_logprobs
+from bridge.calls import CallBook, compact_logprobs
 from bridge.process import BridgeProcessHandle, run_bridge_process
 from bridge.server import BridgeConfig, BridgeHandle
 from tests.bridge.conftest import AUTH, HI, TOKEN, StartBridge, url
@@ -102,3 +102,11 @@ def test_logprobs_are_kept_as_columns() -> None:
         "top": [[["b", -2.0]], []],
     }
     assert compact_logprobs(None) is None and compact_logprobs([]) is None
+
+
+def test_a_call_finishing_after_its_rollout_was_forgotten_is_not_kept() -> None:
+    book = CallBook()
+    book.add({"kind": "rollout", "rollout_id": "gone", "status": 200})
+    book.discard("gone")
+    book.add({"kind": "rollout", "rollout_id": "gone", "status": None, "error": "cancelled"})
+    assert book.pop("gone") == []
