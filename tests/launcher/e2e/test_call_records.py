@@ -16,7 +16,6 @@ from tests.launcher.e2e.helpers import (
     fake_model_config,
     journal,
     metrics,
-    process_gone,
     run_cli,
     run_dir,
     server_record,
@@ -126,7 +125,6 @@ async def test_kill_9_then_resume_keeps_each_acknowledged_call_once(
     await live.wait()
     assert record is not None
     no_orphans.append(record["pgid"])
-    await wait_for(lambda: process_gone(record["pid"]) or True)
     acknowledged = {r["rollout_id"] for r in journal(run)}
     before = [c for c in _calls(run) if c["kind"] == "rollout"]
     # Every acknowledged result's calls were durable before it (possibly more: a group
