@@ -199,3 +199,23 @@ async def test_a_run_that_keeps_no_logprobs_writes_none(tmp_path: Path) -> None:
     (kept,) = per_rollout[done.rollout_id]
     assert "logprobs" not in kept and "token_ids" not in kept and kept["total_tokens"] == 15
     assert [o["kind"] for o in others] == ["preflight"]
+
+
+def test_an_orphan_suffix_spanning_many_blocks_is_cut_at_its_first_line(tmp_path: Path) -> None:
+    path = tmp_path / "calls.jsonl"
+    journal = Journal.open(tmp_path / "events.jsonl")
+    ok = [record(i, 0) for i in range(300)]
+    for r in ok:
+        journal.append_sync(r)
+    log = journal.attach_call_log(path)
+    log.write_sync(b"".join(encode_calls([call(r.rollout_id)] * 3) for r in ok))
+    kept_size = path.stat().st_size
+    log.write_sync(b"".join(encode_calls([call(f"lost{i}")] * 3) for i in range(400)))
+    journal.close()
+    assert path.stat().st_size > kept_size + 4 * 65536  # the orphans span several blocks
+    journal = Journal.open(tmp_path / "events.jsonl")
+    reopened = journal.attach_call_log(path)
+    journal.close()
+    assert path.stat().st_size == kept_size
+    assert reopened.dropped_bytes > 4 * 65536 and reopened.torn_bytes == 0
+    assert sorted(read_calls(path)[0]) == sorted(r.rollout_id for r in ok)
