@@ -66,6 +66,9 @@ class _Reporter:
             ]
         )
 
+    def called(self, record: dict[str, Any]) -> None:
+        self.send(["c", record])
+
     def faulted(self, rollout_id: str, status: int, retried: bool) -> None:
         self.send(["f", rollout_id, status, retried])
 
@@ -160,7 +163,13 @@ def main(argv: list[str]) -> int:
         redact = _redactor(values or [fields["token"]])
         os.environb.clear()
         os.environb.update(environ)
-        config = BridgeConfig(**fields, redact=redact, log=reporter.log, usage_observer=reporter)
+        config = BridgeConfig(
+            **fields,
+            redact=redact,
+            log=reporter.log,
+            usage_observer=reporter,
+            call_observer=reporter,
+        )
         sock.setblocking(False)
         trio.run(_serve, config, sock, reporter, buffer)
     except Exception as exc:

@@ -13,6 +13,7 @@ from typing import Any
 
 import trio
 
+from bridge.calls import CallBook, CallObserver, CallTrace
 from bridge.codec import dumps
 from bridge.errors import BridgeError, UpstreamError, error_body, final_status
 from bridge.policy import prepare, response_model
@@ -69,11 +70,15 @@ class Bridge:
         keepalive: bool = False,
         retry: RetryPolicy | None = None,
         usage_observer: UsageObserver | None = None,
+        call_observer: CallObserver | None = None,
+        keep_calls: bool = False,
     ) -> None:
         self.upstream = upstream
         self.model = upstream.model
         self.memory = ReasoningMemory()
         self.ledger = UsageLedger(on_forget=self.memory.forget, observer=usage_observer)
+        self.calls = CallBook(keep=keep_calls, observer=call_observer)
+        """Each call's record (bridge.calls), kept per rollout when ``keep_calls``."""
         self.scrubber = ErrorScrubber([token, *upstream.secrets()], extra=redact)
         self.timing = timing or Timing()
         self.retry = retry or RetryPolicy()
@@ -126,10 +131,12 @@ class Bridge:
 
         return record
 
-    def _on_fault(self, rollout_id: str) -> OnFault:
+    def _on_fault(self, rollout_id: str, trace: CallTrace | None = None) -> OnFault:
         def on_fault(fault: ProviderFault, retrying: bool) -> None:
             self.ledger.fault(rollout_id, fault.status, retried=retrying)
             if retrying:
+                if trace is not None:
+                    trace.fault(fault.status, fault.kind)
                 self.log("info", f"retrying a call after a provider fault: {fault.kind}")
 
         return on_fault
@@ -139,11 +146,23 @@ class Bridge:
         prepared = self.memory.replay(rollout_id, prepare(body))
         last: list[tuple[Any, CallUsage]] = []
         record = self._recorder(rollout_id, last)
-        data = await retrying(
-            lambda: self.upstream.complete(prepared, record), self.retry, self._on_fault(rollout_id)
-        )
-        if not data.get("choices"):
-            raise UpstreamError(502, NO_CHOICES_MESSAGE)
+        trace = CallTrace(rollout_id, api="chat.completions", model=self.model, stream=False)
+        failure: BaseException | None = None
+        try:
+            data = await retrying(
+                lambda: self.upstream.complete(prepared, record),
+                self.retry,
+                self._on_fault(rollout_id, trace),
+            )
+            trace.answered(data)
+            if not data.get("choices"):
+                raise UpstreamError(502, NO_CHOICES_MESSAGE)
+        except BaseException as exc:
+            failure = exc
+            raise
+        finally:
+            # Before the answer leaves: the call's record reaches the supervisor first.
+            self.calls.add(trace.finish(last[0][1] if last else None, failure))
         usage = data.get("usage")
         # The answer's usage was normalized when it was recorded (the same object, unchanged).
         call = last[0][1] if last and last[0][0] is usage else CallUsage.from_json(usage)
@@ -232,14 +251,18 @@ class Bridge:
         started = False
         any_choices = False
         held: dict[str, Any] | None = None
+        trace = CallTrace(rollout_id, api="chat.completions", model=self.model, stream=True)
+        failure: BaseException | None = None
         chunks = retrying_stream(
-            lambda: self.upstream.stream(prepared), self.retry, self._on_fault(rollout_id)
+            lambda: self.upstream.stream(prepared), self.retry, self._on_fault(rollout_id, trace)
         )
         try:
             async for raw in chunks:
                 started = True
+                trace.chunk(raw)
                 if _is_completion(raw):
                     usage = raw.get("usage")
+                    trace.answered(raw)
                     if not raw.get("choices"):
                         break
                     any_choices = True
@@ -270,12 +293,19 @@ class Bridge:
                     held = chunk
                 else:
                     await send.send(_sse(chunk))
+        except BaseException as exc:
+            failure = exc
+            raise
         finally:
             await chunks.aclose()
             # Synchronous, so it happens even when this task is being cancelled: a call the
             # provider started serving is counted (with whatever usage it reported).
-            if started:
-                self.ledger.record(rollout_id, CallUsage.from_json(usage))
+            counted = CallUsage.from_json(usage) if started else None
+            if counted is not None:
+                self.ledger.record(rollout_id, counted)
+            if failure is None and not any_choices:
+                failure = UpstreamError(502, NO_CHOICES_MESSAGE)
+            self.calls.add(trace.finish(counted, failure))
         if not any_choices:
             raise UpstreamError(502, NO_CHOICES_MESSAGE)
         if held is not None:

@@ -6,11 +6,13 @@ import os
 from collections.abc import Callable, Mapping
 from typing import Any
 
+from bridge.calls import CallTrace
 from bridge.errors import PreflightError, UpstreamError
 from bridge.policy import PreparedRequest
 from bridge.retry import ProviderFault, RetryPolicy, retrying
 from bridge.scrub import ErrorScrubber
 from bridge.secret_policy import is_secret_env_name
+from bridge.usage import CallUsage
 
 #: Failures that stop the run: the configuration is wrong and every rollout would fail.
 FATAL = frozenset(
@@ -50,10 +52,6 @@ _CREDENTIAL_PREFIXES = {
 }
 
 
-def _ignore(_: Any) -> None:
-    """Preflight usage belongs to no rollout."""
-
-
 def non_ascii_credential(model: str, environ: Mapping[str, str]) -> str | None:
     """The name of a credential variable of ``model``'s provider whose value is not ASCII.
 
@@ -82,17 +80,20 @@ async def preflight(
     redact: Callable[[str], str] | None = None,
     retry: RetryPolicy | None = None,
     on_retry: Callable[[str], None] | None = None,
+    on_call: Callable[[dict[str, Any]], None] | None = None,
 ) -> str | None:
     """Probe ``model`` through the same path the bridge will use.
 
     A transient fault (a 5xx, a connection that failed or was reset before an answer) is
     retried with ``retry``, by default the policy of the rollouts' calls, so one bad answer at
-    start does not stop a run; ``on_retry`` is told of each retry (a line for the log).
+    start does not stop a run; ``on_retry`` is told of each retry (a line for the log), and
+    ``on_call`` gets the probe's call record (its retries and their causes included).
 
     Returns None on success, a warning text for a failure that does not stop the run, and
     raises :class:`PreflightError` (``model preflight failed for '<model>': <ExcName>: <msg>``)
     for a fatal one. A provider key that is not ASCII is fatal before any call is made (the
-    message names the variable, never its value).
+    message names the variable, never its value). ``on_call`` gets the probe's call record
+    (bridge.calls, ``kind`` "preflight"): it is billed like any call, to no rollout.
     """
     bad = non_ascii_credential(model, os.environ)
     if bad is not None:
@@ -114,23 +115,42 @@ async def preflight(
     try:
         upstream = make_upstream(model, client, via_litellm=False)
         scrubber = ErrorScrubber(upstream.secrets(), extra=redact)
+        trace = CallTrace(
+            None, api="chat.completions", model=upstream.model, stream=False, kind="preflight"
+        )
+        usage: list[CallUsage] = []
+
+        def record(raw: Any) -> None:
+            usage.append(CallUsage.from_json(raw))
 
         async def probe() -> dict[str, Any]:
             nonlocal attempts
             attempts += 1
             try:
-                return await upstream.complete(_PROBE, _ignore)
+                return await upstream.complete(_PROBE, record)
             except ProviderFault as fault:
                 if fault.status == 429:
                     raise _Busy from fault
                 raise
 
+        def traced(fault: ProviderFault, again: bool) -> None:
+            if again:
+                trace.fault(fault.status, fault.kind)
+            on_fault(fault, again)
+
+        def done(error: Exception | None = None) -> None:
+            if on_call is not None:
+                on_call(trace.finish(usage[-1] if usage else None, error))
+
         try:
-            await retrying(probe, retry or RetryPolicy(), on_fault)
-        except _Busy:
+            trace.answered(await retrying(probe, retry or RetryPolicy(), traced))
+        except _Busy as busy:
+            done(busy)
             return None
         except Exception as exc:
+            done(exc)
             return _verdict(model, exc, scrubber, attempts)
+        done()
     finally:
         await client.aclose()
     return None

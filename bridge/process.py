@@ -15,7 +15,9 @@ are batched: written together once :data:`_FORGET_BATCH` are pending or
 :data:`_FORGET_DELAY_S` after the first, and may be overtaken by the others). The child
 sends ``["s", base_url, port]`` once it listens, ``["e", kind, message, detail]`` when it
 cannot go on, ``["l", level, message]`` for each (already scrubbed) log line, and one
-``["u", ...]`` or ``["f", ...]`` per recorded call or provider fault.
+``["u", ...]`` or ``["f", ...]`` per recorded call or provider fault, and one
+``["c", record]`` per finished call (its record, :mod:`bridge.calls`), sent right after
+its usage.
 
 The ordering guarantee the dispatcher relies on — a rollout's usage is known when its result
 arrives — holds across the hop: the child writes a call's usage line synchronously, before
@@ -44,6 +46,7 @@ from typing import TYPE_CHECKING, Any, Final
 
 import trio
 
+from bridge.calls import CallBook
 from bridge.errors import BridgeBindError, BridgeProcessError
 from bridge.ipc import config_message, encode_line, split_lines
 from bridge.probe import ProbeKey
@@ -85,6 +88,7 @@ class _Channel:
         self.started: tuple[str, int] | None = None
         self.error: tuple[str, str] | None = None
         self.ledger = _MirrorLedger(self)
+        self.calls = CallBook(before_read=self.drain)
         self._pings: dict[int, trio.Event] = {}
         self._ping_ids = 0
 
@@ -116,6 +120,8 @@ class _Channel:
             self.ledger.apply_record(
                 rollout_id, CallUsage(prompt, completion, total, cached, reasoning)
             )
+        elif kind == "c":
+            self.calls.add(message[1])
         elif kind == "f":
             self.ledger.apply_fault(message[1], message[2], retried=message[3])
         elif kind == "l":
@@ -279,6 +285,11 @@ class BridgeProcessHandle:
     def ledger(self) -> _MirrorLedger:
         """Usage per rollout id, as the child reported it."""
         return self._channel.ledger
+
+    @property
+    def calls(self) -> CallBook:
+        """Call records per rollout id, as the child reported them (each read drains first)."""
+        return self._channel.calls
 
     @property
     def keepalive(self) -> bool:

@@ -17,6 +17,7 @@ from bridge.probe import ProbeKey
 from bridge.upstreams.routing import OFFLINE_MODEL
 
 if TYPE_CHECKING:
+    from bridge.calls import CallBook, CallObserver
     from bridge.handler import Bridge
     from bridge.retry import RetryPolicy
     from bridge.usage import RolloutUsage, UpstreamPressure, UsageObserver
@@ -73,6 +74,11 @@ class BridgeConfig:
     """The key behind sandbox probe answers (bridge.probe); None draws one at start."""
     usage_observer: UsageObserver | None = None
     """Told of every call's usage as it is recorded (bridge.usage.UsageObserver)."""
+    call_observer: CallObserver | None = None
+    """Told of every finished call's record (bridge.calls)."""
+    keep_calls: bool = False
+    """Keep each call's record per rollout until popped (a supervisor's in-process bridge,
+    which records them with the results); a standalone bridge keeps none."""
 
     def __post_init__(self) -> None:
         if not isinstance(self.token, str) or not self.token.strip():
@@ -115,6 +121,9 @@ class BridgeService(Protocol):
     @property
     def ledger(self) -> UsageView: ...
 
+    @property
+    def calls(self) -> CallBook: ...
+
     keepalive: bool
 
     def probe_answer(self, nonce: str) -> str: ...
@@ -137,6 +146,8 @@ class BridgeHandle:
         self.port = port
         self.ledger = bridge.ledger
         """Usage per rollout id; pop a rollout's totals when its result arrives."""
+        self.calls = bridge.calls
+        """Call records per rollout id (bridge.calls); pop them with the usage."""
         self._bridge = bridge
         self._probe = probe or ProbeKey()
 
@@ -229,6 +240,8 @@ async def run_bridge(
                     keepalive=config.keepalive,
                     retry=config.retry,
                     usage_observer=config.usage_observer,
+                    call_observer=config.call_observer,
+                    keep_calls=config.keep_calls,
                 )
                 probe = ProbeKey(config.probe_key)
                 app = create_app(

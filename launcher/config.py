@@ -42,6 +42,7 @@ EVALUATION_KEYS = (
     "pass_threshold",
     "agent_workflow_timeout_s",
     "grader_timeout_s",
+    "keep_logprobs",
 )
 _ENV_NAME = re.compile(r"^[A-Z_][A-Z0-9_]*$")
 _SECRET_NAME = re.compile(r"^[A-Z][A-Z0-9_]*$")
@@ -96,6 +97,8 @@ class RunSpec:
     agent_timeout_sec: float | None = None
     grader_timeout_sec: float | None = None
     limit: int | None = None
+    keep_logprobs: bool = True
+    """Whether ``calls.jsonl`` keeps the logprobs and token ids providers return (ours)."""
 
     @property
     def item_deadline_s(self) -> float:
@@ -339,6 +342,11 @@ def resolve_run_spec(config: EvalConfig, *, limit_override: int | None = None) -
     grader = None
     if ev.get("grader_timeout_s") is not None:
         grader = _number("grader_timeout_s", ev["grader_timeout_s"])
+    keep_logprobs = ev.get("keep_logprobs", True)
+    if not isinstance(keep_logprobs, bool):
+        raise ValidationError(
+            f"evaluation.keep_logprobs must be true or false, got {keep_logprobs!r}"
+        )
     limit = ev.get("limit") if limit_override is None else limit_override
     if limit is not None and not _is_int(limit):
         raise ValidationError(f"evaluation.limit must be an integer, got {limit!r}")
@@ -349,6 +357,7 @@ def resolve_run_spec(config: EvalConfig, *, limit_override: int | None = None) -
         agent_timeout_sec=agent,
         grader_timeout_sec=grader,
         limit=limit,
+        keep_logprobs=keep_logprobs,
     )
 
 

@@ -35,6 +35,7 @@ import trio
 from launcher.concurrency import InFlightLimit
 from launcher.dataset import WorkItem
 from launcher.rundir.journal import ErrorInfo, TerminalRecord
+from launcher.rundir.records import scalar_metrics
 from launcher.signals import Interrupts
 from rollout_server.protocol import RolloutInitRequest, RolloutResultResponse, RolloutStatus
 
@@ -212,6 +213,8 @@ def classify(
         "duration_ms": duration_ms,
     }
     sample = result.sample
+    if sample is not None:
+        base["metrics"] = scalar_metrics(sample.metrics)
     reward = sample.reward if sample is not None else None
     if reward is not None and not math.isfinite(reward):
         reward = None

@@ -12,6 +12,7 @@ import trio
 from launcher.dispatch import LogFn, RolloutRefused
 from launcher.report import describe
 from launcher.rollout_child import RolloutServer
+from launcher.rundir.calls import call_totals
 from launcher.rundir.journal import ErrorInfo, TerminalRecord
 from launcher.rundir.projections import load_failure_detail
 from rollout_server.client import (
@@ -28,6 +29,7 @@ from rollout_server.protocol import (
 )
 
 if TYPE_CHECKING:
+    from bridge.calls import CallBook
     from bridge.server import BridgeService
     from launcher.rundir import RunDirectory
     from tunnel.cloudflared import TunnelHandle
@@ -95,6 +97,7 @@ class BridgeEndpoint:
     def forget(self, rollout_id: str) -> None:
         """Drop the counts of a rollout that will not be recorded."""
         self._bridge.ledger.discard(rollout_id)
+        self._bridge.calls.discard(rollout_id)
 
 
 class _AdmittedRollout:
@@ -154,7 +157,10 @@ class RolloutClientTransport:
 class RunSink:
     """The :class:`launcher.dispatch.ResultSink` of a run: a failure's reason completed from the
     rollout server's ``diagnostics.json`` and redacted, the journal (through the run
-    directory), a ``work item failed`` log line with the reason, then ``progress``."""
+    directory), a ``work item failed`` log line with the reason, then ``progress``.
+
+    ``calls``: the bridge's call records (bridge.calls.CallBook); a rollout's are taken
+    with its result, their totals set on the record, and journaled with it."""
 
     def __init__(
         self,
@@ -163,7 +169,9 @@ class RunSink:
         log: LogFn,
         progress: Callable[[str], None],
         on_halt: Callable[[str], None],
+        calls: CallBook | None = None,
     ) -> None:
+        self._calls = calls
         self._run_dir = run_dir
         self._redact = redact
         self._log = log
@@ -174,8 +182,14 @@ class RunSink:
         """Complete and redact ``record.error``, journal the record, log a failure's reason."""
         if record.error is not None:
             record.error = await self._reason(record, record.error)
+        calls = self._calls.pop(record.rollout_id) if self._calls is not None else None
+        if calls:
+            totals = call_totals(calls)
+            record.calls = totals["calls"]
+            record.cached_tokens = totals["cached_tokens"]
+            record.reasoning_tokens = totals["reasoning_tokens"]
         try:
-            await self._run_dir.record_result(record, wait_for_trajectory=has_sample)
+            await self._run_dir.record_result(record, wait_for_trajectory=has_sample, calls=calls)
         finally:
             # The result counts once journaled; a Ctrl-C during the projection work after
             # that must not leave the progress display one short of the journal.

@@ -1,7 +1,8 @@
 """``rollbridge eval export RUN``: one row per rollout, in the shape RL training reads.
 
 A row is the latest journal record of a work item (what a resume or ``--retry-failed`` kept),
-joined with its trajectory turned back into chat messages, the run's model and dataset digest.
+joined with its trajectory turned back into chat messages, its model calls from
+``calls.jsonl`` (launcher.export_calls, docs/calls.md), the run's model and dataset digest.
 The schema is documented in docs/eval-run.md ("Exporting a run"); JSON Lines and Parquet carry
 the same fields (Parquet through the ``parquet`` extra, pyarrow).
 
@@ -45,11 +46,17 @@ EXPORT_FIELDS = (
     "error",
     "tokens",
     "max_context_tokens",
+    "calls",
+    "cached_tokens",
+    "reasoning_tokens",
+    "retries",
+    "metrics",
     "duration_ms",
     "model",
     "dataset_sha256",
     "label",
     "messages",
+    "call_records",
 )
 
 _ROLES = {"system": "system", "user": "user", "agent": "assistant"}
@@ -119,6 +126,8 @@ def _label(trajectory: dict[str, Any] | None) -> str | None:
 
 def export_rows(run_dir: Path) -> list[dict[str, Any]]:
     """The export rows of ``run_dir``, ordered by row then run index."""
+    from launcher.export_calls import export_call
+    from launcher.rundir.calls import CALLS_FILENAME, read_calls
     from launcher.rundir.journal import replay_journal
     from launcher.rundir.projections import load_valid_trajectory
 
@@ -131,6 +140,9 @@ def export_rows(run_dir: Path) -> list[dict[str, Any]]:
     dataset = inputs.get("dataset")
     dataset = dataset if isinstance(dataset, dict) else {}
     replay = replay_journal(run_dir / "events.jsonl")
+    calls, _ = read_calls(
+        run_dir / CALLS_FILENAME, (record.rollout_id for record in replay.latest.values())
+    )
     rows = []
     for key in sorted(replay.latest):
         record = replay.latest[key]
@@ -149,11 +161,17 @@ def export_rows(run_dir: Path) -> list[dict[str, Any]]:
                 "error": record.error.to_json() if record.error is not None else None,
                 "tokens": record.tokens,
                 "max_context_tokens": record.max_context_tokens,
+                "calls": record.calls,
+                "cached_tokens": record.cached_tokens,
+                "reasoning_tokens": record.reasoning_tokens,
+                "retries": record.retries,
+                "metrics": record.metrics,
                 "duration_ms": float(record.duration_ms or 0.0),
                 "model": inputs.get("model_path"),
                 "dataset_sha256": dataset.get("sha256"),
                 "label": _label(trajectory),
                 "messages": trajectory_messages(trajectory),
+                "call_records": [export_call(c) for c in calls.get(record.rollout_id, [])],
             }
         )
     return rows
@@ -161,6 +179,8 @@ def export_rows(run_dir: Path) -> list[dict[str, Any]]:
 
 def _parquet_schema() -> Any:
     import pyarrow as pa
+
+    from launcher.export_calls import call_arrow_type
 
     tool_call = pa.struct(
         [
@@ -199,11 +219,17 @@ def _parquet_schema() -> Any:
             ("error", error),
             ("tokens", pa.int64()),
             ("max_context_tokens", pa.int64()),
+            ("calls", pa.int64()),
+            ("cached_tokens", pa.int64()),
+            ("reasoning_tokens", pa.int64()),
+            ("retries", pa.int64()),
+            ("metrics", pa.string()),
             ("duration_ms", pa.float64()),
             ("model", pa.string()),
             ("dataset_sha256", pa.string()),
             ("label", pa.string()),
             ("messages", pa.list_(message)),
+            ("call_records", pa.list_(call_arrow_type())),
         ]
     )
 
@@ -217,7 +243,12 @@ def _write_parquet(rows: list[dict[str, Any]], path: Path) -> None:
             'Parquet export requires: pip install "rollbridge[parquet]"',
             details={"missing_module": "pyarrow", "extra": "parquet"},
         ) from None
-    pq.write_table(pa.Table.from_pylist(rows, schema=_parquet_schema()), str(path))
+    # Metrics are free-form (numbers, strings, booleans by name): a JSON text in Parquet.
+    flat = [
+        {**row, "metrics": json.dumps(row["metrics"]) if row["metrics"] is not None else None}
+        for row in rows
+    ]
+    pq.write_table(pa.Table.from_pylist(flat, schema=_parquet_schema()), str(path))
 
 
 def _jsonl(rows: Iterable[dict[str, Any]]) -> bytes:

@@ -274,14 +274,19 @@ async def _preflight(ctx: RunContext, done: trio.Event) -> None:
 
     model = ctx.prepared.config.experiment.model_path
     ctx.stage(f"checking model {model}", step="preflight")
+    calls: list[dict[str, Any]] = []
     try:
         warning = await preflight(
             model,
             redact=ctx.prepared.redactor,
             on_retry=lambda message: ctx.log("WARNING", "preflight", message, None),
+            on_call=calls.append,
         )
     except PreflightError as exc:
         raise LocalEvalError(str(exc)) from None
+    finally:
+        for call in calls:
+            await ctx.run_dir.record_call(call)
     if warning:
         ctx.log("WARNING", "preflight", warning, None)
     else:
@@ -388,6 +393,7 @@ async def _start_bridge(
         keepalive=not p.tunnel_plan.auto_detect,
         redact=p.redactor,
         log=bridge_log,
+        keep_calls=True,  # the in-process bridge's records go to calls.jsonl with the results
     )
     try:
         if in_process_requested():

@@ -212,6 +212,7 @@ class Supervisor:
             )
         )
         self._run_dir = rd
+        rd.keep_logprobs = p.spec.keep_logprobs
         try:
             if rd.gate.archived_to is not None:
                 self.ui.note(f"archived previous results to {rd.gate.archived_to}")
@@ -294,6 +295,7 @@ class Supervisor:
             grader_timeout_sec=spec.grader_timeout_sec,
         )
         concurrency = services.concurrency
+        halt, calls = self._halt, services.bridge.calls
         workers = max(1, min(concurrency, len(pending)))
         limit = InFlightLimit(
             workers,
@@ -305,7 +307,9 @@ class Supervisor:
             concurrency=concurrency,
             transport=services.rollout_transport(),
             endpoint=services.endpoint,
-            sink=RunSink(rd, self.prepared.redactor, self.log, self.ui.progress_update, self._halt),
+            sink=RunSink(
+                rd, self.prepared.redactor, self.log, self.ui.progress_update, halt, calls
+            ),
             limits=limits,
             interrupts=self.interrupts,
             log=self.log,

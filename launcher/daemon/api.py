@@ -28,6 +28,7 @@ from launcher.daemon.registry import ApiError, Registry, parse_start
 from launcher.daemon.routes_extra import ExtraRoutes
 from launcher.daemon.stream import journal_events, log_events, tail_lines
 from launcher.errors import CLIError
+from launcher.rundir.calls import CALLS_FILENAME, read_calls
 from launcher.rundir.projections import projection_stem
 from rollout_server.net.asgi import (
     ASGIReceiveCallable,
@@ -341,7 +342,8 @@ async def _send_html(send: ASGISendCallable, page: str) -> None:
 
 def _item(run_dir: Path, row: str, run: str) -> dict[str, Any]:
     """``GET /v1/runs/{name}/items/{row}/{run}``: the index row, the trajectory, the journal
-    record, this item's log lines (errors and cancellations) and per-call usage."""
+    record, this item's log lines (errors and cancellations), its usage totals and its model
+    calls' records (``calls.jsonl``, docs/calls.md)."""
     try:
         key = (int(row), int(run))
     except ValueError:
@@ -373,9 +375,7 @@ def _item(run_dir: Path, row: str, run: str) -> dict[str, Any]:
         diagnostics = json.loads(trial.read_text(encoding="utf-8"))
     except (OSError, ValueError):
         diagnostics = None
-    usage = None
-    if isinstance(trajectory, dict):
-        usage = trajectory.get("final_metrics") or trajectory.get("metrics")
+    calls, _ = read_calls(run_dir / CALLS_FILENAME, [rollout_id])
     return {
         "index": index,
         "trajectory": trajectory,
@@ -385,6 +385,11 @@ def _item(run_dir: Path, row: str, run: str) -> dict[str, Any]:
         "usage": {
             "tokens": index.get("tokens"),
             "max_context_tokens": index.get("max_context_tokens"),
-            "calls": usage,
+            "calls": index.get("calls"),
+            "cached_tokens": index.get("cached_tokens"),
+            "reasoning_tokens": index.get("reasoning_tokens"),
+            "retries": index.get("retries"),
         },
+        "metrics": index.get("metrics"),
+        "calls": calls.get(rollout_id, []),
     }

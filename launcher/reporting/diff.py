@@ -6,6 +6,10 @@ refused with that lock's ``Changed: …`` wording. The binary outcome of an item
 ``metrics.json`` counts it (reward at or above the run's own threshold); pairs where either
 side was skipped are not scored. Flips feed McNemar's exact test; reward differences of pairs
 graded on both sides feed a paired bootstrap interval.
+
+Tokens, context and calls are compared over the pairs where both sides have the number
+(``pairs`` in each of their objects says how many); ``all_total_a``/``all_total_b`` are the
+totals over every item of each run, paired or not (what ``metrics.json`` counts).
 """
 
 from __future__ import annotations
@@ -60,6 +64,7 @@ class DiffResult:
     reward: dict[str, Any]
     tokens: dict[str, Any]
     context: dict[str, Any]
+    calls: dict[str, Any]
     pass_rate: dict[str, float | None]
     other_changes: list[str] = field(default_factory=list)
 
@@ -92,6 +97,7 @@ class DiffResult:
             "reward": self.reward,
             "tokens": self.tokens,
             "context": self.context,
+            "calls": self.calls,
             "flips": [[f.key[0], f.key[1], f.direction] for f in self.flips],
         }
 
@@ -127,6 +133,15 @@ def check_pairable(a: RunData, b: RunData) -> None:
 
 def _mean(values: list[float]) -> float | None:
     return statistics.fmean(values) if values else None
+
+
+def _all_totals(a: RunData, b: RunData, attr: str, out: dict[str, Any]) -> dict[str, Any]:
+    """``out`` with each run's total of ``attr`` over all of its items, paired or not."""
+    for side, run in (("a", a), ("b", b)):
+        values = [getattr(item, attr) for item in run.items]
+        out[f"all_total_{side}"] = sum(v for v in values if v is not None)
+        out[f"all_items_{side}"] = sum(1 for v in values if v is not None)
+    return out
 
 
 def _paired(pairs: list[tuple[ReportItem, ReportItem]], attr: str) -> dict[str, Any]:
@@ -194,8 +209,9 @@ def diff_runs(a: RunData, b: RunData) -> DiffResult:
         flips=flips,
         mcnemar_p=mcnemar_exact_p(b_count, c_count),
         reward=reward,
-        tokens=_paired(pairs, "tokens"),
+        tokens=_all_totals(a, b, "tokens", _paired(pairs, "tokens")),
         context=_paired(pairs, "max_context_tokens"),
+        calls=_all_totals(a, b, "call_count", _paired(pairs, "call_count")),
         pass_rate={
             "a": (both_pass + b_count) / scored if scored else None,
             "b": (both_pass + c_count) / scored if scored else None,

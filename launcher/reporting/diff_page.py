@@ -26,7 +26,7 @@ def diff_rows(d: DiffResult) -> list[tuple[str, str, str, str]]:
     pr = d.pass_rate
     both = pr["a"] is not None and pr["b"] is not None
     pr_delta = f"{_delta((pr['b'] or 0) - (pr['a'] or 0), 3)}" if both else "–"
-    r, t, c = d.reward, d.tokens, d.context
+    r, t, c, k = d.reward, d.tokens, d.context, d.calls
     return [
         ("paired items (scored)", f"{d.pairs:,} ({d.scored_pairs:,})", "", ""),
         (
@@ -45,16 +45,40 @@ def diff_rows(d: DiffResult) -> list[tuple[str, str, str, str]]:
         ),
         ("reward delta 95% CI (paired bootstrap)", "", "", _ci(r)),
         (
-            "mean tokens",
+            f"mean tokens ({t['pairs']:,} pairs with tokens on both sides)",
             fmt_num(t["mean_a"], 1),
             fmt_num(t["mean_b"], 1),
             _delta(t["mean_delta"], 1),
         ),
         (
-            "total tokens",
+            f"total tokens of those {t['pairs']:,} pairs",
             fmt_num(t["total_a"], 0),
             fmt_num(t["total_b"], 0),
             _delta(t["total_b"] - t["total_a"], 0),
+        ),
+        (
+            "total tokens, every item of each run",
+            fmt_num(t["all_total_a"], 0),
+            fmt_num(t["all_total_b"], 0),
+            _delta(t["all_total_b"] - t["all_total_a"], 0),
+        ),
+        *(
+            [
+                (
+                    f"mean model calls ({k['pairs']:,} pairs with calls on both sides)",
+                    fmt_num(k["mean_a"], 2),
+                    fmt_num(k["mean_b"], 2),
+                    _delta(k["mean_delta"], 2),
+                ),
+                (
+                    "total model calls, every item of each run",
+                    fmt_num(k["all_total_a"], 0),
+                    fmt_num(k["all_total_b"], 0),
+                    _delta(k["all_total_b"] - k["all_total_a"], 0),
+                ),
+            ]
+            if k["all_items_a"] or k["all_items_b"]
+            else []
         ),
         (
             "mean context",

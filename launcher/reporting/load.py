@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from launcher.errors import NotFoundError
+from launcher.reporting.calls import attach_calls
 from launcher.reporting.invocations import Invocation, parse_invocations
 from launcher.reporting.model import ItemError, ReportItem, RunData, TranscriptStep
 from launcher.rubric.store import read_rubric_scores
@@ -27,6 +28,10 @@ __all__ = ["LOG_MAX_CHARS", "MESSAGE_MAX_CHARS", "load_run", "transcript_steps"]
 MESSAGE_MAX_CHARS = 20_000
 LOG_MAX_CHARS = 1_000_000
 _DIAGNOSTICS = "diagnostics.json"
+
+
+#: Index keys an item keeps beside its tokens (ours: docs/calls.md).
+USAGE_KEYS = ("calls", "cached_tokens", "reasoning_tokens", "retries", "metrics")
 
 
 def _jsonl(path: Path) -> Iterator[dict[str, Any]]:
@@ -209,12 +214,15 @@ def load_run(run_dir: Path, *, transcripts: bool = True) -> RunData:
             resumed=row.get("resumed") is True,
             prompt=_str(source.get("prompt")),
             label=_str(source.get("label")),
+            usage={k: row[k] for k in USAGE_KEYS if row.get(k) is not None},
         )
         if transcripts:
             trajectory = load_valid_trajectory(trials, rollout_id)
             item.transcript = transcript_steps(trajectory) if trajectory is not None else None
             item.diagnostics = _diagnostics(trials / rollout_id)
         items.append(item)
+    if transcripts:
+        attach_calls(run_dir, items)
     rubrics = _attach_rubric_scores(run_dir, items)
     log_text, truncated = _log(run_dir) if transcripts else ("", False)
     eval_run = metrics.get("eval_run")

@@ -77,6 +77,17 @@ class ReportItem:
     diagnostics: dict[str, Any] | None = None
     rubric: dict[str, float] = field(default_factory=dict)
     """Judge label -> this rollout's mean rubric score (``rollbridge eval rubric --run``)."""
+    usage: dict[str, Any] = field(default_factory=dict)
+    """The index row's ``calls``, ``cached_tokens``, ``reasoning_tokens``, ``retries`` and
+    ``metrics`` (those it has)."""
+    calls: list[dict[str, Any]] | None = None
+    """The rollout's model calls as a timeline (launcher.reporting.calls), when loaded."""
+
+    @property
+    def call_count(self) -> int | None:
+        """Model calls the rollout made (the index row's ``calls``), when recorded."""
+        value = self.usage.get("calls")
+        return value if isinstance(value, int) and not isinstance(value, bool) else None
 
     @property
     def key(self) -> tuple[int, int]:

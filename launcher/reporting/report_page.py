@@ -17,6 +17,13 @@ __all__ = ["REFRESH_SECONDS", "render_report"]
 
 REFRESH_SECONDS = 5
 _BAR_W, _BAR_H = 560, 140
+#: Run totals of the calls' records, shown when the run has them (metrics.json summary keys).
+_USAGE_CARDS = (
+    ("calls", "model calls"),
+    ("cached_tokens", "cached tokens"),
+    ("reasoning_tokens", "reasoning tokens"),
+    ("retries", "retried calls"),
+)
 
 
 def _stat(key: str, label: str, value: Any, text: str) -> str:
@@ -43,6 +50,11 @@ def _summary_html(s: RunSummary, invocations: int = 1, extra: str = "") -> str:
         _stat("skipped", "skipped", m["skipped"], fmt_num(m["skipped"])),
         _stat("graded", "graded", m["graded"], fmt_num(m["graded"])),
         _stat("tokens_used", "total tokens", m["tokens_used"], fmt_num(m["tokens_used"])),
+        *(
+            _stat(key, label, m[key], fmt_num(m[key]))
+            for key, label in _USAGE_CARDS
+            if isinstance(m.get(key), int)
+        ),
         _stat(
             "wall_ms",
             "wall time (s)" + (f", {invocations} invocations" if invocations > 1 else ""),

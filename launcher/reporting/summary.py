@@ -95,5 +95,7 @@ def item_json(item: ReportItem, *, passed: bool | None) -> dict[str, Any]:
         "diagnostics": item.diagnostics,
         "resumed": True if item.resumed else None,
         "rubric": item.rubric or None,
+        "usage": item.usage or None,
+        "calls": item.calls,
     }
     return {k: v for k, v in out.items() if v is not None}

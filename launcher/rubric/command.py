@@ -106,6 +106,7 @@ def _store_line(item: RunItem, judge: Judge, run: int, verdict: Verdict) -> dict
         "explanation": verdict.explanation,
         "error": verdict.error,
         "usage": verdict.usage.to_json(),
+        "call": verdict.call,
         "judged_at": datetime.now(UTC).isoformat(),
     }
 

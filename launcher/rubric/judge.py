@@ -11,11 +11,12 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
 import trio
 
+from bridge.calls import CallTrace
 from bridge.errors import BridgeError, UpstreamError
 from bridge.policy import PreparedRequest
 from bridge.retry import ProviderFault, RetryPolicy, retrying
@@ -42,6 +43,8 @@ class Verdict:
     explanation: str | None
     error: str | None
     usage: CallUsage
+    call: dict[str, Any] | None = None
+    """The judge call's record (bridge.calls, ``kind`` "judge"; billed to no rollout)."""
 
     @classmethod
     def failed(cls, error: str, usage: CallUsage | None = None) -> Verdict:
@@ -97,6 +100,14 @@ class Judge:
             return Verdict.failed(missing)
         usage: list[CallUsage] = []
         prepared = PreparedRequest(messages=list(messages), params=dict(self._params))
+        trace = CallTrace(
+            None, api="chat.completions", model=self._upstream.model, stream=False, kind="judge"
+        )
+
+        def on_fault(fault: ProviderFault, retried: bool) -> None:
+            self._count_retry(fault, retried)
+            if retried:
+                trace.fault(fault.status, fault.kind)
 
         async def attempt() -> dict[str, Any]:
             # The timeout bounds each attempt; a timed-out attempt is not retried (the
@@ -108,17 +119,22 @@ class Judge:
             raise UpstreamError(408, _TIMED_OUT, kind="Timeout")
 
         try:
-            completion = await retrying(attempt, self._retry, self._count_retry)
+            completion = await retrying(attempt, self._retry, on_fault)
         except BridgeError as exc:
-            return Verdict.failed(self._failure(exc), total_usage(usage))
+            failed = Verdict.failed(self._failure(exc), total_usage(usage))
+            return replace(failed, call=trace.finish(total_usage(usage) if usage else None, exc))
+        trace.answered(completion)
+        call = trace.finish(total_usage(usage) if usage else None)
         try:
             verdict = parse_verdict(_content(completion), score_min, score_max)
         except VerdictError as exc:
             message = str(exc)
             if self.model.route == OFFLINE_MODEL:
                 message += f" ({OFFLINE_MODEL} repeats the prompt back, so it cannot judge)"
-            return Verdict.failed(self._scrub(message), total_usage(usage))
-        return Verdict(verdict.score, self.scrub(verdict.explanation), None, total_usage(usage))
+            return replace(Verdict.failed(self._scrub(message), total_usage(usage)), call=call)
+        return Verdict(
+            verdict.score, self.scrub(verdict.explanation), None, total_usage(usage), call
+        )
 
     def _provider_failed(self, detail: str) -> str:
         provider = self.model.provider or "unknown"

@@ -52,6 +52,7 @@ from launcher.rundir.atomic import (
     atomic_write_json,
     pretty_json_bytes,
 )
+from launcher.rundir.calls import CALLS_FILENAME, encode_calls
 from launcher.rundir.journal import Journal, TerminalRecord, WorkKey
 from launcher.rundir.lock import RunLock, lock_path
 from launcher.rundir.logs import INVOCATION_ENDED, INVOCATION_STEP, RunLog, utc_now_iso
@@ -229,6 +230,8 @@ class RunDirectory:
         self._row_files = (os.fspath(path / "index.jsonl"), os.fspath(path / "summary.jsonl"))
         self._journal_failure: WriteFailure | None = None
         self._other_failure: WriteFailure | None = None
+        self.keep_logprobs = True
+        """Whether call records keep logprobs and token ids (``[evaluation] keep_logprobs``)."""
 
     @classmethod
     def open(
@@ -289,12 +292,23 @@ class RunDirectory:
         gate = manifest_gate(run_dir, name, inputs, provenance, fresh=fresh)
         # A corrupt journal must refuse the run before the log or projections are touched.
         journal = Journal.open(run_dir / "events.jsonl")
+        try:
+            calls = journal.attach_call_log(run_dir / CALLS_FILENAME)
+        except BaseException:
+            journal.close()
+            raise
         redactor.add_known_env(os.environ)
         try:
             log = RunLog(run_dir / "logs.txt", redactor, echo)
         except BaseException:
             journal.close()
             raise
+        if calls.dropped_bytes or calls.torn_bytes:
+            log.warning(
+                "resume",
+                "discarded the call records of results that were never acknowledged",
+                {"bytes": calls.dropped_bytes + calls.torn_bytes},
+            )
         if journal.torn_bytes:
             log.warning(
                 "resume",
@@ -386,6 +400,7 @@ class RunDirectory:
         *,
         wait_for_trajectory: bool = False,
         trajectory_grace_s: float = TRAJECTORY_GRACE_S,
+        calls: Sequence[dict[str, Any]] | None = None,
     ) -> None:
         """Commit one terminal result, then update projections for this item only.
 
@@ -396,6 +411,8 @@ class RunDirectory:
         projection; and the ``work item finished`` log line. Only the journal step can raise;
         projection problems are logged, since a rebuild repairs them.
         ``error_type`` is redacted and a non-finite reward dropped before it is journaled.
+        ``calls`` (the rollout's call records) are made durable before the record
+        (launcher.rundir.calls).
         """
         if record.error_type:
             # error_type may carry the rollout's own error text; secrets never reach a file.
@@ -417,6 +434,15 @@ class RunDirectory:
             projected.append(self._project_locked(record, warnings, wait_for_trajectory))
 
         try:
+            lines = encode_calls(
+                calls or (),
+                row_index=record.row_index,
+                run_index=record.run_index,
+                keep_tokens=self.keep_logprobs,
+            )
+            if lines and self.journal.call_log is not None:
+                # Durable before the record that accounts for them (launcher.rundir.calls).
+                await self.journal.call_log.append(lines)
             await self.journal.append(record, then=project)
         except LocalEvalError as exc:
             # The journal cut its partial line off and refuses further appends; the error
@@ -554,6 +580,17 @@ class RunDirectory:
         spent = time.monotonic() - started
         backoff = spent * METRICS_MAX_SHARE if spent >= METRICS_SLOW_S else 0.0
         return started + max(self._metrics_interval_s, backoff)
+
+    async def record_call(self, call: dict[str, Any]) -> None:
+        """Make a call of no rollout (the model preflight's, ``kind`` "preflight") durable in
+        ``calls.jsonl``; a failure to write it is logged, never fatal."""
+        log = self.journal.call_log
+        if log is None:
+            return
+        try:
+            await log.append(encode_calls([call], keep_tokens=self.keep_logprobs))
+        except LocalEvalError as exc:
+            self._warn("could not record a call", {"error": str(exc)})
 
     def _warn(self, message: str, details: dict[str, Any]) -> None:
         self.log.warning("trajectory", message, details)

@@ -21,6 +21,7 @@ import trio
 
 from launcher.errors import JournalCorruptError, LocalEvalError
 from launcher.rundir.atomic import fsync_dir
+from launcher.rundir.calls import CallLog
 from launcher.rundir.records import (
     ERROR_MESSAGE_LIMIT,
     ERROR_PHASES,
@@ -54,6 +55,9 @@ _INT_FIELDS = (
     "tokens",
     "max_context_tokens",
     "retries",
+    "calls",
+    "cached_tokens",
+    "reasoning_tokens",
 )
 _FLOAT_FIELDS = ("reward", "duration_ms")
 _STR_FIELDS = ("rollout_id", "error_type")
@@ -77,6 +81,8 @@ def _field_problem(obj: dict[str, Any]) -> str | None:
         value = obj.get(name)
         if value is not None and (isinstance(value, bool) or not isinstance(value, int | float)):
             return f"{name} must be a number"
+    if obj.get("metrics") is not None and not isinstance(obj["metrics"], dict):
+        return "metrics must be an object"
     problem = _error_problem(obj.get("error"))
     if problem is not None:
         return problem
@@ -228,6 +234,9 @@ class Journal:
         self._queue: list[_Pending] = []
         self._committing = False
         self._broken: str | None = None
+        self.call_log: CallLog | None = None
+        """``calls.jsonl``, whose lines a result's writer makes durable before appending the
+        result here (launcher.rundir.calls)."""
 
     @classmethod
     def open(cls, path: Path, *, on_torn: Callable[[int], None] | None = None) -> Journal:
@@ -339,8 +348,24 @@ class Journal:
                 self._queue[0].turn.set()
                 self._committing = True
 
+    def attach_call_log(self, path: Path) -> CallLog:
+        """Open ``path`` as :attr:`call_log`, cutting the calls of rollouts no record of this
+        journal acknowledges off its end (launcher.rundir.calls)."""
+        ids: set[str] | None = None
+
+        def acknowledged(rollout_id: str) -> bool:
+            nonlocal ids
+            if ids is None:  # built only when the file's last line is not acknowledged
+                ids = {record.rollout_id for record in self.records}
+            return rollout_id in ids
+
+        self.call_log = CallLog.open(path, acknowledged)
+        return self.call_log
+
     def close(self) -> None:
-        """Close the file descriptor (idempotent)."""
+        """Close the file descriptor and the call log (idempotent)."""
+        if self.call_log is not None:
+            self.call_log.close()
         if self._fd >= 0:
             os.close(self._fd)
             self._fd = -1

@@ -78,6 +78,7 @@ def _pass_at_k_pairs(
 def aggregate_metrics(rows: Iterable[Mapping[str, Any]], pass_threshold: float) -> dict[str, Any]:
     """``metrics.json.summary`` from index rows (one per work item with a record), key order §6.2."""
     total = skipped = failed = graded = passed = tokens_used = 0
+    usage = _UsageTotals()
     rewards: list[float] = []
     # Two int maps rather than a [attempts, passes] list per row: the counts are small
     # (cached) ints, so a row costs two table slots instead of a list object as well.
@@ -89,6 +90,7 @@ def aggregate_metrics(rows: Iterable[Mapping[str, Any]], pass_threshold: float) 
         tokens = row.get("tokens")
         if isinstance(tokens, int) and not isinstance(tokens, bool):
             tokens_used += tokens
+        usage.add(*(row.get(key) for key in _USAGE_KEYS))
         run_index = row.get("run_index", 0)
         max_run = max(max_run, run_index)
         status = row.get("status")
@@ -106,18 +108,46 @@ def aggregate_metrics(rows: Iterable[Mapping[str, Any]], pass_threshold: float) 
             if reward >= pass_threshold:
                 passed += 1
                 passes[row_index] = passes.get(row_index, 0) + 1
-    return _summary(
-        (total, skipped, failed, graded, passed, tokens_used),
-        rewards,
-        lambda: ((a, passes.get(r, 0)) for r, a in attempts.items()),
-        max_run + 1,
-        pass_threshold,
+    return usage.into(
+        _summary(
+            (total, skipped, failed, graded, passed, tokens_used),
+            rewards,
+            lambda: ((a, passes.get(r, 0)) for r, a in attempts.items()),
+            max_run + 1,
+            pass_threshold,
+        )
     )
 
 
 _ROW, _RUN, _STATUS, _REWARD, _TOKENS = (
     INDEX_KEYS.index(key) for key in ("row_index", "run_index", "status", "reward", "tokens")
 )
+#: Index keys summed into the summary beside ``tokens_used`` (ours; a key no row carries is
+#: left out of the summary).
+_USAGE_KEYS = ("calls", "cached_tokens", "reasoning_tokens", "retries")
+_USAGE_SLOTS = tuple(INDEX_KEYS.index(key) for key in _USAGE_KEYS)
+
+
+class _UsageTotals:
+    """Sums of :data:`_USAGE_KEYS` over index rows; a key stays None until a row has it."""
+
+    __slots__ = ("sums",)
+
+    def __init__(self) -> None:
+        self.sums: list[int | None] = [None] * len(_USAGE_KEYS)
+
+    def add(self, *values: Any) -> None:
+        for i, value in enumerate(values):
+            if isinstance(value, int) and not isinstance(value, bool):
+                current = self.sums[i]
+                self.sums[i] = value if current is None else current + value
+
+    def into(self, summary: dict[str, Any]) -> dict[str, Any]:
+        """``summary`` with each sum that some row had."""
+        for key, value in zip(_USAGE_KEYS, self.sums, strict=True):
+            if value is not None:
+                summary[key] = value
+        return summary
 
 
 def aggregate_index_values(rows: Iterable[IndexValues], pass_threshold: float) -> dict[str, Any]:
@@ -126,6 +156,7 @@ def aggregate_index_values(rows: Iterable[IndexValues], pass_threshold: float) -
     order: each row's attempts are then contiguous, so its counts are kept as two machine
     ints in arrays (the same row order, hence the same sums, as the mapping form)."""
     total = skipped = failed = graded = passed = tokens_used = 0
+    usage = _UsageTotals()
     rewards: list[float] = []
     attempts, passes = array("q"), array("q")
     current = None
@@ -135,6 +166,8 @@ def aggregate_index_values(rows: Iterable[IndexValues], pass_threshold: float) -
         tokens = row[_TOKENS]
         if isinstance(tokens, int) and not isinstance(tokens, bool):
             tokens_used += tokens
+        if row[_USAGE_SLOTS[0]] is not None or row[_USAGE_SLOTS[3]] is not None:
+            usage.add(*(row[slot] for slot in _USAGE_SLOTS))
         max_run = max(max_run, row[_RUN])
         status = row[_STATUS]
         if status == "skipped":
@@ -157,12 +190,14 @@ def aggregate_index_values(rows: Iterable[IndexValues], pass_threshold: float) -
             if reward >= pass_threshold:
                 passed += 1
                 passes[-1] += 1
-    return _summary(
-        (total, skipped, failed, graded, passed, tokens_used),
-        rewards,
-        lambda: zip(attempts, passes, strict=True),
-        max_run + 1,
-        pass_threshold,
+    return usage.into(
+        _summary(
+            (total, skipped, failed, graded, passed, tokens_used),
+            rewards,
+            lambda: zip(attempts, passes, strict=True),
+            max_run + 1,
+            pass_threshold,
+        )
     )
 
 

@@ -22,6 +22,7 @@ __all__ = [
     "TerminalRecord",
     "WorkKey",
     "bounded_text",
+    "scalar_metrics",
     "validate_record",
 ]
 
@@ -53,6 +54,23 @@ def bounded_text(text: str, limit: int = ERROR_MESSAGE_LIMIT) -> str:
     if len(data) <= limit:
         return data.decode("utf-8")
     return data[: limit - 3].decode("utf-8", "ignore") + "…"
+
+
+def scalar_metrics(metrics: Any) -> dict[str, Any] | None:
+    """A workflow's metrics as the journal keeps them: string keys with finite numbers,
+    booleans and (bounded) strings; anything else (nested values, NaN) is left out, and an
+    empty result is None."""
+    if not isinstance(metrics, dict):
+        return None
+    out: dict[str, Any] = {}
+    for key, value in metrics.items():
+        if not isinstance(key, str):
+            continue
+        if isinstance(value, bool) or (isinstance(value, int | float) and math.isfinite(value)):
+            out[bounded_text(key, 200)] = value
+        elif isinstance(value, str):
+            out[bounded_text(key, 200)] = bounded_text(value, 1024)
+    return out or None
 
 
 class ErrorInfo(msgspec.Struct, kw_only=True, omit_defaults=True, gc=False):
@@ -124,8 +142,8 @@ class TerminalRecord(msgspec.Struct, kw_only=True, gc=False):
     reference's category); ``error`` says why, where known (an addition of ours: readers that
     do not know it ignore it).
 
-    Records (and their :class:`ErrorInfo`) hold only scalars, so they can never be part of a
-    reference cycle: ``gc=False`` keeps them out of the cycle collector, which makes replay's
+    Records (and their :class:`ErrorInfo`) hold only scalars and a flat ``metrics`` dict of
+    scalars, so they can never be part of a reference cycle: ``gc=False`` keeps them out of the cycle collector, which makes replay's
     decode cheaper and keeps a long run's full collections from walking every record.
     """
 
@@ -139,6 +157,15 @@ class TerminalRecord(msgspec.Struct, kw_only=True, gc=False):
     max_context_tokens: int | None = None
     retries: int | None = None
     """Model calls the bridge made again after a transient provider fault (ours; None: none)."""
+    calls: int | None = None
+    """Model calls the rollout made through the bridge (ours; their records are in
+    ``calls.jsonl``, launcher.rundir.calls)."""
+    cached_tokens: int | None = None
+    """Prompt tokens the provider served from its cache, summed over the calls (ours)."""
+    reasoning_tokens: int | None = None
+    """Completion tokens the provider spent reasoning, summed over the calls (ours)."""
+    metrics: dict[str, Any] | None = None
+    """The workflow's own metrics (the sample's ``metrics``: JSON scalars only; ours)."""
     duration_ms: float | None = None
     error_type: str | None = None
     error: ErrorInfo | None = None

@@ -20,6 +20,7 @@ from ..backend import FAILURE_KEY, ExecutionOutcome, ExecutionRequest, Execution
 from ..protocol import RolloutErrorCategory, RolloutStatus
 from ..sdk import RolloutSample
 from .archive import log_tail, scrub_bytes, secret_spellings
+from .atif import agent_messages, with_agent_messages
 
 __all__ = [
     "CANCELLED_TYPES",
@@ -364,7 +365,11 @@ def trial_outcome(
             RolloutErrorCategory.INTERNAL_ERROR,
         )
     if evidence is None:
-        return outcome_from_result(
-            result, prompt=request.prompt, label=request.label, grade=request.grade
+        # A host-side agent: its turns are in its ATIF trajectory (harbor.atif).
+        return with_agent_messages(
+            outcome_from_result(
+                result, prompt=request.prompt, label=request.label, grade=request.grade
+            ),
+            agent_messages(trial_dir, secrets),
         )
     return sandbox_outcome(trial_dir, result, request, secrets, evidence)

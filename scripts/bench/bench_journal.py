@@ -11,8 +11,12 @@
    to show the cost does not grow with the run. As a contrast,
    the reference's strategy (rewrite index/summary/metrics in full after every item) is
    measured at 200 and 1,000 items.
+3. Per-item CPU (all threads, ``time.process_time``) of ``record_result`` with each result's
+   call records (``calls.jsonl``, three calls per item, docs/calls.md) against the same items
+   without, in the same run, sequential and 50 at once (fsync stubbed out).
 
 Run: .venv/bin/python scripts/bench/bench_journal.py [--records N ...] [--items 10000]
+[--calls-only] (section 3 alone)
 """
 
 from __future__ import annotations
@@ -133,6 +137,70 @@ def make_dataset(tmp: Path, rows: int) -> Path:
     return data
 
 
+def _call(rollout_id: str, index: int) -> dict[str, object]:
+    """A call record as the bridge reports one (bridge.calls), about 350 bytes."""
+    return {
+        "kind": "rollout",
+        "rollout_id": rollout_id,
+        "api": "chat.completions",
+        "model": "fake-model",
+        "stream": False,
+        "started_at": "2026-12-02T00:00:00.000000Z",
+        "ttfb_ms": 12.5,
+        "duration_ms": 20.25,
+        "status": 200,
+        "prompt_tokens": 120 + index,
+        "completion_tokens": 30,
+        "total_tokens": 150 + index,
+        "cached_tokens": 64,
+        "finish_reason": "stop",
+    }
+
+
+async def calls_cpu(tmp: Path, name: str, rows: int, calls: int, at_once: int) -> float:
+    """CPU seconds per item of ``record_result`` with ``calls`` call records each."""
+    sel = select_rows(make_dataset(tmp, rows))
+    meta = RunMeta(1, 1.0, rows, rows, "d", "m", "r")
+    rd = RunDirectory.open(
+        output_root=tmp / "out",
+        name=name,
+        inputs={"x": rows},
+        provenance={},
+        fresh=False,
+        meta=meta,
+        selected_rows=sel.rows,
+        redactor=Redactor(["s3cret"]),
+    )
+    records = [make_record(i) for i in range(rows)]
+    pending = iter(records)
+
+    async def worker() -> None:
+        for record in pending:
+            made = [_call(record.rollout_id, k) for k in range(calls)]
+            await rd.record_result(record, calls=made or None)
+
+    t0 = time.process_time()
+    async with trio.open_nursery() as nursery:
+        for _ in range(at_once):
+            nursery.start_soon(worker)
+    spent = time.process_time() - t0
+    rd.close()
+    return spent / rows
+
+
+def section_calls(tmp: Path) -> None:
+    for at_once in (1, 50):
+        off, on = [], []
+        for k in range(3):  # interleaved, so machine load falls on both alike
+            off.append(trio.run(calls_cpu, tmp, f"calls-off-{at_once}-{k}", 2000, 0, at_once))
+            on.append(trio.run(calls_cpu, tmp, f"calls-on-{at_once}-{k}", 2000, 3, at_once))
+        a, b = statistics.median(off), statistics.median(on)
+        print(
+            f"  {at_once:>2} at once: without calls {a * 1000:.3f} ms/item, with 3 calls "
+            f"{b * 1000:.3f} ms/item: {b / a:.2f}x"
+        )
+
+
 async def run_items(tmp: Path, name: str, rows: int) -> list[float]:
     sel = select_rows(make_dataset(tmp, rows))
     meta = RunMeta(
@@ -223,10 +291,21 @@ def main() -> None:
         "--records", type=int, action="append", help="replay sizes (default 100,000 and 1,000,000)"
     )
     parser.add_argument("--items", type=int, default=10_000)
+    parser.add_argument("--calls-only", action="store_true", dest="calls_only")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory(dir=os.environ.get("BENCH_TMP")) as tmp_name:
         tmp = Path(tmp_name)
         print(f"load average at start: {os.getloadavg()}")
+        if args.calls_only:
+            real_fsync = os.fsync
+            os.fsync = lambda fd: None
+            try:
+                print("record_result CPU (all threads) with call records, fsync stubbed")
+                section_calls(tmp)
+            finally:
+                os.fsync = real_fsync
+            print(f"load average at end: {os.getloadavg()}")
+            return
         for count in args.records or sorted(REPLAY_TARGETS):
             bench_replay(tmp, count)
         print()
@@ -250,6 +329,9 @@ def main() -> None:
             ref_small = full_rewrite_costs(tmp, 200)
             ref_large = full_rewrite_costs(tmp, 1000)
             compare("full rewrite", ref_small, ref_large[-200:], 1000)
+            print()
+            print("record_result CPU (all threads) with each result's call records, fsync stubbed")
+            section_calls(tmp)
         finally:
             os.fsync = real_fsync
         print(f"load average at end: {os.getloadavg()}")

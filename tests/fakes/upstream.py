@@ -11,6 +11,8 @@ Faults are injected by setting attributes on the :class:`FakeUpstream` between r
 ``fail_statuses`` (a queue of statuses answered before normal service resumes),
 ``fail_body`` (the body sent with those statuses). Every request is recorded in ``requests``;
 ``disconnects`` counts requests whose client went away before the answer was sent.
+``usage_extra`` is merged into every ``usage`` (cached and reasoning token details, say), and a
+request asking for ``logprobs`` gets one logprob per word of the reply (in each streamed chunk).
 
 Transient faults, at random: ``fault_rate`` (the fraction of chat calls that get one) of the
 kinds in ``fault_kinds``: ``"500"``, ``"429"`` (with ``Retry-After: <retry_after>``) and
@@ -64,6 +66,7 @@ class FakeUpstream:
     in_flight: int = 0
     reply_prefix: str = "echo: "
     usage: bool = True
+    usage_extra: dict[str, Any] = field(default_factory=dict)
     fault_rate: float = 0.0
     fault_kinds: tuple[str, ...] = ("500", "429", "reset")
     retry_after: str = "1"
@@ -199,6 +202,7 @@ class FakeUpstream:
             "prompt_tokens": prompt_tokens,
             "completion_tokens": completion_tokens,
             "total_tokens": prompt_tokens + completion_tokens,
+            **self.usage_extra,
         }
         if request.get("stream"):
             await self._stream(send, model, text, usage, request)
@@ -216,6 +220,8 @@ class FakeUpstream:
                 }
             ],
         }
+        if request.get("logprobs"):
+            payload["choices"][0]["logprobs"] = {"content": _logprobs(text.split(" "))}
         if self.usage:
             payload["usage"] = usage
         await _send_json(send, 200, payload)
@@ -240,6 +246,8 @@ class FakeUpstream:
             if i == 0:
                 delta["role"] = "assistant"
             chunk = _chunk(model, delta, None)
+            if request.get("logprobs"):
+                chunk["choices"][0]["logprobs"] = {"content": _logprobs([piece], i)}
             await send({"type": "http.response.body", "body": _sse(chunk), "more_body": True})
             if self.chunk_delay:
                 await trio.sleep(self.chunk_delay)
@@ -262,6 +270,13 @@ class FakeUpstream:
             }
             await send({"type": "http.response.body", "body": _sse(final), "more_body": True})
         await send({"type": "http.response.body", "body": b"data: [DONE]\n\n", "more_body": False})
+
+
+def _logprobs(tokens: list[str], first: int = 0) -> list[dict[str, Any]]:
+    return [
+        {"token": token, "logprob": -0.5 * (first + i), "bytes": None, "top_logprobs": []}
+        for i, token in enumerate(tokens)
+    ]
 
 
 def _chunk(model: str, delta: dict[str, Any], finish: str | None) -> dict[str, Any]:

@@ -87,6 +87,20 @@ async def test_terminus_2_solves_the_task_on_the_loopback_bridge(
         r["rollout_id"]: r["tokens"] for r in index
     }
     assert calls == upstream.agent_calls
+    # The record (docs/calls.md): one call record per call the provider answered, summing to
+    # the rows' tokens and metrics.json; terminus-2's turns are in each row's trajectory.
+    recorded = [json.loads(line) for line in (run / "calls.jsonl").read_text().splitlines()]
+    rollout_calls = [c for c in recorded if c["kind"] == "rollout"]
+    assert len(rollout_calls) == upstream.agent_calls
+    summary = json.loads((run / "metrics.json").read_text())["summary"]
+    assert summary["calls"] == upstream.agent_calls
+    for row in index:
+        mine = [c for c in rollout_calls if c["rollout_id"] == row["rollout_id"]]
+        assert row["calls"] == len(mine)
+        assert row["tokens"] == sum(c["total_tokens"] for c in mine)
+        trial = run / "rollout_trials" / row["rollout_id"]
+        steps = json.loads((trial / "trajectory.json").read_text())["steps"]
+        assert sum(1 for step in steps if step["source"] == "agent") >= 2, steps
     assert upstream.authorizations
     assert all(auth == f"Bearer {PROVIDER_KEY}" for auth in upstream.authorizations)
 

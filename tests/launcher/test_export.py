@@ -87,11 +87,17 @@ def test_jsonl_rows(run: Path, capsys: pytest.CaptureFixture[str]) -> None:
         "error": None,
         "tokens": 40,
         "max_context_tokens": 30,
+        "calls": None,
+        "cached_tokens": None,
+        "reasoning_tokens": None,
+        "retries": None,
+        "metrics": None,
         "duration_ms": 1.0,
         "model": "openai/gpt-4o-mini",
         "dataset_sha256": "d" * 64,
         "label": "fruit",
         "messages": CONVERSATION,
+        "call_records": [],
     }
     assert (second["row_index"], second["status"], second["error_type"]) == (
         1,
@@ -153,3 +159,85 @@ def test_arguments_that_were_not_json_come_back_as_text() -> None:
     doc = build_trajectory("r", RolloutSample(conversation), sdk_version="0")
     assert trajectory_messages(doc) == conversation
     assert trajectory_messages(None) == []
+
+
+CALL = {
+    "kind": "rollout",
+    "rollout_id": "r9",
+    "index": 0,
+    "api": "chat.completions",
+    "model": "gpt-4o-mini",
+    "stream": True,
+    "started_at": "2026-12-02T00:00:00.000000Z",
+    "ttfb_ms": 12.5,
+    "duration_ms": 40.0,
+    "status": 200,
+    "retries": [{"status": 429, "kind": "RateLimitError"}],
+    "prompt_tokens": 30,
+    "completion_tokens": 10,
+    "total_tokens": 40,
+    "cached_tokens": 24,
+    "reasoning_tokens": 6,
+    "finish_reason": "stop",
+    "logprobs": {"token": ["A", " fruit"], "logprob": [-0.1, -0.2], "top": [[["An", -2.5]], []]},
+    "token_ids": [32, 14098],
+}
+
+
+@pytest.fixture
+def run_with_calls(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    (tmp_path / "configs" / "eval").mkdir(parents=True)
+    monkeypatch.chdir(tmp_path)
+    record = {
+        "row_index": 0,
+        "status": "success",
+        "reward": 1.0,
+        "rollout_id": "r9",
+        "tokens": 40,
+        "calls": 1,
+        "cached_tokens": 24,
+        "reasoning_tokens": 6,
+        "retries": 1,
+        "metrics": {"turns": 2, "solved": True},
+    }
+    run = make_run(tmp_path / ".osmosis" / "evals", "calls", records=[record], total=1)
+    _trajectory(run, "r9", "fruit")
+    superseded = {**CALL, "rollout_id": "r-old"}  # an earlier attempt's call: not this row's
+    preflight = {"kind": "preflight", "rollout_id": None, "status": 200}
+    (run / "calls.jsonl").write_text(
+        "".join(json.dumps(c) + "\n" for c in (preflight, superseded, CALL))
+    )
+    return run
+
+
+def test_calls_and_usage_per_row_in_jsonl_and_parquet(
+    run_with_calls: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    code, out, _ = _run(capsys, "eval", "export", "calls", "-o", "-")
+    assert code == 0
+    row = json.loads(out)
+    assert (row["calls"], row["cached_tokens"], row["reasoning_tokens"], row["retries"]) == (
+        1,
+        24,
+        6,
+        1,
+    )
+    assert row["metrics"] == {"turns": 2, "solved": True}
+    assert row["messages"] == CONVERSATION
+    (call,) = row["call_records"]
+    assert call["ttfb_ms"] == 12.5 and call["retries"] == [
+        {"status": 429, "kind": "RateLimitError"}
+    ]
+    assert call["logprobs"] == {
+        "token": ["A", " fruit"],
+        "logprob": [-0.1, -0.2],
+        "top": [[{"token": "An", "logprob": -2.5}], []],
+    }
+    assert call["token_ids"] == [32, 14098]
+    pq = pytest.importorskip("pyarrow.parquet")
+    code, _, err = _run(capsys, "eval", "export", "calls", "--format", "parquet", "-o", "c.pq")
+    assert (code, err) == (0, "")
+    back = pq.read_table(tmp_path / "c.pq").to_pylist()[0]
+    assert back["cached_tokens"] == 24 and back["reasoning_tokens"] == 6
+    assert json.loads(back["metrics"]) == {"turns": 2, "solved": True}
+    assert back["call_records"] == [call]

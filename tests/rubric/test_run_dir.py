@@ -99,6 +99,10 @@ async def test_interrupted_and_resumed(judge: FakeJudge, run_copy: Path, tmp_pat
     keys = [(line["rollout_id"], line["judge_run"]) for line in lines]
     assert len(keys) == len(set(keys)) == 21, "a record was judged twice"
     assert lines[:5] == first
+    # Each verdict keeps its judge call's record, billed to no rollout (docs/calls.md).
+    calls = [line["call"] for line in lines]
+    assert {(c["kind"], c["rollout_id"], c["status"]) for c in calls} == {("judge", None, 200)}
+    assert all(c["total_tokens"] == 15 for c in calls)
 
     index = _lines(run_copy / "index.jsonl")
     assert {row["rollout_id"] for row in index} == {key[0] for key in keys}

@@ -103,6 +103,7 @@
       el("h3", {}, "Prompt"), el("pre", { class: "msg" }, it.prompt || "–"),
       el("h3", {}, "Ground truth"), el("pre", { class: "msg" }, it.label === undefined ? "–" : it.label),
       el("h3", {}, "Transcript"), renderTranscript(it.transcript),
+      el("h3", {}, "Model calls"), renderCalls(it.calls, it.usage),
       el("h3", {}, "Diagnostics"),
       it.diagnostics ? el("pre", { class: "msg diagnostics" }, JSON.stringify(it.diagnostics, null, 2)) : el("p", { class: "muted" }, "none"));
     place();
@@ -121,3 +122,29 @@
   window.rbReadyMs = performance.now();
   document.body.dataset.ready = "1";
 })();
+
+// One item's model calls as a timeline: a bar per call from its start to its end (the darker
+// part is the wait for the first byte), and beside it latency, tokens, cached share, retries.
+function renderCalls(calls, usage) {
+  const totals = usage ? Object.entries(usage).filter(([k]) => k !== "metrics")
+    .map(([k, v]) => `${k.replace("_", " ")} ${fmt(v)}`).join(" · ") : "";
+  const metrics = usage && usage.metrics ? "workflow metrics " + JSON.stringify(usage.metrics) : "";
+  const head = [totals, metrics].filter(Boolean).map((t) => el("p", { class: "muted" }, t));
+  if (!calls || !calls.length) return el("div", { id: "detail-calls" }, head, el("p", { class: "muted" }, "No call records."));
+  const span = Math.max(1, ...calls.map((c) => (c.start_ms || 0) + (c.duration_ms || 0)));
+  const pct = (ms) => (100 * ms / span).toFixed(2) + "%";
+  return el("div", { id: "detail-calls" }, head, el("ol", { class: "calls" }, calls.map((c) => {
+    const cached = c.cached_tokens !== undefined && c.prompt_tokens
+      ? ` · cached ${fmt(c.cached_tokens)} (${Math.round(100 * c.cached_tokens / c.prompt_tokens)}%)` : "";
+    const facts = `#${c.index !== undefined ? c.index : "?"} · ${fmt(c.duration_ms, 0)} ms (first byte ${fmt(c.ttfb_ms, 0)}) · `
+      + `${fmt(c.prompt_tokens)} → ${fmt(c.completion_tokens)} tokens${cached}`
+      + (c.reasoning_tokens !== undefined ? ` · reasoning ${fmt(c.reasoning_tokens)}` : "")
+      + (c.retries ? ` · ${c.retries} retried: ${c.retry_causes.join(", ")}` : "")
+      + ` · ${c.status === 200 ? (c.finish_reason || "ok") : "HTTP " + fmt(c.status) + (c.error ? " " + c.error : "")}`;
+    return el("li", { class: "call" + (c.status === 200 ? "" : " call-failed"), "data-index": c.index },
+      el("div", { class: "call-track" },
+        el("div", { class: "call-bar", style: `margin-left:${pct(c.start_ms || 0)};width:${pct(c.duration_ms || 0)}` },
+          el("div", { class: "call-wait", style: `width:${c.duration_ms ? (100 * (c.ttfb_ms || 0) / c.duration_ms).toFixed(1) : 0}%` }))),
+      el("div", { class: "call-facts" }, facts));
+  })));
+}

@@ -1,0 +1,112 @@
+"""Per-call records (bridge.calls): what each call of a rollout did, in the bridge's own process
+and in the caller's, known before the call's answer reaches the rollout."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import httpx
+import trio
+
+from bridge.calls import CallBook, compact_logprobs
+from bridge.process import BridgeProcessHandle, run_bridge_process
+from bridge.server import BridgeConfig, BridgeHandle
+from tests.bridge.conftest import AUTH, HI, TOKEN, StartBridge, url
+from tests.fakes.upstream import FakeUpstream
+
+DETAILS = {
+    "prompt_tokens_details": {"cached_tokens": 2},
+    "completion_tokens_details": {"reasoning_tokens": 1},
+}
+
+
+async def _process(nursery: trio.Nursery) -> BridgeProcessHandle:
+    config = BridgeConfig(model="openai/test-model", token=TOKEN)
+    handle: BridgeProcessHandle = await nursery.start(
+        lambda task_status: run_bridge_process(
+            config, redact_values=(TOKEN,), task_status=task_status
+        )
+    )
+    return handle
+
+
+async def test_each_call_crosses_the_hop_before_its_answer(
+    nursery: trio.Nursery, provider_env: FakeUpstream
+) -> None:
+    provider_env.usage_extra = DETAILS
+    provider_env.fail_statuses.extend([429])
+    provider_env.retry_after = "0"
+    with trio.fail_after(60):
+        handle = await _process(nursery)
+        async with httpx.AsyncClient(timeout=30) as client:
+            first = await client.post(
+                url(handle, "r1"), json={"messages": HI, "logprobs": True}, headers=AUTH
+            )
+            calls = handle.calls.get("r1")  # no wait: it must already be here
+            streamed = await client.post(
+                url(handle, "r1"),
+                json={
+                    "messages": HI,
+                    "stream": True,
+                    "logprobs": True,
+                    "stream_options": {"include_usage": True},
+                },
+                headers=AUTH,
+            )
+            provider_env.fail_statuses.extend([400])
+            refused = await client.post(url(handle, "r1"), json={"messages": HI}, headers=AUTH)
+    assert (first.status_code, streamed.status_code, refused.status_code) == (200, 200, 400)
+    assert len(calls) == 1
+    done, stream, failed = handle.calls.pop("r1")
+    assert handle.calls.pop("r1") == []
+    assert done["kind"] == "rollout" and done["rollout_id"] == "r1"
+    assert done["api"] == "chat.completions" and done["model"] == "test-model"
+    assert done["status"] == 200 and done["finish_reason"] == "stop"
+    assert done["retries"] == [{"status": 429, "kind": "RateLimitError"}]
+    assert (done["prompt_tokens"], done["completion_tokens"]) == (1, 2)
+    assert (done["cached_tokens"], done["reasoning_tokens"]) == (2, 1)
+    assert done["logprobs"] == {"token": ["echo:", "hi"], "logprob": [0.0, -0.5]}
+    assert done["duration_ms"] >= done["ttfb_ms"] >= 0
+    assert stream["stream"] is True and stream["finish_reason"] == "stop"
+    assert stream["logprobs"]["token"] == ["echo:", " hi"]
+    assert stream["total_tokens"] == 3 and stream["cached_tokens"] == 2
+    assert failed["status"] == 400 and failed["upstream_status"] == 400
+    assert "prompt_tokens" not in failed and "retries" not in failed
+
+
+async def test_an_in_process_bridge_keeps_its_calls_per_rollout(
+    start_bridge: StartBridge, provider_env: FakeUpstream, client: httpx.AsyncClient
+) -> None:
+    with trio.fail_after(30):
+        handle: BridgeHandle = await start_bridge(keep_calls=True)
+        standalone: BridgeHandle = await start_bridge()
+        for rid in ("a", "a", "b"):
+            for bridge in (handle, standalone):
+                reply = await client.post(url(bridge, rid), json={"messages": HI}, headers=AUTH)
+                assert reply.status_code == 200
+    assert [c["rollout_id"] for c in handle.calls.pop("a")] == ["a", "a"]
+    handle.calls.discard("b")
+    assert handle.calls.pop("b") == []
+    # A standalone bridge (`rollbridge bridge serve`) runs for days: it keeps no records.
+    assert standalone.calls.get("a") == [] and standalone.calls.get("b") == []
+
+
+def test_logprobs_are_kept_as_columns() -> None:
+    content: list[Any] = [
+        {"token": "a", "logprob": -1.0, "top_logprobs": [{"token": "b", "logprob": -2.0}]},
+        {"token": "c", "logprob": -0.5, "top_logprobs": []},
+    ]
+    assert compact_logprobs(content) == {
+        "token": ["a", "c"],
+        "logprob": [-1.0, -0.5],
+        "top": [[["b", -2.0]], []],
+    }
+    assert compact_logprobs(None) is None and compact_logprobs([]) is None
+
+
+def test_a_call_finishing_after_its_rollout_was_forgotten_is_not_kept() -> None:
+    book = CallBook()
+    book.add({"kind": "rollout", "rollout_id": "gone", "status": 200})
+    book.discard("gone")
+    book.add({"kind": "rollout", "rollout_id": "gone", "status": None, "error": "cancelled"})
+    assert book.pop("gone") == []
