@@ -42,6 +42,10 @@ _EVALUATION: dict[str, dict[str, Any]] = {
     "pass_threshold": {**_FINITE, "description": "A run passes when reward >= threshold."},
     "agent_workflow_timeout_s": {**_FINITE, "description": "Seconds for the agent workflow."},
     "grader_timeout_s": {**_FINITE, "description": "Seconds for the grader."},
+    "keep_logprobs": {
+        "type": "boolean",
+        "description": "Keep logprobs and token ids in calls.jsonl when the provider returns them.",
+    },
 }
 
 
