@@ -46,6 +46,7 @@ from launcher.rundir.metrics import aggregate_metrics
 from launcher.rundir.names import generate_run_name
 from launcher.rundir.peek import peek_complete, read_metrics, read_summary
 from launcher.services import RunContext, Services, open_services
+from launcher.shard import SHARD_INPUT
 from launcher.signals import EXIT_INTERRUPTED, Interrupts, watch_signals
 from launcher.ui import CLI_VERSION, UI
 
@@ -171,12 +172,14 @@ class Supervisor:
                 source_digest, p.paths.rollout_dir, p.output_root
             )
             inputs = build_inputs(p.config, p.spec, p.selection, digest)
+            if p.shard is not None:
+                inputs[SHARD_INPUT] = p.shard.manifest_value()
             done = None
             if not request.fresh:
                 done = peek_complete(
                     run_dir,
                     inputs,
-                    p.selection.rows,
+                    p.rows,
                     p.spec.n,
                     retry_failed=request.retry_failed,
                 )
@@ -196,7 +199,7 @@ class Supervisor:
                 provenance=provenance,
                 fresh=request.fresh,
                 meta=p.meta,
-                selected_rows=p.selection.rows,
+                selected_rows=p.rows,
                 redactor=p.redactor,
                 echo=self.ui.log_line if self.ui.verbose else None,
             )
@@ -213,7 +216,7 @@ class Supervisor:
     async def _execute(self, rd: RunDirectory, request: _Request) -> int:
         p = self.prepared
         total = p.meta.total_work_items
-        pending = rd.pending_items(p.selection.rows, p.spec.n, request.retry_failed)
+        pending = rd.pending_items(p.rows, p.spec.n, request.retry_failed)
         if pending:
             self.stage(pending_line(rd.name, len(pending), total, rd.recorded_count))
             await self._confirm(len(pending))
