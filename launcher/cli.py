@@ -197,6 +197,7 @@ def eval_group() -> None:
 @click.option("--advertise-url", default=None, help="Public base URL reaching the bridge listener.")
 @click.option("--verbose", is_flag=True, help="Stream every logs.txt line to the terminal.")
 @click.option("--shard", default=None, help="Run only shard i/N of the rows (0 <= i < N).")
+@click.option("--ray", default=None, help="Run replicas on a Ray cluster: ADDRESS or 'local'.")
 @click.option("--json", "json_output", is_flag=True, help="Print one JSON result envelope.")
 @click.option("--plain", is_flag=True, help="Plain text output: result and next steps only.")
 @click.pass_context

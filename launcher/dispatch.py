@@ -47,6 +47,7 @@ __all__ = [
     "ModelEndpoint",
     "ResultSink",
     "RolloutHandle",
+    "RolloutLost",
     "RolloutRefused",
     "RolloutTransport",
     "classify",
@@ -78,6 +79,12 @@ class RolloutRefused(Exception):
         super().__init__(message)
         self.status_code = status_code
         self.kind = kind
+
+
+class RolloutLost(Exception):
+    """The replica running this rollout was lost (its node left, its actor died): nothing of
+    the attempt is recorded and the item goes back to the front of the queue under a new
+    rollout id (docs/scale-out.md). Raised by a cluster transport's handle, never locally."""
 
 
 class RolloutHandle(Protocol):
@@ -361,6 +368,12 @@ class Dispatcher:
                 {"error": str(exc), **where},
             )
             await self._record(record, has_sample=False)
+            return
+        except RolloutLost as exc:
+            # Not a result: the item runs again elsewhere, and never counts toward a streak.
+            self.endpoint.forget(slot.rollout_id)
+            self.log("WARNING", "dispatch", "replica lost; requeued", {"error": str(exc), **where})
+            self._queue.appendleft(item)
             return
         except BaseException:
             self.endpoint.forget(slot.rollout_id)

@@ -68,6 +68,7 @@ class EvalOptions:
     advertise_url: str | None = None
     verbose: bool = False
     shard: str | None = None
+    ray: str | None = None
 
 
 @dataclass
@@ -195,6 +196,10 @@ def prepare(options: EvalOptions, ui: UI, cwd: Path | None = None) -> Prepared:
         name=dataset.name,
         extension=dataset.extension,
     )
+    if options.ray is not None:
+        from launcher.cluster.flags import check_ray_flag
+
+        check_ray_flag(options.ray, os.environ)
     shard = None if options.shard is None else parse_shard(options.shard, len(selection.rows))
     git = read_git_state(workspace.root)
     for warning in provenance_warnings(config, git):

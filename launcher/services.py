@@ -32,7 +32,7 @@ from typing import TYPE_CHECKING, Any
 import trio
 
 from launcher.daemon.live_usage import publish_live_usage
-from launcher.dispatch import resolve_concurrency
+from launcher.dispatch import RolloutTransport, resolve_concurrency
 from launcher.dispatch_io import BridgeEndpoint, RolloutClientTransport
 from launcher.errors import LocalEvalError
 from launcher.prepare import Prepared
@@ -103,9 +103,13 @@ class Services:
     concurrency: int
     endpoint: BridgeEndpoint
     routing: SandboxRouting | None = None
+    transport: RolloutTransport | None = None
+    """A transport in place of the local server's (``--ray``: :mod:`launcher.cluster`)."""
 
-    def rollout_transport(self) -> RolloutClientTransport:
+    def rollout_transport(self) -> RolloutTransport:
         """The dispatch's transport: the server's own client (built during its start-up)."""
+        if self.transport is not None:
+            return self.transport
         return RolloutClientTransport(self.server.client, self.server)
 
     async def live_usage(self, run_dir: Path, in_flight: Callable[[], int]) -> None:

@@ -266,8 +266,15 @@ class Supervisor:
             long_stop=lambda: self._stopped_early,
         )
         async with open_services(ctx) as services:
-            if services is not None:
+            if services is None:
+                return
+            if self.prepared.options.ray is None:
                 await self._dispatch(rd, pending, services)
+                return
+            from launcher.cluster.run import open_cluster
+
+            async with open_cluster(ctx, services) as clustered:
+                await self._dispatch(rd, pending, clustered)
 
     async def _dispatch(
         self, rd: RunDirectory, pending: list[WorkItem], services: Services
