@@ -198,7 +198,10 @@ async def _start(
     bridge.keepalive = decision.keepalive
     capacity = await server.probe_capacity()
     concurrency = resolve_concurrency(p.options.max_in_flight, p.spec.batch_size, capacity)
-    capped = cap_notice(p.options.max_in_flight, p.spec.batch_size, capacity)
+    # With --ray the cap is the capacity of all replicas (launcher.cluster.run).
+    capped = (
+        None if p.options.ray else cap_notice(p.options.max_in_flight, p.spec.batch_size, capacity)
+    )
     if capped is not None:
         ctx.log("WARNING", "dispatch", capped, None)
         ctx.ui.warning(capped, "CONCURRENCY_CAPPED")

@@ -17,6 +17,7 @@ arguments, never in a ``runtime_env`` (whose ``env_vars`` other clients read in 
 from __future__ import annotations
 
 import dataclasses
+import logging
 import os
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -65,11 +66,12 @@ def _init(ray: Any, address: str) -> tuple[str, str]:
         ray.init(
             include_dashboard=False,
             log_to_driver=False,
+            logging_level=logging.ERROR,
             object_store_memory=100_000_000,
             resources={HOST_RESOURCE: 1},
         )
     else:
-        ray.init(address=address, log_to_driver=False)
+        ray.init(address=address, log_to_driver=False, logging_level=logging.ERROR)
     node_id = ray.get_runtime_context().get_node_id()
     return str(node_id), str(ray.util.get_node_ip_address())
 
