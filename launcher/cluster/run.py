@@ -76,6 +76,17 @@ def _init(ray: Any, address: str) -> tuple[str, str]:
     return str(node_id), str(ray.util.get_node_ip_address())
 
 
+def _draining_nodes() -> set[str]:
+    """Nodes being drained (a ``ray start --block`` that got SIGTERM): Ray lists them only
+    through its private state API, so any failure there means none."""
+    try:
+        from ray._private.state import state
+
+        return set(state.get_draining_nodes())
+    except Exception:
+        return set()
+
+
 def _alive_nodes(ray: Any) -> dict[str, str]:
     """Alive nodes meant for replicas: node id -> address."""
     nodes = [n for n in ray.nodes() if n.get("Alive")]
@@ -93,6 +104,7 @@ class _Cluster:
         self.starting: set[str] = set()
         self.refused: set[str] = set()
         self.actor_class = ray.remote(NodeAgent)
+        self.nursery: trio.Nursery | None = None
 
     def options(self, node_id: str) -> dict[str, Any]:
         from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
@@ -140,10 +152,27 @@ class _Cluster:
         nodes = await trio.to_thread.run_sync(self.ray.nodes)
         self.tagged = any(n.get("Resources", {}).get(HOST_RESOURCE) for n in nodes)
         alive = await trio.to_thread.run_sync(_alive_nodes, self.ray)
+        draining = await trio.to_thread.run_sync(_draining_nodes)
         for replica in self.transport.replicas:
-            if replica.actor is not None and replica.node_id not in alive:
+            if replica.actor is None:
+                continue
+            if replica.node_id not in alive:
                 self.transport.lose(replica, "its node left the cluster")
+            elif (
+                replica.node_id in draining
+                and replica.state == "healthy"
+                and self.nursery is not None  # from the first poll on (agents started)
+            ):
+                self.transport.start_draining(replica)
+                self.nursery.start_soon(self.retire, replica)
         return alive
+
+    async def retire(self, replica: Replica) -> None:
+        """A leaving node: let its items finish, then stop its agent, so the node's drain
+        (which waits for every worker of the node to be released) can end."""
+        await self.transport.drained(replica)
+        await self._stop_one(replica)
+        self.transport.lose(replica, "its node is leaving the cluster")
 
     async def manage(
         self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED
@@ -155,6 +184,7 @@ class _Cluster:
                 first.start_soon(self.start_agent, node_id, address)
         task_status.started()
         async with trio.open_nursery() as nursery:
+            self.nursery = nursery
             while True:
                 await trio.sleep(POLL_S)
                 for node_id, address in self.wanted(await self.poll()).items():

@@ -41,7 +41,7 @@ class Replica:
     capacity: int
     actor: Any = None
     state: str = "healthy"
-    """``healthy`` or ``lost``."""
+    """``healthy``, ``draining`` (its node is leaving: no new work) or ``lost``."""
     in_flight: int = 0
     finished: int = 0
     rollouts: set[str] = field(default_factory=set)
@@ -157,6 +157,16 @@ class RayTransport:
         self.log("WARNING", "cluster", "replica lost", {"replica": replica.name, "cause": cause})
         self._kill(replica)
         self._wake()
+
+    def start_draining(self, replica: Replica) -> None:
+        """Send ``replica`` no new work (its node is leaving)."""
+        replica.state = "draining"
+        self.log("INFO", "cluster", "replica draining", {"replica": replica.name})
+
+    async def drained(self, replica: Replica) -> None:
+        """Return once ``replica`` has nothing in flight."""
+        while replica.in_flight:
+            await self._changed.wait()
 
     def release(self, replica: Replica, rollout_id: str) -> None:
         """An item left ``replica``."""

@@ -23,13 +23,13 @@ from tests.launcher.e2e.helpers import REPO, UV, base_env, make_workspace
 TESTBED = REPO / "scripts" / "ray-testbed"
 N2_IP = "10.203.0.2"
 
-_DELAY = '''
+_DELAY = """
 import os as _os
 
 import trio as _trio
 
 _DELAY_S = float(_os.environ.get("ECHO_DELAY_S") or 0)
-'''
+"""
 
 
 def _needs() -> str | None:

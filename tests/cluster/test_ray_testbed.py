@@ -7,6 +7,9 @@ The tests share one cluster; a drill that takes node 2 away brings it back befor
 
 from __future__ import annotations
 
+import contextlib
+import os
+import signal
 import subprocess
 from collections.abc import Awaitable, Callable
 from pathlib import Path
@@ -76,6 +79,12 @@ def _check_once(run: Path) -> list[dict[str, object]]:
     return records
 
 
+def _kill9(pids: list[int]) -> None:
+    for pid in pids:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+
+
 async def _no_leftovers(ws: Path) -> None:
     await wait_for(lambda: not _leftovers(ws), timeout=90, interval=0.5)
 
@@ -84,8 +93,7 @@ async def _restore_node2(testbed: ClusterBed) -> None:
     """Bring the cluster back to two alive nodes (node 2 as a new node if it was lost)."""
     if await trio.to_thread.run_sync(testbed.alive_nodes) == 2 and testbed.netns_pids():
         return
-    for pid in testbed.netns_pids():  # what the test bed started in the namespace
-        subprocess.run(["kill", "-9", str(pid)], check=False)
+    _kill9(testbed.netns_pids())  # what the test bed started in the namespace
     with trio.fail_after(90):
         while await trio.to_thread.run_sync(testbed.alive_nodes) != 1:
             await trio.sleep(1)
@@ -127,6 +135,7 @@ async def _drill(
     action: Callable[[Path], Awaitable[None]],
     *,
     delay_s: float = 3.0,
+    requeues: bool = True,
 ) -> tuple[Path, Path]:
     ws = slow_workspace(tmp_path / "ws", delay_s)
     run = run_dir(ws, "drill")
@@ -138,8 +147,9 @@ async def _drill(
     )
     try:
         await wait_for(
-            lambda: count_log(run, "replica ready") >= 1
-            and count_log(run, "dispatching rollout") >= 8,
+            lambda: (
+                count_log(run, "replica ready") >= 1 and count_log(run, "dispatching rollout") >= 8
+            ),
             timeout=180,
         )
         await action(run)
@@ -150,7 +160,8 @@ async def _drill(
     assert result.returncode == 0, result.stderr + result.stdout
     _check_once(run)
     assert count_log(run, "replica lost") >= 1
-    assert count_log(run, "requeued") >= 1
+    if requeues:
+        assert count_log(run, "requeued") >= 1
     return ws, run
 
 
@@ -158,8 +169,7 @@ async def test_drill_power_loss_of_node2(
     testbed: ClusterBed, slow_env: Path, tmp_path: Path
 ) -> None:
     async def power_loss(_run: Path) -> None:
-        for pid in testbed.netns_pids():
-            subprocess.run(["kill", "-9", str(pid)], check=False)
+        _kill9(testbed.netns_pids())
 
     try:
         ws, _ = await _drill(testbed, slow_env, tmp_path, power_loss)
@@ -196,12 +206,17 @@ async def test_drill_node_leaves_and_rejoins(
 ) -> None:
     async def leave_and_join(run: Path) -> None:
         testbed.script("stop-n2")
+        # A clean leave: node 2's replica takes no new work, finishes what it has, and its
+        # agent stops so that the node's drain can end.
+        await wait_for(lambda: count_log(run, "replica draining") >= 1, timeout=60)
         await wait_for(lambda: count_log(run, "replica lost") >= 1, timeout=120)
         await wait_for(lambda: not testbed.netns_pids(), timeout=90, interval=0.5)
         testbed.script("start-n2")
 
     try:
-        ws, run = await _drill(testbed, slow_env, tmp_path, leave_and_join, delay_s=6.0)
+        ws, run = await _drill(
+            testbed, slow_env, tmp_path, leave_and_join, delay_s=6.0, requeues=False
+        )
         # The node came back as a new node and got a new replica during the run.
         assert count_log(run, "replica ready") >= 2
         await _no_leftovers(ws)
@@ -215,13 +230,12 @@ async def test_drill_supervisor_kill9_then_resume(
     ws = slow_workspace(tmp_path / "ws", 3.0)
     run = run_dir(ws, "killed")
     env = _env(testbed, slow_env)
-    cli = await start_cli(
-        _args(testbed, "killed"), cwd=tmp_path, env=env, logdir=tmp_path / "cli"
-    )
+    cli = await start_cli(_args(testbed, "killed"), cwd=tmp_path, env=env, logdir=tmp_path / "cli")
     try:
         await wait_for(
-            lambda: count_log(run, "replica ready") >= 1
-            and count_log(run, "dispatching rollout") >= 8,
+            lambda: (
+                count_log(run, "replica ready") >= 1 and count_log(run, "dispatching rollout") >= 8
+            ),
             timeout=180,
         )
     finally:
