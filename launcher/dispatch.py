@@ -34,6 +34,7 @@ import trio
 
 from launcher.concurrency import InFlightLimit
 from launcher.dataset import WorkItem
+from launcher.requeue import RolloutLost
 from launcher.rundir.journal import ErrorInfo, TerminalRecord
 from launcher.signals import Interrupts
 from rollout_server.protocol import RolloutInitRequest, RolloutResultResponse, RolloutStatus
@@ -47,7 +48,6 @@ __all__ = [
     "ModelEndpoint",
     "ResultSink",
     "RolloutHandle",
-    "RolloutLost",
     "RolloutRefused",
     "RolloutTransport",
     "classify",
@@ -79,12 +79,6 @@ class RolloutRefused(Exception):
         super().__init__(message)
         self.status_code = status_code
         self.kind = kind
-
-
-class RolloutLost(Exception):
-    """The replica running this rollout was lost (its node left, its actor died): nothing of
-    the attempt is recorded and the item goes back to the front of the queue under a new
-    rollout id (docs/scale-out.md). Raised by a cluster transport's handle, never locally."""
 
 
 class RolloutHandle(Protocol):
@@ -369,8 +363,7 @@ class Dispatcher:
             )
             await self._record(record, has_sample=False)
             return
-        except RolloutLost as exc:
-            # Not a result: the item runs again elsewhere, and never counts toward a streak.
+        except RolloutLost as exc:  # not a result: it runs again elsewhere, never a streak
             self.endpoint.forget(slot.rollout_id)
             self.log("WARNING", "dispatch", "replica lost; requeued", {"error": str(exc), **where})
             self._queue.appendleft(item)

@@ -11,6 +11,7 @@ import os
 import shlex
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from launcher.config import (
     EvalConfig,
@@ -25,7 +26,7 @@ from launcher.redact import Redactor
 from launcher.report import COMMAND
 from launcher.rundir import RunMeta
 from launcher.rundir.names import validate_run_name
-from launcher.shard import Shard, parse_shard
+from launcher.shard import SHARD_INPUT, Shard, parse_shard
 from launcher.ui import UI
 from launcher.workspace import (
     DatasetSource,
@@ -95,6 +96,12 @@ class Prepared:
         if self.shard is None:
             return self.selection.rows
         return self.shard.rows(self.selection.rows)
+
+    def with_shard(self, inputs: dict[str, Any]) -> dict[str, Any]:
+        """The manifest inputs ``inputs``, with the ``shard`` group in a ``--shard`` run."""
+        if self.shard is not None:
+            inputs[SHARD_INPUT] = self.shard.manifest_value()
+        return inputs
 
     @property
     def meta(self) -> RunMeta:

@@ -17,6 +17,7 @@ from typing import Any
 
 import trio
 
+from launcher.cluster.run import clustered
 from launcher.concurrency import InFlightLimit
 from launcher.dataset import WorkItem
 from launcher.digest import source_digest
@@ -46,7 +47,6 @@ from launcher.rundir.metrics import aggregate_metrics
 from launcher.rundir.names import generate_run_name
 from launcher.rundir.peek import peek_complete, read_metrics, read_summary
 from launcher.services import RunContext, Services, open_services
-from launcher.shard import SHARD_INPUT
 from launcher.signals import EXIT_INTERRUPTED, Interrupts, watch_signals
 from launcher.ui import CLI_VERSION, UI
 
@@ -171,9 +171,7 @@ class Supervisor:
             digest = await trio.to_thread.run_sync(
                 source_digest, p.paths.rollout_dir, p.output_root
             )
-            inputs = build_inputs(p.config, p.spec, p.selection, digest)
-            if p.shard is not None:
-                inputs[SHARD_INPUT] = p.shard.manifest_value()
+            inputs = p.with_shard(build_inputs(p.config, p.spec, p.selection, digest))
             done = None
             if not request.fresh:
                 done = peek_complete(
@@ -266,15 +264,9 @@ class Supervisor:
             long_stop=lambda: self._stopped_early,
         )
         async with open_services(ctx) as services:
-            if services is None:
-                return
-            if self.prepared.options.ray is None:
-                await self._dispatch(rd, pending, services)
-                return
-            from launcher.cluster.run import open_cluster
-
-            async with open_cluster(ctx, services) as clustered:
-                await self._dispatch(rd, pending, clustered)
+            if services is not None:
+                async with clustered(ctx, services) as everywhere:  # --ray: launcher.cluster
+                    await self._dispatch(rd, pending, everywhere)
 
     async def _dispatch(
         self, rd: RunDirectory, pending: list[WorkItem], services: Services

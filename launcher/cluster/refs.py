@@ -1,4 +1,4 @@
-"""Awaiting a Ray result from trio without a thread per wait (docs/scale-out.md §2.8).
+"""Awaiting a Ray result from trio without a thread per wait (docs/scale-out.md).
 
 ``ref.future()`` is a ``concurrent.futures.Future`` that Ray's core-worker thread completes; its
 done-callback only wakes the trio task (thread-safe ``run_sync_soon``) and never calls Ray.

@@ -1,4 +1,4 @@
-"""Opening the Ray cluster for one run: driver, bridge relay, replicas (docs/scale-out.md §2).
+"""Opening the Ray cluster for one run: driver, bridge relay, replicas (docs/scale-out.md).
 
 :func:`open_cluster` wraps the dispatch of a run whose services (bridge, local rollout server)
 are already up. It joins the cluster as its driver (``--ray ADDRESS``) or starts a local one
@@ -40,7 +40,7 @@ from launcher.rollout_env import rollout_python
 if TYPE_CHECKING:
     from launcher.services import RunContext, Services
 
-__all__ = ["HOST_RESOURCE", "open_cluster"]
+__all__ = ["HOST_RESOURCE", "clustered", "open_cluster"]
 
 #: A custom resource a cluster may give the nodes meant for replicas (one agent per unit).
 HOST_RESOURCE = "rollbridge_host"
@@ -203,6 +203,16 @@ class _Cluster:
             except Exception as exc:
                 self.ctx.log("WARNING", "cluster", "agent stop failed", {"error": str(exc)})
         await trio.to_thread.run_sync(partial(self.ray.kill, replica.actor, no_restart=True))
+
+
+@asynccontextmanager
+async def clustered(ctx: RunContext, services: Services) -> AsyncIterator[Services]:
+    """``services`` as they are without ``--ray``; else with the cluster open."""
+    if ctx.prepared.options.ray is None:
+        yield services
+        return
+    async with open_cluster(ctx, services) as opened:
+        yield opened
 
 
 @asynccontextmanager

@@ -23,7 +23,8 @@ import msgspec
 import trio
 
 from launcher.cluster.refs import await_ref
-from launcher.dispatch import RolloutHandle, RolloutLost, RolloutRefused, RolloutTransport
+from launcher.dispatch import RolloutHandle, RolloutRefused, RolloutTransport
+from launcher.requeue import RolloutLost
 from rollout_server.protocol import RolloutInitRequest, RolloutResultResponse
 
 __all__ = ["RayTransport", "Replica", "unpack_trial"]
