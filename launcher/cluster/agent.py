@@ -38,7 +38,7 @@ from urllib.parse import urlsplit, urlunsplit
 import msgspec
 import trio
 
-from launcher.cluster.relay import relay_to
+from launcher.cluster.relay import pinned_client, relay_to
 from launcher.dispatch import RolloutRefused
 from launcher.dispatch_io import RolloutClientTransport
 from launcher.rollout_child import RolloutServer, ServerLaunch, start_rollout_server
@@ -61,6 +61,8 @@ class AgentSpec(msgspec.Struct, kw_only=True):
     secrets: dict[str, str]
     relay_host: str
     relay_port: int
+    relay_cert: str | None = None
+    """The PEM of the run's certificate the supervisor's relay presents (None: plain TCP)."""
     stop_grace_s: float = 5.0
 
 
@@ -164,9 +166,9 @@ class NodeAgent:
     async def _start(self, spec: AgentSpec) -> dict[str, Any]:
         nursery = self._guest.nursery
         assert nursery is not None
-        listeners = await nursery.start(
-            partial(trio.serve_tcp, relay_to(spec.relay_host, spec.relay_port), 0, host="127.0.0.1")
-        )
+        tls = pinned_client(spec.relay_cert) if spec.relay_cert else None
+        handler = relay_to(spec.relay_host, spec.relay_port, tls=tls)
+        listeners = await nursery.start(partial(trio.serve_tcp, handler, 0, host="127.0.0.1"))
         self._forward_port = int(listeners[0].socket.getsockname()[1])
         self._root = Path(tempfile.mkdtemp(prefix="rollbridge-agent-"))
         base_env = {k: v for k, v in os.environ.items() if not k.startswith("RAY_")}

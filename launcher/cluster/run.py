@@ -29,7 +29,7 @@ import trio
 
 from launcher.cluster.agent import AgentSpec, NodeAgent
 from launcher.cluster.refs import await_ref
-from launcher.cluster.relay import relay_to
+from launcher.cluster.relay import Handler, RunCertificate, relay_to, run_certificate
 from launcher.cluster.transport import RayTransport, Replica
 from launcher.dispatch import resolve_concurrency
 from launcher.dispatch_io import RolloutClientTransport
@@ -85,6 +85,25 @@ def _draining_nodes() -> set[str]:
         return set(state.get_draining_nodes())
     except Exception:
         return set()
+
+
+async def _serve_relay(
+    handler: Handler,
+    host: str,
+    cert: RunCertificate | None,
+    *,
+    task_status: trio.TaskStatus[int] = trio.TASK_STATUS_IGNORED,
+) -> None:
+    """Serve the relay to the bridge on ``host`` (TLS with ``cert``); report its port."""
+    async with trio.open_nursery() as nursery:
+        if cert is None:
+            plain = await nursery.start(partial(trio.serve_tcp, handler, 0, host=host))
+            task_status.started(int(plain[0].socket.getsockname()[1]))
+        else:
+            tls = await nursery.start(
+                partial(trio.serve_ssl_over_tcp, handler, 0, cert.server, host=host)
+            )
+            task_status.started(int(tls[0].transport_listener.socket.getsockname()[1]))
 
 
 def _alive_nodes(ray: Any) -> dict[str, str]:
@@ -229,16 +248,16 @@ async def open_cluster(ctx: RunContext, services: Services) -> AsyncIterator[Ser
         raise LocalEvalError(f"could not join the Ray cluster at {address}: {exc}") from None
     try:
         async with trio.open_nursery() as nursery:
-            listeners = await nursery.start(
-                partial(
-                    trio.serve_tcp,
-                    relay_to("127.0.0.1", services.bridge.port),
-                    0,
-                    host=head_ip,
-                )
+            cert = await trio.to_thread.run_sync(run_certificate, head_ip)
+            if cert is None:
+                plain = "no openssl found: the bridge relay across nodes is plain TCP (bearer only)"
+                ctx.log("WARNING", "cluster", plain, None)
+                ctx.ui.warning(plain, "RELAY_WITHOUT_TLS")
+            to_bridge = relay_to("127.0.0.1", services.bridge.port)
+            relay_port = await nursery.start(_serve_relay, to_bridge, head_ip, cert)
+            ctx.log(
+                "INFO", "cluster", "bridge relay listening", {"host": head_ip, "tls": bool(cert)}
             )
-            relay_port = int(listeners[0].socket.getsockname()[1])
-            ctx.log("INFO", "cluster", "bridge relay listening", {"host": head_ip})
             capacity = await services.server.probe_capacity() or services.concurrency
             local = Replica(f"{head_ip} (supervisor)", own_node, capacity)
 
@@ -263,6 +282,7 @@ async def open_cluster(ctx: RunContext, services: Services) -> AsyncIterator[Ser
                 secrets=secrets,
                 relay_host=head_ip,
                 relay_port=relay_port,
+                relay_cert=cert.pem if cert is not None else None,
             )
             cluster = _Cluster(ray, ctx, transport, msgspec.json.encode(spec))
             try:
