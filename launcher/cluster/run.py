@@ -114,8 +114,11 @@ def _alive_nodes(ray: Any) -> dict[str, str]:
 
 
 class _Cluster:
-    def __init__(self, ray: Any, ctx: RunContext, transport: RayTransport, spec: bytes) -> None:
+    def __init__(
+        self, ray: Any, ctx: RunContext, transport: RayTransport, spec: bytes, default: int
+    ) -> None:
         self.ray = ray
+        self.default_capacity = default
         self.ctx = ctx
         self.transport = transport
         self.spec = spec
@@ -159,7 +162,8 @@ class _Cluster:
             return
         finally:
             self.starting.discard(node_id)
-        capacity = int(facts.get("capacity") or 1)
+        # A server without a capacity (an unbounded backend) takes what a local run would send.
+        capacity = int(facts.get("capacity") or self.default_capacity)
         self.transport.add(Replica(address, node_id, capacity, actor=actor))
 
     def wanted(self, alive: dict[str, str]) -> dict[str, str]:
@@ -258,7 +262,8 @@ async def open_cluster(ctx: RunContext, services: Services) -> AsyncIterator[Ser
             ctx.log(
                 "INFO", "cluster", "bridge relay listening", {"host": head_ip, "tls": bool(cert)}
             )
-            capacity = await services.server.probe_capacity() or services.concurrency
+            default = resolve_concurrency(p.options.max_in_flight, p.spec.batch_size, None)
+            capacity = await services.server.probe_capacity() or default
             local = Replica(f"{head_ip} (supervisor)", own_node, capacity)
 
             def kill(replica: Replica) -> None:
@@ -284,7 +289,7 @@ async def open_cluster(ctx: RunContext, services: Services) -> AsyncIterator[Ser
                 relay_port=relay_port,
                 relay_cert=cert.pem if cert is not None else None,
             )
-            cluster = _Cluster(ray, ctx, transport, msgspec.json.encode(spec))
+            cluster = _Cluster(ray, ctx, transport, msgspec.json.encode(spec), default)
             try:
                 await nursery.start(cluster.manage)
                 remote = [r.name for r in transport.replicas if r.actor is not None]
