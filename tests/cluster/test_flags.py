@@ -52,3 +52,15 @@ def test_without_ray_it_says_what_to_install(monkeypatch: pytest.MonkeyPatch) ->
     monkeypatch.setattr(importlib.util, "find_spec", lambda name: None)
     with pytest.raises(DependencyError, match=r"rollbridge\[ray\]"):
         check_ray_flag("local", {})
+
+
+def test_the_daemon_passes_shard_and_ray_to_the_run() -> None:
+    from launcher.daemon.children import run_argv
+    from launcher.daemon.registry import ApiError, parse_start
+
+    request = parse_start({"config": "c.toml", "shard": "1/4", "ray": "10.0.0.1:6379"})
+    argv = run_argv(request.config, "n", request.flags)
+    assert argv[argv.index("--shard") + 1] == "1/4"
+    assert argv[argv.index("--ray") + 1] == "10.0.0.1:6379"
+    with pytest.raises(ApiError, match="shard must be of type str"):
+        parse_start({"config": "c.toml", "shard": 1})
