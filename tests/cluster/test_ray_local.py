@@ -23,9 +23,7 @@ pytestmark = [
 
 def _raylets() -> set[int]:
     return {
-        p.pid
-        for p in psutil.process_iter(["name"])
-        if p.info["name"] in ("raylet", "gcs_server")
+        p.pid for p in psutil.process_iter(["name"]) if p.info["name"] in ("raylet", "gcs_server")
     }
 
 
