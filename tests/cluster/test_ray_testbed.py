@@ -253,3 +253,32 @@ async def test_drill_supervisor_kill9_then_resume(
     assert result.returncode == 0, result.stderr + result.stdout
     _check_once(run)
     await _no_leftovers(ws)
+
+
+async def test_ctrl_c_stops_every_replica_and_resume_finishes(
+    testbed: ClusterBed, slow_env: Path, tmp_path: Path
+) -> None:
+    ws = slow_workspace(tmp_path / "ws", 3.0)
+    run = run_dir(ws, "interrupted")
+    env = _env(testbed, slow_env)
+    cli = await start_cli(
+        _args(testbed, "interrupted"), cwd=tmp_path, env=env, logdir=tmp_path / "cli"
+    )
+    try:
+        await wait_for(
+            lambda: count_log(run, "replica ready") >= 1
+            and count_log(run, "dispatching rollout") >= 8,
+            timeout=180,
+        )
+        cli.signal(signal.SIGINT)
+        result = await cli.wait(timeout=120)
+    finally:
+        if cli.process.returncode is None:
+            cli.kill9()
+    assert result.returncode == 130, result.stderr + result.stdout
+    # Nothing of the run survives its supervisor: not on the head, not on node 2.
+    assert not _leftovers(ws)
+    assert len(journal(run)) < 21
+    again = await run_cli(_args(testbed, "interrupted"), cwd=tmp_path, env=env, timeout=300)
+    assert again.returncode == 0, again.stderr + again.stdout
+    _check_once(run)
