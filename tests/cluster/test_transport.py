@@ -47,6 +47,7 @@ class FakeAgent:
         self.dead = False
         self.pending: list[_Ref] = []
         self.seen: list[str] = []
+        self.in_flight = self.peak = 0
         self.run_item = self
         self.cancel = self
 
@@ -61,11 +62,14 @@ class FakeAgent:
             ref.fut.set_exception(RuntimeError("ActorDiedError: the actor died"))
             return ref
         self.pending.append(ref)
+        self.in_flight += 1
+        self.peak = max(self.peak, self.in_flight)
         self.nursery.start_soon(self._answer, ref, request)
         return ref
 
     async def _answer(self, ref: _Ref, request: RolloutInitRequest) -> None:
         await trio.sleep(self.delay)
+        self.in_flight -= 1
         if ref.fut.done():
             return
         result = RolloutResultResponse(
@@ -126,8 +130,10 @@ async def test_items_go_where_most_capacity_is_free_and_trials_come_back(
         report = await dispatcher.run()
     records = dispatcher.sink.records  # type: ignore[attr-defined]
     assert report.recorded == 8 and len({r.key for r in records}) == 8
-    # Capacity 3 against 1: three of every four items ran on node 2.
-    assert len(agent.seen) == 6 and len(local.requests) == 2
+    # Capacity 3 against 1: most items ran on node 2, neither replica over its capacity.
+    assert len(agent.seen) + len(local.requests) == 8
+    assert len(agent.seen) >= 5 and local.requests
+    assert agent.peak <= 3 and local.peak <= 1
     for rollout_id in agent.seen:
         assert (tmp_path / rollout_id / "trajectory.json").read_bytes() == b'{"remote": true}'
     assert not killed
