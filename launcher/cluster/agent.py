@@ -76,10 +76,12 @@ def trial_tar(trial: Path) -> bytes:
     return buffer.getvalue()
 
 
-def _spawn_lifeline(pgid: int, grace_s: float) -> subprocess.Popen[bytes]:
-    """Start the lifeline on ``pgid``; its first process exits once the watchdog forked."""
+def _spawn_lifeline(pgid: int, grace_s: float, root: Path) -> subprocess.Popen[bytes]:
+    """Start the lifeline on ``pgid`` and ``root``; its first process exits once the watchdog
+    forked."""
     process = subprocess.Popen(
-        [sys.executable, str(_LIFELINE), str(pgid), str(grace_s)], stdin=subprocess.PIPE
+        [sys.executable, str(_LIFELINE), str(pgid), str(grace_s), str(root)],
+        stdin=subprocess.PIPE,
     )
     process.wait()
     return process
@@ -192,7 +194,7 @@ class NodeAgent:
         self._server = server
         self._transport = RolloutClientTransport(server.client, server)
         self._lifeline = await trio.to_thread.run_sync(
-            _spawn_lifeline, server.child.pid, spec.stop_grace_s
+            _spawn_lifeline, server.child.pid, spec.stop_grace_s, self._root
         )
         capacity = await server.probe_capacity()
         return {

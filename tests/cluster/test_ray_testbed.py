@@ -11,6 +11,7 @@ import contextlib
 import os
 import signal
 import subprocess
+import tempfile
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 
@@ -85,8 +86,22 @@ def _kill9(pids: list[int]) -> None:
             os.kill(pid, signal.SIGKILL)
 
 
-async def _no_leftovers(ws: Path) -> None:
+def _agent_dirs(ws: Path) -> list[Path]:
+    """Node-local directories of agents started since ``ws`` was made (this test's)."""
+    made = ws.stat().st_mtime - 1
+    return [
+        d
+        for d in Path(tempfile.gettempdir()).glob("rollbridge-agent-*")
+        if d.stat().st_mtime >= made
+    ]
+
+
+async def _no_leftovers(ws: Path, *, dirs: bool = True) -> None:
+    """No server or lifeline left; with ``dirs``, no agent directory either (the lifeline
+    removes it; a node that lost power keeps it)."""
     await wait_for(lambda: not _leftovers(ws), timeout=90, interval=0.5)
+    if dirs:
+        await wait_for(lambda: not _agent_dirs(ws), timeout=30, interval=0.5)
 
 
 async def _restore_node2(testbed: ClusterBed) -> None:
@@ -173,7 +188,7 @@ async def test_drill_power_loss_of_node2(
 
     try:
         ws, _ = await _drill(testbed, slow_env, tmp_path, power_loss)
-        await _no_leftovers(ws)
+        await _no_leftovers(ws, dirs=False)
         assert not testbed.netns_pids()
     finally:
         await _restore_node2(testbed)
@@ -266,8 +281,9 @@ async def test_ctrl_c_stops_every_replica_and_resume_finishes(
     )
     try:
         await wait_for(
-            lambda: count_log(run, "replica ready") >= 1
-            and count_log(run, "dispatching rollout") >= 8,
+            lambda: (
+                count_log(run, "replica ready") >= 1 and count_log(run, "dispatching rollout") >= 8
+            ),
             timeout=180,
         )
         cli.signal(signal.SIGINT)
@@ -278,6 +294,7 @@ async def test_ctrl_c_stops_every_replica_and_resume_finishes(
     assert result.returncode == 130, result.stderr + result.stdout
     # Nothing of the run survives its supervisor: not on the head, not on node 2.
     assert not _leftovers(ws)
+    await _no_leftovers(ws)
     assert len(journal(run)) < 21
     again = await run_cli(_args(testbed, "interrupted"), cwd=tmp_path, env=env, timeout=300)
     assert again.returncode == 0, again.stderr + again.stdout
