@@ -19,6 +19,7 @@ Each line prints the two figures and their ratio; nothing here is a pass/fail te
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -107,3 +108,4 @@ if __name__ == "__main__":
         trio.run(main, bed)
     finally:
         _testbed("down", bed)
+        shutil.rmtree(bed, ignore_errors=True)
