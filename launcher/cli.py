@@ -142,6 +142,10 @@ def cli(ctx: click.Context, json_output: bool, plain: bool) -> None:
             "launcher.export:eval_export",
             "Export RUN (a run name or directory): one row per rollout with its chat messages.",
         ),
+        "merge": (
+            "launcher.merge:eval_merge",
+            "Merge the run directories of `eval run --shard i/N` into one run directory (-o).",
+        ),
         "list": (
             "launcher.runs:eval_list",
             "List the local runs: name, status, done/total, pass rate, model, started, path.",
@@ -214,6 +218,8 @@ def eval_group() -> None:
 @click.option("--verbose", is_flag=True, help="Stream every logs.txt line to the terminal.")
 @click.option("--upload", is_flag=True, help="Publish the run to the platform once it is complete.")
 @click.option("--workspace", default=None, help="Platform workspace for --upload (default: git's).")
+@click.option("--shard", default=None, help="Run only shard i/N of the rows (0 <= i < N).")
+@click.option("--ray", default=None, help="Run replicas on a Ray cluster: ADDRESS or 'local'.")
 @click.option("--json", "json_output", is_flag=True, help="Print one JSON result envelope.")
 @click.option("--plain", is_flag=True, help="Plain text output: result and next steps only.")
 @click.pass_context

@@ -34,6 +34,7 @@ import trio
 
 from launcher.concurrency import InFlightLimit
 from launcher.dataset import WorkItem
+from launcher.requeue import RolloutLost
 from launcher.rundir.journal import ErrorInfo, TerminalRecord
 from launcher.rundir.records import scalar_metrics
 from launcher.signals import Interrupts
@@ -364,6 +365,11 @@ class Dispatcher:
                 {"error": str(exc), **where},
             )
             await self._record(record, has_sample=False)
+            return
+        except RolloutLost as exc:  # not a result: it runs again elsewhere, never a streak
+            self.endpoint.forget(slot.rollout_id)
+            self.log("WARNING", "dispatch", "replica lost; requeued", {"error": str(exc), **where})
+            self._queue.appendleft(item)
             return
         except BaseException:
             self.endpoint.forget(slot.rollout_id)

@@ -11,6 +11,7 @@ import os
 import shlex
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from launcher.config import (
     EvalConfig,
@@ -19,12 +20,13 @@ from launcher.config import (
     load_eval_config,
     resolve_run_spec,
 )
-from launcher.dataset import DatasetSelection, select_rows
+from launcher.dataset import DatasetSelection, SelectedRow, select_rows
 from launcher.errors import ValidationError
 from launcher.redact import Redactor
 from launcher.report import COMMAND
 from launcher.rundir import RunMeta
 from launcher.rundir.names import validate_run_name
+from launcher.shard import SHARD_INPUT, Shard, parse_shard
 from launcher.ui import UI
 from launcher.workspace import (
     DatasetSource,
@@ -66,6 +68,8 @@ class EvalOptions:
     listener_port: int | None = None
     advertise_url: str | None = None
     verbose: bool = False
+    shard: str | None = None
+    ray: str | None = None
 
 
 @dataclass
@@ -84,18 +88,34 @@ class Prepared:
     git: GitState | None
     tunnel_plan: TunnelPlan
     redactor: Redactor
+    shard: Shard | None = None
+
+    @property
+    def rows(self) -> list[SelectedRow]:
+        """The rows this invocation runs: the selection, or its ``--shard`` part."""
+        if self.shard is None:
+            return self.selection.rows
+        return self.shard.rows(self.selection.rows)
+
+    def with_shard(self, inputs: dict[str, Any]) -> dict[str, Any]:
+        """The manifest inputs ``inputs``, with the ``shard`` group in a ``--shard`` run."""
+        if self.shard is not None:
+            inputs[SHARD_INPUT] = self.shard.manifest_value()
+        return inputs
 
     @property
     def meta(self) -> RunMeta:
         """Facts for projections and metrics."""
+        rows = None if self.shard is None else self.shard.row_range(len(self.selection.rows))
         return RunMeta(
             n=self.spec.n,
             pass_threshold=self.spec.pass_threshold,
-            sampled_rows=len(self.selection.rows),
+            sampled_rows=len(self.selection.rows) if rows is None else len(rows),
             total_dataset_rows=self.selection.total_dataset_rows,
             dataset_name=self.dataset.name,
             model_name=self.config.experiment.model_path,
             rollout_name=self.config.experiment.rollout,
+            rows=rows,
         )
 
     def display(self, path: Path) -> str:
@@ -118,6 +138,8 @@ class Prepared:
             parts += ["--rows", shlex.quote(opts.rows)]
         if opts.limit is not None:
             parts += ["--limit", str(opts.limit)]
+        if self.shard is not None:
+            parts += ["--shard", self.shard.label]
         parts += list(extra)
         parts += [shlex.quote(f) for f in self.tunnel_plan.resume_flags()]
         if opts.cloudflared is not None:
@@ -181,6 +203,11 @@ def prepare(options: EvalOptions, ui: UI, cwd: Path | None = None) -> Prepared:
         name=dataset.name,
         extension=dataset.extension,
     )
+    if options.ray is not None:
+        from launcher.cluster.flags import check_ray_flag
+
+        check_ray_flag(options.ray, os.environ)
+    shard = None if options.shard is None else parse_shard(options.shard, len(selection.rows))
     git = read_git_state(workspace.root)
     for warning in provenance_warnings(config, git):
         ui.warning(warning, "PROVENANCE_MISMATCH")
@@ -197,6 +224,7 @@ def prepare(options: EvalOptions, ui: UI, cwd: Path | None = None) -> Prepared:
         git=git,
         tunnel_plan=plan,
         redactor=redactor,
+        shard=shard,
     )
     ui.plan_table(plan_rows(prepared))
     return prepared
@@ -216,8 +244,10 @@ def plan_rows(p: Prepared) -> list[tuple[str, str]]:
     if exp.commit_sha:
         rows.append(("Commit", exp.commit_sha))
     rows.append(("Rows", f"{len(p.selection.rows)} of {p.selection.total_dataset_rows}"))
+    if p.shard is not None:
+        rows.append(("Shard", f"{p.shard.label}: {len(p.rows)} rows"))
     if p.spec.n > 1:
         rows.append(("Runs Per Row", str(p.spec.n)))
-    rows.append(("Work Items", str(len(p.selection.rows) * p.spec.n)))
+    rows.append(("Work Items", str(len(p.rows) * p.spec.n)))
     rows.append(("Output", p.display(p.output_root)))
     return rows

@@ -36,7 +36,7 @@ from typing import TYPE_CHECKING, Any
 import trio
 
 from launcher.daemon.live_usage import publish_live_usage
-from launcher.dispatch import resolve_concurrency
+from launcher.dispatch import RolloutTransport, resolve_concurrency
 from launcher.dispatch_io import BridgeEndpoint, RolloutClientTransport
 from launcher.early_checks import early_checks
 from launcher.errors import LocalEvalError
@@ -114,9 +114,13 @@ class Services:
     concurrency: int
     endpoint: BridgeEndpoint
     routing: SandboxRouting | None = None
+    transport: RolloutTransport | None = None
+    """A transport in place of the local server's (``--ray``: :mod:`launcher.cluster`)."""
 
-    def rollout_transport(self) -> RolloutClientTransport:
+    def rollout_transport(self) -> RolloutTransport:
         """The dispatch's transport: the server's own client (built during its start-up)."""
+        if self.transport is not None:
+            return self.transport
         return RolloutClientTransport(self.server.client, self.server)
 
     async def live_usage(self, run_dir: Path, in_flight: Callable[[], int]) -> None:
@@ -210,7 +214,10 @@ async def _start(
     bridge.keepalive = decision.keepalive
     capacity = await server.probe_capacity()
     concurrency = resolve_concurrency(p.options.max_in_flight, p.spec.batch_size, capacity)
-    capped = cap_notice(p.options.max_in_flight, p.spec.batch_size, capacity)
+    # With --ray the cap is the capacity of all replicas (launcher.cluster.run).
+    capped = (
+        None if p.options.ray else cap_notice(p.options.max_in_flight, p.spec.batch_size, capacity)
+    )
     if capped is not None:
         ctx.log("WARNING", "dispatch", capped, None)
         ctx.ui.warning(capped, "CONCURRENCY_CAPPED")

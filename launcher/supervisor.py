@@ -22,6 +22,7 @@ from typing import Any
 
 import trio
 
+from launcher.cluster.run import clustered
 from launcher.concurrency import InFlightLimit
 from launcher.dataset import WorkItem
 from launcher.digest import source_digest
@@ -180,13 +181,13 @@ class Supervisor:
             digest = await trio.to_thread.run_sync(
                 source_digest, p.paths.rollout_dir, p.output_root
             )
-            inputs = build_inputs(p.config, p.spec, p.selection, digest)
+            inputs = p.with_shard(build_inputs(p.config, p.spec, p.selection, digest))
             done = None
             if not request.fresh:
                 done = peek_complete(
                     run_dir,
                     inputs,
-                    p.selection.rows,
+                    p.rows,
                     p.spec.n,
                     retry_failed=request.retry_failed,
                 )
@@ -206,7 +207,7 @@ class Supervisor:
                 provenance=provenance,
                 fresh=request.fresh,
                 meta=p.meta,
-                selected_rows=p.selection.rows,
+                selected_rows=p.rows,
                 redactor=p.redactor,
                 echo=self.ui.log_line if self.ui.verbose else None,
             )
@@ -224,7 +225,7 @@ class Supervisor:
     async def _execute(self, rd: RunDirectory, request: _Request) -> int:
         p = self.prepared
         total = p.meta.total_work_items
-        pending = rd.pending_items(p.selection.rows, p.spec.n, request.retry_failed)
+        pending = rd.pending_items(p.rows, p.spec.n, request.retry_failed)
         if pending:
             self.stage(pending_line(rd.name, len(pending), total, rd.recorded_count))
             await self._confirm(len(pending))
@@ -283,7 +284,8 @@ class Supervisor:
         )
         async with open_services(ctx) as services:
             if services is not None:
-                await self._dispatch(rd, pending, services)
+                async with clustered(ctx, services) as everywhere:  # --ray: launcher.cluster
+                    await self._dispatch(rd, pending, everywhere)
 
     async def _dispatch(
         self, rd: RunDirectory, pending: list[WorkItem], services: Services

@@ -66,6 +66,8 @@ _FLAG_TYPES: dict[str, type | tuple[type, ...]] = {
     "advertise_url": str,
     "listener_port": int,
     "secrets_file": str,
+    "shard": str,
+    "ray": str,
 }
 
 

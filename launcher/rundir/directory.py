@@ -97,11 +97,18 @@ class RunMeta:
     dataset_name: str
     model_name: str
     rollout_name: str
+    rows: range | None = None
+    """The ``row_index`` values of this run (a ``--shard``); None: ``range(sampled_rows)``."""
 
     @property
     def total_work_items(self) -> int:
         """``sampled_rows × n``."""
         return self.sampled_rows * self.n
+
+    @property
+    def row_range(self) -> range:
+        """The ``row_index`` values this run expects."""
+        return self.rows if self.rows is not None else range(self.sampled_rows)
 
 
 @dataclass(frozen=True)
@@ -159,14 +166,14 @@ def compute_pending(
 
 
 class _ItemGrid:
-    """The expected work keys ``(row, run)`` for ``0 <= row < rows``, ``0 <= run < n``, as
-    bounds: a set of them held a tuple, its ints and a table slot per item (~13 MB at 100,000
-    rows)."""
+    """The expected work keys ``(row, run)`` for ``row in rows`` (a range: every row, or a
+    shard's every N-th), ``0 <= run < n``, as bounds: a set of them held a tuple, its ints and
+    a table slot per item (~13 MB at 100,000 rows)."""
 
     __slots__ = ("_rows", "_runs")
 
-    def __init__(self, rows: int, n: int) -> None:
-        self._rows = range(rows)
+    def __init__(self, rows: range, n: int) -> None:
+        self._rows = rows
         self._runs = range(n)
 
     def __contains__(self, key: object) -> bool:
@@ -181,7 +188,7 @@ class _ItemGrid:
     def slot(self, key: WorkKey) -> int:
         """The position of an expected key in row-major ``(row, run)`` order."""
         row, run = key
-        return row * len(self._runs) + run
+        return self._rows.index(row) * len(self._runs) + run
 
 
 class RunDirectory:
@@ -208,7 +215,7 @@ class RunDirectory:
         self._t0 = time.monotonic()
         self._metrics_interval_s = metrics_interval_s
         self._next_metrics = -float("inf")
-        self._expected = _ItemGrid(meta.sampled_rows, meta.n)
+        self._expected = _ItemGrid(meta.row_range, meta.n)
         # Per expected item, by its grid slot (so in (row_index, run_index) order): no key
         # tuples or table entries (~17 MB more at 100,000 rows as dicts keyed by tuple).
         size = len(self._expected)
@@ -243,7 +250,7 @@ class RunDirectory:
         provenance: dict[str, Any],
         fresh: bool,
         meta: RunMeta,
-        selected_rows: Sequence[SelectedRow],
+        selected_rows: Sequence[SelectedRow] | None,
         redactor: Redactor,
         echo: Callable[[str], None] | None = None,
         metrics_interval_s: float = 1.0,
@@ -284,7 +291,7 @@ class RunDirectory:
         provenance: dict[str, Any],
         fresh: bool,
         meta: RunMeta,
-        selected_rows: Sequence[SelectedRow],
+        selected_rows: Sequence[SelectedRow] | None,
         redactor: Redactor,
         echo: Callable[[str], None] | None,
         metrics_interval_s: float,
@@ -326,7 +333,8 @@ class RunDirectory:
         )
         try:
             rd._remove_stale_temps()
-            rd._write_dataset_rows(selected_rows)
+            if selected_rows is not None:  # None: the caller wrote it (eval merge)
+                rd._write_dataset_rows(selected_rows)
             rd._write_progress()
             rd._rebuild(status="running")
         except BaseException:

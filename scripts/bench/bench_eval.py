@@ -271,6 +271,7 @@ async def run_eval(
     in_flight: int,
     backlog: int | None = None,
     tree: Path | None = None,
+    extra: tuple[str, ...] = (),
 ) -> dict[str, Any]:
     env = {k: v for k, v in os.environ.items() if k not in _UNWARM and not k.endswith("_API_KEY")}
     if tree is not None:
@@ -298,6 +299,7 @@ async def run_eval(
         "--json",
         "--max-in-flight",
         str(in_flight),
+        *extra,
     ]
     started = time.time()
     proc = await trio.lowlevel.open_process(

@@ -1,0 +1,247 @@
+"""The node agent: the Ray actor that runs one rollout-server replica on its node.
+
+The supervisor makes one per node (:mod:`launcher.cluster.run`), pinned there, and owns it: if
+the supervisor dies the actor fate-shares, and the lifeline (:mod:`launcher.cluster.lifeline`)
+then stops the server. The agent:
+
+- serves a loopback relay to the supervisor's bridge relay, so rollouts keep a loopback
+  ``chat_completions_url`` (the SDK's loopback fast path and Harbor's probe ladder work);
+- starts the rollout server exactly as a local run does (:func:`start_rollout_server`: its own
+  process group, ``/health`` proving it ours), with its artifact root on this node;
+- runs items: admits on loopback, long-polls to the terminal result, and returns the result
+  with a tar of the rollout's trial directory, which the supervisor unpacks into the run
+  directory before it journals the result.
+
+Ray runs async actors on an asyncio loop; the agent's logic is trio in guest mode on that loop
+(``trio.lowlevel.start_guest_run``), so it reuses the rollout client and the server start-up of
+the local path. asyncio appears only as that host loop.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import io
+import os
+import shutil
+import subprocess
+import sys
+import tarfile
+import tempfile
+from collections import deque
+from collections.abc import Awaitable, Callable
+from functools import partial
+from pathlib import Path
+from typing import Any, TypeVar
+from urllib.parse import urlsplit, urlunsplit
+
+import msgspec
+import trio
+
+from launcher.cluster.relay import pinned_client, relay_to
+from launcher.dispatch import RolloutRefused
+from launcher.dispatch_io import RolloutClientTransport
+from launcher.rollout_child import RolloutServer, ServerLaunch, start_rollout_server
+from rollout_server.protocol import RolloutInitRequest
+
+__all__ = ["AgentSpec", "NodeAgent", "trial_tar"]
+
+T = TypeVar("T")
+_LIFELINE = Path(__file__).with_name("lifeline.py")
+_TAIL_LINES = 200
+
+
+class AgentSpec(msgspec.Struct, kw_only=True):
+    """What an agent needs to start its replica (an actor argument, never a runtime_env)."""
+
+    python: str
+    entrypoint: str
+    rollout_dir: str
+    config_env: dict[str, str]
+    secrets: dict[str, str]
+    relay_host: str
+    relay_port: int
+    relay_cert: str | None = None
+    """The PEM of the run's certificate the supervisor's relay presents (None: plain TCP)."""
+    stop_grace_s: float = 5.0
+
+
+def trial_tar(trial: Path) -> bytes:
+    """The trial directory ``trial`` as an uncompressed tar (empty bytes when it is absent)."""
+    if not trial.is_dir():
+        return b""
+    buffer = io.BytesIO()
+    with tarfile.open(fileobj=buffer, mode="w") as tar:
+        tar.add(trial, arcname=".")
+    return buffer.getvalue()
+
+
+def _spawn_lifeline(pgid: int, grace_s: float, root: Path) -> subprocess.Popen[bytes]:
+    """Start the lifeline on ``pgid`` and ``root``; its first process exits once the watchdog
+    forked."""
+    process = subprocess.Popen(
+        [sys.executable, str(_LIFELINE), str(pgid), str(grace_s), str(root)],
+        stdin=subprocess.PIPE,
+    )
+    process.wait()
+    return process
+
+
+def _loopback(url: str, port: int) -> str:
+    parts = urlsplit(url)
+    return urlunsplit((parts.scheme, f"127.0.0.1:{port}", parts.path, parts.query, ""))
+
+
+class _Guest:
+    """trio in guest mode on the running asyncio loop; :meth:`call` runs a trio function."""
+
+    def __init__(self) -> None:
+        self.nursery: trio.Nursery | None = None
+        self.token: trio.lowlevel.TrioToken | None = None
+        self._stop = trio.Event()
+
+    async def start(self) -> None:
+        loop = asyncio.get_running_loop()
+        ready: asyncio.Future[None] = loop.create_future()
+
+        async def main() -> None:
+            async with trio.open_nursery() as nursery:
+                self.nursery = nursery
+                self.token = trio.lowlevel.current_trio_token()
+                ready.set_result(None)
+                await self._stop.wait()
+                nursery.cancel_scope.cancel()
+
+        trio.lowlevel.start_guest_run(
+            main,
+            run_sync_soon_threadsafe=loop.call_soon_threadsafe,
+            done_callback=lambda _outcome: None,
+        )
+        await ready
+
+    async def call(self, fn: Callable[..., Awaitable[T]], *args: Any) -> T:
+        assert self.token is not None and self.nursery is not None
+        loop = asyncio.get_running_loop()
+        result: asyncio.Future[T] = loop.create_future()
+        nursery = self.nursery
+
+        async def runner() -> None:
+            try:
+                value = await fn(*args)
+            except trio.Cancelled:
+                if not result.done():
+                    result.cancel()
+                raise
+            except Exception as exc:
+                if not result.done():
+                    result.set_exception(exc)
+            else:
+                if not result.done():
+                    result.set_result(value)
+
+        self.token.run_sync_soon(nursery.start_soon, runner)
+        return await result
+
+    def stop(self) -> None:
+        assert self.token is not None
+        self.token.run_sync_soon(self._stop.set)
+
+
+class NodeAgent:
+    """One replica on one node (made a Ray actor by :mod:`launcher.cluster.run`)."""
+
+    def __init__(self) -> None:
+        self._guest = _Guest()
+        self._server: RolloutServer | None = None
+        self._transport: RolloutClientTransport | None = None
+        self._forward_port = 0
+        self._root: Path | None = None
+        self._lifeline: subprocess.Popen[bytes] | None = None
+        self._tail: deque[str] = deque(maxlen=_TAIL_LINES)
+
+    async def start(self, spec_json: bytes) -> dict[str, Any]:
+        """Start the relay, the rollout server and its lifeline; return this replica's facts."""
+        await self._guest.start()
+        spec = msgspec.json.decode(spec_json, type=AgentSpec)
+        return await self._guest.call(self._start, spec)
+
+    async def _start(self, spec: AgentSpec) -> dict[str, Any]:
+        nursery = self._guest.nursery
+        assert nursery is not None
+        tls = pinned_client(spec.relay_cert) if spec.relay_cert else None
+        handler = relay_to(spec.relay_host, spec.relay_port, tls=tls)
+        listeners = await nursery.start(partial(trio.serve_tcp, handler, 0, host="127.0.0.1"))
+        self._forward_port = int(listeners[0].socket.getsockname()[1])
+        self._root = Path(tempfile.mkdtemp(prefix="rollbridge-agent-"))
+        base_env = {k: v for k, v in os.environ.items() if not k.startswith("RAY_")}
+        launch = ServerLaunch(
+            python=Path(spec.python),
+            entrypoint=Path(spec.entrypoint),
+            rollout_dir=Path(spec.rollout_dir),
+            run_dir=self._root,
+            base_env=base_env,
+            config_env=spec.config_env,
+            secrets=spec.secrets,
+        )
+        server = await start_rollout_server(
+            nursery,
+            launch,
+            sink=self._tail.append,
+            log=lambda *_: None,
+            stage=lambda _: None,
+            redact=str,
+        )
+        self._server = server
+        self._transport = RolloutClientTransport(server.client, server)
+        self._lifeline = await trio.to_thread.run_sync(
+            _spawn_lifeline, server.child.pid, spec.stop_grace_s, self._root
+        )
+        capacity = await server.probe_capacity()
+        return {
+            "capacity": capacity,
+            "server_pid": server.child.pid,
+            "pid": os.getpid(),
+            "sdk_version": server.sdk_version,
+        }
+
+    async def run_item(self, request_json: bytes, admission_timeout_s: float) -> tuple[Any, ...]:
+        """Run one rollout to its terminal result: ``("result", result json, trial tar)`` or
+        ``("refused", status, message, kind)``."""
+        return await self._guest.call(self._run_item, request_json, admission_timeout_s)
+
+    async def _run_item(self, request_json: bytes, admission_timeout_s: float) -> tuple[Any, ...]:
+        assert self._transport is not None and self._root is not None
+        request = msgspec.json.decode(request_json, type=RolloutInitRequest)
+        request = msgspec.structs.replace(
+            request,
+            chat_completions_url=_loopback(request.chat_completions_url, self._forward_port),
+        )
+        try:
+            handle = await self._transport.admit(request, admission_timeout_s)
+        except RolloutRefused as exc:
+            return ("refused", exc.status_code, str(exc), exc.kind)
+        result = await handle.wait()
+        trial = self._root / "rollout_trials" / request.rollout_id
+        tar = await trio.to_thread.run_sync(trial_tar, trial)
+        await trio.to_thread.run_sync(partial(shutil.rmtree, trial, ignore_errors=True))
+        return ("result", msgspec.json.encode(result), tar)
+
+    async def cancel(self, rollout_id: str) -> None:
+        """Ask the local server to cancel one rollout."""
+        if self._transport is not None:
+            await self._guest.call(self._transport.cancel, rollout_id)
+
+    async def tail(self) -> list[str]:
+        """The server's last output lines (for the supervisor's log when a replica fails)."""
+        return list(self._tail)
+
+    async def stop(self, grace_s: float) -> None:
+        """Stop the server (SIGTERM, then its group after ``grace_s``) and the relay."""
+        if self._server is not None:
+            await self._guest.call(self._server.stop, grace_s)
+        if self._lifeline is not None and self._lifeline.stdin is not None:
+            self._lifeline.stdin.close()
+        if self._root is not None:
+            shutil.rmtree(self._root, ignore_errors=True)
+        with contextlib.suppress(AssertionError):
+            self._guest.stop()

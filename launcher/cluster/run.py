@@ -1,0 +1,311 @@
+"""Opening the Ray cluster for one run: driver, bridge relay, replicas (docs/scale-out.md).
+
+:func:`open_cluster` wraps the dispatch of a run whose services (bridge, local rollout server)
+are already up. It joins the cluster as its driver (``--ray ADDRESS``) or starts a local one
+(``--ray local``), serves a relay to the bridge on the head's cluster address, starts a node
+agent on every other alive node (those with a ``rollbridge_host`` resource when any node has
+one), and yields the services with a :class:`~launcher.cluster.transport.RayTransport` and the
+concurrency of all replicas. A replica manager keeps polling the node list: a node that leaves
+loses its replica (its items are requeued), a node that joins gets one. On exit every agent is
+asked to stop its server, then killed, and the driver disconnects.
+
+Ray's blocking calls (``ray.init``, ``ray.nodes``, ``ray.kill``) run on worker threads; results
+are awaited through :func:`~launcher.cluster.refs.await_ref`. Secrets reach agents as actor
+arguments, never in a ``runtime_env`` (whose ``env_vars`` other clients read in plain text).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import os
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from functools import partial
+from typing import TYPE_CHECKING, Any
+
+import msgspec
+import trio
+
+from launcher.cluster.agent import AgentSpec, NodeAgent
+from launcher.cluster.refs import await_ref
+from launcher.cluster.relay import Handler, RunCertificate, relay_to, run_certificate
+from launcher.cluster.transport import RayTransport, Replica
+from launcher.dispatch import resolve_concurrency
+from launcher.dispatch_io import RolloutClientTransport
+from launcher.errors import DependencyError, LocalEvalError
+from launcher.process import STOP_GRACE_S
+from launcher.rollout_env import rollout_python
+
+if TYPE_CHECKING:
+    from launcher.services import RunContext, Services
+
+__all__ = ["HOST_RESOURCE", "clustered", "open_cluster"]
+
+#: A custom resource a cluster may give the nodes meant for replicas (one agent per unit).
+HOST_RESOURCE = "rollbridge_host"
+POLL_S = 1.0
+AGENT_START_S = 180.0
+
+
+def _import_ray() -> Any:
+    try:
+        import ray
+    except ImportError:
+        raise DependencyError(
+            "--ray needs Ray: install rollbridge[ray] (pip install 'rollbridge[ray]')"
+        ) from None
+    return ray
+
+
+def _init(ray: Any, address: str) -> tuple[str, str]:
+    os.environ["RAY_USAGE_STATS_ENABLED"] = "0"
+    os.environ.setdefault("RAY_ENABLE_UV_RUN_RUNTIME_ENV", "0")
+    if address == "local":
+        os.environ.setdefault("RAY_AUTH_MODE", "token")
+        ray.init(
+            include_dashboard=False,
+            log_to_driver=False,
+            logging_level=logging.ERROR,
+            object_store_memory=100_000_000,
+            resources={HOST_RESOURCE: 1},
+        )
+    else:
+        ray.init(address=address, log_to_driver=False, logging_level=logging.ERROR)
+    node_id = ray.get_runtime_context().get_node_id()
+    return str(node_id), str(ray.util.get_node_ip_address())
+
+
+def _draining_nodes() -> set[str]:
+    """Nodes being drained (a ``ray start --block`` that got SIGTERM): Ray lists them only
+    through its private state API, so any failure there means none."""
+    try:
+        from ray._private.state import state
+
+        return set(state.get_draining_nodes())
+    except Exception:
+        return set()
+
+
+async def _serve_relay(
+    handler: Handler,
+    host: str,
+    cert: RunCertificate | None,
+    *,
+    task_status: trio.TaskStatus[int] = trio.TASK_STATUS_IGNORED,
+) -> None:
+    """Serve the relay to the bridge on ``host`` (TLS with ``cert``); report its port."""
+    async with trio.open_nursery() as nursery:
+        if cert is None:
+            plain = await nursery.start(partial(trio.serve_tcp, handler, 0, host=host))
+            task_status.started(int(plain[0].socket.getsockname()[1]))
+        else:
+            tls = await nursery.start(
+                partial(trio.serve_ssl_over_tcp, handler, 0, cert.server, host=host)
+            )
+            task_status.started(int(tls[0].transport_listener.socket.getsockname()[1]))
+
+
+def _alive_nodes(ray: Any) -> dict[str, str]:
+    """Alive nodes meant for replicas: node id -> address."""
+    nodes = [n for n in ray.nodes() if n.get("Alive")]
+    tagged = [n for n in nodes if n.get("Resources", {}).get(HOST_RESOURCE)]
+    return {n["NodeID"]: n["NodeManagerAddress"] for n in (tagged or nodes)}
+
+
+class _Cluster:
+    def __init__(
+        self, ray: Any, ctx: RunContext, transport: RayTransport, spec: bytes, default: int
+    ) -> None:
+        self.ray = ray
+        self.default_capacity = default
+        self.ctx = ctx
+        self.transport = transport
+        self.spec = spec
+        self.tagged = False
+        self.starting: set[str] = set()
+        self.refused: set[str] = set()
+        self.actor_class = ray.remote(NodeAgent)
+        self.nursery: trio.Nursery | None = None
+
+    def options(self, node_id: str) -> dict[str, Any]:
+        from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+        options: dict[str, Any] = {
+            "num_cpus": 0,
+            "max_restarts": 0,
+            "max_task_retries": 0,
+            "max_concurrency": 1000,
+            "scheduling_strategy": NodeAffinitySchedulingStrategy(node_id, soft=False),
+        }
+        if self.tagged:
+            options["resources"] = {HOST_RESOURCE: 1}
+        return options
+
+    async def start_agent(self, node_id: str, address: str) -> None:
+        self.starting.add(node_id)
+        actor = None
+        try:
+            actor = self.actor_class.options(**self.options(node_id)).remote()
+            with trio.fail_after(AGENT_START_S):
+                facts = await await_ref(actor.start.remote(self.spec))
+        except Exception as exc:
+            self.ctx.log(
+                "WARNING",
+                "cluster",
+                "node refused: its replica did not start",
+                {"node": address, "error": f"{type(exc).__name__}: {exc}"[:500]},
+            )
+            self.refused.add(node_id)
+            if actor is not None:
+                await trio.to_thread.run_sync(partial(self.ray.kill, actor, no_restart=True))
+            return
+        finally:
+            self.starting.discard(node_id)
+        # A server without a capacity (an unbounded backend) takes what a local run would send.
+        capacity = int(facts.get("capacity") or self.default_capacity)
+        self.transport.add(Replica(address, node_id, capacity, actor=actor))
+
+    def wanted(self, alive: dict[str, str]) -> dict[str, str]:
+        own = self.transport.replicas[0].node_id
+        have = {r.node_id for r in self.transport.replicas} | self.starting | self.refused
+        return {n: a for n, a in alive.items() if n != own and n not in have}
+
+    async def poll(self) -> dict[str, str]:
+        nodes = await trio.to_thread.run_sync(self.ray.nodes)
+        self.tagged = any(n.get("Resources", {}).get(HOST_RESOURCE) for n in nodes)
+        alive = await trio.to_thread.run_sync(_alive_nodes, self.ray)
+        draining = await trio.to_thread.run_sync(_draining_nodes)
+        for replica in self.transport.replicas:
+            if replica.actor is None:
+                continue
+            if replica.node_id not in alive:
+                self.transport.lose(replica, "its node left the cluster")
+            elif (
+                replica.node_id in draining
+                and replica.state == "healthy"
+                and self.nursery is not None  # from the first poll on (agents started)
+            ):
+                self.transport.start_draining(replica)
+                self.nursery.start_soon(self.retire, replica)
+        return alive
+
+    async def retire(self, replica: Replica) -> None:
+        """A leaving node: let its items finish, then stop its agent, so the node's drain
+        (which waits for every worker of the node to be released) can end."""
+        await self.transport.drained(replica)
+        await self._stop_one(replica)
+        self.transport.lose(replica, "its node is leaving the cluster")
+
+    async def manage(
+        self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED
+    ) -> None:
+        """Start agents on the nodes alive now (reported once they all tried), then follow
+        the node list."""
+        async with trio.open_nursery() as first:
+            for node_id, address in self.wanted(await self.poll()).items():
+                first.start_soon(self.start_agent, node_id, address)
+        task_status.started()
+        async with trio.open_nursery() as nursery:
+            self.nursery = nursery
+            while True:
+                await trio.sleep(POLL_S)
+                for node_id, address in self.wanted(await self.poll()).items():
+                    nursery.start_soon(self.start_agent, node_id, address)
+
+    async def stop_all(self) -> None:
+        async with trio.open_nursery() as nursery:
+            for replica in self.transport.replicas:
+                if replica.actor is not None and replica.state == "healthy":
+                    nursery.start_soon(self._stop_one, replica)
+
+    async def _stop_one(self, replica: Replica) -> None:
+        with trio.move_on_after(STOP_GRACE_S + 5.0):
+            try:
+                await await_ref(replica.actor.stop.remote(STOP_GRACE_S))
+            except Exception as exc:
+                self.ctx.log("WARNING", "cluster", "agent stop failed", {"error": str(exc)})
+        await trio.to_thread.run_sync(partial(self.ray.kill, replica.actor, no_restart=True))
+
+
+@asynccontextmanager
+async def clustered(ctx: RunContext, services: Services) -> AsyncIterator[Services]:
+    """``services`` as they are without ``--ray``; else with the cluster open."""
+    if ctx.prepared.options.ray is None:
+        yield services
+        return
+    async with open_cluster(ctx, services) as opened:
+        yield opened
+
+
+@asynccontextmanager
+async def open_cluster(ctx: RunContext, services: Services) -> AsyncIterator[Services]:
+    """The run's services with dispatch across the cluster (see the module docstring)."""
+    p = ctx.prepared
+    address = p.options.ray
+    assert address is not None
+    ray = _import_ray()
+    ctx.stage(f"joining Ray cluster ({address})", step="cluster")
+    try:
+        own_node, head_ip = await trio.to_thread.run_sync(_init, ray, address)
+    except Exception as exc:
+        raise LocalEvalError(f"could not join the Ray cluster at {address}: {exc}") from None
+    try:
+        async with trio.open_nursery() as nursery:
+            cert = await trio.to_thread.run_sync(run_certificate, head_ip)
+            if cert is None:
+                plain = "no openssl found: the bridge relay across nodes is plain TCP (bearer only)"
+                ctx.log("WARNING", "cluster", plain, None)
+                ctx.ui.warning(plain, "RELAY_WITHOUT_TLS")
+            to_bridge = relay_to("127.0.0.1", services.bridge.port)
+            relay_port = await nursery.start(_serve_relay, to_bridge, head_ip, cert)
+            ctx.log(
+                "INFO", "cluster", "bridge relay listening", {"host": head_ip, "tls": bool(cert)}
+            )
+            default = resolve_concurrency(p.options.max_in_flight, p.spec.batch_size, None)
+            capacity = await services.server.probe_capacity() or default
+            local = Replica(f"{head_ip} (supervisor)", own_node, capacity)
+
+            def kill(replica: Replica) -> None:
+                nursery.start_soon(
+                    trio.to_thread.run_sync, partial(ray.kill, replica.actor, no_restart=True)
+                )
+
+            transport = RayTransport(
+                RolloutClientTransport(services.server.client, services.server),
+                local,
+                ctx.run_dir.trials_dir,
+                ctx.log,
+                kill,
+            )
+            secrets = {n: os.environ[n] for n in p.config.secrets_required if n in os.environ}
+            spec = AgentSpec(
+                python=str(rollout_python(p.paths.rollout_dir, os.environ)),
+                entrypoint=str(p.paths.entrypoint),
+                rollout_dir=str(p.paths.rollout_dir),
+                config_env=dict(p.config.env),
+                secrets=secrets,
+                relay_host=head_ip,
+                relay_port=relay_port,
+                relay_cert=cert.pem if cert is not None else None,
+            )
+            cluster = _Cluster(ray, ctx, transport, msgspec.json.encode(spec), default)
+            try:
+                await nursery.start(cluster.manage)
+                remote = [r.name for r in transport.replicas if r.actor is not None]
+                ctx.stage(
+                    f"{len(transport.replicas)} replicas ({', '.join(remote) or 'no other node'}"
+                    f" besides the supervisor's), capacity {transport.capacity}",
+                    step="cluster",
+                )
+                concurrency = resolve_concurrency(
+                    p.options.max_in_flight, p.spec.batch_size, transport.capacity
+                )
+                yield dataclasses.replace(services, transport=transport, concurrency=concurrency)
+            finally:
+                with trio.CancelScope(shield=True):
+                    await cluster.stop_all()
+                nursery.cancel_scope.cancel()
+    finally:
+        with trio.CancelScope(shield=True):
+            await trio.to_thread.run_sync(ray.shutdown)

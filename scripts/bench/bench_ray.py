@@ -1,0 +1,111 @@
+"""Dispatch across a two-node Ray cluster against a one-machine run of the same work.
+
+Run (root: it starts ``scripts/ray-testbed``): ``.venv/bin/python scripts/bench/bench_ray.py``
+(about 3 minutes on 2 cores). Each case runs the same invocation twice in the same benchmark,
+once on this machine alone and once with ``--ray`` on the test bed (the head on this machine,
+node 2 in a network namespace: both on the same 2 cores, so this measures the overhead of the
+replica path, not a speed-up), through ``bench_eval.run_eval`` (the real CLI, the fake
+provider ``tests/fakes/lean_upstream.py``, the unbounded echo rollout):
+
+1. 1000 rows at 0 ms upstream, 50 in flight: supervisor + bridge CPU per work item during
+   dispatch, ``--ray`` over local (target <= 1.2x). The node agent's and its server's CPU are
+   not the supervisor's and are not counted.
+2. 1000 rows at a 1 s upstream, 200 in flight (each node's replica gets about half): dispatch
+   wall (first dispatch -> last result), ``--ray`` over local (target <= 1.2x).
+
+Each line prints the two figures and their ratio; nothing here is a pass/fail test.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import trio
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from bench_eval import REPO, dataset, run_eval, serve_upstream, setup, target
+
+TESTBED = REPO / "scripts" / "ray-testbed"
+
+
+def _testbed(command: str, directory: Path) -> None:
+    subprocess.run(
+        [str(TESTBED), command, str(directory)],
+        env={**os.environ, "PYTHON": sys.executable},
+        check=True,
+        timeout=240,
+    )
+
+
+def _read_env(directory: Path) -> dict[str, str]:
+    env: dict[str, str] = {}
+    for line in (directory / "env").read_text().splitlines():
+        for pair in line.removeprefix("export ").split():
+            key, _, value = pair.partition("=")
+            env[key] = value
+    return env
+
+
+def _line(what: str, local: dict[str, Any], ray: dict[str, Any], key: str, unit: str) -> None:
+    print(
+        f"   {what}: local {local[key]:.3f}{unit}, --ray {ray[key]:.3f}{unit}, "
+        f"ratio {ray[key] / local[key]:.2f}"
+    )
+
+
+async def main(directory: Path) -> None:
+    ws = setup()
+    config = dataset(ws, 1000)
+    warm = dataset(ws, 200)
+    address = _read_env(directory)["RB_ADDRESS"]
+    os.environ.update(_read_env(directory))
+    ray = ("--ray", address)
+    async with trio.open_nursery() as nursery:
+        upstream = await nursery.start(serve_upstream)
+        await run_eval(ws, warm, "warmup", upstream, 50)
+        await run_eval(ws, warm, "warmup-ray", upstream, 50, extra=ray)
+
+        await upstream.set_delay(0.0)
+        local = await run_eval(ws, config, "fast-local", upstream, 50)
+        spread = await run_eval(ws, config, "fast-ray", upstream, 50, extra=ray)
+        print("1) 1000 rows, 0 ms upstream, 50 in flight")
+        _line("supervisor CPU per item, dispatch", local, spread, "dispatch_cpu_ms_per_item", "ms")
+        target(
+            "supervisor CPU per item, --ray / local",
+            spread["dispatch_cpu_ms_per_item"] / local["dispatch_cpu_ms_per_item"],
+            1.2,
+            "x",
+        )
+
+        await upstream.set_delay(1.0)
+        local = await run_eval(ws, config, "latency-local", upstream, 200)
+        spread = await run_eval(ws, config, "latency-ray", upstream, 200, extra=ray)
+        print("2) 1000 rows, 1 s upstream, 200 in flight")
+        _line("dispatch wall", local, spread, "dispatch_wall_s", "s")
+        target(
+            "latency-bound dispatch wall, --ray / local",
+            spread["dispatch_wall_s"] / local["dispatch_wall_s"],
+            1.2,
+            "x",
+        )
+        nursery.cancel_scope.cancel()
+
+
+if __name__ == "__main__":
+    if os.geteuid() != 0:
+        sys.exit("bench_ray needs root (it starts scripts/ray-testbed)")
+    os.environ["RAY_USAGE_STATS_ENABLED"] = "0"
+    # Short: Ray's unix sockets live under it.
+    bed = Path(tempfile.mkdtemp(prefix="rtb-", dir="/tmp"))
+    try:
+        _testbed("up", bed)
+        trio.run(main, bed)
+    finally:
+        _testbed("down", bed)
+        shutil.rmtree(bed, ignore_errors=True)

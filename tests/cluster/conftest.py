@@ -1,0 +1,147 @@
+"""Fixtures of the Ray tests: a real two-node cluster on this machine (``scripts/ray-testbed``:
+the head on the host, node 2 in a network namespace), and a workspace whose echo rollout waits
+``ECHO_DELAY_S`` before answering, so a drill finds rollouts in flight on node 2.
+
+Everything here skips, with the reason, without root, iproute2 or Ray.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.launcher.e2e.helpers import REPO, UV, base_env, make_workspace
+
+TESTBED = REPO / "scripts" / "ray-testbed"
+N2_IP = "10.203.0.2"
+
+_DELAY = """
+import os as _os
+
+import trio as _trio
+
+_DELAY_S = float(_os.environ.get("ECHO_DELAY_S") or 0)
+"""
+
+
+def _needs() -> str | None:
+    if importlib.util.find_spec("ray") is None:
+        return "needs Ray (the rollbridge[ray] extra)"
+    if os.geteuid() != 0:
+        return "needs root (network namespaces)"
+    if shutil.which("ip") is None:
+        return "needs iproute2 (ip netns)"
+    return None
+
+
+class ClusterBed:
+    """The running test bed: its directory and the environment a driver needs."""
+
+    def __init__(self, directory: Path) -> None:
+        self.dir = directory
+        self.env: dict[str, str] = {}
+        for line in (directory / "env").read_text().splitlines():
+            for pair in line.removeprefix("export ").split():
+                key, _, value = pair.partition("=")
+                self.env[key] = value
+        self.address = self.env["RB_ADDRESS"]
+        self.netns = self.env["RB_NETNS"]
+
+    def script(self, command: str) -> None:
+        """Run ``scripts/ray-testbed <command> <dir>``."""
+        subprocess.run(
+            [str(TESTBED), command, str(self.dir)],
+            env={**os.environ, "PYTHON": sys.executable},
+            check=True,
+            timeout=180,
+        )
+
+    def netns_pids(self) -> list[int]:
+        """The processes in node 2's namespace."""
+        out = subprocess.run(
+            ["ip", "netns", "pids", self.netns], capture_output=True, text=True, check=False
+        ).stdout
+        return [int(p) for p in out.split()]
+
+    def alive_nodes(self) -> int:
+        """How many nodes the cluster reports alive (asked from a fresh driver)."""
+        code = (
+            "import os, ray; ray.init(address=os.environ['RB_ADDRESS'], log_to_driver=False, "
+            "logging_level='ERROR'); print(sum(1 for n in ray.nodes() if n['Alive']))"
+        )
+        out = subprocess.run(
+            [sys.executable, "-c", code],
+            env={**os.environ, **self.env},
+            capture_output=True,
+            text=True,
+            timeout=120,
+            check=False,
+        )
+        return int(out.stdout.strip() or 0)
+
+
+@pytest.fixture(scope="session")
+def testbed() -> Iterator[ClusterBed]:
+    """A two-node Ray cluster for the session (torn down at its end, even after a failure)."""
+    reason = _needs()
+    if reason is not None:
+        pytest.skip(reason)
+    # Short: Ray's unix sockets live under it, and their paths must fit in 107 bytes.
+    directory = Path(tempfile.mkdtemp(prefix="rtb-", dir="/tmp"))
+    try:
+        subprocess.run(
+            [str(TESTBED), "up", str(directory)],
+            env={**os.environ, "PYTHON": sys.executable},
+            check=True,
+            timeout=240,
+        )
+        yield ClusterBed(directory)
+    finally:
+        subprocess.run(
+            [str(TESTBED), "down", str(directory)],
+            env={**os.environ, "PYTHON": sys.executable},
+            check=False,
+            timeout=180,
+        )
+        shutil.rmtree(directory, ignore_errors=True)
+
+
+@pytest.fixture(scope="session")
+def slow_env(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """One synced rollout environment for the cluster tests."""
+    root = tmp_path_factory.mktemp("cluster-rollout")
+    ws = make_workspace(root / "ws")
+    venv = root / "venv"
+    subprocess.run(
+        [str(UV), "sync", "--project", str(ws / "rollouts" / "echo")],
+        env=base_env(UV_PROJECT_ENVIRONMENT=str(venv)),
+        check=True,
+        capture_output=True,
+        timeout=300,
+    )
+    return venv
+
+
+def slow_workspace(dest: Path, delay_s: float) -> Path:
+    """The example workspace whose echo workflow first sleeps ``delay_s`` (an [env] value)."""
+    ws = make_workspace(dest)
+    main = ws / "rollouts" / "echo" / "main.py"
+    text = main.read_text()
+    text = text.replace("\n\nclass EchoWorkflow", f"\n{_DELAY}\n\nclass EchoWorkflow", 1)
+    text = text.replace(
+        "        messages = list(ctx.prompt)\n",
+        "        await _trio.sleep(_DELAY_S)\n        messages = list(ctx.prompt)\n",
+        1,
+    )
+    main.write_text(text)
+    config = ws / "configs" / "eval" / "echo.toml"
+    config.write_text(config.read_text() + f'\n[env]\nECHO_DELAY_S = "{delay_s}"\n')
+    return ws

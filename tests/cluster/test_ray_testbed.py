@@ -1,0 +1,301 @@
+"""``eval run --ray`` on a real two-node Ray cluster (scripts/ray-testbed), and node-loss drills.
+
+Each test ends with every row journaled exactly once, the example's outcomes unchanged (no row
+failed because of the drill), and no rollout server or lifeline of the run left on either node.
+The tests share one cluster; a drill that takes node 2 away brings it back before it ends.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import subprocess
+import tempfile
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+
+import psutil
+import pytest
+import trio
+
+from tests.cluster.conftest import N2_IP, ClusterBed, slow_workspace
+from tests.launcher.e2e.helpers import (
+    base_env,
+    count_log,
+    journal,
+    metrics,
+    run_cli,
+    run_dir,
+    start_cli,
+    wait_for,
+)
+
+pytestmark = [pytest.mark.slow, pytest.mark.netns]
+
+CONFIG = "ws/configs/eval/echo.toml"
+# The example dataset: 21 rows; 16 pass, 3 score 0, 1 is skipped by the grader, 1 fails.
+EXPECTED = {"total_samples": 21, "passed": 16, "failed": 1, "skipped": 1}
+
+
+def _env(testbed: ClusterBed, slow_env: Path) -> dict[str, str]:
+    return base_env(UV_PROJECT_ENVIRONMENT=str(slow_env), **testbed.env)
+
+
+def _args(testbed: ClusterBed, name: str) -> list[str]:
+    return [
+        "eval", "run", CONFIG, "--yes", "--plain", "--name", name,
+        "--ray", testbed.address, "--max-in-flight", "8",
+    ]  # fmt: skip
+
+
+def _leftovers(ws: Path) -> list[psutil.Process]:
+    """Live rollout servers of this workspace, and lifelines, on any node."""
+    entry = str(ws / "rollouts" / "echo" / "main.py")
+    found = []
+    for proc in psutil.process_iter(["cmdline", "status"]):
+        cmd = " ".join(proc.info["cmdline"] or ())
+        if proc.info["status"] != psutil.STATUS_ZOMBIE and (
+            entry in cmd or "cluster/lifeline.py" in cmd
+        ):
+            found.append(proc)
+    return found
+
+
+def _remote_rollouts(run: Path) -> set[str]:
+    ids = set()
+    for line in (run / "logs.txt").read_text().splitlines():
+        if "rollout finished on replica" in line and f'"replica":"{N2_IP}"' in line:
+            ids.add(line.split('"rollout_id":"')[1].split('"')[0])
+    return ids
+
+
+def _check_once(run: Path) -> list[dict[str, object]]:
+    records = journal(run)
+    keys = [(r["row_index"], r["run_index"]) for r in records]
+    assert len(keys) == 21 and len(set(keys)) == 21, sorted(keys)
+    summary = metrics(run)["summary"]
+    assert {k: summary[k] for k in EXPECTED} == EXPECTED, summary
+    assert metrics(run)["eval_run"]["status"] == "finished"
+    return records
+
+
+def _kill9(pids: list[int]) -> None:
+    for pid in pids:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+
+
+def _agent_dirs(ws: Path) -> list[Path]:
+    """Node-local directories of agents started since ``ws`` was made (this test's)."""
+    made = ws.stat().st_mtime - 1
+    return [
+        d
+        for d in Path(tempfile.gettempdir()).glob("rollbridge-agent-*")
+        if d.stat().st_mtime >= made
+    ]
+
+
+async def _no_leftovers(ws: Path, *, dirs: bool = True) -> None:
+    """No server or lifeline left; with ``dirs``, no agent directory either (the lifeline
+    removes it; a node that lost power keeps it)."""
+    await wait_for(lambda: not _leftovers(ws), timeout=90, interval=0.5)
+    if dirs:
+        await wait_for(lambda: not _agent_dirs(ws), timeout=30, interval=0.5)
+
+
+async def _restore_node2(testbed: ClusterBed) -> None:
+    """Bring the cluster back to two alive nodes (node 2 as a new node if it was lost)."""
+    if await trio.to_thread.run_sync(testbed.alive_nodes) == 2 and testbed.netns_pids():
+        return
+    _kill9(testbed.netns_pids())  # what the test bed started in the namespace
+    with trio.fail_after(90):
+        while await trio.to_thread.run_sync(testbed.alive_nodes) != 1:
+            await trio.sleep(1)
+    testbed.script("start-n2")
+    with trio.fail_after(120):
+        while await trio.to_thread.run_sync(testbed.alive_nodes) != 2:
+            await trio.sleep(1)
+
+
+async def test_two_nodes_every_row_once_tokens_on_both(
+    testbed: ClusterBed, slow_env: Path, tmp_path: Path
+) -> None:
+    ws = slow_workspace(tmp_path / "ws", 0.5)
+    result = await run_cli(
+        _args(testbed, "two"), cwd=tmp_path, env=_env(testbed, slow_env), timeout=240
+    )
+    assert result.returncode == 0, result.stderr + result.stdout
+    run = run_dir(ws, "two")
+    records = _check_once(run)
+    remote = _remote_rollouts(run)
+    assert remote, "no rollout ran on node 2"
+    assert len(remote) < 21, "no rollout ran on the supervisor's node"
+    # Tokens are counted by the one bridge for rollouts of both nodes.
+    for where in (True, False):
+        counted = [r for r in records if (r["rollout_id"] in remote) == where and r["tokens"]]
+        assert counted, f"no tokens for rollouts {'on' if where else 'off'} node 2"
+    # Each remote rollout's trial directory was brought back before its record.
+    for record in records:
+        if record["rollout_id"] in remote and record["status"] == "success":
+            trial = run / "rollout_trials" / str(record["rollout_id"])
+            assert (trial / "trajectory.json").is_file()
+    await _no_leftovers(ws)
+
+
+async def _drill(
+    testbed: ClusterBed,
+    slow_env: Path,
+    tmp_path: Path,
+    action: Callable[[Path], Awaitable[None]],
+    *,
+    delay_s: float = 3.0,
+    requeues: bool = True,
+) -> tuple[Path, Path]:
+    ws = slow_workspace(tmp_path / "ws", delay_s)
+    run = run_dir(ws, "drill")
+    cli = await start_cli(
+        _args(testbed, "drill"),
+        cwd=tmp_path,
+        env=_env(testbed, slow_env),
+        logdir=tmp_path / "cli",
+    )
+    try:
+        await wait_for(
+            lambda: (
+                count_log(run, "replica ready") >= 1 and count_log(run, "dispatching rollout") >= 8
+            ),
+            timeout=180,
+        )
+        await action(run)
+        result = await cli.wait(timeout=300)
+    finally:
+        if cli.process.returncode is None:
+            cli.kill9()
+    assert result.returncode == 0, result.stderr + result.stdout
+    _check_once(run)
+    assert count_log(run, "replica lost") >= 1
+    if requeues:
+        assert count_log(run, "requeued") >= 1
+    return ws, run
+
+
+async def test_drill_power_loss_of_node2(
+    testbed: ClusterBed, slow_env: Path, tmp_path: Path
+) -> None:
+    async def power_loss(_run: Path) -> None:
+        _kill9(testbed.netns_pids())
+
+    try:
+        ws, _ = await _drill(testbed, slow_env, tmp_path, power_loss)
+        await _no_leftovers(ws, dirs=False)
+        assert not testbed.netns_pids()
+    finally:
+        await _restore_node2(testbed)
+
+
+async def test_drill_link_cut(testbed: ClusterBed, slow_env: Path, tmp_path: Path) -> None:
+    def link(state: str) -> None:
+        subprocess.run(
+            ["ip", "netns", "exec", testbed.netns, "ip", "link", "set",
+             testbed.env["RB_PEER_IF"], state],
+            check=True,
+        )  # fmt: skip
+
+    async def cut(_run: Path) -> None:
+        link("down")
+
+    try:
+        ws, _ = await _drill(testbed, slow_env, tmp_path, cut)
+        # Back on the network, node 2 learns it was declared dead; its agent goes and the
+        # lifeline stops its rollout server.
+        link("up")
+        await _no_leftovers(ws)
+    finally:
+        link("up")
+        await _restore_node2(testbed)
+
+
+async def test_drill_node_leaves_and_rejoins(
+    testbed: ClusterBed, slow_env: Path, tmp_path: Path
+) -> None:
+    async def leave_and_join(run: Path) -> None:
+        testbed.script("stop-n2")
+        # A clean leave: node 2's replica takes no new work, finishes what it has, and its
+        # agent stops so that the node's drain can end.
+        await wait_for(lambda: count_log(run, "replica draining") >= 1, timeout=60)
+        await wait_for(lambda: count_log(run, "replica lost") >= 1, timeout=120)
+        await wait_for(lambda: not testbed.netns_pids(), timeout=90, interval=0.5)
+        testbed.script("start-n2")
+
+    try:
+        ws, run = await _drill(
+            testbed, slow_env, tmp_path, leave_and_join, delay_s=6.0, requeues=False
+        )
+        # The node came back as a new node and got a new replica during the run.
+        assert count_log(run, "replica ready") >= 2
+        await _no_leftovers(ws)
+    finally:
+        await _restore_node2(testbed)
+
+
+async def test_drill_supervisor_kill9_then_resume(
+    testbed: ClusterBed, slow_env: Path, tmp_path: Path
+) -> None:
+    ws = slow_workspace(tmp_path / "ws", 3.0)
+    run = run_dir(ws, "killed")
+    env = _env(testbed, slow_env)
+    cli = await start_cli(_args(testbed, "killed"), cwd=tmp_path, env=env, logdir=tmp_path / "cli")
+    try:
+        await wait_for(
+            lambda: (
+                count_log(run, "replica ready") >= 1 and count_log(run, "dispatching rollout") >= 8
+            ),
+            timeout=180,
+        )
+    finally:
+        cli.kill9()
+    await cli.wait(timeout=30)
+    # Node 2's agent fate-shares with its owner and its lifeline stops the server there.
+    await wait_for(
+        lambda: not [p for p in _leftovers(ws) if p.pid in testbed.netns_pids()],
+        timeout=90,
+        interval=0.5,
+    )
+    before = len(journal(run))
+    assert before < 21
+    result = await run_cli(_args(testbed, "killed"), cwd=tmp_path, env=env, timeout=300)
+    assert result.returncode == 0, result.stderr + result.stdout
+    _check_once(run)
+    await _no_leftovers(ws)
+
+
+async def test_ctrl_c_stops_every_replica_and_resume_finishes(
+    testbed: ClusterBed, slow_env: Path, tmp_path: Path
+) -> None:
+    ws = slow_workspace(tmp_path / "ws", 3.0)
+    run = run_dir(ws, "interrupted")
+    env = _env(testbed, slow_env)
+    cli = await start_cli(
+        _args(testbed, "interrupted"), cwd=tmp_path, env=env, logdir=tmp_path / "cli"
+    )
+    try:
+        await wait_for(
+            lambda: (
+                count_log(run, "replica ready") >= 1 and count_log(run, "dispatching rollout") >= 8
+            ),
+            timeout=180,
+        )
+        cli.signal(signal.SIGINT)
+        result = await cli.wait(timeout=120)
+    finally:
+        if cli.process.returncode is None:
+            cli.kill9()
+    assert result.returncode == 130, result.stderr + result.stdout
+    # Nothing of the run survives its supervisor: not on the head, not on node 2.
+    assert not _leftovers(ws)
+    await _no_leftovers(ws)
+    assert len(journal(run)) < 21
+    again = await run_cli(_args(testbed, "interrupted"), cwd=tmp_path, env=env, timeout=300)
+    assert again.returncode == 0, again.stderr + again.stdout
+    _check_once(run)
