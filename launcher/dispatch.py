@@ -17,6 +17,10 @@ The :class:`Dispatcher` sees the world through three seams, so it can run alone 
 scripted fakes in virtual time: a :class:`RolloutTransport` (the rollout server), a
 :class:`ModelEndpoint` (where rollouts call the model, and what they used) and a
 :class:`ResultSink` (the run directory and the progress display).
+
+Why one module of this size: the worker's path (admit, wait, settle, classify, halt) is one
+state machine whose cancellation and halt rules interlock; the pieces that stand alone (the
+transports, requeueing, the sink's I/O) are already in modules of their own.
 """
 
 from __future__ import annotations
