@@ -11,6 +11,7 @@ from urllib.parse import quote
 
 import trio
 
+from bridge.apis import ApiOptions
 from bridge.errors import BridgeBindError
 from bridge.policy import MAX_BODY_BYTES
 from bridge.probe import ProbeKey
@@ -73,6 +74,8 @@ class BridgeConfig:
     """The key behind sandbox probe answers (bridge.probe); None draws one at start."""
     usage_observer: UsageObserver | None = None
     """Told of every call's usage as it is recorded (bridge.usage.UsageObserver)."""
+    apis: ApiOptions | None = None
+    """The Responses and Messages routes' options (hosted tools granted, native or translated)."""
 
     def __post_init__(self) -> None:
         if not isinstance(self.token, str) or not self.token.strip():
@@ -237,6 +240,8 @@ async def run_bridge(
                     plain_chat_route=config.plain_chat_route,
                     max_body=config.max_body_bytes,
                     probe=probe,
+                    apis=config.apis,
+                    http=client.http,
                 )
                 # The lean loop (rollout_server.net.leanserve), without hypercorn's trio
                 # worker: plain HTTP/1.1 on loopback is all the bridge serves.

@@ -1,0 +1,349 @@
+"""The Responses and Messages routes as raw ASGI, beside :class:`bridge.app.ChatRoutes`.
+
+Order of checks, as on the chat route: auth (before the rollout id and the body), rollout id,
+body, then the API's policy and translation, all before a status is committed, so a refused
+request gets a real 4xx in the caller's shape. A streamed answer waits for its first event up to
+one heartbeat interval, so that an upstream failure before it (after retries) is still a real
+status; after that the 200 is committed and ``: ping`` comments keep the connection alive.
+"""
+
+from __future__ import annotations
+
+import re
+import secrets
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import trio
+
+from bridge.apis import Api, ApiOptions, translate
+from bridge.apis import native as nat
+from bridge.apis.errors import dialect_error, sse_error
+from bridge.apis.policy import POLICIES, check
+from bridge.codec import dumps, loads
+from bridge.errors import BridgeError
+from bridge.handler import PING, Bridge
+from bridge.policy import InvalidBody, check_auth, is_stream, parse_body, response_model
+from bridge.retry import retrying, retrying_stream
+from bridge.upstreams.routing import OFFLINE_MODEL
+from bridge.watch import DisconnectWatch
+from rollout_server.net.asgi import header, send_json
+
+if TYPE_CHECKING:
+    import httpx
+
+    from bridge.usage import CallUsage
+    from rollout_server.net.asgi import ASGIReceiveCallable, ASGISendCallable, HTTPScope
+
+#: The routes of the two APIs: path pattern (the rollout id in group 1) -> (API, action).
+#: Anthropic clients append ``/v1/messages`` to a base URL without ``/v1``, so the rollout URL
+#: serves ``…/<id>/v1/messages``; ``…/<id>/messages`` is for a base given with ``/v1``. The
+#: query string (``?beta=true`` of older Anthropic SDKs) is not part of the path.
+ROUTES: tuple[tuple[re.Pattern[str], Api, str], ...] = (
+    (re.compile(r"/v1/rollouts/([^/]+)/responses"), "responses", "create"),
+    (re.compile(r"/v1/rollouts/([^/]+)(?:/v1)?/messages"), "messages", "create"),
+    (re.compile(r"/v1/rollouts/([^/]+)(?:/v1)?/messages/count_tokens"), "messages", "count"),
+)
+#: Daemon mode (``bridge serve``): the plain paths, the rollout id from a header.
+PLAIN_ROUTES: dict[str, tuple[Api, str]] = {
+    "/v1/responses": ("responses", "create"),
+    "/v1/messages": ("messages", "create"),
+    "/v1/messages/count_tokens": ("messages", "count"),
+}
+_SSE = [
+    (b"content-type", b"text/event-stream; charset=utf-8"),
+    (b"cache-control", b"no-cache"),
+    (b"x-accel-buffering", b"no"),
+]
+
+
+@dataclass(frozen=True)
+class Match:
+    """A request for one of the two APIs."""
+
+    api: Api
+    action: str
+    rollout_id: str
+
+
+def messages_auth(authorization: str | None, api_key: str | None, token: str) -> bool:
+    """Messages auth: a non-empty ``Authorization`` decides, else a non-empty ``x-api-key``."""
+    if authorization:
+        return check_auth(authorization, token)
+    if api_key:
+        return secrets.compare_digest(api_key.encode("utf-8"), token.encode("utf-8"))
+    return False
+
+
+class _Failure:
+    def __init__(self, status: int, body: bytes, payload: dict[str, Any]) -> None:
+        self.status, self.body, self.payload = status, body, payload
+
+
+class ApiRoutes:
+    """Serves ``/responses`` and ``/messages`` (and ``count_tokens``) for every rollout."""
+
+    def __init__(
+        self,
+        bridge: Bridge,
+        *,
+        token: str,
+        plain_route: bool,
+        options: ApiOptions | None = None,
+        http: Callable[[], httpx.AsyncClient] | None = None,
+    ) -> None:
+        self.bridge = bridge
+        self.token = token
+        self.plain_route = plain_route
+        self.options = options or ApiOptions()
+        self._http = http
+        self.watch = DisconnectWatch(bridge.nursery)
+
+    def match(self, scope: HTTPScope) -> Match | None:
+        """The API call a request is, or ``None``."""
+        if scope["method"] != "POST":
+            return None
+        path: str = scope["path"]
+        for pattern, api, action in ROUTES:
+            found = pattern.fullmatch(path)
+            if found is not None:
+                return Match(api, action, found.group(1))
+        if self.plain_route and path in PLAIN_ROUTES:
+            api, action = PLAIN_ROUTES[path]
+            rollout_id = header(scope, b"x-rollbridge-rollout-id")
+            return Match(api, action, rollout_id.decode("latin-1") if rollout_id else "default")
+        return None
+
+    async def serve(
+        self, scope: HTTPScope, match: Match, raw: bytes, receive: ASGIReceiveCallable,
+        send: ASGISendCallable,
+    ) -> None:  # fmt: skip
+        """Answer one call whose whole body has been read (cancelled if the client leaves)."""
+        call = self.watch.begin(receive)
+        try:
+            with call.scope:
+                await self._answer(scope, match, raw, send)
+        finally:
+            await self.watch.end(call)
+
+    def _fail(self, api: Api, exc: BaseException) -> _Failure:
+        status, payload = self.bridge.error(exc)
+        error = payload["error"]
+        return _Failure(status, dialect_error(api, status, error["message"], error.get("upstream_status")), payload)
+
+    async def _answer(
+        self, scope: HTTPScope, match: Match, raw: bytes, send: ASGISendCallable
+    ) -> None:
+        api = match.api
+        authorization = _text(header(scope, b"authorization"))
+        if api == "messages":
+            allowed = messages_auth(authorization, _text(header(scope, b"x-api-key")), self.token)
+        else:
+            allowed = check_auth(authorization, self.token)
+        if not allowed:
+            await send_json(send, 401, dialect_error(api, 401, "Unauthorized"))
+            return
+        from bridge.policy import valid_rollout_id
+
+        if not valid_rollout_id(match.rollout_id):
+            await send_json(send, 422, dialect_error(api, 422, "invalid rollout_id"))
+            return
+        try:
+            body = parse_body(raw)
+        except InvalidBody:
+            await send_json(send, 400, dialect_error(api, 400, "invalid body"))
+            return
+        headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope["headers"]}
+        try:
+            check(POLICIES[api], body, self.options.hosted_tools)
+            native = nat.native_api(self.bridge.model, api, getattr(self.options, api))
+            if match.action == "count":
+                status, answer = await self._count(native, body, headers)
+                await send_json(send, status, answer)
+                return
+            if native:
+                route = nat.native_route(self.bridge.model, api, headers)
+                content = nat.native_body(api, body, route)
+                work = self._native(api, match.rollout_id, body, route, content)
+            else:
+                prepared = translate.prepared_for(api, body)
+                work = self._translated(api, match.rollout_id, body, prepared)
+        except Exception as exc:
+            failure = self._fail(api, exc)
+            await send_json(send, failure.status, failure.body)
+            return
+        await self._deliver(api, send, work, streamed=is_stream(body))
+
+    # What each kind of call does, as a producer of frames or one JSON answer -----------
+
+    def _translated(
+        self, api: Api, rollout_id: str, body: dict[str, Any], prepared: Any
+    ) -> Callable[[Callable[[bytes], Awaitable[None]], translate.StreamStarted], Awaitable[Any]]:
+        async def run(
+            emit: Callable[[bytes], Awaitable[None]], state: translate.StreamStarted
+        ) -> Any:
+            if not is_stream(body):
+                return await translate.complete(self.bridge, api, rollout_id, body, prepared)
+            await translate.stream(self.bridge, api, rollout_id, body, prepared, emit, state)
+            return None
+
+        return run
+
+    def _native(
+        self,
+        api: Api,
+        rollout_id: str,
+        body: dict[str, Any],
+        route: nat.NativeRoute,
+        content: bytes,
+    ) -> Callable[[Callable[[bytes], Awaitable[None]], translate.StreamStarted], Awaitable[Any]]:
+        model = response_model(body, self.bridge.model)
+        on_fault = translate.on_fault(self.bridge, rollout_id)
+
+        def record(call: CallUsage) -> None:
+            self.bridge.ledger.record(rollout_id, call)
+
+        async def run(
+            emit: Callable[[bytes], Awaitable[None]], state: translate.StreamStarted
+        ) -> Any:
+            client = self._client()
+            if not is_stream(body):
+                return await retrying(
+                    lambda: nat.call(client, api, route, content, model, record),
+                    self.bridge.retry, on_fault,
+                )  # fmt: skip
+            relay = nat.NativeStream(api, model)
+            frames = retrying_stream(
+                lambda: nat.stream(client, route, content, relay), self.bridge.retry, on_fault
+            )
+            try:
+                async for frame in frames:
+                    state.started = True
+                    await emit(frame)
+            finally:
+                await frames.aclose()
+                if state.started:
+                    record(relay.usage())
+            return None
+
+        return run
+
+    def _client(self) -> httpx.AsyncClient:
+        if self._http is None:
+            raise BridgeError(500, "the native path has no HTTP client")
+        return self._http()
+
+    async def _count(
+        self, native: bool, body: dict[str, Any], headers: dict[str, str]
+    ) -> tuple[int, bytes]:
+        """``count_tokens``: relayed natively; the echo model counts with its own tokenizer;
+        any other translated upstream has no such endpoint (a 404, which Claude Code takes)."""
+        if native:
+            route = nat.native_route(self.bridge.model, "messages", headers, "/count_tokens")
+            return await nat.count_tokens(
+                self._client(), route, nat.native_body("messages", body, route)
+            )
+        if self.bridge.model == OFFLINE_MODEL:
+            from bridge.upstreams.echo import prompt_tokens
+
+            count = dict(body, max_tokens=body.get("max_tokens") or 1)
+            prepared = translate.prepared_for("messages", count)
+            return 200, dumps({"input_tokens": prompt_tokens(prepared)})
+        message = "count_tokens is not available for this model"
+        return 404, dialect_error("messages", 404, message)
+
+    async def _deliver(
+        self, api: Api, send: ASGISendCallable,
+        work: Callable[[Callable[[bytes], Awaitable[None]], translate.StreamStarted], Awaitable[Any]],
+        *, streamed: bool,
+    ) -> None:  # fmt: skip
+        if not streamed:
+            try:
+                answer = await work(_no_emit, translate.StreamStarted())
+            except Exception as exc:
+                failure = self._fail(api, exc)
+                await send_json(send, failure.status, failure.body)
+                return
+            await send_json(send, 200, dumps(answer))
+            return
+        out, frames = trio.open_memory_channel[bytes | _Failure](64)
+        scope = trio.CancelScope()
+        self.bridge.nursery.start_soon(self._produce, api, work, out, scope)
+        try:
+            await self._relay(send, frames)
+        finally:
+            scope.cancel()
+            frames.close()
+
+    async def _produce(
+        self, api: Api, work: Any, out: trio.MemorySendChannel[bytes | _Failure],
+        scope: trio.CancelScope,
+    ) -> None:  # fmt: skip
+        state = translate.StreamStarted()
+        with scope, out:
+            try:
+                await work(out.send, state)
+            except Exception as exc:
+                failure = self._fail(api, exc)
+                if not state.started:
+                    await out.send(failure)
+                    return
+                sequence = getattr(state.translator, "sequence", 0)
+                await out.send(sse_error(api, failure.payload, failure.status, sequence))
+                translator = state.translator
+                if api == "responses" and translator is not None and hasattr(translator, "failed"):
+                    await out.send(translator.failed(str(failure.payload["error"]["message"])))
+
+    async def _relay(
+        self, send: ASGISendCallable, frames: trio.MemoryReceiveChannel[bytes | _Failure]
+    ) -> None:
+        heartbeat = self.bridge.timing.heartbeat
+        first: bytes | _Failure | None = None
+        ended = False
+        with trio.move_on_after(heartbeat):
+            try:
+                first = await frames.receive()
+            except trio.EndOfChannel:
+                ended = True
+        if isinstance(first, _Failure):
+            await send_json(send, first.status, first.body)
+            return
+        await send({"type": "http.response.start", "status": 200, "headers": _SSE})
+        await _body(send, first if first is not None else PING)
+        while not ended:
+            item: bytes | _Failure | None = None
+            with trio.move_on_after(heartbeat):
+                try:
+                    item = await frames.receive()
+                except trio.EndOfChannel:
+                    break
+            if item is None:
+                await _body(send, PING)
+            elif isinstance(item, _Failure):
+                # Failed before any event but after the 200 left: an error event instead.
+                await _body(send, _failure_event(item))
+            else:
+                await _body(send, item)
+        await send({"type": "http.response.body", "body": b"", "more_body": False})
+
+
+async def _no_emit(_: bytes) -> None:
+    raise AssertionError("a non-streaming call emits no frames")
+
+
+async def _body(send: ASGISendCallable, data: bytes) -> None:
+    await send({"type": "http.response.body", "body": data, "more_body": True})
+
+
+def _failure_event(failure: _Failure) -> bytes:
+    # The dialect body already has the caller's shape; Anthropic's `error` event carries it as
+    # is, and OpenAI's `error` objects are read from the data's `error` key.
+    data = loads(failure.body)
+    if isinstance(data, dict) and data.get("type") != "error":
+        data = {"type": "error", **data}
+    return b"event: error\ndata: " + dumps(data) + b"\n\n"
+
+
+def _text(value: bytes | None) -> str | None:
+    return None if value is None else value.decode("latin-1")
