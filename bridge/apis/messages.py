@@ -22,8 +22,13 @@ from bridge.errors import BridgeRequestError
 from bridge.usage import CallUsage
 
 _SAME = ("max_tokens", "temperature", "top_p", "top_k")
-_STOP_REASONS = {"stop": "end_turn", "length": "max_tokens", "tool_calls": "tool_use",
-                 "function_call": "tool_use", "content_filter": "refusal"}  # fmt: skip
+_STOP_REASONS = {
+    "stop": "end_turn",
+    "length": "max_tokens",
+    "tool_calls": "tool_use",
+    "function_call": "tool_use",
+    "content_filter": "refusal",
+}
 
 
 def _refuse(what: str) -> BridgeRequestError:
@@ -103,8 +108,13 @@ def _assistant(content: Any) -> dict[str, Any]:
             text.append(str(block.get("text", "")))
         elif kind == "tool_use":
             arguments = dumps(block.get("input") or {}).decode()
-            calls.append({"id": block.get("id"), "type": "function",
-                          "function": {"name": block.get("name"), "arguments": arguments}})  # fmt: skip
+            calls.append(
+                {
+                    "id": block.get("id"),
+                    "type": "function",
+                    "function": {"name": block.get("name"), "arguments": arguments},
+                }
+            )
         elif kind in ("thinking", "redacted_thinking"):
             continue  # see the module docstring
         else:
@@ -219,8 +229,14 @@ def to_message(completion: dict[str, Any], model: str, call: CallUsage) -> dict[
         content.append({"type": "text", "text": message["content"]})
     for tool_call in message.get("tool_calls") or []:
         function = tool_call.get("function") or {}
-        content.append({"type": "tool_use", "id": tool_call.get("id"), "name": function.get("name"),
-                        "input": _arguments(function.get("arguments") or "")})  # fmt: skip
+        content.append(
+            {
+                "type": "tool_use",
+                "id": tool_call.get("id"),
+                "name": function.get("name"),
+                "input": _arguments(function.get("arguments") or ""),
+            }
+        )
     return {
         "id": _ident("msg_", completion.get("id"), message),
         "type": "message",
@@ -250,9 +266,16 @@ class MessagesStream:
 
     def start(self) -> Iterator[bytes]:
         """``message_start`` (usage not known yet: the chat upstream reports it at the end)."""
-        message: dict[str, Any] = {"id": self.id, "type": "message", "role": "assistant", "model": self.model,
-                   "content": [], "stop_reason": None, "stop_sequence": None,
-                   "usage": {"input_tokens": 0, "output_tokens": 0}}  # fmt: skip
+        message: dict[str, Any] = {
+            "id": self.id,
+            "type": "message",
+            "role": "assistant",
+            "model": self.model,
+            "content": [],
+            "stop_reason": None,
+            "stop_sequence": None,
+            "usage": {"input_tokens": 0, "output_tokens": 0},
+        }
         yield self._event("message_start", message=message)
 
     def _close(self) -> Iterator[bytes]:
@@ -277,20 +300,27 @@ class MessagesStream:
         if isinstance(text, str) and text:
             if self._open != "text":
                 yield from self._begin({"type": "text", "text": ""})
-            yield self._event("content_block_delta", index=self._index,
-                              delta={"type": "text_delta", "text": text})  # fmt: skip
+            yield self._event(
+                "content_block_delta", index=self._index, delta={"type": "text_delta", "text": text}
+            )
         for tool_call in delta.get("tool_calls") or []:
             n = tool_call.get("index", 0)
             function = tool_call.get("function") or {}
             if n not in self._calls:
-                block = {"type": "tool_use", "id": tool_call.get("id"),
-                         "name": function.get("name"), "input": {}}  # fmt: skip
+                block = {
+                    "type": "tool_use",
+                    "id": tool_call.get("id"),
+                    "name": function.get("name"),
+                    "input": {},
+                }
                 yield from self._begin(block)
                 self._calls[n] = self._index
             if function.get("arguments"):
-                yield self._event("content_block_delta", index=self._calls[n],
-                                  delta={"type": "input_json_delta",
-                                         "partial_json": function["arguments"]})  # fmt: skip
+                yield self._event(
+                    "content_block_delta",
+                    index=self._calls[n],
+                    delta={"type": "input_json_delta", "partial_json": function["arguments"]},
+                )
         if choice.get("finish_reason"):
             self.finish = choice["finish_reason"]
 
@@ -298,6 +328,9 @@ class MessagesStream:
         """Close the open block, then ``message_delta`` (stop reason, usage) and ``message_stop``."""
         yield from self._close()
         stop = _STOP_REASONS.get(self.finish or "stop", "end_turn")
-        yield self._event("message_delta", delta={"stop_reason": stop, "stop_sequence": None},
-                          usage=usage_json(call))  # fmt: skip
+        yield self._event(
+            "message_delta",
+            delta={"stop_reason": stop, "stop_sequence": None},
+            usage=usage_json(call),
+        )
         yield self._event("message_stop")

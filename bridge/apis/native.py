@@ -4,7 +4,8 @@ Lossless where translation is not (prompt caching marks, encrypted reasoning, th
 signatures): the request is forwarded after the policy with only the bridge's fields rewritten
 (the configured model, ``store: false`` on Responses), headers built from scratch (the
 provider key from the bridge's environment, plus the policy's allowlist of client headers), and
-the answer relayed with only ``model`` rewritten to what the client asked for. Streams are
+the answer relayed with only ``model`` rewritten to what the client asked for (and an
+``error`` object added to a Responses error event, so that openai-python raises on it). Streams are
 parsed frame by frame and relayed as they arrive; the usage comes from the terminal frames.
 A transient fault before the first frame is retried (:mod:`bridge.retry`); after it, the
 provider's own error event reaches the client unchanged.
@@ -109,9 +110,13 @@ def _status_error(response: httpx.Response) -> UpstreamError:
 
 
 async def call(
-    client: httpx.AsyncClient, api: Api, route: NativeRoute, content: bytes, model: str,
+    client: httpx.AsyncClient,
+    api: Api,
+    route: NativeRoute,
+    content: bytes,
+    model: str,
     record: Callable[[CallUsage], None],
-) -> dict[str, Any]:  # fmt: skip
+) -> dict[str, Any]:
     """One non-streaming native call: the provider's object with ``model`` echoed."""
     import httpx
 
@@ -185,6 +190,11 @@ class NativeStream:
                     response["model"] = self.model
                     if kind in _TERMINAL:
                         self._responses = response.get("usage")
+                    data = dumps(parsed).decode()
+                elif kind == "error" and "error" not in parsed:
+                    # openai-python raises APIError on an error event only when its data has an
+                    # `error` object; OpenAI's own carries code and message at the top level.
+                    parsed["error"] = {k: parsed.get(k) for k in ("code", "message", "param")}
                     data = dumps(parsed).decode()
         head = f"event: {event}\n" if event != "message" else ""
         return (head + "data: " + data + "\n\n").encode()

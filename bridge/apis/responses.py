@@ -25,8 +25,17 @@ LOGPROBS_INCLUDE = "message.output_text.logprobs"
 # `include` values that ask for nothing a translated answer could lack.
 _HARMLESS_INCLUDES = frozenset({LOGPROBS_INCLUDE, "reasoning.encrypted_content"})
 # Responses parameters with the same name and meaning in Chat Completions.
-_SAME = ("temperature", "top_p", "parallel_tool_calls", "user", "safety_identifier",
-         "prompt_cache_key", "metadata", "top_logprobs", "seed")  # fmt: skip
+_SAME = (
+    "temperature",
+    "top_p",
+    "parallel_tool_calls",
+    "user",
+    "safety_identifier",
+    "prompt_cache_key",
+    "metadata",
+    "top_logprobs",
+    "seed",
+)
 # Responses-only parameters a chat upstream cannot honour.
 _UNCARRIED = ("max_tool_calls", "context_management", "prompt_cache_retention")
 
@@ -150,8 +159,16 @@ def _response_format(text: Any) -> dict[str, Any] | None:
 def to_chat(body: dict[str, Any]) -> dict[str, Any]:
     """The chat request that carries a Responses request (its policy already checked)."""
     chat: dict[str, Any] = {"model": body.get("model"), "messages": _messages(body)}
-    handled = set(RESPONSES.owned) | {"tools", "tool_choice", "text", "reasoning", "include",
-                                      "truncation", "max_output_tokens", *_SAME}  # fmt: skip
+    handled = set(RESPONSES.owned) | {
+        "tools",
+        "tool_choice",
+        "text",
+        "reasoning",
+        "include",
+        "truncation",
+        "max_output_tokens",
+        *_SAME,
+    }
     for name in _UNCARRIED:
         if body.get(name) is not None:
             raise _refuse(f"'{name}'")
@@ -254,8 +271,9 @@ def _logprobs(entries: Any) -> list[dict[str, Any]]:
                 for t in entry.get("top_logprobs") or []
                 if isinstance(t, dict)
             ]
-            out.append({**{k: entry.get(k) for k in ("token", "logprob", "bytes")},
-                        "top_logprobs": top})  # fmt: skip
+            out.append(
+                {**{k: entry.get(k) for k in ("token", "logprob", "bytes")}, "top_logprobs": top}
+            )
     return out
 
 
@@ -263,15 +281,25 @@ def _message_item(
     item_id: str, text: str, logprobs: list[dict[str, Any]], status: str
 ) -> dict[str, Any]:
     part = {"type": "output_text", "text": text, "annotations": [], "logprobs": logprobs}
-    return {"type": "message", "id": item_id, "status": status, "role": "assistant",
-            "content": [part]}  # fmt: skip
+    return {
+        "type": "message",
+        "id": item_id,
+        "status": status,
+        "role": "assistant",
+        "content": [part],
+    }
 
 
 def _call_item(item_id: str, call: dict[str, Any], status: str) -> dict[str, Any]:
     function = call.get("function") or {}
-    return {"type": "function_call", "id": item_id, "call_id": call.get("id"),
-            "name": function.get("name"), "arguments": function.get("arguments") or "",
-            "status": status}  # fmt: skip
+    return {
+        "type": "function_call",
+        "id": item_id,
+        "call_id": call.get("id"),
+        "name": function.get("name"),
+        "arguments": function.get("arguments") or "",
+        "status": status,
+    }
 
 
 def to_response(
@@ -325,14 +353,29 @@ class ResponsesStream:
         item["status"] = "completed"
         if item["type"] == "message":
             part = item["content"][0]
-            yield self._event("response.output_text.done", item_id=item["id"], output_index=index,
-                              content_index=0, text=part["text"], logprobs=part["logprobs"])  # fmt: skip
-            yield self._event("response.content_part.done", item_id=item["id"],
-                              output_index=index, content_index=0, part=part)  # fmt: skip
+            yield self._event(
+                "response.output_text.done",
+                item_id=item["id"],
+                output_index=index,
+                content_index=0,
+                text=part["text"],
+                logprobs=part["logprobs"],
+            )
+            yield self._event(
+                "response.content_part.done",
+                item_id=item["id"],
+                output_index=index,
+                content_index=0,
+                part=part,
+            )
         else:
-            yield self._event("response.function_call_arguments.done", item_id=item["id"],
-                              output_index=index, name=item["name"],
-                              arguments=item["arguments"])  # fmt: skip
+            yield self._event(
+                "response.function_call_arguments.done",
+                item_id=item["id"],
+                output_index=index,
+                name=item["name"],
+                arguments=item["arguments"],
+            )
         yield self._event("response.output_item.done", output_index=index, item=item)
 
     def _add(self, item: dict[str, Any]) -> Iterator[bytes]:
@@ -342,13 +385,18 @@ class ResponsesStream:
         announced = dict(item)
         if item["type"] == "message":
             announced["content"] = []
-        yield self._event("response.output_item.added", output_index=len(self.shell["output"]) - 1,
-                          item=announced)  # fmt: skip
+        yield self._event(
+            "response.output_item.added", output_index=len(self.shell["output"]) - 1, item=announced
+        )
         if item["type"] == "message":
             part = {"type": "output_text", "text": "", "annotations": [], "logprobs": []}
-            yield self._event("response.content_part.added", item_id=item["id"],
-                              output_index=len(self.shell["output"]) - 1, content_index=0,
-                              part=part)  # fmt: skip
+            yield self._event(
+                "response.content_part.added",
+                item_id=item["id"],
+                output_index=len(self.shell["output"]) - 1,
+                content_index=0,
+                part=part,
+            )
 
     def chunk(self, chunk: dict[str, Any]) -> Iterator[bytes]:
         """The events for one chat chunk (only its first choice is read)."""
@@ -360,17 +408,26 @@ class ResponsesStream:
         text = delta.get("content")
         if isinstance(text, str) and text:
             if self._open is None or self._open["type"] != "message":
-                item = _message_item(_ident("msg_", self.shell["id"], len(self.shell["output"])),
-                                     "", [], "in_progress")  # fmt: skip
+                item = _message_item(
+                    _ident("msg_", self.shell["id"], len(self.shell["output"])),
+                    "",
+                    [],
+                    "in_progress",
+                )
                 yield from self._add(item)
             assert self._open is not None
             part = self._open["content"][0]
             part["text"] += text
             logprobs = _logprobs((choice.get("logprobs") or {}).get("content"))
             part["logprobs"].extend(logprobs)
-            yield self._event("response.output_text.delta", item_id=self._open["id"],
-                              output_index=len(self.shell["output"]) - 1, content_index=0,
-                              delta=text, logprobs=logprobs)  # fmt: skip
+            yield self._event(
+                "response.output_text.delta",
+                item_id=self._open["id"],
+                output_index=len(self.shell["output"]) - 1,
+                content_index=0,
+                delta=text,
+                logprobs=logprobs,
+            )
         for tool_call in delta.get("tool_calls") or []:
             index = tool_call.get("index", 0)
             found = self._calls.get(index)
@@ -385,9 +442,12 @@ class ResponsesStream:
             arguments = (tool_call.get("function") or {}).get("arguments")
             if arguments:
                 item["arguments"] += arguments
-                yield self._event("response.function_call_arguments.delta", item_id=item["id"],
-                                  output_index=self.shell["output"].index(item),
-                                  delta=arguments)  # fmt: skip
+                yield self._event(
+                    "response.function_call_arguments.delta",
+                    item_id=item["id"],
+                    output_index=self.shell["output"].index(item),
+                    delta=arguments,
+                )
         if choice.get("finish_reason"):
             self.finish = choice["finish_reason"]
 

@@ -116,9 +116,13 @@ class ApiRoutes:
         return None
 
     async def serve(
-        self, scope: HTTPScope, match: Match, raw: bytes, receive: ASGIReceiveCallable,
+        self,
+        scope: HTTPScope,
+        match: Match,
+        raw: bytes,
+        receive: ASGIReceiveCallable,
         send: ASGISendCallable,
-    ) -> None:  # fmt: skip
+    ) -> None:
         """Answer one call whose whole body has been read (cancelled if the client leaves)."""
         call = self.watch.begin(receive)
         try:
@@ -130,7 +134,11 @@ class ApiRoutes:
     def _fail(self, api: Api, exc: BaseException) -> _Failure:
         status, payload = self.bridge.error(exc)
         error = payload["error"]
-        return _Failure(status, dialect_error(api, status, error["message"], error.get("upstream_status")), payload)
+        return _Failure(
+            status,
+            dialect_error(api, status, error["message"], error.get("upstream_status")),
+            payload,
+        )
 
     async def _answer(
         self, scope: HTTPScope, match: Match, raw: bytes, send: ASGISendCallable
@@ -211,8 +219,9 @@ class ApiRoutes:
             if not is_stream(body):
                 return await retrying(
                     lambda: nat.call(client, api, route, content, model, record),
-                    self.bridge.retry, on_fault,
-                )  # fmt: skip
+                    self.bridge.retry,
+                    on_fault,
+                )
             relay = nat.NativeStream(api, model)
             frames = retrying_stream(
                 lambda: nat.stream(client, route, content, relay), self.bridge.retry, on_fault
@@ -254,10 +263,15 @@ class ApiRoutes:
         return 404, dialect_error("messages", 404, message)
 
     async def _deliver(
-        self, api: Api, send: ASGISendCallable,
-        work: Callable[[Callable[[bytes], Awaitable[None]], translate.StreamStarted], Awaitable[Any]],
-        *, streamed: bool,
-    ) -> None:  # fmt: skip
+        self,
+        api: Api,
+        send: ASGISendCallable,
+        work: Callable[
+            [Callable[[bytes], Awaitable[None]], translate.StreamStarted], Awaitable[Any]
+        ],
+        *,
+        streamed: bool,
+    ) -> None:
         if not streamed:
             try:
                 answer = await work(_no_emit, translate.StreamStarted())
@@ -277,9 +291,12 @@ class ApiRoutes:
             frames.close()
 
     async def _produce(
-        self, api: Api, work: Any, out: trio.MemorySendChannel[bytes | _Failure],
+        self,
+        api: Api,
+        work: Any,
+        out: trio.MemorySendChannel[bytes | _Failure],
         scope: trio.CancelScope,
-    ) -> None:  # fmt: skip
+    ) -> None:
         state = translate.StreamStarted()
         with scope, out:
             try:

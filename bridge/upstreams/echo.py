@@ -154,8 +154,12 @@ class EchoUpstream:
                 yield chunk({"role": "assistant", "content": piece}, None, **extra)
         for n, (call_id, name, arguments) in enumerate(answer.calls):
             await trio.lowlevel.checkpoint()
-            start = {"index": n, "id": call_id, "type": "function",
-                     "function": {"name": name, "arguments": ""}}  # fmt: skip
+            start = {
+                "index": n,
+                "id": call_id,
+                "type": "function",
+                "function": {"name": name, "arguments": ""},
+            }
             yield chunk({"role": "assistant", "tool_calls": [start]}, None)
             for piece in re.findall(r".{1,16}", arguments, re.S):
                 await trio.lowlevel.checkpoint()

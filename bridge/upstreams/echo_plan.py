@@ -186,6 +186,11 @@ def logprobs(text: str, top: int) -> list[dict[str, Any]]:
             ),
         ][:top]
         entries.append(
-            {"token": piece, "logprob": -0.1, "bytes": list(piece.encode()), "top_logprobs": alternatives}
+            {
+                "token": piece,
+                "logprob": -0.1,
+                "bytes": list(piece.encode()),
+                "top_logprobs": alternatives,
+            }
         )
     return entries

@@ -13,7 +13,11 @@ import trio
 from bridge import BridgeHandle
 from tests.bridge.conftest import AUTH, TOKEN, StartBridge
 
-MSG = {"model": "claude-test", "max_tokens": 64, "messages": [{"role": "user", "content": "hi there"}]}
+MSG = {
+    "model": "claude-test",
+    "max_tokens": 64,
+    "messages": [{"role": "user", "content": "hi there"}],
+}
 RESP = {"model": "gpt-test", "input": "hi there"}
 
 
@@ -87,8 +91,11 @@ async def test_messages_paths(echo: BridgeHandle, client: httpx.AsyncClient, pat
 @pytest.mark.parametrize(
     ("path", "body", "named"),
     [
-        ("/chat/completions", {"messages": [{"role": "user", "content": "x"}],
-                               "service_tier": "priority"}, "service_tier"),
+        (
+            "/chat/completions",
+            {"messages": [{"role": "user", "content": "x"}], "service_tier": "priority"},
+            "service_tier",
+        ),
         ("/responses", {**RESP, "store": True}, "store"),
         ("/responses", {**RESP, "previous_response_id": "resp_1"}, "previous_response_id"),
         ("/responses", {**RESP, "service_tier": "flex"}, "service_tier"),
@@ -96,11 +103,14 @@ async def test_messages_paths(echo: BridgeHandle, client: httpx.AsyncClient, pat
         ("/responses", {**RESP, "api_base": "http://x"}, "api_base"),
         ("/v1/messages", {**MSG, "service_tier": "auto"}, "service_tier"),
         ("/v1/messages", {**MSG, "mcp_servers": [{"url": "x"}]}, "mcp_servers"),
-        ("/v1/messages", {**MSG, "tools": [{"type": "web_search_20250305", "name": "w"}]},
-         "web_search_20250305"),
+        (
+            "/v1/messages",
+            {**MSG, "tools": [{"type": "web_search_20250305", "name": "w"}]},
+            "web_search_20250305",
+        ),
         ("/v1/messages", {k: v for k, v in MSG.items() if k != "max_tokens"}, "max_tokens"),
     ],
-)  # fmt: skip
+)
 async def test_refused_fields_are_a_400_naming_them(
     echo: BridgeHandle, client: httpx.AsyncClient, path: str, body: dict[str, Any], named: str
 ) -> None:
@@ -134,10 +144,18 @@ async def test_responses_stream_grammar_and_ledger(
     assert streamed.headers["content-type"].startswith("text/event-stream")
     got = events(streamed.text)
     kinds = [k for k, _ in got]
-    assert kinds[:4] == ["response.created", "response.in_progress",
-                         "response.output_item.added", "response.content_part.added"]  # fmt: skip
-    assert kinds[-4:] == ["response.output_text.done", "response.content_part.done",
-                          "response.output_item.done", "response.completed"]  # fmt: skip
+    assert kinds[:4] == [
+        "response.created",
+        "response.in_progress",
+        "response.output_item.added",
+        "response.content_part.added",
+    ]
+    assert kinds[-4:] == [
+        "response.output_text.done",
+        "response.content_part.done",
+        "response.output_item.done",
+        "response.completed",
+    ]
     assert [d["sequence_number"] for _, d in got] == list(range(len(got)))
     assert all(k == t["type"] for k, t in got)
     final = got[-1][1]["response"]

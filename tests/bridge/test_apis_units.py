@@ -70,10 +70,27 @@ def test_hosted_tools_are_refused_unless_granted(policy: Any, tool: dict[str, An
 
 
 def test_client_tools_pass() -> None:
-    check(RESPONSES, {"tools": [{"type": "function", "name": "f"}, {"type": "custom", "name": "c"},
-                                {"type": "local_shell"}, {"type": "computer_use_preview"}]})  # fmt: skip
-    check(MESSAGES, {"tools": [{"name": "f", "input_schema": {}}, {"type": "bash_20250124"},
-                               {"type": "text_editor_20250728", "name": "e"}]})  # fmt: skip
+    check(
+        RESPONSES,
+        {
+            "tools": [
+                {"type": "function", "name": "f"},
+                {"type": "custom", "name": "c"},
+                {"type": "local_shell"},
+                {"type": "computer_use_preview"},
+            ]
+        },
+    )
+    check(
+        MESSAGES,
+        {
+            "tools": [
+                {"name": "f", "input_schema": {}},
+                {"type": "bash_20250124"},
+                {"type": "text_editor_20250728", "name": "e"},
+            ]
+        },
+    )
 
 
 def test_chat_route_refuses_service_tier() -> None:
@@ -104,11 +121,18 @@ def test_responses_request_to_chat() -> None:
         "custom_param": 1,
     }
     chat = responses.to_chat(body)
-    assert [m["role"] for m in chat["messages"]] == ["system", "system", "user", "assistant",
-                                                     "tool", "tool"]  # fmt: skip
+    assert [m["role"] for m in chat["messages"]] == [
+        "system",
+        "system",
+        "user",
+        "assistant",
+        "tool",
+        "tool",
+    ]
     assert [c["id"] for c in chat["messages"][3]["tool_calls"]] == ["c1", "c2"]
-    assert chat["tools"] == [{"type": "function", "function": {"name": "f",
-                                                               "parameters": {"type": "object"}}}]  # fmt: skip
+    assert chat["tools"] == [
+        {"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}
+    ]
     assert chat["tool_choice"] == {"type": "function", "function": {"name": "f"}}
     assert chat["max_completion_tokens"] == 50
     assert chat["response_format"]["json_schema"]["name"] == "s"
@@ -141,14 +165,26 @@ def test_messages_request_to_chat() -> None:
         "system": [{"type": "text", "text": "sys", "cache_control": {"type": "ephemeral"}}],
         "messages": [
             {"role": "user", "content": "hi"},
-            {"role": "assistant", "content": [
-                {"type": "thinking", "thinking": "hm", "signature": "s"},
-                {"type": "text", "text": "calling"},
-                {"type": "tool_use", "id": "t1", "name": "f", "input": {"a": 1}}]},
-            {"role": "user", "content": [
-                {"type": "tool_result", "tool_use_id": "t1", "content": [{"type": "text", "text": "ok"}]},
-                {"type": "text", "text": "next"}]},
-        ],  # fmt: skip
+            {
+                "role": "assistant",
+                "content": [
+                    {"type": "thinking", "thinking": "hm", "signature": "s"},
+                    {"type": "text", "text": "calling"},
+                    {"type": "tool_use", "id": "t1", "name": "f", "input": {"a": 1}},
+                ],
+            },
+            {
+                "role": "user",
+                "content": [
+                    {
+                        "type": "tool_result",
+                        "tool_use_id": "t1",
+                        "content": [{"type": "text", "text": "ok"}],
+                    },
+                    {"type": "text", "text": "next"},
+                ],
+            },
+        ],
         "tools": [{"name": "f", "description": "d", "input_schema": {"type": "object"}}],
         "tool_choice": {"type": "any", "disable_parallel_tool_use": True},
         "stop_sequences": ["END"],
@@ -173,11 +209,20 @@ def test_messages_needs_max_tokens_and_refuses_uncarried_tools() -> None:
 
 
 def test_anthropic_usage_counts_the_cache_in_the_prompt() -> None:
-    usage = {"input_tokens": 10, "cache_read_input_tokens": 60,
-             "cache_creation_input_tokens": 30, "output_tokens": 5}  # fmt: skip
+    usage = {
+        "input_tokens": 10,
+        "cache_read_input_tokens": 60,
+        "cache_creation_input_tokens": 30,
+        "output_tokens": 5,
+    }
     call = from_messages(usage)
-    assert call == CallUsage(prompt_tokens=100, completion_tokens=5, total_tokens=105,
-                             cached_tokens=60, cache_write_tokens=30)  # fmt: skip
+    assert call == CallUsage(
+        prompt_tokens=100,
+        completion_tokens=5,
+        total_tokens=105,
+        cached_tokens=60,
+        cache_write_tokens=30,
+    )
     # The same numbers synthesized back in the dialect.
     assert messages.usage_json(call) == usage
     total = RolloutUsage(0, 0, 0, 0, None, None, 0).plus(call)
@@ -185,20 +230,34 @@ def test_anthropic_usage_counts_the_cache_in_the_prompt() -> None:
 
 
 def test_responses_usage_and_chat_usage_normalize_alike() -> None:
-    responses_usage = {"input_tokens": 100, "input_tokens_details": {"cached_tokens": 40,
-                       "cache_write_tokens": 5}, "output_tokens": 7,
-                       "output_tokens_details": {"reasoning_tokens": 2}, "total_tokens": 107}  # fmt: skip
-    chat_usage = {"prompt_tokens": 100, "completion_tokens": 7, "total_tokens": 107,
-                  "prompt_tokens_details": {"cached_tokens": 40, "cache_write_tokens": 5},
-                  "completion_tokens_details": {"reasoning_tokens": 2}}  # fmt: skip
+    responses_usage = {
+        "input_tokens": 100,
+        "input_tokens_details": {"cached_tokens": 40, "cache_write_tokens": 5},
+        "output_tokens": 7,
+        "output_tokens_details": {"reasoning_tokens": 2},
+        "total_tokens": 107,
+    }
+    chat_usage = {
+        "prompt_tokens": 100,
+        "completion_tokens": 7,
+        "total_tokens": 107,
+        "prompt_tokens_details": {"cached_tokens": 40, "cache_write_tokens": 5},
+        "completion_tokens_details": {"reasoning_tokens": 2},
+    }
     expected = CallUsage(100, 7, 107, cached_tokens=40, reasoning_tokens=2, cache_write_tokens=5)
     assert normalize("responses", responses_usage) == normalize("chat", chat_usage) == expected
 
 
 def test_streamed_anthropic_usage_is_a_running_total() -> None:
     tally = StreamedMessagesUsage()
-    tally.event({"type": "message_start", "message": {"usage": {
-        "input_tokens": 10, "cache_read_input_tokens": 60, "output_tokens": 1}}})  # fmt: skip
+    tally.event(
+        {
+            "type": "message_start",
+            "message": {
+                "usage": {"input_tokens": 10, "cache_read_input_tokens": 60, "output_tokens": 1}
+            },
+        }
+    )
     tally.event({"type": "message_delta", "usage": {"output_tokens": 3}})
     tally.event({"type": "message_delta", "usage": {"output_tokens": 5}})
     assert tally.call() == CallUsage(70, 5, 75, cached_tokens=60)
@@ -208,15 +267,28 @@ def _echo(messages_: list[dict[str, Any]], **params: Any) -> Any:
     return plan(messages_, params)
 
 
-BASH = [{"type": "function", "function": {"name": "bash", "parameters": {
-    "type": "object", "properties": {"command": {"type": "string"}}, "required": ["command"]}}}]  # fmt: skip
+BASH = [
+    {
+        "type": "function",
+        "function": {
+            "name": "bash",
+            "parameters": {
+                "type": "object",
+                "properties": {"command": {"type": "string"}},
+                "required": ["command"],
+            },
+        },
+    }
+]
 
 
 def test_echo_tool_calls_follow_directives() -> None:
     asked = [{"role": "user", "content": 'please\ncall bash {"command": "ls"}\ncall bash'}]
     answer = _echo(asked, tools=BASH)
     assert [(n, json.loads(a)) for _, n, a in answer.calls] == [
-        ("bash", {"command": "ls"}), ("bash", {"command": ""})]  # fmt: skip
+        ("bash", {"command": "ls"}),
+        ("bash", {"command": ""}),
+    ]
     assert answer.finish_reason == "tool_calls" and answer.text == ""
     assert _echo(asked).calls == []  # no tools offered: the text is echoed
     assert _echo(asked, tools=BASH, tool_choice="none").calls == []
@@ -229,12 +301,23 @@ def test_echo_tool_calls_follow_directives() -> None:
 def test_echo_json_modes() -> None:
     hi = [{"role": "user", "content": "hi"}]
     assert json.loads(_echo(hi, response_format={"type": "json_object"}).text) == {"echo": "hi"}
-    schema = {"type": "object", "required": ["name", "n", "kind", "tags"],
-              "properties": {"name": {"type": "string"}, "n": {"type": "integer", "minimum": 3},
-                             "kind": {"enum": ["a", "b"]}, "tags": {"type": "array"}}}  # fmt: skip
+    schema = {
+        "type": "object",
+        "required": ["name", "n", "kind", "tags"],
+        "properties": {
+            "name": {"type": "string"},
+            "n": {"type": "integer", "minimum": 3},
+            "kind": {"enum": ["a", "b"]},
+            "tags": {"type": "array"},
+        },
+    }
     fmt = {"type": "json_schema", "json_schema": {"name": "s", "schema": schema}}
     assert json.loads(_echo(hi, response_format=fmt).text) == {
-        "name": "hi", "n": 3, "kind": "a", "tags": []}  # fmt: skip
+        "name": "hi",
+        "n": 3,
+        "kind": "a",
+        "tags": [],
+    }
     assert minimal({"anyOf": [{"type": "boolean"}]}) is False
 
 

@@ -102,9 +102,12 @@ async def _read_request(stream: trio.SocketStream) -> tuple[str, dict[str, str],
 
 
 async def _send(
-    stream: trio.SocketStream, status: int, body: bytes, kind: str = "application/json",
+    stream: trio.SocketStream,
+    status: int,
+    body: bytes,
+    kind: str = "application/json",
     extra: str = "",
-) -> None:  # fmt: skip
+) -> None:
     head = (
         f"HTTP/1.1 {status} X\r\ncontent-type: {kind}\r\ncontent-length: {len(body)}\r\n"
         f"connection: close\r\n{extra}\r\n"
@@ -147,10 +150,17 @@ async def _connection(state: ApiUpstream, stream: trio.SocketStream) -> None:
             await _responses(stream, body, midstream=fault == "midstream")
         elif path.startswith("/v1/messages"):
             if headers.get("x-api-key") != "sk-ant-provider-key-000000000000":
-                error = {"type": "error", "error": {"type": "authentication_error", "message": "key"}}
+                error = {
+                    "type": "error",
+                    "error": {"type": "authentication_error", "message": "key"},
+                }
                 await _send(stream, 401, json.dumps(error).encode())
             elif not headers.get("anthropic-version"):
-                await _send(stream, 400, b'{"type":"error","error":{"type":"invalid_request_error","message":"anthropic-version"}}')
+                await _send(
+                    stream,
+                    400,
+                    b'{"type":"error","error":{"type":"invalid_request_error","message":"anthropic-version"}}',
+                )
             elif path.endswith("/count_tokens"):
                 await _send(stream, 200, b'{"input_tokens": 42}')
             else:
@@ -161,11 +171,25 @@ async def _connection(state: ApiUpstream, stream: trio.SocketStream) -> None:
 
 async def _responses(stream: trio.SocketStream, body: dict[str, Any], *, midstream: bool) -> None:
     text = "native: " + _input_text(body)
-    item = {"type": "message", "id": "msg_1", "status": "completed", "role": "assistant",
-            "content": [{"type": "output_text", "text": text, "annotations": []}]}  # fmt: skip
-    response = {"id": "resp_1", "object": "response", "created_at": 1, "status": "completed",
-                "model": body.get("model"), "output": [item], "usage": RESPONSES_USAGE,
-                "parallel_tool_calls": True, "tool_choice": "auto", "tools": []}  # fmt: skip
+    item = {
+        "type": "message",
+        "id": "msg_1",
+        "status": "completed",
+        "role": "assistant",
+        "content": [{"type": "output_text", "text": text, "annotations": []}],
+    }
+    response = {
+        "id": "resp_1",
+        "object": "response",
+        "created_at": 1,
+        "status": "completed",
+        "model": body.get("model"),
+        "output": [item],
+        "usage": RESPONSES_USAGE,
+        "parallel_tool_calls": True,
+        "tool_choice": "auto",
+        "tools": [],
+    }
     if not body.get("stream"):
         await _send(stream, 200, json.dumps(response).encode())
         return
@@ -180,22 +204,47 @@ async def _responses(stream: trio.SocketStream, body: dict[str, Any], *, midstre
         ("response.created", {"response": start}),
         ("response.in_progress", {"response": start}),
         ("response.output_item.added", {"output_index": 0, "item": added}),
-        ("response.content_part.added", {"item_id": "msg_1", "output_index": 0,
-                                         "content_index": 0, "part": part}),  # fmt: skip
+        (
+            "response.content_part.added",
+            {"item_id": "msg_1", "output_index": 0, "content_index": 0, "part": part},
+        ),
     ]
     if midstream:
         events.append(("error", {"code": "server_error", "message": "boom", "param": None}))
     else:
         events += [
-            ("response.output_text.delta", {"item_id": "msg_1", "output_index": 0,
-                                            "content_index": 0, "delta": text, "logprobs": []}),
-            ("response.output_text.done", {"item_id": "msg_1", "output_index": 0,
-                                           "content_index": 0, "text": text, "logprobs": []}),
-            ("response.content_part.done", {"item_id": "msg_1", "output_index": 0,
-                                            "content_index": 0, "part": {**part, "text": text}}),
+            (
+                "response.output_text.delta",
+                {
+                    "item_id": "msg_1",
+                    "output_index": 0,
+                    "content_index": 0,
+                    "delta": text,
+                    "logprobs": [],
+                },
+            ),
+            (
+                "response.output_text.done",
+                {
+                    "item_id": "msg_1",
+                    "output_index": 0,
+                    "content_index": 0,
+                    "text": text,
+                    "logprobs": [],
+                },
+            ),
+            (
+                "response.content_part.done",
+                {
+                    "item_id": "msg_1",
+                    "output_index": 0,
+                    "content_index": 0,
+                    "part": {**part, "text": text},
+                },
+            ),
             ("response.output_item.done", {"output_index": 0, "item": item}),
             ("response.completed", {"response": response}),
-        ]  # fmt: skip
+        ]
     for kind, data in events:
         await stream.send_all(_sse(kind, {"type": kind, "sequence_number": next(seq), **data}))
 
@@ -203,9 +252,16 @@ async def _responses(stream: trio.SocketStream, body: dict[str, Any], *, midstre
 async def _messages(stream: trio.SocketStream, body: dict[str, Any], *, midstream: bool) -> None:
     text = "native: " + _input_text(body)
     final_usage = {**MESSAGES_START_USAGE, "output_tokens": MESSAGES_FINAL_OUTPUT}
-    message = {"id": "msg_1", "type": "message", "role": "assistant", "model": body.get("model"),
-               "content": [{"type": "text", "text": text}], "stop_reason": "end_turn",
-               "stop_sequence": None, "usage": final_usage}  # fmt: skip
+    message = {
+        "id": "msg_1",
+        "type": "message",
+        "role": "assistant",
+        "model": body.get("model"),
+        "content": [{"type": "text", "text": text}],
+        "stop_reason": "end_turn",
+        "stop_sequence": None,
+        "usage": final_usage,
+    }
     if not body.get("stream"):
         await _send(stream, 200, json.dumps(message).encode())
         return
@@ -225,9 +281,14 @@ async def _messages(stream: trio.SocketStream, body: dict[str, Any], *, midstrea
             ("content_block_delta", {"index": 0, "delta": {"type": "text_delta", "text": text}}),
             ("content_block_stop", {"index": 0}),
             # Cumulative: the final totals, not an increment (input_tokens left out).
-            ("message_delta", {"delta": {"stop_reason": "end_turn", "stop_sequence": None},
-                               "usage": {"output_tokens": MESSAGES_FINAL_OUTPUT}}),
+            (
+                "message_delta",
+                {
+                    "delta": {"stop_reason": "end_turn", "stop_sequence": None},
+                    "usage": {"output_tokens": MESSAGES_FINAL_OUTPUT},
+                },
+            ),
             ("message_stop", {}),
-        ]  # fmt: skip
+        ]
     for kind, data in events:
         await stream.send_all(_sse(kind, {"type": kind, **data}))
