@@ -14,6 +14,7 @@ from typing import Any
 import trio
 
 from bridge.apis import Api, messages, responses
+from bridge.apis.responses_stream import ResponsesStream
 from bridge.errors import UpstreamError
 from bridge.handler import Bridge
 from bridge.policy import PreparedRequest, prepare, response_model
@@ -71,7 +72,7 @@ class StreamStarted:
 
     def __init__(self) -> None:
         self.started = False
-        self.translator: responses.ResponsesStream | messages.MessagesStream | None = None
+        self.translator: ResponsesStream | messages.MessagesStream | None = None
 
 
 async def stream(
@@ -89,9 +90,9 @@ async def stream(
     """
     model = response_model(body, bridge.model)
     seed = f"{rollout_id}:{trio.current_time()}"
-    translator: responses.ResponsesStream | messages.MessagesStream
+    translator: ResponsesStream | messages.MessagesStream
     if api == "responses":
-        translator = responses.ResponsesStream(body, model, seed)
+        translator = ResponsesStream(body, model, seed)
     else:
         translator = messages.MessagesStream(model, seed)
     state.translator = translator
