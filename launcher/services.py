@@ -348,6 +348,7 @@ async def _start_bridge(
         keepalive=not p.tunnel_plan.auto_detect,
         redact=p.redactor,
         log=bridge_log,
+        apis=p.config.bridge,
     )
     try:
         if in_process_requested():
