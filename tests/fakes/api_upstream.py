@@ -17,7 +17,8 @@ two events, then the provider's own error event).
 input usage and ``output_tokens=1``, a ``ping``, text deltas, then ``message_delta`` with the
 *cumulative* ``output_tokens=5``. ``POST /v1/messages/count_tokens``: ``{"input_tokens": 42}``.
 
-Every request is recorded in ``requests`` (path, lower-case headers, parsed body).
+``POST /v1/chat/completions`` answers ``"ok"`` (for a run's model preflight). Every request is
+recorded in ``requests`` (path, lower-case headers, parsed body).
 """
 
 from __future__ import annotations
@@ -146,7 +147,24 @@ async def _connection(state: ApiUpstream, stream: trio.SocketStream) -> None:
             error = {"type": "error", "error": {"type": "overloaded_error", "message": "busy"}}
             await _send(stream, int(fault), json.dumps(error).encode(), extra="retry-after: 0\r\n")
             return
-        if path == "/v1/responses":
+        if path == "/v1/chat/completions":
+            # Only for a run's model preflight (one small non-streaming call).
+            chat = {
+                "id": "c",
+                "object": "chat.completion",
+                "created": 1,
+                "model": "m",
+                "choices": [
+                    {
+                        "index": 0,
+                        "finish_reason": "stop",
+                        "message": {"role": "assistant", "content": "ok"},
+                    }
+                ],
+                "usage": {"prompt_tokens": 1, "completion_tokens": 1, "total_tokens": 2},
+            }
+            await _send(stream, 200, json.dumps(chat).encode())
+        elif path == "/v1/responses":
             await _responses(stream, body, midstream=fault == "midstream")
         elif path.startswith("/v1/messages"):
             if headers.get("x-api-key") != "sk-ant-provider-key-000000000000":
