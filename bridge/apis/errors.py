@@ -1,4 +1,4 @@
-"""Errors in the caller's API shape (docs/bridge.md, "Errors").
+"""Errors in the caller's API shape (docs/bridge.md, "Three APIs").
 
 Chat Completions and Responses callers get the OpenAI shape the chat route has always sent
 (``{"error": {...}, "detail": ...}``, :func:`bridge.errors.error_body`); Messages callers get

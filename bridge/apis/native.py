@@ -96,12 +96,53 @@ def native_route(
     return NativeRoute(url, headers, model.split("/", 1)[1], key)
 
 
-def native_body(api: Api, body: dict[str, Any], route: NativeRoute) -> bytes:
-    """The request forwarded upstream: the client's, with the bridge's fields set."""
+def native_body(
+    api: Api, body: dict[str, Any], route: NativeRoute, memory: Recall | None = None
+) -> bytes:
+    """The request forwarded upstream: the client's, with the bridge's fields set.
+
+    Responses are stateless (``store: false``), so a reasoning item the client replays by id
+    alone would be unknown upstream: with ``reasoning`` set, the bridge asks for the items'
+    encrypted content and ``memory`` fills it into replayed items that lack it.
+    """
     out = {**body, "model": route.model}
     if api == "responses":
         out["store"] = False
+        if body.get("reasoning") is not None:
+            given = body.get("include")
+            include: list[Any] = given if isinstance(given, list) else []
+            if ENCRYPTED_REASONING not in include:
+                out["include"] = [*include, ENCRYPTED_REASONING]
+        if memory is not None and isinstance(body.get("input"), list):
+            out["input"] = [_replayed(item, memory) for item in body["input"]]
     return dumps(out)
+
+
+Recall = Callable[[str], "dict[str, Any] | None"]
+"""Reasoning item id -> its remembered fields (``encrypted_content``), or None."""
+ENCRYPTED_REASONING = "reasoning.encrypted_content"
+
+
+def _replayed(item: Any, memory: Recall) -> Any:
+    if (
+        not isinstance(item, dict)
+        or item.get("type") != "reasoning"
+        or item.get("encrypted_content")
+    ):
+        return item
+    remembered = memory(str(item.get("id")))
+    return {**item, **remembered} if remembered else item
+
+
+def reasoning_items(output: Any) -> list[tuple[str, dict[str, Any]]]:
+    """``(id, {"encrypted_content": …})`` of the reasoning items in a Responses ``output``."""
+    found = []
+    for item in output if isinstance(output, list) else []:
+        if isinstance(item, dict) and item.get("type") == "reasoning":
+            content, ident = item.get("encrypted_content"), item.get("id")
+            if isinstance(content, str) and content and isinstance(ident, str):
+                found.append((ident, {"encrypted_content": content}))
+    return found
 
 
 def _status_error(response: httpx.Response) -> UpstreamError:
@@ -139,6 +180,10 @@ async def call(
     return data
 
 
+Keep = Callable[[str, "dict[str, Any]"], None]
+"""Remembers a reasoning item's fields under its id (for :func:`native_body`'s replay)."""
+
+
 async def count_tokens(
     client: httpx.AsyncClient, route: NativeRoute, content: bytes
 ) -> tuple[int, bytes]:
@@ -157,9 +202,10 @@ async def count_tokens(
 class NativeStream:
     """The frames of one streamed native call, ``model`` rewritten, usage collected."""
 
-    def __init__(self, api: Api, model: str) -> None:
+    def __init__(self, api: Api, model: str, keep: Keep | None = None) -> None:
         self.api = api
         self.model = model
+        self._keep = keep
         self._messages = StreamedMessagesUsage()
         self._responses: Any = None
         self.seen_usage = False
@@ -185,6 +231,10 @@ class NativeStream:
                     message["model"] = self.model
                     data = dumps(parsed).decode()
             else:
+                item = parsed.get("item")
+                if kind == "response.output_item.done" and self._keep is not None:
+                    for ident, fields in reasoning_items([item]):
+                        self._keep(ident, fields)
                 response = parsed.get("response")
                 if isinstance(response, dict) and "model" in response:
                     response["model"] = self.model

@@ -172,7 +172,9 @@ class ApiRoutes:
                 return
             if native:
                 route = nat.native_route(self.bridge.model, api, headers)
-                content = nat.native_body(api, body, route)
+                memory = self.bridge.memory
+                rid = match.rollout_id
+                content = nat.native_body(api, body, route, lambda key: memory.recall(rid, key))
                 work = self._native(api, match.rollout_id, body, route, content)
             else:
                 prepared = translate.prepared_for(api, body)
@@ -212,17 +214,23 @@ class ApiRoutes:
         def record(call: CallUsage) -> None:
             self.bridge.ledger.record(rollout_id, call)
 
+        def keep(item_id: str, fields: dict[str, Any]) -> None:
+            self.bridge.memory.keep(rollout_id, item_id, fields)
+
         async def run(
             emit: Callable[[bytes], Awaitable[None]], state: translate.StreamStarted
         ) -> Any:
             client = self._client()
             if not is_stream(body):
-                return await retrying(
+                data = await retrying(
                     lambda: nat.call(client, api, route, content, model, record),
                     self.bridge.retry,
                     on_fault,
                 )
-            relay = nat.NativeStream(api, model)
+                for item_id, fields in nat.reasoning_items(data.get("output")):
+                    keep(item_id, fields)
+                return data
+            relay = nat.NativeStream(api, model, keep)
             frames = retrying_stream(
                 lambda: nat.stream(client, route, content, relay), self.bridge.retry, on_fault
             )

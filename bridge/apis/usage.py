@@ -1,5 +1,5 @@
 """One ledger across the three APIs: each dialect's ``usage`` normalized to a
-:class:`~bridge.usage.CallUsage` (docs/bridge.md, "Usage across the three APIs").
+:class:`~bridge.usage.CallUsage` (docs/bridge.md, "Usage accounting").
 
 The normalized record follows the OpenAI convention: ``prompt_tokens`` counts *every* input
 token, cached ones included, so a rollout's ``tokens`` and ``max_context_tokens`` mean the same

@@ -196,3 +196,36 @@ async def test_native_refusals_happen_before_anything_is_sent(
         )
     assert answer.status_code == 400 and "container" in answer.json()["error"]["message"]
     assert fake.requests == []
+
+
+@pytest.mark.parametrize("stream", [False, True])
+async def test_encrypted_reasoning_is_replayed_per_rollout(
+    openai_native: BridgeHandle, fake: ApiUpstream, client: httpx.AsyncClient, stream: bool
+) -> None:
+    """Stateless Responses: the bridge asks for the reasoning's encrypted content and fills it
+    into a reasoning item the client replays by id alone (on the same rollout only)."""
+    url = f"{openai_native.rollout_url('rs')}/responses"
+    first = {**RESP, "reasoning": {"effort": "low"}, "stream": stream}
+    replay = {
+        "model": "gpt-test",
+        "reasoning": {"effort": "low"},
+        "input": [
+            {"role": "user", "content": "hi there"},
+            {"type": "reasoning", "id": "rs_1", "summary": []},
+            {"role": "user", "content": "again"},
+        ],
+    }
+    other = f"{openai_native.rollout_url('other')}/responses"
+    with trio.fail_after(20):
+        assert (await client.post(url, json=first, headers=AUTH)).status_code == 200
+        assert (await client.post(url, json=replay, headers=AUTH)).status_code == 200
+        assert (await client.post(other, json=replay, headers=AUTH)).status_code == 200
+    asked, replayed, elsewhere = (r.body for r in fake.requests)
+    assert asked["include"] == ["reasoning.encrypted_content"]
+    assert replayed["input"][1] == {"type": "reasoning", "id": "rs_1", "summary": [],
+                                    "encrypted_content": "ENC-1"}  # fmt: skip
+    assert "encrypted_content" not in elsewhere["input"][1]
+    openai_native.ledger.discard("rs")
+    with trio.fail_after(20):
+        await client.post(url, json=replay, headers=AUTH)
+    assert "encrypted_content" not in fake.requests[-1].body["input"][1]

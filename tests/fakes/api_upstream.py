@@ -9,7 +9,8 @@ two events, then the provider's own error event).
 ``POST /v1/responses``: the reply is ``"native: " + <input text>``; usage
 ``input_tokens=100`` of which ``cached_tokens=40``, ``output_tokens=7`` of which
 ``reasoning_tokens=2``. Streamed: the full event grammar with sequence numbers, usage in
-``response.completed``.
+``response.completed``. When ``include`` asks for ``reasoning.encrypted_content`` the output
+also holds a reasoning item (``rs_1``, encrypted content ``ENC-1``).
 
 ``POST /v1/messages``: checks ``x-api-key`` (401) and ``anthropic-version`` (400); usage
 ``input_tokens=10`` (excluding the cache), ``cache_read_input_tokens=60``,
@@ -46,6 +47,7 @@ MESSAGES_START_USAGE = {
     "output_tokens": 1,
 }
 MESSAGES_FINAL_OUTPUT = 5
+REASONING_ITEM = {"type": "reasoning", "id": "rs_1", "summary": [], "encrypted_content": "ENC-1"}
 
 
 @dataclass
@@ -189,6 +191,10 @@ async def _connection(state: ApiUpstream, stream: trio.SocketStream) -> None:
 
 async def _responses(stream: trio.SocketStream, body: dict[str, Any], *, midstream: bool) -> None:
     text = "native: " + _input_text(body)
+    reasoning = []
+    if "reasoning.encrypted_content" in (body.get("include") or []):
+        # After the message (index 1), which keeps the message's events at index 0.
+        reasoning.append(REASONING_ITEM)
     item = {
         "type": "message",
         "id": "msg_1",
@@ -202,7 +208,7 @@ async def _responses(stream: trio.SocketStream, body: dict[str, Any], *, midstre
         "created_at": 1,
         "status": "completed",
         "model": body.get("model"),
-        "output": [item],
+        "output": [item, *reasoning],
         "usage": RESPONSES_USAGE,
         "parallel_tool_calls": True,
         "tool_choice": "auto",
@@ -261,6 +267,11 @@ async def _responses(stream: trio.SocketStream, body: dict[str, Any], *, midstre
                 },
             ),
             ("response.output_item.done", {"output_index": 0, "item": item}),
+            *(
+                (kind, {"output_index": 1, "item": r})
+                for r in reasoning
+                for kind in ("response.output_item.added", "response.output_item.done")
+            ),
             ("response.completed", {"response": response}),
         ]
     for kind, data in events:
