@@ -11,7 +11,7 @@ from __future__ import annotations
 from typing import Any
 
 from bridge.apis import Api
-from bridge.codec import dumps
+from bridge.codec import dumps, loads
 from bridge.errors import error_body
 
 _ANTHROPIC_TYPES = {
@@ -34,12 +34,34 @@ def anthropic_type(status: int) -> str:
 
 
 def dialect_error(api: Api, status: int, message: str, upstream: int | None = None) -> bytes:
-    """The JSON body of an error answer on ``api``'s route."""
+    """The JSON body of an error answer on ``api``'s route.
+
+    A provider's own error (its body, redacted, is the message) is unwrapped: its ``message``
+    becomes the message, and on Messages its ``type`` is kept, so a client reads the
+    provider's words rather than a JSON document inside a string.
+    """
+    kind = anthropic_type(status)
+    inner = _provider_error(message)
+    if inner is not None:
+        message = str(inner.get("message"))
+        if isinstance(inner.get("type"), str) and inner["type"]:
+            kind = inner["type"]
     if api == "messages":
-        return dumps(
-            {"type": "error", "error": {"type": anthropic_type(status), "message": message}}
-        )
+        return dumps({"type": "error", "error": {"type": kind, "message": message}})
     return dumps(error_body(status, message, upstream))
+
+
+def _provider_error(message: str) -> dict[str, Any] | None:
+    if not message.startswith("{"):
+        return None
+    try:
+        parsed = loads(message)
+    except ValueError:
+        return None  # cut to length, or not JSON: kept as the text it is
+    inner = parsed.get("error") if isinstance(parsed, dict) else None
+    if isinstance(inner, dict) and isinstance(inner.get("message"), str):
+        return inner
+    return None
 
 
 def sse_error(api: Api, payload: dict[str, Any], status: int, sequence: int = 0) -> bytes:

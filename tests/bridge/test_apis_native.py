@@ -145,7 +145,8 @@ async def test_exhausted_retries_are_answered_in_the_callers_shape(
             json={**MSG, "stream": True},
             headers=AUTH,
         )
-    assert m.status_code == 502 and m.json()["error"]["type"] == "api_error"
+    # The provider's own error type survives (the status is the bridge's 502 for any 5xx).
+    assert m.status_code == 502 and m.json()["error"]["type"] == "overloaded_error"
     fake.faults.extend(["429"] * 3)
     with trio.fail_after(20):
         r = await client.post(
@@ -229,3 +230,27 @@ async def test_encrypted_reasoning_is_replayed_per_rollout(
     with trio.fail_after(20):
         await client.post(url, json=replay, headers=AUTH)
     assert "encrypted_content" not in fake.requests[-1].body["input"][1]
+
+
+async def test_a_provider_error_quoting_the_key_is_redacted_in_the_callers_shape(
+    anthropic_native: BridgeHandle, openai_native: BridgeHandle, fake: ApiUpstream,
+    client: httpx.AsyncClient,
+) -> None:  # fmt: skip
+    fake.faults.extend(["echo_key", "echo_key"])
+    with trio.fail_after(20):
+        m = await client.post(
+            f"{anthropic_native.rollout_url('k')}/v1/messages", json=MSG, headers=AUTH
+        )
+        r = await client.post(
+            f"{openai_native.rollout_url('k')}/responses", json={**RESP, "stream": True},
+            headers=AUTH,
+        )  # fmt: skip
+    assert m.status_code == r.status_code == 400
+    assert m.json()["type"] == "error" and "REDACTED" in m.json()["error"]["message"]
+    assert "REDACTED" in r.json()["error"]["message"]
+    for answer in (m, r):
+        assert ANTHROPIC_KEY not in answer.text and OPENAI_KEY not in answer.text
+        assert TOKEN not in answer.text
+    # The provider's own error is unwrapped: its words and (on Messages) its type.
+    assert m.json()["error"]["type"] == "invalid_request_error"
+    assert m.json()["error"]["message"].startswith("bad request for key ")

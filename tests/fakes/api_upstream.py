@@ -3,7 +3,8 @@
 A hand-written HTTP/1.1 server on 127.0.0.1, port 0 (one request per connection, answers
 delimited by closing it), so that faults are exact: ``faults`` is a queue of what the next calls
 get instead of an answer: ``"429"`` (with ``Retry-After: 0``), ``"500"``, ``"529"``, ``"reset"``
-(the connection is reset before any answer) or ``"midstream"`` (a streamed answer that sends
+(the connection is reset before any answer), ``"echo_key"`` (a 400 whose message quotes the
+credential the request carried) or ``"midstream"`` (a streamed answer that sends
 two events, then the provider's own error event).
 
 ``POST /v1/responses``: the reply is ``"native: " + <input text>``; usage
@@ -144,6 +145,15 @@ async def _connection(state: ApiUpstream, stream: trio.SocketStream) -> None:
         fault = state.faults.popleft() if state.faults else None
         if fault == "reset":
             stream.socket.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+            return
+        if fault == "echo_key":
+            # A provider error that quotes the credential it was sent (some do).
+            key = headers.get("x-api-key") or headers.get("authorization", "")
+            error = {
+                "type": "error",
+                "error": {"type": "invalid_request_error", "message": f"bad request for key {key}"},
+            }
+            await _send(stream, 400, json.dumps(error).encode())
             return
         if fault in ("429", "500", "529"):
             error = {"type": "error", "error": {"type": "overloaded_error", "message": "busy"}}
