@@ -51,6 +51,7 @@ PLAIN_ROUTES: dict[str, tuple[Api, str]] = {
     "/v1/messages": ("messages", "create"),
     "/v1/messages/count_tokens": ("messages", "count"),
 }
+_JSON = (b"content-type", b"application/json")
 _SSE = [
     (b"content-type", b"text/event-stream; charset=utf-8"),
     (b"cache-control", b"no-cache"),
@@ -281,13 +282,10 @@ class ApiRoutes:
         streamed: bool,
     ) -> None:
         if not streamed:
-            try:
-                answer = await work(_no_emit, translate.StreamStarted())
-            except Exception as exc:
-                failure = self._fail(api, exc)
-                await send_json(send, failure.status, failure.body)
+            if self.bridge.keepalive:
+                await self._kept_alive(api, work, send)
                 return
-            await send_json(send, 200, dumps(answer))
+            await send_json(send, *await self._whole(api, work))
             return
         out, frames = trio.open_memory_channel[bytes | _Failure](64)
         scope = trio.CancelScope()
@@ -297,6 +295,47 @@ class ApiRoutes:
         finally:
             scope.cancel()
             frames.close()
+
+    async def _whole(self, api: Api, work: Any) -> tuple[int, bytes]:
+        """A non-streaming call's status and JSON body, errors included."""
+        try:
+            return 200, dumps(await work(_no_emit, translate.StreamStarted()))
+        except Exception as exc:
+            failure = self._fail(api, exc)
+            return failure.status, failure.body
+
+    async def _kept_alive(self, api: Api, work: Any, send: ASGISendCallable) -> None:
+        """Keepalive mode (a public URL): as on the chat route, a call still running after the
+        grace period commits a 200 and trickles spaces until its JSON (errors included) is
+        ready; both SDKs read JSON with leading whitespace."""
+        timing = self.bridge.timing
+        result: list[tuple[int, bytes]] = []
+        done = trio.Event()
+        scope = trio.CancelScope()
+
+        async def call() -> None:
+            with scope:
+                result.append(await self._whole(api, work))
+            done.set()
+
+        self.bridge.nursery.start_soon(call)
+        try:
+            with trio.move_on_after(timing.keepalive_grace):
+                await done.wait()
+            if result:
+                await send_json(send, *result[0])
+                return
+            await send({"type": "http.response.start", "status": 200, "headers": [_JSON]})
+            await _body(send, b" ")
+            while not done.is_set():
+                with trio.move_on_after(timing.keepalive_interval):
+                    await done.wait()
+                if not done.is_set():
+                    await _body(send, b" ")
+            last = result[0][1] if result else b""
+            await send({"type": "http.response.body", "body": last, "more_body": False})
+        finally:
+            scope.cancel()
 
     async def _produce(
         self,

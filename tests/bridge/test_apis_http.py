@@ -268,3 +268,43 @@ async def test_upstream_failure_before_the_stream_is_a_status_in_the_callers_sha
         )
     assert m.status_code == 400 and m.json()["type"] == "error"
     assert r.status_code == 400 and "error" in r.json()
+
+
+@pytest.mark.parametrize(("path", "body"), [("/responses", RESP), ("/v1/messages", MSG)])
+async def test_keepalive_mode_trickles_a_slow_answer(
+    start_bridge: StartBridge, scripted: Any, path: str, body: dict[str, Any]
+) -> None:
+    """Behind a public URL, a slow non-streaming call commits a 200 and trickles spaces, then
+    the answer in the caller's shape (as on the chat route)."""
+    from tests.bridge.scripted import Reply
+
+    release = trio.Event()
+    completion = json.dumps({
+        "id": "chatcmpl-up1", "created": 1700000000,
+        "usage": {"prompt_tokens": 3, "completion_tokens": 1, "total_tokens": 4},
+        "choices": [{"index": 0, "finish_reason": "stop",
+                     "message": {"role": "assistant", "content": "late"}}],
+    }).encode()  # fmt: skip
+    scripted.reply(Reply(200, parts=[(release, completion)]))
+    handle = await start_bridge(keepalive=True, keepalive_grace=0.01, keepalive_interval=0.01)
+    received = b""
+    with trio.fail_after(20):
+        async with (
+            httpx.AsyncClient() as client,
+            client.stream(
+                "POST", handle.rollout_url("k") + path, json=body, headers=AUTH
+            ) as answer,
+        ):
+            assert answer.status_code == 200
+            async for part in answer.aiter_bytes():
+                received += part
+                if received.count(b" ") >= 3:
+                    release.set()
+    assert received.startswith(b"   ")
+    doc = json.loads(received)
+    text = (
+        doc["output"][0]["content"][0]["text"]
+        if path == "/responses"
+        else doc["content"][0]["text"]
+    )
+    assert text == "late"
