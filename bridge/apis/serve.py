@@ -24,7 +24,14 @@ from bridge.apis.policy import POLICIES, check
 from bridge.codec import dumps, loads
 from bridge.errors import BridgeError
 from bridge.handler import PING, Bridge
-from bridge.policy import InvalidBody, check_auth, is_stream, parse_body, response_model
+from bridge.policy import (
+    InvalidBody,
+    check_auth,
+    is_stream,
+    parse_body,
+    response_model,
+    valid_rollout_id,
+)
 from bridge.retry import retrying, retrying_stream
 from bridge.upstreams.routing import OFFLINE_MODEL
 from bridge.watch import DisconnectWatch
@@ -153,8 +160,6 @@ class ApiRoutes:
         if not allowed:
             await send_json(send, 401, dialect_error(api, 401, "Unauthorized"))
             return
-        from bridge.policy import valid_rollout_id
-
         if not valid_rollout_id(match.rollout_id):
             await send_json(send, 422, dialect_error(api, 422, "invalid rollout_id"))
             return
