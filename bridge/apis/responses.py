@@ -41,14 +41,19 @@ def _refuse(what: str) -> BridgeRequestError:
     return BridgeRequestError(f"{what} cannot be carried to this model's chat API")
 
 
-def _text_of(content: Any) -> str:
-    if isinstance(content, str):
-        return content
-    if isinstance(content, list):
-        return "".join(
-            str(p.get("text", "")) for p in content if isinstance(p, dict) and "text" in p
-        )
-    return ""
+def _output_text(output: Any) -> str:
+    """A tool output's text: a string, or text parts (anything else cannot be carried)."""
+    if isinstance(output, str):
+        return output
+    if not isinstance(output, list):
+        raise _refuse("a function_call_output that is neither text nor a list of parts")
+    texts = []
+    for part in output:
+        kind = part.get("type") if isinstance(part, dict) else None
+        if kind not in ("input_text", "output_text", "text"):
+            raise _refuse(f"function_call_output content of type '{kind}'")
+        texts.append(str(part.get("text", "")))
+    return "".join(texts)
 
 
 def _content(content: Any) -> str | list[dict[str, Any]]:
@@ -110,7 +115,11 @@ def _messages(body: dict[str, Any]) -> list[dict[str, Any]]:
         elif kind == "function_call_output":
             output = item.get("output", "")
             out.append(
-                {"role": "tool", "tool_call_id": item.get("call_id"), "content": _text_of(output)}
+                {
+                    "role": "tool",
+                    "tool_call_id": item.get("call_id"),
+                    "content": _output_text(output),
+                }
             )
         elif kind == "reasoning":
             continue  # no chat slot; see the module docstring

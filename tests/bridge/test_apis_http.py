@@ -308,3 +308,46 @@ async def test_keepalive_mode_trickles_a_slow_answer(
         else doc["content"][0]["text"]
     )
     assert text == "late"
+
+
+async def test_exact_totals_under_concurrency_across_the_three_apis(
+    echo: BridgeHandle, client: httpx.AsyncClient
+) -> None:
+    """Calls on the three APIs, streamed and not, interleaved on many rollouts: each rollout's
+    ledger is exactly the sum of the usage its answers reported."""
+    chat = {"messages": [{"role": "user", "content": "hi there"}]}
+    calls = [
+        ("/chat/completions", chat),
+        ("/responses", RESP),
+        ("/v1/messages", MSG),
+    ]
+    reported: dict[str, int] = {}
+
+    async def one(rollout: str, path: str, body: dict[str, Any], stream: bool) -> None:
+        answer = await client.post(
+            echo.rollout_url(rollout) + path, json={**body, "stream": stream}, headers=AUTH
+        )
+        assert answer.status_code == 200
+        if path == "/chat/completions":
+            usage = (
+                [d for _, d in events(answer.text) if d.get("usage")][-1]["usage"]
+                if stream
+                else answer.json()["usage"]
+            )
+            total = usage["total_tokens"]
+        elif path == "/responses":
+            doc = events(answer.text)[-1][1]["response"] if stream else answer.json()
+            total = doc["usage"]["total_tokens"]
+        else:
+            usage = events(answer.text)[-2][1]["usage"] if stream else answer.json()["usage"]
+            total = usage["input_tokens"] + usage["output_tokens"]
+        reported[rollout] = reported.get(rollout, 0) + total
+
+    with trio.fail_after(60):
+        async with trio.open_nursery() as nursery:
+            for n in range(24):
+                path, body = calls[n % 3]
+                nursery.start_soon(one, f"c{n % 4}", path, body, n % 2 == 0)
+    for rollout, total in reported.items():
+        usage = echo.ledger.get(rollout)
+        assert usage is not None and usage.calls == 6 and usage.total_tokens == total

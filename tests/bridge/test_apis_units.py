@@ -324,3 +324,13 @@ def test_echo_json_modes() -> None:
 def test_prepared_request_reaches_the_echo_plan() -> None:
     prepared = PreparedRequest([{"role": "user", "content": "x"}], {"logprobs": True})
     assert plan(prepared.messages, prepared.params).text == "x"
+
+
+def test_tool_outputs_carry_text_parts_and_refuse_the_rest() -> None:
+    def output(value: Any) -> dict[str, Any]:
+        return {"input": [{"type": "function_call_output", "call_id": "c", "output": value}]}
+
+    parts = [{"type": "input_text", "text": "a"}, {"type": "input_text", "text": "b"}]
+    assert responses.to_chat(output(parts))["messages"][0]["content"] == "ab"
+    with pytest.raises(BridgeRequestError, match="input_image"):
+        responses.to_chat(output([{"type": "input_image", "image_url": "data:x"}]))
