@@ -166,6 +166,11 @@ async def test_sdk_rollout_tokens_reach_the_index(
     assert all(r["status"] == "success" and r["reward"] == 1.0 for r in rows), rows
     assert [r["tokens"] for r in rows] == [tokens] * 3
     assert all(r["max_context_tokens"] == tokens for r in rows)
+    # Neither provider key is written anywhere in the run directory or printed.
+    run = run_dir(ws, api)
+    written = [p.read_text(errors="replace") for p in run.rglob("*") if p.is_file()]
+    for text in [*written, result.stdout, result.stderr]:
+        assert OPENAI_KEY not in text and ANTHROPIC_KEY not in text
     served = [r for r in fake.requests if not r.path.endswith("/chat/completions")]
     assert len(served) >= 3 and all(
         r.body["model"] in ("fake-model", "claude-fake") for r in served
