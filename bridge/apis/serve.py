@@ -22,7 +22,7 @@ from bridge.apis import native as nat
 from bridge.apis.errors import dialect_error, sse_error
 from bridge.apis.policy import POLICIES, check
 from bridge.codec import dumps, loads
-from bridge.errors import BridgeError
+from bridge.errors import BridgeError, BridgeRequestError
 from bridge.handler import PING, Bridge
 from bridge.policy import (
     InvalidBody,
@@ -49,12 +49,14 @@ if TYPE_CHECKING:
 #: query string (``?beta=true`` of older Anthropic SDKs) is not part of the path.
 ROUTES: tuple[tuple[re.Pattern[str], Api, str], ...] = (
     (re.compile(r"/v1/rollouts/([^/]+)/responses"), "responses", "create"),
+    (re.compile(r"/v1/rollouts/([^/]+)/responses/compact"), "responses", "compact"),
     (re.compile(r"/v1/rollouts/([^/]+)(?:/v1)?/messages"), "messages", "create"),
     (re.compile(r"/v1/rollouts/([^/]+)(?:/v1)?/messages/count_tokens"), "messages", "count"),
 )
 #: Daemon mode (``bridge serve``): the plain paths, the rollout id from a header.
 PLAIN_ROUTES: dict[str, tuple[Api, str]] = {
     "/v1/responses": ("responses", "create"),
+    "/v1/responses/compact": ("responses", "compact"),
     "/v1/messages": ("messages", "create"),
     "/v1/messages/count_tokens": ("messages", "count"),
 }
@@ -176,11 +178,22 @@ class ApiRoutes:
                 status, answer = await self._count(native, body, headers)
                 await send_json(send, status, answer)
                 return
+            if match.action == "compact" and not native:
+                # Codex's compaction returns an encrypted item only OpenAI can read back;
+                # refused, Codex compacts with ordinary turns instead.
+                raise BridgeRequestError(
+                    "responses/compact needs OpenAI's Responses API; this model's calls are "
+                    "translated to its chat API"
+                )
             if native:
-                route = nat.native_route(self.bridge.model, api, headers)
+                path = "/compact" if match.action == "compact" else ""
+                route = nat.native_route(self.bridge.model, api, headers, path)
                 memory = self.bridge.memory
                 rid = match.rollout_id
                 content = nat.native_body(api, body, route, lambda key: memory.recall(rid, key))
+                if match.action == "compact":
+                    # Only the model is the bridge's: compaction stores nothing to refuse.
+                    content = dumps({**body, "model": route.model})
                 work = self._native(api, match.rollout_id, body, route, content)
             else:
                 prepared = translate.prepared_for(api, body)

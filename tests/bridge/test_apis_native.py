@@ -254,3 +254,28 @@ async def test_a_provider_error_quoting_the_key_is_redacted_in_the_callers_shape
     # The provider's own error is unwrapped: its words and (on Messages) its type.
     assert m.json()["error"]["type"] == "invalid_request_error"
     assert m.json()["error"]["message"].startswith("bad request for key ")
+
+
+async def test_codex_compaction_is_native_only(
+    openai_native: BridgeHandle, fake: ApiUpstream, echo_bridge: BridgeHandle,
+    client: httpx.AsyncClient,
+) -> None:  # fmt: skip
+    body = {"model": "gpt-test", "input": [{"role": "user", "content": "long history"}]}
+    with trio.fail_after(20):
+        native = await client.post(
+            f"{openai_native.rollout_url('c')}/responses/compact", json=body, headers=AUTH
+        )
+        translated = await client.post(
+            f"{echo_bridge.rollout_url('c')}/responses/compact", json=body, headers=AUTH
+        )
+    assert native.status_code == 200 and fake.requests[-1].path == "/v1/responses/compact"
+    assert fake.requests[-1].body == {**body, "model": "gpt-native"}
+    assert native.json()["output"][0]["type"] == "compaction"
+    usage = openai_native.ledger.get("c")
+    assert usage is not None and usage.calls == 1  # counted as a call
+    assert translated.status_code == 400 and "compact" in translated.json()["error"]["message"]
+
+
+@pytest.fixture
+async def echo_bridge(start_bridge: StartBridge) -> BridgeHandle:
+    return await start_bridge(model="rollbridge/echo")

@@ -19,6 +19,7 @@ also holds a reasoning item (``rs_1``, encrypted content ``ENC-1``).
 input usage and ``output_tokens=1``, a ``ping``, text deltas, then ``message_delta`` with the
 *cumulative* ``output_tokens=5``. ``POST /v1/messages/count_tokens``: ``{"input_tokens": 42}``.
 
+``POST /v1/responses/compact`` answers one encrypted ``compaction`` item.
 ``POST /v1/chat/completions`` answers ``"ok"`` (for a run's model preflight). Every request is
 recorded in ``requests`` (path, lower-case headers, parsed body).
 """
@@ -176,6 +177,15 @@ async def _connection(state: ApiUpstream, stream: trio.SocketStream) -> None:
                 "usage": {"prompt_tokens": 1, "completion_tokens": 1, "total_tokens": 2},
             }
             await _send(stream, 200, json.dumps(chat).encode())
+        elif path == "/v1/responses/compact":
+            compacted = {
+                "id": "resp_c",
+                "object": "response.compaction",
+                "created_at": 1,
+                "output": [{"type": "compaction", "id": "cmp_1", "encrypted_content": "ENC-C"}],
+                "usage": RESPONSES_USAGE,
+            }
+            await _send(stream, 200, json.dumps(compacted).encode())
         elif path == "/v1/responses":
             await _responses(stream, body, midstream=fault == "midstream")
         elif path.startswith("/v1/messages"):
