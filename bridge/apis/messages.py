@@ -182,7 +182,8 @@ def to_chat(body: dict[str, Any]) -> dict[str, Any]:
         chat["stop"] = body["stop_sequences"]
     if body.get("tools"):
         chat["tools"] = _tools(body["tools"])
-    if body.get("tool_choice") is not None:
+    if body.get("tool_choice") is not None and chat.get("tools"):
+        # Without tools it means nothing, and chat APIs refuse it (OpenAI: a 400).
         _tool_choice(body["tool_choice"], chat)
     metadata = body.get("metadata")
     if isinstance(metadata, dict) and metadata.get("user_id"):

@@ -183,8 +183,11 @@ def to_chat(body: dict[str, Any]) -> dict[str, Any]:
             chat[name] = body[name]
     if body.get("tools"):
         chat["tools"] = _tools(body["tools"])
-    if body.get("tool_choice") is not None:
+    if body.get("tool_choice") is not None and chat.get("tools"):
         chat["tool_choice"] = _tool_choice(body["tool_choice"])
+    if not chat.get("tools"):
+        # Without tools these mean nothing, and chat APIs refuse them (OpenAI: a 400).
+        chat.pop("parallel_tool_calls", None)
     if body.get("max_output_tokens") is not None:
         chat["max_completion_tokens"] = body["max_output_tokens"]
     response_format = _response_format(body.get("text"))

@@ -22,7 +22,7 @@ from bridge.apis import native as nat
 from bridge.apis.errors import dialect_error, sse_error
 from bridge.apis.policy import POLICIES, check
 from bridge.codec import dumps, loads
-from bridge.errors import BridgeError, BridgeRequestError
+from bridge.errors import BridgeError, BridgeRequestError, UpstreamError
 from bridge.handler import PING, Bridge
 from bridge.policy import (
     InvalidBody,
@@ -261,6 +261,8 @@ class ApiRoutes:
                 await frames.aclose()
                 if state.started:
                     record(relay.usage())
+            if not state.started:
+                raise UpstreamError(502, "the provider's stream ended before any event")
             return None
 
         return run

@@ -334,3 +334,10 @@ def test_tool_outputs_carry_text_parts_and_refuse_the_rest() -> None:
     assert responses.to_chat(output(parts))["messages"][0]["content"] == "ab"
     with pytest.raises(BridgeRequestError, match="input_image"):
         responses.to_chat(output([{"type": "input_image", "image_url": "data:x"}]))
+
+
+def test_tool_settings_without_tools_are_not_sent_to_a_chat_api() -> None:
+    chat = responses.to_chat({"input": "x", "tool_choice": "auto", "parallel_tool_calls": True})
+    assert "tool_choice" not in chat and "parallel_tool_calls" not in chat
+    chat = messages.to_chat({"max_tokens": 1, "messages": [], "tool_choice": {"type": "auto"}})
+    assert "tool_choice" not in chat
