@@ -223,8 +223,12 @@ async def test_encrypted_reasoning_is_replayed_per_rollout(
         assert (await client.post(other, json=replay, headers=AUTH)).status_code == 200
     asked, replayed, elsewhere = (r.body for r in fake.requests)
     assert asked["include"] == ["reasoning.encrypted_content"]
-    assert replayed["input"][1] == {"type": "reasoning", "id": "rs_1", "summary": [],
-                                    "encrypted_content": "ENC-1"}  # fmt: skip
+    assert replayed["input"][1] == {
+        "type": "reasoning",
+        "id": "rs_1",
+        "summary": [],
+        "encrypted_content": "ENC-1",
+    }
     assert "encrypted_content" not in elsewhere["input"][1]
     openai_native.ledger.discard("rs")
     with trio.fail_after(20):
@@ -233,18 +237,21 @@ async def test_encrypted_reasoning_is_replayed_per_rollout(
 
 
 async def test_a_provider_error_quoting_the_key_is_redacted_in_the_callers_shape(
-    anthropic_native: BridgeHandle, openai_native: BridgeHandle, fake: ApiUpstream,
+    anthropic_native: BridgeHandle,
+    openai_native: BridgeHandle,
+    fake: ApiUpstream,
     client: httpx.AsyncClient,
-) -> None:  # fmt: skip
+) -> None:
     fake.faults.extend(["echo_key", "echo_key"])
     with trio.fail_after(20):
         m = await client.post(
             f"{anthropic_native.rollout_url('k')}/v1/messages", json=MSG, headers=AUTH
         )
         r = await client.post(
-            f"{openai_native.rollout_url('k')}/responses", json={**RESP, "stream": True},
+            f"{openai_native.rollout_url('k')}/responses",
+            json={**RESP, "stream": True},
             headers=AUTH,
-        )  # fmt: skip
+        )
     assert m.status_code == r.status_code == 400
     assert m.json()["type"] == "error" and "REDACTED" in m.json()["error"]["message"]
     assert "REDACTED" in r.json()["error"]["message"]
@@ -257,9 +264,11 @@ async def test_a_provider_error_quoting_the_key_is_redacted_in_the_callers_shape
 
 
 async def test_codex_compaction_is_native_only(
-    openai_native: BridgeHandle, fake: ApiUpstream, echo_bridge: BridgeHandle,
+    openai_native: BridgeHandle,
+    fake: ApiUpstream,
+    echo_bridge: BridgeHandle,
     client: httpx.AsyncClient,
-) -> None:  # fmt: skip
+) -> None:
     body = {"model": "gpt-test", "input": [{"role": "user", "content": "long history"}]}
     with trio.fail_after(20):
         native = await client.post(
@@ -279,3 +288,42 @@ async def test_codex_compaction_is_native_only(
 @pytest.fixture
 async def echo_bridge(start_bridge: StartBridge) -> BridgeHandle:
     return await start_bridge(model="rollbridge/echo")
+
+
+async def test_chat_callers_of_a_responses_only_model_are_served_through_responses(
+    start_bridge: StartBridge, fake: ApiUpstream, client: httpx.AsyncClient
+) -> None:
+    """``o1-pro`` is served only by /responses (LiteLLM's model map says so): the chat route
+    carries its calls there and back, streamed or not, with the usage in the ledger."""
+    handle = await start_bridge(model="openai/o1-pro", retry=FAST)
+    chat = {
+        "model": "osmosis-rollout",
+        "messages": [
+            {"role": "system", "content": "be brief"},
+            {"role": "user", "content": "hi there"},
+        ],
+        "max_tokens": 50,
+    }
+    url = f"{handle.rollout_url('ro')}/chat/completions"
+    with trio.fail_after(20):
+        plain = await client.post(url, json=chat, headers=AUTH)
+        streamed = await client.post(url, json={**chat, "stream": True}, headers=AUTH)
+        refused = await client.post(url, json={**chat, "stop": ["x"]}, headers=AUTH)
+    assert plain.status_code == 200, plain.text
+    doc = plain.json()
+    assert doc["choices"][0]["message"]["content"].startswith("native: ")
+    assert doc["model"] == "osmosis-rollout" and doc["usage"]["total_tokens"] == 107
+    chunks = [d for _, d in events(streamed.text)]
+    text = "".join(c["choices"][0]["delta"].get("content", "") for c in chunks if c.get("choices"))
+    assert text == doc["choices"][0]["message"]["content"]
+    assert refused.status_code == 400 and "'stop'" in refused.json()["error"]["message"]
+    for request in fake.requests:
+        assert request.path == "/v1/responses"
+        assert request.body["store"] is False and request.body["instructions"] == "be brief"
+        assert request.body["max_output_tokens"] == 50 and request.body["model"] == "o1-pro"
+    usage = handle.ledger.get("ro")
+    assert usage is not None and (usage.calls, usage.total_tokens, usage.cached_tokens) == (
+        2,
+        214,
+        80,
+    )

@@ -341,3 +341,58 @@ def test_tool_settings_without_tools_are_not_sent_to_a_chat_api() -> None:
     assert "tool_choice" not in chat and "parallel_tool_calls" not in chat
     chat = messages.to_chat({"max_tokens": 1, "messages": [], "tool_choice": {"type": "auto"}})
     assert "tool_choice" not in chat
+
+
+def test_chat_carried_over_responses_with_tools() -> None:
+    from bridge.apis.chat_responses import ChunkStream, to_completion, to_responses
+
+    prepared = PreparedRequest(
+        [
+            {"role": "system", "content": "sys"},
+            {"role": "user", "content": "go"},
+            {
+                "role": "assistant",
+                "content": None,
+                "tool_calls": [
+                    {"id": "c1", "type": "function", "function": {"name": "f", "arguments": "{}"}}
+                ],
+            },
+            {"role": "tool", "tool_call_id": "c1", "content": "done"},
+        ],
+        {
+            "tools": [{"type": "function", "function": {"name": "f", "parameters": {}}}],
+            "tool_choice": {"type": "function", "function": {"name": "f"}},
+            "reasoning_effort": "high",
+            "response_format": {"type": "json_object"},
+        },
+    )
+    body = to_responses(prepared, "o1-pro", stream=False)
+    assert body["instructions"] == "sys" and body["store"] is False
+    assert [i.get("type", "message") for i in body["input"]] == [
+        "message",
+        "function_call",
+        "function_call_output",
+    ]
+    assert body["tools"] == [{"type": "function", "name": "f", "parameters": {}}]
+    assert body["tool_choice"] == {"type": "function", "name": "f"}
+    assert body["reasoning"] == {"effort": "high"}
+    assert body["text"] == {"format": {"type": "json_object"}}
+    call = {"type": "function_call", "id": "fc_1", "call_id": "c2", "name": "f", "arguments": "{}"}
+    response = {"id": "r", "status": "completed", "output": [call], "usage": {"input_tokens": 3}}
+    completion = to_completion(response)
+    assert completion["choices"][0]["finish_reason"] == "tool_calls"
+    assert completion["choices"][0]["message"]["tool_calls"][0]["id"] == "c2"
+    stream = ChunkStream()
+    events = [
+        {"type": "response.created", "response": {"id": "r"}},
+        {"type": "response.output_item.added", "item": {**call, "arguments": ""}},
+        {"type": "response.function_call_arguments.delta", "item_id": "fc_1", "delta": "{}"},
+        {"type": "response.completed", "response": response},
+    ]
+    chunks = [c for e in events for c in stream.event(e)]
+    assert chunks[0]["choices"][0]["delta"]["tool_calls"][0]["id"] == "c2"
+    assert chunks[1]["choices"][0]["delta"]["tool_calls"][0]["function"]["arguments"] == "{}"
+    assert chunks[2]["choices"][0]["finish_reason"] == "tool_calls"
+    assert chunks[3]["usage"] == {"input_tokens": 3}
+    with pytest.raises(BridgeRequestError, match="'seed'"):
+        to_responses(PreparedRequest([], {"seed": 1}), "o1-pro", stream=False)
