@@ -125,6 +125,19 @@ class ApiRoutes:
             return Match(api, action, rollout_id.decode("latin-1") if rollout_id else "default")
         return None
 
+    def authorized(self, scope: HTTPScope, match: Match) -> bool:
+        """The door check of a matched request (headers only, so it can run before the body is
+        read): the run's bearer in ``Authorization``, or on Messages in ``x-api-key``."""
+        authorization = _text(header(scope, b"authorization"))
+        if match.api == "messages":
+            return messages_auth(authorization, _text(header(scope, b"x-api-key")), self.token)
+        return check_auth(authorization, self.token)
+
+    @staticmethod
+    def unauthorized(match: Match) -> bytes:
+        """The 401 body, in the caller's API's shape."""
+        return dialect_error(match.api, 401, "Unauthorized")
+
     async def serve(
         self,
         scope: HTTPScope,
@@ -154,13 +167,8 @@ class ApiRoutes:
         self, scope: HTTPScope, match: Match, raw: bytes, send: ASGISendCallable
     ) -> None:
         api = match.api
-        authorization = _text(header(scope, b"authorization"))
-        if api == "messages":
-            allowed = messages_auth(authorization, _text(header(scope, b"x-api-key")), self.token)
-        else:
-            allowed = check_auth(authorization, self.token)
-        if not allowed:
-            await send_json(send, 401, dialect_error(api, 401, "Unauthorized"))
+        if not self.authorized(scope, match):
+            await send_json(send, 401, self.unauthorized(match))
             return
         if not valid_rollout_id(match.rollout_id):
             await send_json(send, 422, dialect_error(api, 422, "invalid rollout_id"))
