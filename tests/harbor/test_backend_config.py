@@ -142,3 +142,32 @@ def test_other_agents_are_left_as_they_were(tmp_path: Path) -> None:
     assert "base_url" not in document and "env" not in document
     env = backend._child_env(["/x/bin/harbor"], "secret-bearer-1234", "http://u")
     assert env["OPENAI_API_KEY"] == "secret-bearer-1234"
+
+
+@pytest.mark.parametrize("agent", ["claude-code", "codex"])
+def test_installed_agent_configs_validate_against_harbor(tmp_path: Path, agent: str) -> None:
+    """The generated TrialConfig is one Harbor 0.25 accepts, with the fields read back as meant
+    (``base_url``, ``env`` and the web-tool kwargs are real AgentConfig/agent fields)."""
+    import subprocess
+
+    from tests.harbor.conftest import HARBOR_VENV
+
+    python = HARBOR_VENV / "bin" / "python"
+    if not python.exists():
+        pytest.skip(f"needs Harbor's venv at {HARBOR_VENV} (run scripts/sandbox-testbed)")
+    backend = _backend(agent, trials_root=tmp_path)
+    url = "https://bridge.example/v1/rollouts/r1"
+    staged = backend._stage(ExecutionRequest(id="r1", prompt=[]), url)
+    check = (
+        "import json, sys\n"
+        "from harbor.models.trial.config import TrialConfig\n"
+        "a = TrialConfig.model_validate_json(open(sys.argv[1]).read()).agent\n"
+        "print(json.dumps([a.name, a.model_name, a.base_url, a.env, a.kwargs]))\n"
+    )
+    done = subprocess.run(
+        [str(python), "-c", check, str(staged.config)], capture_output=True, text=True, timeout=60
+    )
+    assert done.returncode == 0, done.stderr
+    name, model, base_url, env, kwargs = json.loads(done.stdout)
+    assert (name, base_url) == (agent, url) and model.endswith("/rollbridge-model")
+    assert list(env.values()) == ["${ROLLBRIDGE_AGENT_BEARER}"] and len(kwargs) == 1
