@@ -351,3 +351,42 @@ async def test_exact_totals_under_concurrency_across_the_three_apis(
     for rollout, total in reported.items():
         usage = echo.ledger.get(rollout)
         assert usage is not None and usage.calls == 6 and usage.total_tokens == total
+
+
+@pytest.mark.parametrize(("path", "body"), [("/responses", RESP), ("/v1/messages", MSG)])
+async def test_a_stream_the_client_abandons_is_counted(
+    start_bridge: StartBridge, scripted: Any, path: str, body: dict[str, Any]
+) -> None:
+    """The client leaves after the first text event: the provider call is cancelled and still
+    counted (the provider had started answering), as on the chat route."""
+    from tests.bridge.scripted import Reply, sse
+
+    never = trio.Event()
+    first = {
+        "id": "chatcmpl-up1",
+        "object": "chat.completion.chunk",
+        "created": 1700000000,
+        "choices": [{"index": 0, "delta": {"content": "first"}, "finish_reason": None}],
+    }
+    parts = [*sse(first, done=False), (never, b"data: [DONE]\n\n")]
+    scripted.reply(Reply(200, content_type="text/event-stream", parts=parts))
+    handle = await start_bridge()
+    with trio.fail_after(20):
+        async with (
+            httpx.AsyncClient() as client,
+            client.stream(
+                "POST",
+                handle.rollout_url("gone") + path,
+                json={**body, "stream": True},
+                headers=AUTH,
+            ) as answer,
+        ):
+            async for text in answer.aiter_text():
+                if "first" in text:
+                    break
+        while scripted.disconnects == 0:
+            await trio.sleep(0.01)
+        while handle.ledger.get("gone") is None:
+            await trio.sleep(0.01)
+    usage = handle.ledger.get("gone")
+    assert usage is not None and usage.calls == 1
