@@ -271,3 +271,46 @@ def test_official_clients_against_bridge_serve() -> None:
         assert usage["rollouts"]["plain"]["calls"] == 6
     finally:
         _stop(proc)
+
+
+def _chat_echo_round(base_url: str) -> dict[str, Any]:
+    """The echo model on the chat route: tool calls (streamed and not), JSON, logprobs."""
+    client = openai.OpenAI(base_url=base_url, api_key=TOKEN, max_retries=0, timeout=20)
+    tools = [{"type": "function", "function": {"name": "bash", "parameters": BASH_SCHEMA}}]
+    ask = [{"role": "user", "content": 'call bash {"command": "ls"}'}]
+    called = client.chat.completions.create(model="m", messages=ask, tools=tools)
+    stream = client.chat.completions.create(model="m", messages=ask, tools=tools, stream=True)
+    arguments = "".join(
+        c.choices[0].delta.tool_calls[0].function.arguments or ""
+        for c in stream
+        if c.choices and c.choices[0].delta.tool_calls
+    )
+    as_json = client.chat.completions.create(
+        model="m",
+        messages=[{"role": "user", "content": "hi"}],
+        response_format={"type": "json_object"},
+    )
+    scored = client.chat.completions.create(
+        model="m",
+        messages=[{"role": "user", "content": "two words"}],
+        logprobs=True,
+        top_logprobs=3,
+    )
+    call = (called.choices[0].message.tool_calls or [])[0]
+    logprobs = scored.choices[0].logprobs
+    return {
+        "call": (called.choices[0].finish_reason, call.function.name, call.function.arguments),
+        "streamed": json.loads(arguments),
+        "json": json.loads(as_json.choices[0].message.content or ""),
+        "logprobs": [len(t.top_logprobs) for t in (logprobs.content or [])] if logprobs else [],
+    }
+
+
+async def test_echo_model_on_the_chat_route(start_bridge: StartBridge) -> None:
+    handle = await start_bridge(model="rollbridge/echo")
+    with trio.fail_after(60):
+        got = await trio.to_thread.run_sync(_chat_echo_round, handle.rollout_url("chat"))
+    assert got["call"] == ("tool_calls", "bash", '{"command": "ls"}')
+    assert got["streamed"] == {"command": "ls"}
+    assert got["json"] == {"echo": "hi"}
+    assert got["logprobs"] == [3, 3]
