@@ -187,3 +187,7 @@ search_context_cost_per_query search_queries_cost_per_query
 BLOCKED_NAMES: frozenset[str] = frozenset(
     (_STATIC + _LITELLM_PARAMS + _LITELLM_PRICING).split()
 ) - {"metadata"}
+
+#: Fields that choose what the provider bills (priority or flex capacity, regional processing):
+#: the eval config owns them on every API (docs/bridge.md, "Three APIs").
+BILLING_NAMES: frozenset[str] = frozenset({"service_tier", "inference_geo"})

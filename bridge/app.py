@@ -17,6 +17,8 @@ from urllib.parse import quote
 
 import trio
 
+from bridge.apis import ApiOptions
+from bridge.apis.serve import ApiRoutes
 from bridge.codec import dumps
 from bridge.handler import Bridge
 from bridge.policy import (
@@ -38,6 +40,8 @@ from rollout_server.net.asgi import (
 )
 
 if TYPE_CHECKING:
+    import httpx
+
     # Types only: they come from hypercorn.typing, which imports h2.
     from rollout_server.net.asgi import (
         ASGIFramework,
@@ -71,11 +75,16 @@ class BufferedBody:
     """
 
     def __init__(
-        self, app: ASGIFramework, max_body: int = MAX_BODY_BYTES, chat: ChatRoutes | None = None
+        self,
+        app: ASGIFramework,
+        max_body: int = MAX_BODY_BYTES,
+        chat: ChatRoutes | None = None,
+        apis: ApiRoutes | None = None,
     ) -> None:
         self.app = app
         self.max_body = max_body
         self.chat = chat
+        self.apis = apis
 
     async def __call__(
         self, scope: Scope, receive: ASGIReceiveCallable, send: ASGISendCallable
@@ -97,6 +106,12 @@ class BufferedBody:
             rollout_id = self.chat.match(scope)
             if rollout_id is not None:
                 await self.chat.serve(scope, rollout_id, body, receive, send)
+                return
+        if self.apis is not None:
+            # The Responses and Messages routes (bridge.apis.serve.ROUTES).
+            call = self.apis.match(scope)
+            if call is not None:
+                await self.apis.serve(scope, call, body, receive, send)
                 return
         replayed = False
 
@@ -245,12 +260,15 @@ def create_app(
     plain_chat_route: bool,
     max_body: int = MAX_BODY_BYTES,
     probe: ProbeKey | None = None,
+    apis: ApiOptions | None = None,
+    http: Callable[[], httpx.AsyncClient] | None = None,
 ) -> BufferedBody:
     """The ASGI app serving ``bridge`` (whose ``keepalive`` mode may be switched while serving).
 
     With ``probe``, ``GET /v1/rollbridge/probe/<nonce>`` answers sandbox probes (bridge.probe).
     Requests other than chat calls go to the quart app of :mod:`bridge.fallback`, made when the
-    first of them arrives."""
+    first of them arrives. ``apis`` and ``http`` serve the Responses and Messages routes
+    (:mod:`bridge.apis.serve`; ``http`` is the native path's client)."""
 
     def make() -> ASGIFramework:
         from bridge.fallback import build_app
@@ -258,4 +276,5 @@ def create_app(
         return build_app(bridge, token=token, plain_chat_route=plain_chat_route, probe=probe)
 
     chat = ChatRoutes(bridge, token=token, plain_chat_route=plain_chat_route)
-    return BufferedBody(FirstUse(make), max_body, chat)
+    routes = ApiRoutes(bridge, token=token, plain_route=plain_chat_route, options=apis, http=http)
+    return BufferedBody(FirstUse(make), max_body, chat, routes)

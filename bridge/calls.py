@@ -96,6 +96,7 @@ class CallTrace:
         "_t0",
         "_wall",
         "api",
+        "billed",
         "finish_reason",
         "kind",
         "model",
@@ -120,6 +121,8 @@ class CallTrace:
         self.stream = stream
         self.retries: list[dict[str, Any]] = []
         self.finish_reason: str | None = None
+        self.billed: CallUsage | None = None
+        """The usage the ledger was given for this call (when the path records it itself)."""
         self._wall = time.time()
         self._t0 = time.monotonic()
         self._first: float | None = None
@@ -172,6 +175,13 @@ class CallTrace:
             if ids:
                 self._ids = (self._ids or []) + ids
 
+    def answered_as(self, data: dict[str, Any]) -> None:
+        """Take the model and stop reason of a whole Responses or Messages object."""
+        self.first_byte()
+        self._take_model(data)
+        reason = data.get("stop_reason", data.get("status"))
+        self.finish_reason = reason if isinstance(reason, str) else self.finish_reason
+
     def _take_model(self, data: dict[str, Any]) -> None:
         model = data.get("model")
         if isinstance(model, str) and model:
@@ -186,6 +196,7 @@ class CallTrace:
         :class:`trio.Cancelled` or other ``BaseException`` that is not an ``Exception`` means
         the rollout went away before the answer)."""
         now = time.monotonic()
+        usage = usage if usage is not None else self.billed
         record: dict[str, Any] = {
             "kind": self.kind,
             "rollout_id": self.rollout_id,
@@ -222,6 +233,8 @@ class CallTrace:
                 record["cached_tokens"] = usage.cached_tokens
             if usage.reasoning_tokens is not None:
                 record["reasoning_tokens"] = usage.reasoning_tokens
+            if usage.cache_write_tokens is not None:
+                record["cache_write_tokens"] = usage.cache_write_tokens
         if self.finish_reason is not None:
             record["finish_reason"] = self.finish_reason
         logprobs = compact_logprobs(self._content)

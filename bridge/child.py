@@ -63,6 +63,7 @@ class _Reporter:
                 call.total_tokens,
                 call.cached_tokens,
                 call.reasoning_tokens,
+                call.cache_write_tokens,
             ]
         )
 

@@ -54,6 +54,26 @@ def bridge() -> None:
     help="Write the bound port to this file once listening (removed at exit).",
 )
 @click.option("--no-preflight", is_flag=True, help="Skip the model probe at start (offline work).")
+@click.option(
+    "--hosted-tool",
+    "hosted_tools",
+    multiple=True,
+    help="Grant a provider-run tool type on /responses and /v1/messages (web_search…); repeatable.",
+)
+@click.option(
+    "--responses",
+    type=click.Choice(["auto", "native", "translate"]),
+    default="auto",
+    show_default=True,
+    help="How Responses calls reach an openai/… model (native: its /responses endpoint).",
+)
+@click.option(
+    "--messages",
+    type=click.Choice(["auto", "native", "translate"]),
+    default="auto",
+    show_default=True,
+    help="How Messages calls reach an anthropic/… model (native: Anthropic's /v1/messages).",
+)
 def serve(
     model: str,
     host: str,
@@ -62,12 +82,16 @@ def serve(
     json_output: bool,
     port_file: str | None,
     no_preflight: bool,
+    hosted_tools: tuple[str, ...],
+    responses: str,
+    messages: str,
 ) -> None:
     """Serve an OpenAI-compatible endpoint for MODEL until Ctrl-C.
 
-    Rollouts call <url>/v1/rollouts/<id>/chat/completions; IDE tools can call
-    <url>/v1/chat/completions and name their usage bucket with the X-Rollbridge-Rollout-Id
-    header. A token you pass is never printed; a generated one is printed once, because you
+    Rollouts call <url>/v1/rollouts/<id>/chat/completions (or /responses, or /v1/messages for
+    Anthropic clients given <url>/v1/rollouts/<id> as their base URL); IDE tools can call
+    <url>/v1/chat/completions, /v1/responses or /v1/messages and name their usage bucket with
+    the X-Rollbridge-Rollout-Id header. A token you pass is never printed; a generated one is printed once, because you
     need it to call the bridge. The model is probed once before the bridge listens (as a run
     does), so a model that cannot answer fails here. GET /health, /v1/models and /v1/usage
     (live usage per id) are served too.
@@ -86,8 +110,16 @@ def serve(
         if level in ("warning", "error"):
             click.echo(f"{level.upper()}: {message}", err=True)
 
+    from bridge.apis import ApiOptions
+
     config = BridgeConfig(
-        model=model, token=token, host=host, port=port, log=log, plain_chat_route=True
+        model=model,
+        token=token,
+        host=host,
+        port=port,
+        log=log,
+        plain_chat_route=True,
+        apis=ApiOptions(hosted_tools, responses, messages),
     )
 
     async def main() -> None:

@@ -8,6 +8,7 @@ from typing import Any, Final
 
 import msgspec
 
+from bridge.apis import ApiOptions
 from bridge.retry import RetryPolicy
 from bridge.server import BridgeConfig
 
@@ -67,6 +68,9 @@ def config_message(
             if retry is None
             else [retry.max_attempts, retry.base_delay, retry.max_delay, retry.budget],
             "env": [[name.hex(), value.hex()] for name, value in environ.items()],
+            "apis": None
+            if config.apis is None
+            else [list(config.apis.hosted_tools), config.apis.responses, config.apis.messages],
         },
     ]
 
@@ -95,6 +99,8 @@ def read_config(
     }
     fields["probe_key"] = bytes.fromhex(doc["probe_key"]) or None
     fields["retry"] = None if retry is None else RetryPolicy(*retry)
+    apis = doc.get("apis")
+    fields["apis"] = None if apis is None else ApiOptions(tuple(apis[0]), apis[1], apis[2])
     redact = [_unhex_text(value) for value in doc["redact"]]
     environ = [(bytes.fromhex(name), bytes.fromhex(value)) for name, value in doc["env"]]
     return fields, redact, environ

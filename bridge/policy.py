@@ -11,7 +11,7 @@ import secrets
 from dataclasses import dataclass
 from typing import Any
 
-from bridge._blocked import BLOCKED_NAMES, RESERVED_PREFIXES
+from bridge._blocked import BILLING_NAMES, BLOCKED_NAMES, RESERVED_PREFIXES
 from bridge.errors import BridgeRequestError
 
 #: Keys the bridge owns: removed from what is forwarded, never reported as blocked.
@@ -93,7 +93,7 @@ def response_model(body: dict[str, Any], configured: str) -> str:
 
 def is_blocked(name: str) -> bool:
     """True when a top-level request key may not be forwarded."""
-    return name in BLOCKED_NAMES or name.startswith(RESERVED_PREFIXES)
+    return name in BLOCKED_NAMES or name in BILLING_NAMES or name.startswith(RESERVED_PREFIXES)
 
 
 def blocked_fields(params: dict[str, Any]) -> list[str]:

@@ -116,9 +116,10 @@ class _Channel:
     def _apply(self, message: list[Any]) -> None:
         kind = message[0]
         if kind == "u":
-            _, rollout_id, prompt, completion, total, cached, reasoning = message
+            _, rollout_id, prompt, completion, total, cached, reasoning, *rest = message
+            cache_write = rest[0] if rest else None  # absent from an older child
             self.ledger.apply_record(
-                rollout_id, CallUsage(prompt, completion, total, cached, reasoning)
+                rollout_id, CallUsage(prompt, completion, total, cached, reasoning, cache_write)
             )
         elif kind == "c":
             self.calls.add(message[1])

@@ -61,6 +61,16 @@ class ReasoningMemory:
             messages.append(message)
         return PreparedRequest(messages, prepared.params) if changed else prepared
 
+    def keep(self, rollout_id: str, key: str, fields: dict[str, Any]) -> None:
+        """Remember ``fields`` under ``key`` (a Responses reasoning item's id, say) for a rollout."""
+        with self._lock:
+            self._store.setdefault(rollout_id, {})[key] = fields
+
+    def recall(self, rollout_id: str, key: str) -> dict[str, Any] | None:
+        """What :meth:`keep` remembered under ``key``, or None."""
+        with self._lock:
+            return self._store.get(rollout_id, {}).get(key)
+
     def forget(self, rollout_id: str) -> None:
         """Drop everything remembered for a rollout."""
         with self._lock:

@@ -1,7 +1,7 @@
 """The bridge's retry policy for transient provider faults (docs/bridge.md, "Retries").
 
 A call is made again only when the fault says nothing about the request itself: a 429, a
-500/502/503/504, or a connection that failed or was reset before any answer arrived. The
+500/502/503/504/529, or a connection that failed or was reset before any answer arrived. The
 upstream paths mark those faults by raising :class:`ProviderFault`; every other failure (any
 other 4xx, a timeout, an answer that broke off while arriving, which the provider has billed)
 goes back to the rollout at once. The request is sent again unchanged: no parameter is ever
@@ -39,8 +39,9 @@ __all__ = [
 
 T = TypeVar("T")
 
-#: Provider statuses that say "try again later" rather than "this request is wrong".
-TRANSIENT_STATUSES = frozenset({429, 500, 502, 503, 504})
+#: Provider statuses that say "try again later" rather than "this request is wrong" (529 is
+#: Anthropic's "overloaded").
+TRANSIENT_STATUSES = frozenset({429, 500, 502, 503, 504, 529})
 
 
 class ProviderFault(UpstreamError):

@@ -11,6 +11,7 @@ from urllib.parse import quote
 
 import trio
 
+from bridge.apis import ApiOptions
 from bridge.errors import BridgeBindError
 from bridge.policy import MAX_BODY_BYTES
 from bridge.probe import ProbeKey
@@ -79,6 +80,8 @@ class BridgeConfig:
     keep_calls: bool = False
     """Keep each call's record per rollout until popped (a supervisor's in-process bridge,
     which records them with the results); a standalone bridge keeps none."""
+    apis: ApiOptions | None = None
+    """The Responses and Messages routes' options (hosted tools granted, native or translated)."""
 
     def __post_init__(self) -> None:
         if not isinstance(self.token, str) or not self.token.strip():
@@ -250,6 +253,8 @@ async def run_bridge(
                     plain_chat_route=config.plain_chat_route,
                     max_body=config.max_body_bytes,
                     probe=probe,
+                    apis=config.apis,
+                    http=client.http,
                 )
                 # The lean loop (rollout_server.net.leanserve), without hypercorn's trio
                 # worker: plain HTTP/1.1 on loopback is all the bridge serves.

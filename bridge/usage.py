@@ -34,7 +34,11 @@ class CallUsage:
     completion_tokens: int = 0
     total_tokens: int = 0
     cached_tokens: int | None = None
+    """Prompt tokens read from the provider's cache (part of ``prompt_tokens``)."""
     reasoning_tokens: int | None = None
+    """Completion tokens spent reasoning (part of ``completion_tokens``)."""
+    cache_write_tokens: int | None = None
+    """Prompt tokens written to the provider's cache (part of ``prompt_tokens``)."""
 
     @classmethod
     def from_json(cls, usage: Any) -> CallUsage:
@@ -62,12 +66,17 @@ class CallUsage:
             else None,
             usage.get("reasoning_tokens"),
         )
+        cache_write = _first_int(
+            prompt_details.get("cache_write_tokens") if isinstance(prompt_details, dict) else None,
+            usage.get("cache_creation_input_tokens"),
+        )
         return cls(
             prompt_tokens=prompt,
             completion_tokens=completion,
             total_tokens=total if total is not None else prompt + completion,
             cached_tokens=cached,
             reasoning_tokens=reasoning,
+            cache_write_tokens=cache_write,
         )
 
     def to_json(self) -> dict[str, int]:
@@ -101,6 +110,8 @@ class RolloutUsage:
     """The largest single call's prompt + completion tokens."""
     retries: int = 0
     """Calls the bridge made again after a transient provider fault (bridge/retry.py)."""
+    cache_write_tokens: int | None = None
+    """Prompt tokens written to the provider's cache (part of ``prompt_tokens``)."""
 
     def plus(self, call: CallUsage) -> RolloutUsage:
         """This total with one more call added."""
@@ -112,6 +123,7 @@ class RolloutUsage:
             total_tokens=self.total_tokens + call.total_tokens,
             cached_tokens=_add(self.cached_tokens, call.cached_tokens),
             reasoning_tokens=_add(self.reasoning_tokens, call.reasoning_tokens),
+            cache_write_tokens=_add(self.cache_write_tokens, call.cache_write_tokens),
             max_context_tokens=max(
                 self.max_context_tokens, call.prompt_tokens + call.completion_tokens
             ),
@@ -130,6 +142,8 @@ class RolloutUsage:
             out["cached_tokens"] = self.cached_tokens
         if self.reasoning_tokens is not None:
             out["reasoning_tokens"] = self.reasoning_tokens
+        if self.cache_write_tokens is not None:
+            out["cache_write_tokens"] = self.cache_write_tokens
         if self.retries:
             out["retries"] = self.retries
         return out

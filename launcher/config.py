@@ -16,7 +16,9 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
+from bridge.apis import ApiOptions
 from bridge.upstreams.routing import OFFICIAL_OPENAI_BASE, OFFLINE_MODEL
+from launcher.config_bridge import bridge_options
 from launcher.errors import ValidationError
 
 __all__ = [
@@ -32,7 +34,7 @@ __all__ = [
     "upstream_base_url",
 ]
 
-ALLOWED_SECTIONS = ("experiment", "evaluation", "advanced", "env", "secrets")
+ALLOWED_SECTIONS = ("experiment", "evaluation", "advanced", "env", "secrets", "bridge")
 EXPERIMENT_REQUIRED = ("rollout", "entrypoint", "model_path", "dataset")
 EXPERIMENT_OPTIONAL = ("branch", "commit_sha")
 EVALUATION_KEYS = (
@@ -81,6 +83,8 @@ class EvalConfig:
     advanced: dict[str, Any] = field(default_factory=dict)
     env: dict[str, str] = field(default_factory=dict)
     secrets_required: tuple[str, ...] = ()
+    bridge: ApiOptions | None = None
+    """The ``[bridge]`` section (:mod:`launcher.config_bridge`); None when absent."""
 
 
 @dataclass(frozen=True)
@@ -291,6 +295,7 @@ def load_eval_config(path: Path) -> EvalConfig:
         advanced=dict(data.get("advanced", {})),
         env=dict(env),
         secrets_required=tuple(required),
+        bridge=bridge_options(data, path),
     )
 
 

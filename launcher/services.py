@@ -401,6 +401,7 @@ async def _start_bridge(
         redact=p.redactor,
         log=bridge_log,
         keep_calls=True,  # the in-process bridge's records go to calls.jsonl with the results
+        apis=p.config.bridge,
     )
     try:
         if in_process_requested():

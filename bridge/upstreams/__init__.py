@@ -56,6 +56,11 @@ def make_upstream(
 
         return EchoUpstream(model)
     if kind == "direct" and not via_litellm:
+        from bridge.upstreams.responses_only import ResponsesOnlyUpstream, responses_only
+
+        if responses_only(model):
+            # Served only by OpenAI's Responses API: chat calls are carried through it.
+            return ResponsesOnlyUpstream(model, client)
         from bridge.upstreams.direct import DirectUpstream
 
         return DirectUpstream(model, client)

@@ -27,6 +27,7 @@ from ..protocol import RolloutErrorCategory, RolloutStatus
 from ..sdk import AgentWorkflow, Grader, get_rollout_context
 from . import containers
 from .archive import archive_trial, retire_trial_dir
+from .installed import installed_env
 from .locate import HarborSetupError, find_harbor
 from .placement import Placement, PlacementError, SandboxTrial, TrialWiring
 from .process import run_trial_process
@@ -340,7 +341,7 @@ class HarborBackend(ExecutionBackend):
         if self.uses_chat_endpoint and bearer:
             env["OPENAI_API_KEY"] = bearer
             env["OPENAI_BASE_URL"] = chat_url
-        return env
+        return installed_env(env, self.agent, bearer)
 
     # -- execution ---------------------------------------------------------------------------
 

@@ -29,6 +29,7 @@ from typing import Any
 
 from ..backend import ExecutionRequest
 from .containers import owner_alive
+from .installed import wire_installed
 
 __all__ = [
     "OWNER_FILE",
@@ -139,6 +140,7 @@ def trial_config(
     agent_doc["import_path" if ":" in agent else "name"] = agent
     if model_name is not None:
         agent_doc["model_name"] = model_name
+    wire_installed(agent_doc, agent, model_name, chat_url)  # claude-code, codex: the bridge
     if agent.startswith("terminus"):
         # The bearer travels in the child's environment (OPENAI_API_KEY), never in a file.
         agent_doc["kwargs"].setdefault("api_base", chat_url)

@@ -200,6 +200,7 @@ def test_blocked_fields_inside_extra_body() -> None:
         "max_retries", "request_timeout", "stream_timeout", "input_cost_per_token", "guardrails",
         "cache", "verbose", "project", "region_name", "anthropic-workspace-id", "systemInstruction",
         "inputText", "user_agent", "ssl_verify", "default_headers", "success_callback",
+        "service_tier", "inference_geo",
     ],
 )  # fmt: skip
 def test_blocked_names(name: str) -> None:
@@ -212,7 +213,7 @@ ALLOWED = [
     "logit_bias", "presence_penalty", "frequency_penalty", "reasoning_effort", "reasoning",
     "thinking", "provider", "transforms", "route", "plugins", "include_reasoning", "top_k", "min_p",
     "top_a", "repetition_penalty", "verbosity", "modalities", "audio", "prediction",
-    "web_search_options", "service_tier", "store", "safety_identifier", "prompt_cache_key",
+    "web_search_options", "store", "safety_identifier", "prompt_cache_key",
     "metadata", "functions", "function_call", "text", "instructions", "previous_response_id",
     "truncation", "include", "extra_query", "user_id", "session_id", "made_up_field",
 ]  # fmt: skip

@@ -316,3 +316,18 @@ async def test_an_environment_value_that_is_not_utf8_crosses_as_bytes(
         async with httpx.AsyncClient(timeout=30) as client:
             reply = await client.post(url(handle), json={"messages": HI}, headers=AUTH)
     assert reply.status_code == 200
+
+
+async def test_cache_write_tokens_cross_the_process_boundary() -> None:
+    from bridge.child import _Reporter
+    from bridge.usage import CallUsage
+
+    ours, child = socket.socketpair()
+    ours.setblocking(False)
+    with ours, child, trio.fail_after(10):
+        channel = _Channel(ours, None)
+        _Reporter(child).recorded("r", CallUsage(100, 5, 105, 60, None, 30))
+        await trio.lowlevel.checkpoint()
+        usage = channel.ledger.pop("r")
+    assert usage is not None
+    assert (usage.prompt_tokens, usage.cached_tokens, usage.cache_write_tokens) == (100, 60, 30)

@@ -143,3 +143,80 @@ def test_the_tasks_own_agent_timeout_is_honoured(
         ]
     else:
         assert notes == []
+
+
+@pytest.mark.parametrize(
+    ("agent", "model", "expected_model", "key_env", "web_off"),
+    [
+        ("claude-code", None, "anthropic/rollbridge-model", "ANTHROPIC_API_KEY",
+         {"disable_web_search": True}),
+        ("claude-code", "anthropic/claude-sonnet-4-5", "anthropic/claude-sonnet-4-5",
+         "ANTHROPIC_API_KEY", {"disable_web_search": True}),
+        ("codex", "gpt-5", "openai/rollbridge-model", "OPENAI_API_KEY", {"web_search": "disabled"}),
+    ],
+)  # fmt: skip
+def test_installed_agents_are_pointed_at_the_bridge(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, agent: str, model: str | None,
+    expected_model: str, key_env: str, web_off: dict[str, object],
+) -> None:  # fmt: skip
+    """claude-code (Messages) and codex (Responses): the rollout URL as base_url, the bearer
+    only as a ${...} template resolved from the Harbor child's environment, web tools off, and
+    no other provider credential or base URL in that environment."""
+    from rollout_server.harbor.installed import BEARER_ENV
+
+    monkeypatch.setenv("ANTHROPIC_API_KEY", "sk-ant-ambient-0000000000")
+    monkeypatch.setenv("ANTHROPIC_BASE_URL", "https://api.anthropic.com")
+    monkeypatch.setenv("GEMINI_API_KEY", "ambient-gemini-000000000000")
+    backend = _backend(agent, trials_root=tmp_path, model_name=model)
+    assert backend.health()["chat_endpoint"]["requires_public_url"] is True
+    url = "https://bridge.example/v1/rollouts/r1"
+    staged = backend._stage(
+        ExecutionRequest(id="r1", prompt=[{"role": "user", "content": "x"}]), url
+    )
+    document = json.loads(staged.config.read_text())["agent"]
+    assert document["base_url"] == url and document["model_name"] == expected_model
+    assert document["env"] == {key_env: "${" + BEARER_ENV + "}"}
+    assert {k: document["kwargs"][k] for k in web_off} == web_off
+    env = backend._child_env(["/x/bin/harbor"], "secret-bearer-1234", url)
+    assert env[BEARER_ENV] == "secret-bearer-1234"
+    assert "ANTHROPIC_API_KEY" not in env and "ANTHROPIC_BASE_URL" not in env
+    assert "GEMINI_API_KEY" not in env and "OPENAI_API_KEY" not in env
+    assert "secret-bearer-1234" not in staged.config.read_text()
+
+
+def test_other_agents_are_left_as_they_were(tmp_path: Path) -> None:
+    backend = _backend("mini-swe-agent", trials_root=tmp_path, model_name="openai/m")
+    staged = backend._stage(ExecutionRequest(id="r1", prompt=[]), "http://u/v1/rollouts/r1")
+    document = json.loads(staged.config.read_text())["agent"]
+    assert "base_url" not in document and "env" not in document
+    env = backend._child_env(["/x/bin/harbor"], "secret-bearer-1234", "http://u")
+    assert env["OPENAI_API_KEY"] == "secret-bearer-1234"
+
+
+@pytest.mark.parametrize("agent", ["claude-code", "codex"])
+def test_installed_agent_configs_validate_against_harbor(tmp_path: Path, agent: str) -> None:
+    """The generated TrialConfig is one Harbor 0.25 accepts, with the fields read back as meant
+    (``base_url``, ``env`` and the web-tool kwargs are real AgentConfig/agent fields)."""
+    import subprocess
+
+    from tests.harbor.conftest import HARBOR_VENV
+
+    python = HARBOR_VENV / "bin" / "python"
+    if not python.exists():
+        pytest.skip(f"needs Harbor's venv at {HARBOR_VENV} (run scripts/sandbox-testbed)")
+    backend = _backend(agent, trials_root=tmp_path)
+    url = "https://bridge.example/v1/rollouts/r1"
+    staged = backend._stage(ExecutionRequest(id="r1", prompt=[]), url)
+    check = (
+        "import json, sys\n"
+        "from harbor.models.trial.config import TrialConfig\n"
+        "a = TrialConfig.model_validate_json(open(sys.argv[1]).read()).agent\n"
+        "print(json.dumps([a.name, a.model_name, a.base_url, a.env, a.kwargs]))\n"
+    )
+    done = subprocess.run(
+        [str(python), "-c", check, str(staged.config)], capture_output=True, text=True, timeout=60
+    )
+    assert done.returncode == 0, done.stderr
+    name, model, base_url, env, kwargs = json.loads(done.stdout)
+    assert (name, base_url) == (agent, url) and model.endswith("/rollbridge-model")
+    assert list(env.values()) == ["${ROLLBRIDGE_AGENT_BEARER}"] and len(kwargs) == 1

@@ -1,0 +1,48 @@
+"""The eval config's ``[bridge]`` section: what the Responses and Messages routes may do.
+
+```toml
+[bridge]
+hosted_tools = ["web_search"]   # provider-run tool types granted (none by default)
+responses = "auto"              # auto | native | translate (openai/… models)
+messages = "auto"               # auto | native | translate (anthropic/… models)
+```
+
+Absent, every default holds (docs/bridge.md, "Three APIs").
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from bridge.apis import MODES, ApiOptions
+from launcher.errors import ValidationError
+
+BRIDGE_KEYS = ("hosted_tools", "responses", "messages")
+
+
+def bridge_options(data: dict[str, Any], path: Path) -> ApiOptions | None:
+    """The ``[bridge]`` section of a parsed eval TOML, checked; None when it is absent."""
+    section = data.get("bridge")
+    if section is None:
+        return None
+    if not isinstance(section, dict):
+        raise ValidationError(f"[bridge] must be a table in {path}")
+    unknown = sorted(set(section) - set(BRIDGE_KEYS))
+    if unknown:
+        raise ValidationError(
+            f"Unrecognized key(s) in [bridge] of {path}: {', '.join(unknown)} "
+            f"(known: {', '.join(BRIDGE_KEYS)})"
+        )
+    tools = section.get("hosted_tools", [])
+    if not isinstance(tools, list) or not all(isinstance(t, str) and t for t in tools):
+        raise ValidationError(f"bridge.hosted_tools must be a list of tool types in {path}")
+    modes = {}
+    for key in ("responses", "messages"):
+        value = section.get(key, "auto")
+        if value not in MODES:
+            raise ValidationError(
+                f"bridge.{key} must be one of {', '.join(MODES)} in {path}, got {value!r}"
+            )
+        modes[key] = value
+    return ApiOptions(tuple(tools), modes["responses"], modes["messages"])
