@@ -14,6 +14,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from bridge.apis import MODES
 from launcher.config import EXPERIMENT_OPTIONAL, EXPERIMENT_REQUIRED, MAX_N
 
 __all__ = ["SCHEMA_ID", "eval_config_schema", "schema_text"]
@@ -94,6 +95,28 @@ def eval_config_schema() -> dict[str, Any]:
                 }
             },
             "required": ["required"],
+            "additionalProperties": False,
+        },
+        "bridge": {
+            "type": "object",
+            "description": "What the Responses and Messages routes may do (docs/bridge.md).",
+            "properties": {
+                "hosted_tools": {
+                    "type": "array",
+                    "items": {"type": "string", "minLength": 1},
+                    "description": "Provider-run tool types granted (none by default).",
+                },
+                **{
+                    api: {
+                        "enum": list(MODES),
+                        "description": f"{label}: native pass-through or translation.",
+                    }
+                    for api, label in (
+                        ("responses", "openai/… models"),
+                        ("messages", "anthropic/… models"),
+                    )
+                },
+            },
             "additionalProperties": False,
         },
     }

@@ -5,6 +5,10 @@ body, then the API's policy and translation, all before a status is committed, s
 request gets a real 4xx in the caller's shape. A streamed answer waits for its first event up to
 one heartbeat interval, so that an upstream failure before it (after retries) is still a real
 status; after that the 200 is committed and ``: ping`` comments keep the connection alive.
+
+Why one module of this size: the order of checks above and the three ways an answer leaves
+(whole, kept alive, streamed), each ending in the call's record, are one contract per request;
+the translators, the policy and the native client are already modules of their own.
 """
 
 from __future__ import annotations
