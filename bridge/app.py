@@ -18,6 +18,7 @@ from urllib.parse import quote
 import trio
 
 from bridge.codec import dumps
+from bridge.door import Door, bridge_routes
 from bridge.handler import Bridge
 from bridge.policy import (
     MAX_BODY_BYTES,
@@ -67,15 +68,22 @@ class BufferedBody:
 
     quart-trio on hypercorn leaves some keep-alive POSTs unanswered under concurrency when the
     app reads the body itself (docs/hazards.md #1); handing it a body that is already complete
-    avoids that. The size cap is enforced here too, before anything is buffered past it.
+    avoids that. The size cap is enforced here too, before anything is buffered past it. With
+    a ``door`` (:mod:`bridge.door`), route, method, token and declared size are checked from
+    the head first, and a refused request's body is never read.
     """
 
     def __init__(
-        self, app: ASGIFramework, max_body: int = MAX_BODY_BYTES, chat: ChatRoutes | None = None
+        self,
+        app: ASGIFramework,
+        max_body: int = MAX_BODY_BYTES,
+        chat: ChatRoutes | None = None,
+        door: Door | None = None,
     ) -> None:
         self.app = app
         self.max_body = max_body
         self.chat = chat
+        self.door = door
 
     async def __call__(
         self, scope: Scope, receive: ASGIReceiveCallable, send: ASGISendCallable
@@ -86,8 +94,15 @@ class BufferedBody:
         if _TRAILING_SLASH.fullmatch(scope["path"]):
             await _redirect(send, scope["path"].rstrip("/"), scope.get("query_string", b""))
             return
+        max_body = self.max_body
+        if self.door is not None:
+            refusal = self.door.check(scope)
+            if refusal is not None:
+                await send_json(send, refusal.status, refusal.body, close=refusal.close)
+                return
+            max_body = self.door.cap(scope)
         try:
-            body = await read_body(scope, receive, self.max_body)
+            body = await read_body(scope, receive, max_body)
         except BodyTooLarge:
             await _too_large(send)
             return
@@ -258,4 +273,6 @@ def create_app(
         return build_app(bridge, token=token, plain_chat_route=plain_chat_route, probe=probe)
 
     chat = ChatRoutes(bridge, token=token, plain_chat_route=plain_chat_route)
-    return BufferedBody(FirstUse(make), max_body, chat)
+    routes = bridge_routes(plain_chat_route=plain_chat_route, probe=probe is not None)
+    door = Door(routes, token=token, max_body=max_body)
+    return BufferedBody(FirstUse(make), max_body, chat, door)

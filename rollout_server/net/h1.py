@@ -40,8 +40,9 @@ from typing import TYPE_CHECKING, Any, Final
 import h11
 import trio
 
-from .fastparse import DECLINED, Request, parse_request
-from .h1exchange import CLOSE, DATE, Broken, Exchange
+from .fastparse import DECLINED, Request, parse_request, response_head
+from .h1exchange import CLOSE, DATE, Broken, Exchange, TimedOut
+from .limits import MAX_RECV, Limits
 
 if TYPE_CHECKING:
     # Types only: hypercorn.typing imports h2 (and hypercorn.utils imports hypercorn.typing).
@@ -50,7 +51,6 @@ if TYPE_CHECKING:
 
 __all__ = ["serve_h1"]
 
-MAX_RECV: Final = 2**16
 _DROPPED: Final = (trio.BrokenResourceError, trio.ClosedResourceError)
 
 
@@ -62,12 +62,14 @@ class _Connection:
         "conn",
         "eof",
         "limit",
+        "limits",
         "max_requests",
         "on_busy",
         "on_idle",
         "read_timeout",
         "requests",
         "stream",
+        "timed_out",
     )
 
     def __init__(
@@ -85,25 +87,33 @@ class _Connection:
         self.conn: h11.Connection | None = None
         self.buffer = bytearray()
         self.eof = False
-        self.limit = config.h11_max_incomplete_size
+        self.limits: Limits = getattr(config, "limits", None) or Limits()
+        self.limit = self.limits.max_head
         self.on_idle = on_idle
         self.on_busy = on_busy
         self.read_timeout = config.read_timeout or inf
         self.max_requests = config.keep_alive_max_requests
         self.requests = 0
         self.broken = False
+        self.timed_out = False
 
-    async def read(self) -> bool:
+    async def read(self, deadline: float = inf) -> bool:
         """Buffer the next bytes (or feed them, ``b""`` at end of stream, to h11); False at end
-        of stream. :class:`Broken` on errors."""
+        of stream. :class:`Broken` on errors, :class:`TimedOut` past ``deadline`` (a trio
+        clock time) or after ``read_timeout``."""
+        if self.read_timeout != inf:
+            deadline = min(deadline, trio.current_time() + self.read_timeout)
         try:
-            if self.read_timeout == inf:
+            if deadline == inf:
                 data = await self.stream.receive_some(MAX_RECV)
             else:
-                with trio.fail_after(self.read_timeout):
+                with trio.fail_at(deadline):
                     data = await self.stream.receive_some(MAX_RECV)
-        except (*_DROPPED, trio.TooSlowError):
+        except _DROPPED:
             raise Broken from None
+        except trio.TooSlowError:
+            self.timed_out = True
+            raise TimedOut from None
         if self.conn is not None:
             self.conn.receive_data(bytes(data))
         elif data:
@@ -135,38 +145,83 @@ class _Connection:
         except _DROPPED:
             self.broken = True
 
-    async def next_event(self, conn: h11.Connection) -> Any:
-        """The next h11 event, reading as needed; never ``NEED_DATA``."""
+    async def next_event(self, conn: h11.Connection, deadline: float | None = None) -> Any:
+        """The next h11 event, reading as needed; never ``NEED_DATA``. Each read waits until
+        ``deadline``, or :attr:`Limits.body_read_timeout` when it is ``None``."""
         while True:
             event = conn.next_event()
             if event is not h11.NEED_DATA:
                 return event
-            await self.read()
+            if deadline is None:
+                await self.read(trio.current_time() + self.limits.body_read_timeout)
+            else:
+                await self.read(deadline)
+
+    def pending(self) -> int:
+        """Bytes buffered past what has been parsed."""
+        if self.conn is None:
+            return len(self.buffer)
+        return len(self.conn.trailing_data[0])
 
     async def _next_request(self) -> h11.Request | Request | None:
-        """The next request, or ``None`` when the connection is over (a 400 or 431 sent)."""
+        """The next request, or ``None`` when the connection is over (a 400, 408 or 431 sent).
+
+        The head must be whole within :attr:`Limits.head_timeout` of its first byte (waiting
+        for that byte is the idle watch's business)."""
+        deadline = inf
         if self.conn is None:
             while True:
                 if self.buffer:
+                    if deadline == inf:
+                        deadline = trio.current_time() + self.limits.head_timeout
                     parsed = parse_request(self.buffer, self.limit)
                     if type(parsed) is Request:
+                        if (
+                            len(parsed.headers) > self.limits.max_headers
+                            or len(parsed.head) + 4 > self.limit
+                        ):
+                            await self.refuse(431)
+                            return None
                         return parsed
                     if parsed == DECLINED or self.eof:
                         break
                 elif self.eof:
                     return None  # h11's ConnectionClosed
-                await self.read()
+                try:
+                    await self.read(deadline)
+                except TimedOut:
+                    await self.refuse(408)
+                    return None
             self._to_h11()
         conn = self.conn
         assert conn is not None
+        if deadline == inf:
+            deadline = trio.current_time() + self.limits.head_timeout
         try:
-            event = await self.next_event(conn)
+            event = await self.next_event(conn, deadline)
         except h11.RemoteProtocolError as error:
             if conn.our_state in {h11.IDLE, h11.SEND_RESPONSE}:
                 await self.error(conn, error.error_status_hint)
             return None
+        except TimedOut:
+            if conn.our_state in {h11.IDLE, h11.SEND_RESPONSE}:
+                await self.error(conn, 408)
+            return None
+        if type(event) is h11.Request and (
+            len(event.headers) > self.limits.max_headers
+            # h11 bounds an incomplete head only; this is the complete head's size, near enough.
+            or len(event.target) + sum(len(n) + len(v) + 4 for n, v in event.headers) > self.limit
+        ):
+            await self.error(conn, 431)
+            return None
         # ConnectionClosed (or PAUSED after an answer that must close) ends the connection.
         return event if type(event) is h11.Request else None
+
+    async def refuse(self, status: int) -> None:
+        """Answer ``status`` with an empty body and ``Connection: close`` (the caller closes)."""
+        head = response_head(status, [(b"content-length", b"0"), CLOSE, DATE.header()], True)
+        assert head is not None
+        await self.write(head[0])
 
     async def serve(self, app: AppWrapper, client: Any, server: Any, state: Any) -> None:
         idle = True
@@ -197,10 +252,10 @@ class _Connection:
             except Exception:
                 await self.config.log.exception("Error in ASGI Framework")
                 if not exchange.started:
-                    await exchange.send_error(500)
+                    await exchange.send_error(408 if self.timed_out else 500)
                     return
             if not exchange.started:
-                await exchange.send_error(500)
+                await exchange.send_error(408 if self.timed_out else 500)
                 return
             if self.broken or not exchange.answered_keeping_open():
                 return

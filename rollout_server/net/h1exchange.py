@@ -16,6 +16,7 @@ from urllib.parse import unquote
 from wsgiref.handlers import format_date_time
 
 import h11
+import trio
 
 from .fastparse import Body, Request, response_head
 
@@ -24,7 +25,7 @@ if TYPE_CHECKING:
 
     from .h1 import _Connection
 
-__all__ = ["CLOSE", "DATE", "Broken", "Exchange"]
+__all__ = ["CLOSE", "DATE", "Broken", "Exchange", "TimedOut"]
 
 _DISCONNECT: Final = {"type": "http.disconnect"}
 _ASGI: Final = {"spec_version": "2.1", "version": "3.0"}
@@ -57,6 +58,10 @@ DATE: Final = _Date()
 
 class Broken(Exception):
     """The client went away: stop serving this connection."""
+
+
+class TimedOut(Broken):
+    """The client stalled past a read's deadline (:mod:`~rollout_server.net.limits`)."""
 
 
 class Exchange:
@@ -142,19 +147,25 @@ class Exchange:
             if connection.eof:
                 self.request_state = _FAILED
                 raise h11.RemoteProtocolError("peer closed connection amid the request body")
-            await connection.read()
+            try:
+                await connection.read(trio.current_time() + connection.limits.body_read_timeout)
+            except Broken:
+                self.request_state = _FAILED
+                raise
 
     async def receive(self) -> Any:
         connection = self.connection
         if self.body_done:
-            # Nothing more to read for this request: wait for the client to go away (bytes of
-            # a next request stay buffered meanwhile).
+            # Nothing more to read for this request: wait for the client to go away. Bytes of
+            # a next request stay buffered meanwhile, up to a bound; past it the connection is
+            # not read until the answer is over (backpressure: the rest waits in the kernel).
             try:
-                while await connection.read():
-                    pass
+                while connection.pending() < connection.limits.max_pending:
+                    if not await connection.read():
+                        return _DISCONNECT
             except Broken:
-                pass
-            return _DISCONNECT
+                return _DISCONNECT
+            await trio.sleep_forever()
         conn = self.writer
         if self.plain is None and conn is not None and conn.they_are_waiting_for_100_continue:
             data = conn.send(h11.InformationalResponse(status_code=100, headers=[DATE.header()]))
@@ -190,6 +201,18 @@ class Exchange:
             await self.connection.next_event(conn)
         return conn.their_state is h11.DONE
 
+    def _body_pending(self) -> bool:
+        """Part of the request body is still unread (answering now means closing)."""
+        if self.plain is not None:
+            return self.request_state is _BODY and self.remaining > 0
+        conn = self.writer
+        if conn is None or conn.their_state is not h11.SEND_BODY:
+            return False
+        for name, value in self.request.headers:
+            if name == b"transfer-encoding" or (name == b"content-length" and value != b"0"):
+                return True
+        return False
+
     def answered_keeping_open(self) -> bool:
         """The answer is complete and the connection may serve another request."""
         if self.writer is not None:
@@ -213,7 +236,8 @@ class Exchange:
             status = int(message["status"])
             headers = [*message.get("headers", ()), DATE.header()]
             connection = self.connection
-            if connection.requests >= connection.max_requests:
+            if connection.requests >= connection.max_requests or self._body_pending():
+                # An unread body is never drained: the answer closes the connection instead.
                 headers.append(CLOSE)
             self.suppress = self.suppress or 100 <= status < 200 or status in (204, 304)
             if self.plain is not None and self.writer is None:

@@ -29,6 +29,7 @@ import trio
 from hypercorn.config import Config
 
 from .h1 import serve_h1
+from .limits import Limits
 
 
 class _Signal(Protocol):
@@ -42,7 +43,7 @@ class _Signal(Protocol):
 if TYPE_CHECKING:
     from hypercorn.typing import ASGIFramework
 
-__all__ = ["CoalescingConfig", "LeanConfig", "serve_lean"]
+__all__ = ["CoalescingConfig", "LeanConfig", "serve_connection", "serve_lean"]
 
 
 class CoalescingConfig(Config):
@@ -60,7 +61,12 @@ class LeanConfig(CoalescingConfig):
     On hypercorn's worker, like :class:`CoalescingConfig`, it is a plain ``Config`` until
     :func:`~rollout_server.net.httpserve.install_write_coalescing` has succeeded;
     :func:`serve_lean` serves it without hypercorn's worker.
+
+    :attr:`limits` bounds every connection (:mod:`rollout_server.net.limits`); hypercorn's
+    ``h11_max_incomplete_size`` is not used by the lean loop.
     """
+
+    limits: Limits = Limits()
 
 
 async def serve_lean(
@@ -98,7 +104,7 @@ async def serve_lean(
         listeners.append(trio.SocketListener(trio.socket.from_stdlib_socket(sock)))
         binds.append(f"http://{_bind_text(sock)}")
     closing = trio.Event()
-    handler = partial(_serve_connection, _AppWrapper(app), config, closing)
+    handler = partial(serve_connection, app, config, closing)
     async with trio.open_nursery() as connections:
         async with trio.open_nursery() as accepting:
             await accepting.start(
@@ -134,9 +140,14 @@ class _AppWrapper:
         await self.app(scope, receive, send)
 
 
-async def _serve_connection(
-    app: Any, config: LeanConfig, closing: trio.Event, stream: trio.SocketStream
+async def serve_connection(
+    app: ASGIFramework, config: LeanConfig, closing: trio.Event, stream: trio.SocketStream
 ) -> None:
+    """Serve one accepted connection with ``app`` until it ends, then close it.
+
+    ``closing`` is the server's shutdown signal: an idle connection closes at once when it is
+    set. For accept loops of their own (the daemon's listeners check the peer first).
+    """
     # A plain TCP stream closes at once: ``stream.aclose()`` is the socket's close() and a
     # checkpoint, and the close() alone is enough in the finally. trio.aclose_forcefully
     # would wrap each in a cancelled scope, whose Cancelled costs ~0.1 ms per connection: a
@@ -146,7 +157,9 @@ async def _serve_connection(
     try:
         async with trio.open_nursery() as nursery:
             nursery.start_soon(idle.watch)
-            await serve_h1(app, config, stream, {}, on_idle=idle.enter, on_busy=idle.leave)
+            await serve_h1(
+                _AppWrapper(app), config, stream, {}, on_idle=idle.enter, on_busy=idle.leave
+            )
             nursery.cancel_scope.cancel()
     except OSError:
         pass
