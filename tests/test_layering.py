@@ -175,7 +175,7 @@ def test_the_checker_sees_every_kind_of_wrong_arrow() -> None:
         ("launcher.cli", "rollout_server.client"),
         ("launcher.cli", "bridge.server"),
         ("bridge.app", "rollout_server.net.asgi"),
-        ("rollout_server.server", "rollout_server.net.httpserve"),
+        ("rollout_server.server", "rollout_server.net.leanserve"),
         ("rollout_server.net", "rollout_server.net.asgi"),
     ]
     found = _violations([Import(s, t, path, 1) for s, t in wrong + right])
@@ -190,7 +190,7 @@ def test_relative_imports_resolve_to_absolute_names() -> None:
 
     asgi = ("rollout_server.net.asgi", "rollout_server/net/asgi.py")
     assert resolve(*asgi, "from ..protocol import X") == "rollout_server.protocol"
-    assert resolve(*asgi, "from . import httpserve") == "rollout_server.net"
+    assert resolve(*asgi, "from . import leanserve") == "rollout_server.net"
     net = ("rollout_server.net", "rollout_server/net/__init__.py")
     assert resolve(*net, "from .asgi import header") == "rollout_server.net.asgi"
 

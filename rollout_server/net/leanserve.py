@@ -1,20 +1,20 @@
 """A plain-HTTP/1.1 server for :class:`LeanConfig` apps that needs none of hypercorn's worker.
 
 :func:`serve_lean` listens on the config's binds and serves every connection with
-:func:`rollout_server.net.h1.serve_h1`, as a :class:`LeanConfig` server on hypercorn's trio
-worker would (see :mod:`rollout_server.net.httpserve`), but without importing that worker:
+:func:`rollout_server.net.h1.serve_h1`, without importing hypercorn's worker:
 ``hypercorn.trio`` brings hypercorn's HTTP/2, h2c and WebSocket protocol layers (h2, wsproto,
 priority), a fifth of a second of CPU at every start of a process that never uses them. This
 module imports only hypercorn's config (for the socket options and the settings it shares
-with hypercorn) and h11.
+with hypercorn).
 
 What it serves like hypercorn's worker with a :class:`LeanConfig`: the binds, ``backlog``,
-``keep_alive_timeout``, ``keep_alive_max_requests``, ``read_timeout``,
-``h11_max_incomplete_size``, ``root_path`` and ``graceful_timeout``. At shutdown it stops
+``keep_alive_timeout``, ``keep_alive_max_requests``, ``read_timeout``, ``root_path`` and
+``graceful_timeout``, plus the floor's :attr:`LeanConfig.limits`. At shutdown it stops
 accepting, closes idle keep-alive connections at once, lets a request in progress finish
 within ``graceful_timeout`` and then cancels what is left. It does not run the ASGI lifespan
-protocol (the rollout server starts and stops its service itself). A config with TLS is handed
-to hypercorn's own worker, imported then.
+protocol (the rollout server starts and stops its service itself). A config with TLS (which
+nothing in rollbridge builds) is handed to hypercorn's own worker, imported then, and gets
+hypercorn's HTTP stack and limits rather than this floor's.
 """
 
 from __future__ import annotations
@@ -43,27 +43,16 @@ class _Signal(Protocol):
 if TYPE_CHECKING:
     from hypercorn.typing import ASGIFramework
 
-__all__ = ["CoalescingConfig", "LeanConfig", "serve_connection", "serve_lean"]
+__all__ = ["IdleWatch", "LeanConfig", "serve_connection", "serve_lean"]
 
 
-class CoalescingConfig(Config):
-    """A hypercorn :class:`~hypercorn.config.Config` whose HTTP/1.1 responses leave in one write.
-
-    It takes effect once :func:`rollout_server.net.httpserve.install_write_coalescing` has
-    succeeded; before (or when it declines) it is a plain ``Config``.
-    """
-
-
-class LeanConfig(CoalescingConfig):
-    """A :class:`CoalescingConfig` whose plain HTTP/1.1 connections are served by
+class LeanConfig(Config):
+    """A hypercorn :class:`~hypercorn.config.Config` (for its binds, socket options and
+    timeouts) whose connections :func:`serve_lean` serves with
     :func:`~rollout_server.net.h1.serve_h1` (the app runs in the connection's task).
 
-    On hypercorn's worker, like :class:`CoalescingConfig`, it is a plain ``Config`` until
-    :func:`~rollout_server.net.httpserve.install_write_coalescing` has succeeded;
-    :func:`serve_lean` serves it without hypercorn's worker.
-
     :attr:`limits` bounds every connection (:mod:`rollout_server.net.limits`); hypercorn's
-    ``h11_max_incomplete_size`` is not used by the lean loop.
+    ``h11_max_incomplete_size`` is not used.
     """
 
     limits: Limits = Limits()
@@ -90,9 +79,6 @@ async def serve_lean(
     if config.ssl_enabled:
         from hypercorn.trio import serve
 
-        from .httpserve import install_write_coalescing
-
-        install_write_coalescing()
         await serve(app, config, shutdown_trigger=shutdown_trigger, task_status=task_status)
         return
     if sockets is None:
