@@ -33,6 +33,7 @@ _OURS: Final = frozenset(
     (b"host", b"content-length", b"transfer-encoding", b"connection", b"upgrade", b"expect")
 )
 
+
 class CheckedHeaders(tuple[tuple[bytes, bytes], ...]):
     """Request headers checked and encoded once, for a caller that sends the same ones on
     every request: :func:`encode_request` then writes their bytes without checking each
