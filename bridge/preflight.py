@@ -9,7 +9,7 @@ from typing import Any
 from bridge.errors import PreflightError, UpstreamError
 from bridge.policy import PreparedRequest
 from bridge.scrub import ErrorScrubber
-from bridge.secret_policy import is_secret_env_name
+from rollout_server.net.secrets import is_secret_env_name
 
 #: Failures that stop the run: the configuration is wrong and every rollout would fail.
 FATAL = frozenset(
