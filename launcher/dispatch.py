@@ -21,7 +21,6 @@ scripted fakes in virtual time: a :class:`RolloutTransport` (the rollout server)
 
 from __future__ import annotations
 
-import math
 import re
 import uuid
 from collections import deque
@@ -35,6 +34,7 @@ import trio
 from launcher.concurrency import InFlightLimit
 from launcher.dataset import WorkItem
 from launcher.rundir.journal import ErrorInfo, TerminalRecord
+from launcher.rundir.records import graded_reward
 from launcher.signals import Interrupts
 from rollout_server.protocol import RolloutInitRequest, RolloutResultResponse, RolloutStatus
 
@@ -212,9 +212,7 @@ def classify(
         "duration_ms": duration_ms,
     }
     sample = result.sample
-    reward = sample.reward if sample is not None else None
-    if reward is not None and not math.isfinite(reward):
-        reward = None
+    reward = graded_reward(sample.reward) if sample is not None else None
     if result.status == RolloutStatus.CANCELLED:
         return None
     if result.status != RolloutStatus.SUCCESS:
