@@ -409,6 +409,14 @@ class _Connection:
                 return
             if self.completed < request.index:
                 return  # cannot happen: an answer begun before the body's end closes
+            if not exchange.body_done:
+                # The app answered without reading to the end of the request (a GET's empty
+                # body, a refused body that had fully arrived): drop the rest, up to its end,
+                # so the connection is seen idle (and closed at shutdown or after the
+                # keep-alive timeout).
+                events = self.events
+                while events and events.popleft() is not _END:
+                    pass
             idle = True
 
     def _error_status(self) -> int:

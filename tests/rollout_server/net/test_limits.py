@@ -165,3 +165,23 @@ async def test_bytes_sent_after_a_body_wait_in_the_kernel(port: int) -> None:
     assert sent < 64 * MIB  # the sender was held back by the kernel's buffers
     assert answer.startswith(b"HTTP/1.1 200 ")
     assert MAX_PENDING < MIB
+
+
+async def test_a_connection_idle_after_a_get_closes_after_the_keep_alive_timeout(
+    nursery: trio.Nursery, autojump_clock: Any
+) -> None:
+    """An answered GET (whose empty body the app never read) leaves the connection idle: the
+    keep-alive timeout closes it."""
+    config = LeanConfig()
+    config.bind = ["127.0.0.1:0"]
+    config.accesslog = None
+    config.keep_alive_timeout = 5.0
+    binds = await nursery.start(partial(serve_lean, _app, config))
+    port = int(binds[0].rsplit(":", 1)[1])
+    stream = await trio.open_tcp_stream("127.0.0.1", port)
+    async with stream:
+        with trio.fail_after(60):
+            await stream.send_all(b"GET /refuse HTTP/1.1\r\nhost: x\r\n\r\n")
+            answer = await read_to_eof(stream)
+    assert answer.startswith(b"HTTP/1.1 401 ")
+    assert b"connection: close" not in answer.lower()  # closed later, by the idle timer
