@@ -98,3 +98,23 @@ def test_a_route_is_served_by_adding_an_entry() -> None:
 
 
 AUTH_LINE = b"authorization: Bearer %s\r\n" % TOKEN.encode()
+
+
+async def test_malformed_chunked_bodies_get_400_not_500(bridge: BridgeHandle) -> None:
+    from tests.wire_attacks import read_to_eof
+
+    head = (
+        b"POST /v1/rollouts/r1/chat/completions HTTP/1.1\r\nhost: x\r\n"
+        b"transfer-encoding: chunked\r\ncontent-type: application/json\r\n" + AUTH_LINE + b"\r\n"
+    )
+    for body in (
+        b"f" * 40 + b"\r\n{}\r\n0\r\n\r\n",
+        b"0x2\r\n{}\r\n0\r\n\r\n",
+        b"2\n{}\r\n0\r\n\r\n",
+    ):
+        stream = await trio.open_tcp_stream("127.0.0.1", bridge.port)
+        async with stream:
+            with trio.fail_after(20):
+                await stream.send_all(head + body)
+                answer = await read_to_eof(stream)
+        assert answer.startswith(b"HTTP/1.1 400 "), (body, answer[:60])

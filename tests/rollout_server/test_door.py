@@ -31,3 +31,22 @@ async def test_tokenless_admissions_are_refused_unread(
     assert after - before < 10 * MIB
     assert unknown.startswith(b"HTTP/1.1 404 ")
     assert wrong.startswith(b"HTTP/1.1 405 ")
+
+
+async def test_malformed_chunked_admissions_get_400_not_500(
+    nursery: trio.Nursery, tmp_path: Path
+) -> None:
+    from tests.wire_attacks import read_to_eof
+
+    with trio.fail_after(30):
+        running, _ = await start(nursery, tmp_path)
+        head = (
+            b"POST /rollout HTTP/1.1\r\nhost: x\r\ntransfer-encoding: chunked\r\n"
+            b"content-type: application/json\r\n\r\n"
+        )
+        for body in (b"f" * 40 + b"\r\n{}\r\n0\r\n\r\n", b"0x2\r\n{}\r\n0\r\n\r\n"):
+            stream = await trio.open_tcp_stream("127.0.0.1", running.port)
+            async with stream:
+                await stream.send_all(head + body)
+                answer = await read_to_eof(stream)
+            assert answer.startswith(b"HTTP/1.1 400 "), (body, answer[:60])
