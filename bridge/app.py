@@ -18,8 +18,9 @@ from urllib.parse import quote
 import trio
 
 from bridge.apis import ApiOptions
-from bridge.apis.serve import ApiRoutes
+from bridge.apis.serve import ApiRoutes, api_routes
 from bridge.codec import dumps
+from bridge.door import Door, bridge_routes
 from bridge.handler import Bridge
 from bridge.policy import (
     MAX_BODY_BYTES,
@@ -71,7 +72,9 @@ class BufferedBody:
 
     quart-trio on hypercorn leaves some keep-alive POSTs unanswered under concurrency when the
     app reads the body itself (docs/hazards.md #1); handing it a body that is already complete
-    avoids that. The size cap is enforced here too, before anything is buffered past it.
+    avoids that. The size cap is enforced here too, before anything is buffered past it. With
+    a ``door`` (:mod:`bridge.door`), route, method, token and declared size are checked from
+    the head first, and a refused request's body is never read.
     """
 
     def __init__(
@@ -80,11 +83,13 @@ class BufferedBody:
         max_body: int = MAX_BODY_BYTES,
         chat: ChatRoutes | None = None,
         apis: ApiRoutes | None = None,
+        door: Door | None = None,
     ) -> None:
         self.app = app
         self.max_body = max_body
         self.chat = chat
         self.apis = apis
+        self.door = door
 
     async def __call__(
         self, scope: Scope, receive: ASGIReceiveCallable, send: ASGISendCallable
@@ -95,8 +100,20 @@ class BufferedBody:
         if _TRAILING_SLASH.fullmatch(scope["path"]):
             await _redirect(send, scope["path"].rstrip("/"), scope.get("query_string", b""))
             return
+        max_body = self.max_body
+        call = self.apis.match(scope) if self.apis is not None else None
+        if call is not None and self.apis is not None and not self.apis.authorized(scope, call):
+            # From the head, as the door would, but in the caller's API's shape.
+            await send_json(send, 401, self.apis.unauthorized(call), close=True)
+            return
+        if self.door is not None:
+            refusal = self.door.check(scope)
+            if refusal is not None:
+                await send_json(send, refusal.status, refusal.body, close=refusal.close)
+                return
+            max_body = self.door.cap(scope)
         try:
-            body = await read_body(scope, receive, self.max_body)
+            body = await read_body(scope, receive, max_body)
         except BodyTooLarge:
             await _too_large(send)
             return
@@ -107,12 +124,10 @@ class BufferedBody:
             if rollout_id is not None:
                 await self.chat.serve(scope, rollout_id, body, receive, send)
                 return
-        if self.apis is not None:
+        if call is not None and self.apis is not None:
             # The Responses and Messages routes (bridge.apis.serve.ROUTES).
-            call = self.apis.match(scope)
-            if call is not None:
-                await self.apis.serve(scope, call, body, receive, send)
-                return
+            await self.apis.serve(scope, call, body, receive, send)
+            return
         replayed = False
 
         async def replay() -> ASGIReceiveEvent:
@@ -277,4 +292,12 @@ def create_app(
 
     chat = ChatRoutes(bridge, token=token, plain_chat_route=plain_chat_route)
     routes = ApiRoutes(bridge, token=token, plain_route=plain_chat_route, options=apis, http=http)
-    return BufferedBody(FirstUse(make), max_body, chat, routes)
+    door = Door(
+        [
+            *bridge_routes(plain_chat_route=plain_chat_route, probe=probe is not None),
+            *api_routes(plain_route=plain_chat_route),
+        ],
+        token=token,
+        max_body=max_body,
+    )
+    return BufferedBody(FirstUse(make), max_body, chat, routes, door)

@@ -24,9 +24,9 @@ import trio
 
 from bridge.errors import BridgeBindError
 from bridge.ipc import encode_line, read_config, split_lines
-from bridge.secret_policy import REDACTED, SecretMatcher
 from bridge.server import WEB_STACK, BridgeConfig, BridgeHandle, run_bridge
 from bridge.usage import CallUsage
+from rollout_server.net.secrets import REDACTED, SecretMatcher
 
 __all__ = ["main"]
 

@@ -28,9 +28,10 @@ from typing import Any, Final
 
 import msgspec
 
+from bridge.errors import UpstreamError
 from rollout_server.net.jsonbytes import renders_like_json
 
-__all__ = ["dumps", "loads"]
+__all__ = ["dumps", "loads", "parse_provider_json"]
 
 _DECODE: Final = msgspec.json.Decoder().decode
 _ENCODE: Final = msgspec.json.Encoder().encode
@@ -54,3 +55,11 @@ def dumps(obj: Any) -> bytes:
     except (RecursionError, UnicodeEncodeError, TypeError, ValueError, OverflowError):
         pass  # json decides, and raises its own error where it fails too
     return _JSON.encode(obj).encode("utf-8")
+
+
+def parse_provider_json(text: str) -> Any:
+    """A provider's JSON text; :class:`~bridge.errors.UpstreamError` (502) when it is not JSON."""
+    try:
+        return loads(text)
+    except ValueError as exc:
+        raise UpstreamError(502, f"provider returned invalid JSON: {text[:200]}") from exc

@@ -11,8 +11,8 @@ from bridge.errors import PreflightError, UpstreamError
 from bridge.policy import PreparedRequest
 from bridge.retry import ProviderFault, RetryPolicy, retrying
 from bridge.scrub import ErrorScrubber
-from bridge.secret_policy import is_secret_env_name
 from bridge.usage import CallUsage
+from rollout_server.net.secrets import is_secret_env_name
 
 #: Failures that stop the run: the configuration is wrong and every rollout would fail.
 FATAL = frozenset(

@@ -7,7 +7,12 @@ import re
 from collections.abc import Callable, Iterable
 
 from bridge.errors import MAX_ERROR_MESSAGE
-from bridge.secret_policy import AMBIENT_MIN_LENGTH, REDACTED, SecretMatcher, secret_env_values
+from rollout_server.net.secrets import (
+    AMBIENT_MIN_LENGTH,
+    REDACTED,
+    SecretMatcher,
+    secret_env_values,
+)
 
 _PATTERN_MASK = "REDACTED"
 
@@ -35,8 +40,8 @@ class ErrorScrubber:
     """Removes known secret values and credential-shaped text from error messages and log lines.
 
     Known values (``secrets``: the run's bearer token, the provider key) and the secret values
-    of the environment as it is when the scrubber is made (:mod:`bridge.secret_policy`) become
-    ``[REDACTED]`` in every spelling the policy knows (:class:`~bridge.secret_policy.SecretMatcher`,
+    of the environment as it is when the scrubber is made (:mod:`rollout_server.net.secrets`) become
+    ``[REDACTED]`` in every spelling the policy knows (:class:`~rollout_server.net.secrets.SecretMatcher`,
     the launcher's mechanism too); only then is credential-shaped text
     masked as ``REDACTED``, so a known value is masked whole even where its prefix looks like a
     key. ``extra`` is an outside redactor (the run's) applied last.

@@ -25,7 +25,6 @@ transports, requeueing, the sink's I/O) are already in modules of their own.
 
 from __future__ import annotations
 
-import math
 import re
 import uuid
 from collections import deque
@@ -40,7 +39,7 @@ from launcher.concurrency import InFlightLimit
 from launcher.dataset import WorkItem
 from launcher.requeue import RolloutLost
 from launcher.rundir.journal import ErrorInfo, TerminalRecord
-from launcher.rundir.records import scalar_metrics
+from launcher.rundir.records import graded_reward, scalar_metrics
 from launcher.signals import Interrupts
 from rollout_server.protocol import RolloutInitRequest, RolloutResultResponse, RolloutStatus
 
@@ -220,9 +219,7 @@ def classify(
     sample = result.sample
     if sample is not None:
         base["metrics"] = scalar_metrics(sample.metrics)
-    reward = sample.reward if sample is not None else None
-    if reward is not None and not math.isfinite(reward):
-        reward = None
+    reward = graded_reward(sample.reward) if sample is not None else None
     if result.status == RolloutStatus.CANCELLED:
         return None
     if result.status != RolloutStatus.SUCCESS:

@@ -2,7 +2,7 @@
 
 A :class:`Redactor` knows a set of secret values and replaces each occurrence of any of them
 with ``[REDACTED]``, in every spelling the bridge's one policy knows (stripped, JSON-escaped
-and Python-quoted at any depth, URL-encoded: :class:`bridge.secret_policy.SecretMatcher`, the
+and Python-quoted at any depth, URL-encoded: :class:`rollout_server.net.secrets.SecretMatcher`, the
 mechanism the bridge's own scrubber uses too). Which environment variables hold secrets is
 that policy's as well (:func:`bridge.secret_env_values`). Values are matched longest first, so
 a value containing another is redacted whole.
@@ -14,7 +14,7 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 from bridge import AMBIENT_MIN_LENGTH, KNOWN_SECRET_ENV_NAMES, REDACTED, secret_env_values
-from bridge.secret_policy import SecretMatcher
+from rollout_server.net.secrets import SecretMatcher
 
 __all__ = ["AMBIENT_MIN_LENGTH", "KNOWN_SECRET_ENV_NAMES", "REDACTED", "Redactor"]
 

@@ -34,7 +34,6 @@ from typing import Any
 import httpx
 import trio
 
-from bridge.secret_policy import is_secret_env_name
 from launcher.errors import LocalEvalError
 from launcher.process import (
     SERVER_RECORD,
@@ -47,6 +46,7 @@ from launcher.process import (
     write_record,
 )
 from rollout_server.client import RolloutClient, RolloutClientError
+from rollout_server.net.secrets import is_secret_env_name
 from rollout_server.protocol import ENV_ARTIFACT_ROOT, ENV_INSTANCE_ID, ENV_PORT, HealthReport
 
 __all__ = [

@@ -37,8 +37,6 @@ from rollout_server.client import RolloutClient, RolloutClientError
 from rollout_server.protocol import HealthReport
 
 if TYPE_CHECKING:
-    from launcher.rollout_child import RolloutServer
-    from launcher.services import RunContext
     from tunnel.cloudflared import TunnelHandle
     from tunnel.plan import TunnelDecision
 
@@ -48,7 +46,6 @@ __all__ = [
     "ProbeBridge",
     "SandboxRouting",
     "describe_failure",
-    "probe_for_services",
     "route_sandbox",
 ]
 
@@ -281,26 +278,3 @@ async def route_sandbox(
         bridge.keepalive = True
     stage(f"sandboxes reach the bridge through {routing.kind} {route.get('url')}", step=STEP)
     return routing
-
-
-async def probe_for_services(
-    ctx: RunContext,
-    server: RolloutServer,
-    bridge: ProbeBridge,
-    decision: TunnelDecision,
-    tunnel: TunnelHandle | None,
-    start_tunnel: Callable[[], Awaitable[TunnelHandle]],
-) -> SandboxRouting | None:
-    """:func:`route_sandbox` with what :func:`launcher.services.open_services` holds."""
-    return await route_sandbox(
-        server_url=server.base_url,
-        health=server.health,
-        bridge=bridge,
-        decision=decision,
-        tunnel_allowed=ctx.prepared.tunnel_plan.auto_detect,
-        tunnel=tunnel,
-        start_tunnel=start_tunnel,
-        stage=ctx.stage,
-        log=ctx.log,
-        run_dir=ctx.run_dir.path,
-    )

@@ -51,7 +51,7 @@ from launcher.rollout_child import (
 )
 from launcher.rollout_env import find_uv, rollout_python, uv_sync
 from launcher.rundir import RunDirectory
-from launcher.sandbox_probe import SandboxRouting, probe_for_services
+from launcher.sandbox_probe import SandboxRouting, route_sandbox
 from launcher.secrets import (
     provider_values,
     read_secrets_file,
@@ -230,7 +230,18 @@ async def _start(
         started.tunnel = await _start_tunnel(ctx, nursery, bridge.port)
         return started.tunnel
 
-    routing = await probe_for_services(ctx, server, bridge, decision, started.tunnel, start_tunnel)
+    routing = await route_sandbox(
+        server_url=server.base_url,
+        health=server.health,
+        bridge=bridge,
+        decision=decision,
+        tunnel_allowed=ctx.prepared.tunnel_plan.auto_detect,
+        tunnel=started.tunnel,
+        start_tunnel=start_tunnel,
+        stage=ctx.stage,
+        log=ctx.log,
+        run_dir=ctx.run_dir.path,
+    )
     endpoint = BridgeEndpoint(
         bridge, token, started.tunnel, decision.advertise_url, sandbox_routed=routing is not None
     )

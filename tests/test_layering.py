@@ -181,7 +181,7 @@ def test_the_checker_sees_every_kind_of_wrong_arrow() -> None:
         ("launcher.cli", "rollout_server.client"),
         ("launcher.cli", "bridge.server"),
         ("bridge.app", "rollout_server.net.asgi"),
-        ("rollout_server.server", "rollout_server.net.httpserve"),
+        ("rollout_server.server", "rollout_server.net.leanserve"),
         ("rollout_server.net", "rollout_server.net.asgi"),
     ]
     found = _violations([Import(s, t, path, 1) for s, t in wrong + right])
@@ -196,7 +196,7 @@ def test_relative_imports_resolve_to_absolute_names() -> None:
 
     asgi = ("rollout_server.net.asgi", "rollout_server/net/asgi.py")
     assert resolve(*asgi, "from ..protocol import X") == "rollout_server.protocol"
-    assert resolve(*asgi, "from . import httpserve") == "rollout_server.net"
+    assert resolve(*asgi, "from . import leanserve") == "rollout_server.net"
     net = ("rollout_server.net", "rollout_server/net/__init__.py")
     assert resolve(*net, "from .asgi import header") == "rollout_server.net.asgi"
 
@@ -220,3 +220,66 @@ def test_forbidden_list_covers_the_cli_extra() -> None:
         for spec in project["optional-dependencies"]["cli"]
     }
     assert names <= ROLLOUT_SERVER_FORBIDDEN
+
+
+def _circles(imports: list[Import]) -> list[list[str]]:
+    """The import circles among the project's modules: strongly connected groups of two or
+    more (Tarjan's algorithm). Every import counts, including those for type checking only and
+    inside functions: each is a place where two modules know each other's names. A module's
+    import of its own package (the package's ``__init__``) is left out: importing a sibling
+    through the package is the ordinary package-init pattern, not a tangle."""
+    edges: dict[str, set[str]] = {module: set() for module in MODULES}
+    for found in imports:
+        target = found.target
+        if target not in MODULES or target == found.source:
+            continue
+        if MODULES[target].name == "__init__.py" and _within(found.source, target):
+            continue
+        edges[found.source].add(target)
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    groups: list[list[str]] = []
+
+    def visit(node: str) -> None:
+        index[node] = low[node] = len(index)
+        stack.append(node)
+        on_stack.add(node)
+        for nxt in sorted(edges[node]):
+            if nxt not in index:
+                visit(nxt)
+                low[node] = min(low[node], low[nxt])
+            elif nxt in on_stack:
+                low[node] = min(low[node], index[nxt])
+        if low[node] == index[node]:
+            group = []
+            while True:
+                member = stack.pop()
+                on_stack.discard(member)
+                group.append(member)
+                if member == node:
+                    break
+            if len(group) > 1:
+                groups.append(sorted(group))
+
+    for module in sorted(edges):
+        if module not in index:
+            visit(module)
+    return groups
+
+
+def test_no_import_circles() -> None:
+    circles = _circles(ALL_IMPORTS)
+    shown = "\n".join(" <-> ".join(group) for group in circles)
+    assert circles == [], "import circles (cut one arrow of each):\n" + shown
+
+
+def test_the_circle_finder_sees_a_circle() -> None:
+    path = REPO / "bridge" / "app.py"
+    made_up = [
+        Import("bridge.app", "bridge.codec", path, 1),
+        Import("bridge.codec", "bridge.policy", path, 1),
+        Import("bridge.policy", "bridge.app", path, 1),
+    ]
+    assert ["bridge.app", "bridge.codec", "bridge.policy"] in _circles(made_up)

@@ -27,6 +27,7 @@ from bridge.apis.errors import dialect_error, sse_error
 from bridge.apis.policy import POLICIES, check
 from bridge.calls import CallTrace
 from bridge.codec import dumps, loads
+from bridge.door import Route
 from bridge.errors import BridgeError, BridgeRequestError, UpstreamError
 from bridge.handler import PING, Bridge
 from bridge.policy import (
@@ -68,6 +69,17 @@ PLAIN_ROUTES: dict[str, tuple[Api, str]] = {
     "/v1/messages": ("messages", "create"),
     "/v1/messages/count_tokens": ("messages", "count"),
 }
+
+
+def api_routes(*, plain_route: bool) -> list[Route]:
+    """The bridge door's entries (bridge.door) for these routes, POST only; the plain paths
+    only where they are served (``bridge serve``)."""
+    routes = [Route.post(pattern.pattern) for pattern, _, _ in ROUTES]
+    if plain_route:
+        routes += [Route.post(re.escape(path)) for path in PLAIN_ROUTES]
+    return routes
+
+
 _JSON = (b"content-type", b"application/json")
 _SSE = [
     (b"content-type", b"text/event-stream; charset=utf-8"),

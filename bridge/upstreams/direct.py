@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any, Final
 
 import trio
 
-from bridge.codec import dumps, loads
+from bridge.codec import dumps, parse_provider_json
 from bridge.errors import UpstreamError
 from bridge.policy import PreparedRequest
 from bridge.retry import ProviderFault, status_fault
@@ -123,18 +123,10 @@ def _wire_answer(response: WireResponse, raw: bytes) -> dict[str, Any]:
         status = response.status
         message = text.strip() or f"provider answered HTTP {status}"
         raise status_fault(status, message, response.headers.get("retry-after"))
-    data = parse_json(text)
+    data = parse_provider_json(text)
     if not isinstance(data, dict):
         raise UpstreamError(502, "provider returned a JSON value that is not an object")
     return data
-
-
-def parse_json(text: str) -> Any:
-    """A provider's JSON text; :class:`UpstreamError` (502) when it is not JSON."""
-    try:
-        return loads(text)
-    except ValueError as exc:
-        raise UpstreamError(502, f"provider returned invalid JSON: {text[:200]}") from exc
 
 
 class DirectUpstream:

@@ -15,9 +15,9 @@ from typing import Any
 
 import httpx
 
+from bridge.codec import parse_provider_json
 from bridge.errors import UpstreamError
 from bridge.retry import ProviderFault, status_fault
-from bridge.upstreams.direct import parse_json
 from rollout_server.net.httpclient import ShardedTransport, skip_empty_cookies
 from rollout_server.net.wire import WirePool
 
@@ -94,7 +94,7 @@ async def stream_chunks(
             raise _status_error(response)
         if "event-stream" not in response.headers.get("content-type", ""):
             await response.aread()
-            data = parse_json(response.text)
+            data = parse_provider_json(response.text)
             if not isinstance(data, dict):
                 raise UpstreamError(502, "provider returned a JSON value that is not an object")
             yield data
@@ -102,7 +102,7 @@ async def stream_chunks(
         async for event, data in _sse_events(response):
             if data == "[DONE]":
                 return
-            parsed = parse_json(data)
+            parsed = parse_provider_json(data)
             if event == "error" or (isinstance(parsed, dict) and "error" in parsed):
                 raise _stream_error(parsed)
             if isinstance(parsed, dict):

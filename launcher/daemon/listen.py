@@ -1,10 +1,11 @@
 """The daemon's listeners: a unix socket (0600, in a 0700 directory, peer uid checked with
-``SO_PEERCRED`` at accept) and an optional loopback TCP socket, each served by hypercorn's
-HTTP/1.1 connection handler with its own app.
+``SO_PEERCRED`` at accept) and an optional loopback TCP socket, each served by the lean
+HTTP/1.1 loop (:func:`rollout_server.net.leanserve.serve_connection`) with its own app, under
+the floor's limits (:mod:`rollout_server.net.limits`: head size and count, head and body read
+timeouts, no draining of a refused body).
 
-The accept loop is ours rather than ``hypercorn.trio.serve``'s so a connection from another
-uid is closed before hypercorn reads a byte of it (on Linux; elsewhere the directory and socket
-modes are the barrier).
+The accept loop is ours so a connection from another uid is closed before a byte of it is read
+(on Linux; elsewhere the directory and socket modes are the barrier).
 """
 
 from __future__ import annotations
@@ -19,14 +20,10 @@ from functools import partial
 from pathlib import Path
 
 import trio
-from hypercorn.config import Config
-from hypercorn.trio.tcp_server import TCPServer
-from hypercorn.trio.worker_context import WorkerContext
-from hypercorn.typing import ConnectionState
-from hypercorn.utils import wrap_app
 
 from launcher.errors import ValidationError
 from rollout_server.net.asgi import ASGIFramework
+from rollout_server.net.leanserve import LeanConfig, serve_connection
 
 __all__ = ["bind_tcp", "bind_unix", "peer_uid", "serve"]
 
@@ -85,28 +82,27 @@ async def serve(
     task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED,
 ) -> None:
     """Serve each socket with its app until cancelled."""
-    config = Config()
+    config = LeanConfig()
     config.accesslog = None
     config.errorlog = None
     config.keep_alive_timeout = 75.0
-    context = WorkerContext(None)
+    # The daemon stops by cancellation; idle connections close with it.
+    closing = trio.Event()
     uid = os.getuid()
     async with trio.open_nursery() as nursery:
         for sock, app in listeners:
-            wrapped = wrap_app(app, config.wsgi_max_body_size, "asgi")
             is_unix = sock.family == socket.AF_UNIX
             listener = trio.SocketListener(trio.socket.from_stdlib_socket(sock))
 
             async def handle(
-                stream: trio.SocketStream, wrapped: object = wrapped, is_unix: bool = is_unix
+                stream: trio.SocketStream, app: ASGIFramework = app, is_unix: bool = is_unix
             ) -> None:
                 if is_unix:
                     peer = peer_uid(stream.socket)
                     if peer is not None and peer != uid:
                         await stream.aclose()
                         return
-                server = TCPServer(wrapped, config, context, ConnectionState({}), stream)  # type: ignore[arg-type]
-                await server.run()
+                await serve_connection(app, config, closing, stream)
 
             nursery.start_soon(partial(trio.serve_listeners, handle, [listener]))
         task_status.started()

@@ -30,7 +30,6 @@ index already written), which is what keeps per-item work O(1).
 from __future__ import annotations
 
 import contextlib
-import math
 import os
 import threading
 import time
@@ -67,6 +66,7 @@ from launcher.rundir.projections import (
     project_item,
     read_valid_trajectory,
 )
+from launcher.rundir.records import graded_reward
 
 __all__ = [
     "FailedRow",
@@ -427,9 +427,9 @@ class RunDirectory:
             record = msgspec.structs.replace(
                 record, error_type=self.log.redactor(record.error_type)
             )
-        if record.reward is not None and not math.isfinite(float(record.reward)):
-            # JSON cannot hold NaN/inf; the journal, index and metrics all treat it as ungraded.
-            record = msgspec.structs.replace(record, reward=None)
+        reward = graded_reward(record.reward)
+        if reward != record.reward:
+            record = msgspec.structs.replace(record, reward=reward)
         previous = self.journal.latest.get(record.key)
         warnings: list[tuple[str, dict[str, Any]]] = []
         # The rollout server writes the trajectory before it publishes the result, so the

@@ -22,6 +22,7 @@ __all__ = [
     "TerminalRecord",
     "WorkKey",
     "bounded_text",
+    "graded_reward",
     "scalar_metrics",
     "validate_record",
 ]
@@ -133,6 +134,18 @@ class ErrorInfo(msgspec.Struct, kw_only=True, omit_defaults=True, gc=False):
         return out
 
 
+def graded_reward(reward: Any) -> float | None:
+    """The one rule for a reward: a finite number is the grade, anything else (None, NaN,
+    infinity) is no grade. JSON cannot hold NaN/inf, and losing a whole result over one would
+    be worse than recording the attempt as ungraded; the journal, the index and the metrics all
+    read what this gives (:func:`launcher.dispatch.classify` applies it where a record is born).
+    """
+    if reward is None or isinstance(reward, bool):
+        return None
+    value = float(reward)
+    return value if math.isfinite(value) else None
+
+
 class TerminalRecord(msgspec.Struct, kw_only=True, gc=False):
     """One terminal attempt of a work item, as journaled.
 
@@ -192,9 +205,9 @@ class TerminalRecord(msgspec.Struct, kw_only=True, gc=False):
             out["error"] = self.error.to_json()
         duration = float(self.duration_ms or 0.0)
         out["duration_ms"] = duration if math.isfinite(duration) else 0.0
-        reward = out.pop("reward", None)
-        if reward is not None and math.isfinite(float(reward)):
-            out["reward"] = float(reward)
+        reward = graded_reward(out.pop("reward", None))
+        if reward is not None:
+            out["reward"] = reward
         return out
 
     def to_line(self) -> bytes:

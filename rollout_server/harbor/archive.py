@@ -8,7 +8,9 @@ Layout under ``<run>/rollout_trials/<rollout_id>/``::
     logs/harbor.log       the Harbor process's own output (scrubbed)
 
 Every retained file has every spelling of every secret replaced by ``[REDACTED]`` before it is
-written, and is re-read to confirm none is left; a file that cannot be read, is too large, is a
+written (the project's one policy, :class:`rollout_server.net.secrets.SecretMatcher`: as is,
+stripped, JSON- and repr-escaped at any depth, URL-encoded), and is re-read to confirm none is
+left; a file that cannot be read, is too large, is a
 symlink or still holds a secret is not kept (fail-closed) and is listed under ``dropped``.
 Directories are 0700 and files 0600.
 """
@@ -23,6 +25,8 @@ import stat
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+
+from rollout_server.net.secrets import SecretMatcher
 
 __all__ = [
     "REDACTED",
@@ -51,25 +55,21 @@ _EVIDENCE = (
 )
 
 
-def secret_spellings(secrets: Iterable[str]) -> list[bytes]:
-    """Every byte form of each secret that a retained file may contain, longest first."""
-    spellings: set[bytes] = set()
+def secret_spellings(secrets: Iterable[str]) -> SecretMatcher:
+    """Every spelling of each secret (at least :data:`MIN_SECRET_LENGTH` long) that a
+    retained file may contain, as the project's one matcher."""
+    matcher = SecretMatcher()
     for secret in secrets:
-        if len(secret) < MIN_SECRET_LENGTH:
-            continue
-        spellings.add(secret.encode())
-        spellings.add(json.dumps(secret)[1:-1].encode())
-        spellings.add(repr(secret)[1:-1].encode())
-    return sorted(spellings, key=len, reverse=True)
+        matcher.add(secret, min_length=MIN_SECRET_LENGTH)
+    return matcher
 
 
-def scrub_bytes(data: bytes, spellings: Sequence[bytes]) -> bytes | None:
+def scrub_bytes(data: bytes, spellings: SecretMatcher) -> bytes | None:
     """``data`` with every spelling redacted, or ``None`` if one survives (fail-closed)."""
-    for spelling in spellings:
-        data = data.replace(spelling, REDACTED)
-    if any(spelling in data for spelling in spellings):
+    clean = spellings.sub_bytes(REDACTED, data)
+    if spellings.found_bytes(clean):
         return None
-    return data
+    return clean
 
 
 @dataclass
@@ -126,7 +126,7 @@ def _walk(root: Path) -> Iterable[Path]:
 
 
 def _copy_scrubbed(
-    source: Path, target: Path, spellings: Sequence[bytes], rel: str, report: ArchiveReport
+    source: Path, target: Path, spellings: SecretMatcher, rel: str, report: ArchiveReport
 ) -> tuple[int, str] | None:
     data = _read_regular(source)
     clean = (
@@ -214,7 +214,7 @@ def retire_trial_dir(trial_dir: Path, keep: bool, secrets: Sequence[str]) -> Non
         shutil.rmtree(trial_dir, ignore_errors=True)
         return
     spellings = secret_spellings(secrets)
-    if not spellings:
+    if not spellings.values:
         return
     try:
         for dirpath, _dirs, files in os.walk(trial_dir, followlinks=False):

@@ -37,7 +37,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from .image import SANDBOX_LABEL, SandboxImage, ensure_image, trial_dockerfile
 from .wheelhouse import (
     BundleError,
     InstalledDist,
@@ -53,16 +52,12 @@ from .wheelhouse import (
 __all__ = [
     "FORMAT",
     "PACKAGE_DIR_NAME",
-    "SANDBOX_LABEL",
     "WHEELHOUSE_ENV",
     "Bundle",
     "BundleError",
-    "SandboxImage",
     "build_bundle",
     "default_cache_root",
-    "ensure_image",
     "find_uv",
-    "trial_dockerfile",
 ]
 
 #: Bumped whenever the layout or the recipe of a bundle changes (old bundles then miss).

@@ -23,7 +23,8 @@ from urllib.parse import urlsplit
 
 import trio
 
-from .bundle import Bundle, BundleError, SandboxImage, build_bundle, ensure_image
+from .bundle import Bundle, BundleError, build_bundle
+from .image import SandboxImage, ensure_image
 from .probe import AGENT_PATH, decide_route
 from .route import Candidate, ProbeReport, SandboxRoute
 

@@ -21,7 +21,7 @@ from typing import Any
 from ..backend import ExecutionRequest
 from ..sandbox import GRADE_COMMAND
 from ..sdk import AgentWorkflow, Grader
-from .bundle import SandboxImage, trial_dockerfile
+from .image import SandboxImage, trial_dockerfile
 from .staging import agent_timeout, task_agent_timeout, write_private
 
 __all__ = [

@@ -1,20 +1,20 @@
 """A plain-HTTP/1.1 server for :class:`LeanConfig` apps that needs none of hypercorn's worker.
 
 :func:`serve_lean` listens on the config's binds and serves every connection with
-:func:`rollout_server.net.h1.serve_h1`, as a :class:`LeanConfig` server on hypercorn's trio
-worker would (see :mod:`rollout_server.net.httpserve`), but without importing that worker:
+:func:`rollout_server.net.h1.serve_h1`, without importing hypercorn's worker:
 ``hypercorn.trio`` brings hypercorn's HTTP/2, h2c and WebSocket protocol layers (h2, wsproto,
 priority), a fifth of a second of CPU at every start of a process that never uses them. This
 module imports only hypercorn's config (for the socket options and the settings it shares
-with hypercorn) and h11.
+with hypercorn).
 
 What it serves like hypercorn's worker with a :class:`LeanConfig`: the binds, ``backlog``,
-``keep_alive_timeout``, ``keep_alive_max_requests``, ``read_timeout``,
-``h11_max_incomplete_size``, ``root_path`` and ``graceful_timeout``. At shutdown it stops
+``keep_alive_timeout``, ``keep_alive_max_requests``, ``read_timeout``, ``root_path`` and
+``graceful_timeout``, plus the floor's :attr:`LeanConfig.limits`. At shutdown it stops
 accepting, closes idle keep-alive connections at once, lets a request in progress finish
 within ``graceful_timeout`` and then cancels what is left. It does not run the ASGI lifespan
-protocol (the rollout server starts and stops its service itself). A config with TLS is handed
-to hypercorn's own worker, imported then.
+protocol (the rollout server starts and stops its service itself). A config with TLS (which
+nothing in rollbridge builds) is handed to hypercorn's own worker, imported then, and gets
+hypercorn's HTTP stack and limits rather than this floor's.
 """
 
 from __future__ import annotations
@@ -29,6 +29,7 @@ import trio
 from hypercorn.config import Config
 
 from .h1 import serve_h1
+from .limits import Limits
 
 
 class _Signal(Protocol):
@@ -42,25 +43,19 @@ class _Signal(Protocol):
 if TYPE_CHECKING:
     from hypercorn.typing import ASGIFramework
 
-__all__ = ["CoalescingConfig", "LeanConfig", "serve_lean"]
+__all__ = ["IdleWatch", "LeanConfig", "serve_connection", "serve_lean"]
 
 
-class CoalescingConfig(Config):
-    """A hypercorn :class:`~hypercorn.config.Config` whose HTTP/1.1 responses leave in one write.
-
-    It takes effect once :func:`rollout_server.net.httpserve.install_write_coalescing` has
-    succeeded; before (or when it declines) it is a plain ``Config``.
-    """
-
-
-class LeanConfig(CoalescingConfig):
-    """A :class:`CoalescingConfig` whose plain HTTP/1.1 connections are served by
+class LeanConfig(Config):
+    """A hypercorn :class:`~hypercorn.config.Config` (for its binds, socket options and
+    timeouts) whose connections :func:`serve_lean` serves with
     :func:`~rollout_server.net.h1.serve_h1` (the app runs in the connection's task).
 
-    On hypercorn's worker, like :class:`CoalescingConfig`, it is a plain ``Config`` until
-    :func:`~rollout_server.net.httpserve.install_write_coalescing` has succeeded;
-    :func:`serve_lean` serves it without hypercorn's worker.
+    :attr:`limits` bounds every connection (:mod:`rollout_server.net.limits`); hypercorn's
+    ``h11_max_incomplete_size`` is not used.
     """
+
+    limits: Limits = Limits()
 
 
 async def serve_lean(
@@ -84,9 +79,6 @@ async def serve_lean(
     if config.ssl_enabled:
         from hypercorn.trio import serve
 
-        from .httpserve import install_write_coalescing
-
-        install_write_coalescing()
         await serve(app, config, shutdown_trigger=shutdown_trigger, task_status=task_status)
         return
     if sockets is None:
@@ -98,7 +90,7 @@ async def serve_lean(
         listeners.append(trio.SocketListener(trio.socket.from_stdlib_socket(sock)))
         binds.append(f"http://{_bind_text(sock)}")
     closing = trio.Event()
-    handler = partial(_serve_connection, _AppWrapper(app), config, closing)
+    handler = partial(serve_connection, app, config, closing)
     async with trio.open_nursery() as connections:
         async with trio.open_nursery() as accepting:
             await accepting.start(
@@ -134,9 +126,14 @@ class _AppWrapper:
         await self.app(scope, receive, send)
 
 
-async def _serve_connection(
-    app: Any, config: LeanConfig, closing: trio.Event, stream: trio.SocketStream
+async def serve_connection(
+    app: ASGIFramework, config: LeanConfig, closing: trio.Event, stream: trio.SocketStream
 ) -> None:
+    """Serve one accepted connection with ``app`` until it ends, then close it.
+
+    ``closing`` is the server's shutdown signal: an idle connection closes at once when it is
+    set. For accept loops of their own (the daemon's listeners check the peer first).
+    """
     # A plain TCP stream closes at once: ``stream.aclose()`` is the socket's close() and a
     # checkpoint, and the close() alone is enough in the finally. trio.aclose_forcefully
     # would wrap each in a cancelled scope, whose Cancelled costs ~0.1 ms per connection: a
@@ -146,7 +143,9 @@ async def _serve_connection(
     try:
         async with trio.open_nursery() as nursery:
             nursery.start_soon(idle.watch)
-            await serve_h1(app, config, stream, {}, on_idle=idle.enter, on_busy=idle.leave)
+            await serve_h1(
+                _AppWrapper(app), config, stream, {}, on_idle=idle.enter, on_busy=idle.leave
+            )
             nursery.cancel_scope.cancel()
     except OSError:
         pass

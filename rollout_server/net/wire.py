@@ -4,14 +4,17 @@ httpx and httpcore cost more CPU per call than the servers they talk to (request
 models, header merging, the pool's locks and bookkeeping, a watcher task per call). Two hot
 paths go through this client instead: the bridge's non-streaming calls to a provider
 (``bridge.upstreams.direct``, through :meth:`WirePool.request`) and the rollout client's
-admissions and long-polls (:class:`~rollout_server.net.h1client.H1Pool`, which reads answers
-whole and raises httpx's exception types). It does one request with a complete body, an answer
-read whole or piece by piece (:class:`~rollout_server.net.wireanswer.WireResponse`), and reuses
-connections per origin (the most recently used first, so a lone caller keeps one connection
-and, over HTTPS, one TLS session). The common exchange (a request with ordinary headers, an
-``HTTP/1.1`` answer with a ``content-length``) is written and read without h11
-(:mod:`~rollout_server.net.wirefast`); any other is h11's, from the request or from the first
-unusual byte of the answer, so what a caller sees is what h11 makes of the same bytes.
+admissions and long-polls (:class:`~rollout_server.net.h1client.H1Pool`). It does one request
+with a complete body, an answer read whole or piece by piece (:class:`WireResponse`), and
+reuses connections per origin (the most recently used first, so a lone caller keeps one
+connection and, over HTTPS, one TLS session).
+
+One parser per connection: an ``httptools.HttpResponseParser`` (llhttp) reads every answer on
+it, head and body (content-length, chunked, or to the close), skipping ``1xx`` heads. Requests
+are written by :func:`~rollout_server.net.wirefast.encode_request` (h11's bytes for the common
+request); the rare one it declines is written by h11, which here only writes bytes. A
+connection goes back to the pool only when its answer ended cleanly, both sides allow
+keep-alive and nothing followed the answer.
 
 What it keeps from httpx: the TLS context (the process's one,
 :func:`~rollout_server.net.httpclient.shared_tls`: httpx's, so the same CA bundle and
@@ -28,21 +31,28 @@ far the exchange got. Only
 was written, so sending it again cannot make the server act twice; it is raised only while
 connecting, never once a connection is up. ``before_answer`` is true when no byte of the answer
 had arrived.
+
+Why one module of this size: a connection, its parser and the answer being read from it share
+state at every step (httpcore keeps its HTTP/1.1 connection and response stream in one module
+for the same reason); split in two they were an import circle with private names crossing it.
 """
 
 from __future__ import annotations
 
+import re
 import socket
 import ssl
-from collections.abc import Sequence
+import zlib
+from collections import deque
+from collections.abc import AsyncIterator, Sequence
 from math import inf
-from typing import Final
+from typing import Any, Final
 from urllib.parse import urlsplit
 
 import h11
+import httptools
 import trio
 
-from .wireanswer import _READING, _WRITING, WireResponse
 from .wireerrors import (
     DROPPED,
     ConnectFailed,
@@ -55,7 +65,7 @@ from .wireerrors import (
     WriteFailed,
     detail,
 )
-from .wirefast import CheckedHeaders, Unusual, encode_request, parse_head
+from .wirefast import CheckedHeaders, encode_request
 
 __all__ = [
     "CheckedHeaders",
@@ -74,6 +84,12 @@ __all__ = [
 ]
 
 _BODY_METHODS: Final = (b"POST", b"PUT", b"PATCH")
+_RECEIVE: Final = 65536
+_WRITING: Final = 0
+_READING: Final = 1
+_END: Final = object()
+"""Queue marker: the end of an answer."""
+_BAD_REASON: Final = re.compile(rb"[\x00-\x08\x0a-\x1f]")
 
 
 def _literal_address(host: str, port: int) -> tuple[int, tuple[str, int]] | None:
@@ -134,23 +150,83 @@ class Origin:
 
 
 class Connection:
-    """One connection of a :class:`WirePool`, owned by one exchange at a time."""
+    """One connection of a :class:`WirePool`, owned by one exchange at a time, with the one
+    response parser that reads every answer on it."""
 
-    __slots__ = ("buffer", "h11", "idle_since", "key", "socket", "stream")
+    __slots__ = (
+        "error",
+        "events",
+        "fields",
+        "idle_since",
+        "keep_alive",
+        "key",
+        "parser",
+        "socket",
+        "stream",
+    )
 
     def __init__(self, stream: trio.abc.Stream, key: str) -> None:
         self.stream = stream
         self.key = key
-        self.h11: h11.Connection | None = None
-        """h11's state while an exchange is h11's to read; ``None`` between exchanges."""
-        self.buffer = b""
-        """Bytes received and not yet parsed while h11 is not reading (as h11 would keep)."""
         self.idle_since = 0.0
+        self.events: deque[Any] = deque()
+        """Parsed and not yet taken: ``(status, headers)`` heads, body bytes, :data:`_END`."""
+        self.fields: list[tuple[bytes, bytes]] = []
+        self.error: str | None = None
+        """Why the parser stopped (the answer is malformed), once it has."""
+        self.keep_alive = False
+        """The last complete answer allows the connection to be used again."""
+        self.parser = httptools.HttpResponseParser(self)
         transport = stream
         while isinstance(transport, trio.SSLStream):
             transport = transport.transport_stream
         assert isinstance(transport, trio.SocketStream)
         self.socket = transport.socket
+
+    # The parser's callbacks.
+    def on_message_begin(self) -> None:
+        self.fields = []
+
+    def on_status(self, reason: bytes) -> None:
+        # llhttp takes any byte but CR and LF in a reason phrase; h11 (RFC 9112 §4) refuses
+        # control bytes other than tab.
+        if _BAD_REASON.search(reason) is not None:
+            raise ValueError(f"illegal status line reason {reason!r}")
+
+    def on_header(self, name: bytes, value: bytes) -> None:
+        if value and value[-1] in (32, 9):
+            value = value.rstrip(b" \t")
+        self.fields.append((name.lower(), value))
+
+    def on_headers_complete(self) -> None:
+        status = self.parser.get_status_code()
+        if status >= 200:  # 1xx heads are skipped, as h11 reports them apart
+            self.events.append((status, self.fields))
+
+    def on_body(self, body: bytes) -> None:
+        self.events.append(body)
+
+    def on_message_complete(self) -> None:
+        if self.parser.get_status_code() >= 200:
+            # h11's rule, stricter than llhttp's: an HTTP/1.0 answer, or one whose
+            # Connection header says close anywhere, ends the connection.
+            self.keep_alive = self.parser.get_http_version() == "1.1" and not any(
+                name == b"connection" and b"close" in value.lower() for name, value in self.fields
+            )
+            self.events.append(_END)
+
+    def feed(self, data: bytes) -> None:
+        """Parse ``data``; a malformed answer leaves :attr:`error` set and the rest unparsed."""
+        if self.error is not None:
+            return
+        try:
+            self.parser.feed_data(data)
+        except httptools.HttpParserUpgrade:
+            self.error = "the server switched protocols"
+        except httptools.HttpParserCallbackError as exc:
+            self.error = str(exc.__context__ or exc)
+        except httptools.HttpParserError as exc:
+            self.error = str(exc) or type(exc).__name__
 
 
 class WirePool:
@@ -259,38 +335,39 @@ class WirePool:
     ) -> None:
         sized = bool(body) or method in _BODY_METHODS
         data = encode_request(method, target, origin.host_header, headers, body, sized)
+        if data is None:
+            data = _h11_request(method, target, origin, headers, body, sized)
+            # (encode_request declines every request with a Connection header.)
+            response._close = any(
+                name.lower() == b"connection" and b"close" in value.lower()
+                for name, value in headers
+            )
+        response._head_only = method == b"HEAD"
         try:
-            if data is None:
-                protocol = connection.h11 = h11.Connection(h11.CLIENT)
-                data = _h11_request(protocol, method, target, origin, headers, body, sized)
             await self._write(connection, data, bound)
             response._step = _READING
-            if connection.h11 is None:
-                buffer, closed = connection.buffer, False
-                while True:
-                    try:
-                        head = parse_head(buffer, method) if buffer else None
-                    except Unusual:
-                        break
-                    if head is not None:
-                        status, fields, length, end = head
-                        response._remaining = response._length = length
-                        connection.buffer = buffer[end:]
-                        response._begin(status, fields)
+            events = connection.events
+            while True:
+                if events:
+                    event = events.popleft()
+                    if type(event) is tuple:
+                        response._begin(*event)
                         return
-                    received = await response._receive(connection, bound)
-                    if not received:
-                        closed = True
-                        break
-                    buffer = buffer + received if buffer else received
-                # h11 reads this answer from its first byte; it takes the request as written.
-                protocol = connection.h11 = h11.Connection(h11.CLIENT)
-                _h11_request(protocol, method, target, origin, headers, body, sized)
-                connection.buffer = b""
-                protocol.receive_data(buffer)
-                if closed:
-                    protocol.receive_data(b"")
-            await self._h11_head(response, connection, bound)
+                    # Bytes that followed the last answer: the connection is not fit to use.
+                    raise ConnectionLost("unexpected data before the answer", before_answer=True)
+                if connection.error is not None:
+                    raise ConnectionLost(connection.error, before_answer=not response._answering)
+                first = not response._answering
+                received = await response._receive(connection, bound)
+                if not received:
+                    raise ConnectionLost(
+                        "Server disconnected without sending a response",
+                        before_answer=first,
+                    )
+                if first and received[0] in (13, 10):
+                    # llhttp skips empty lines before a status line; h11 (and we) refuse them.
+                    raise ConnectionLost("no response line received", before_answer=False)
+                connection.feed(received)
         except BaseException:
             await trio.aclose_forcefully(connection.stream)
             raise
@@ -306,32 +383,6 @@ class WirePool:
                 await connection.stream.send_all(data)
         except DROPPED as exc:
             raise WriteFailed(detail(exc), before_answer=True) from exc
-
-    async def _h11_head(
-        self, response: WireResponse, connection: Connection, bound: trio.CancelScope | None
-    ) -> None:
-        protocol = connection.h11
-        assert protocol is not None
-        if connection.buffer:
-            protocol.receive_data(connection.buffer)
-            connection.buffer = b""
-        # The answer's head, read here rather than in a coroutine of the response's own.
-        while True:
-            try:
-                event = protocol.next_event()
-            except h11.RemoteProtocolError as exc:
-                raise response._lost(ConnectionLost, exc) from exc
-            if event is h11.NEED_DATA:
-                protocol.receive_data(await response._receive(connection, bound))
-            elif type(event) is h11.Response:
-                response._begin(event.status_code, event.headers)
-                return
-            elif type(event) is h11.ConnectionClosed:
-                raise ConnectionLost(
-                    "Server disconnected without sending a response", before_answer=True
-                )
-            elif not isinstance(event, h11.InformationalResponse):
-                raise ConnectionLost(f"unexpected {type(event).__name__}", before_answer=True)
 
     def _checkin(self, connection: Connection) -> None:
         if self._closed or self._idle_count >= self.max_idle:
@@ -359,7 +410,6 @@ class WirePool:
 
 
 def _h11_request(
-    protocol: h11.Connection,
     method: bytes,
     target: bytes,
     origin: Origin,
@@ -367,6 +417,9 @@ def _h11_request(
     body: bytes,
     sized: bool,
 ) -> bytes:
+    """The bytes of a request :func:`encode_request` declined, written by h11 (which raises
+    ``h11.LocalProtocolError`` for one HTTP/1.1 cannot carry). h11 only writes here."""
+    protocol = h11.Connection(h11.CLIENT)
     head = [(b"host", origin.host_header), *headers]
     if sized:
         head.append((b"content-length", b"%d" % len(body)))
@@ -387,3 +440,199 @@ async def _tls(stream: trio.SocketStream, host: str) -> trio.SSLStream[trio.Sock
         await trio.aclose_forcefully(stream)
         raise
     return tls
+
+
+class WireResponse:
+    """One answer: its status and headers at once, its body on demand."""
+
+    __slots__ = (
+        "_answering",
+        "_close",
+        "_connection",
+        "_decoder",
+        "_done",
+        "_head_only",
+        "_headers",
+        "_length",
+        "_parts",
+        "_pool",
+        "_remaining",
+        "_step",
+        "raw_headers",
+        "status",
+    )
+
+    status: int
+    raw_headers: Sequence[tuple[bytes, bytes]]
+    """As received: names in lower case, in order."""
+
+    def __init__(self, pool: WirePool, connection: Connection) -> None:
+        self._pool = pool
+        self._connection: Connection | None = connection
+        self._parts: list[bytes] = []
+        self._done = False
+        self._decoder: zlib._Decompress | None = None
+        self._answering = False
+        self._headers: dict[str, str] | None = None
+        self._step = _WRITING
+        self._head_only = False
+        self._close = False
+        """The request asked to close the connection after this answer."""
+
+    @property
+    def headers(self) -> dict[str, str]:
+        """Lower-case names; a repeated header keeps its values joined by ``", "``."""
+        if self._headers is None:
+            headers: dict[str, str] = {}
+            for name, value in self.raw_headers:
+                key, text = name.decode("latin-1"), value.decode("latin-1")
+                headers[key] = f"{headers[key]}, {text}" if key in headers else text
+            self._headers = headers
+        return self._headers
+
+    async def _receive(
+        self, connection: Connection, bound: trio.CancelScope | None = None
+    ) -> bytes:
+        """The next bytes from the socket; ``b""`` at its end.
+
+        The pool's timeout bounds the read: ``bound`` (the caller's scope, which reports the
+        timeout) gets its deadline moved, or the read gets a scope of its own.
+        """
+        timeout = self._pool.timeout
+        try:
+            if timeout == inf:
+                data = await connection.stream.receive_some(_RECEIVE)
+            elif bound is not None:
+                bound.deadline = trio.current_time() + timeout
+                data = await connection.stream.receive_some(_RECEIVE)
+            else:
+                with trio.CancelScope(deadline=trio.current_time() + timeout) as read:
+                    data = await connection.stream.receive_some(_RECEIVE)
+                if read.cancelled_caught:
+                    raise ReadTimeout(
+                        "timed out reading the answer", before_answer=not self._answering
+                    )
+        except DROPPED as exc:
+            raise self._lost(ReadFailed, exc) from exc
+        if data:
+            self._answering = True
+        return bytes(data)
+
+    def _lost(self, kind: type[ConnectionLost], exc: BaseException) -> ConnectionLost:
+        if self._answering:
+            return kind(detail(exc), before_answer=False)
+        shown = f"Server disconnected without sending a response ({detail(exc)})"
+        return kind(shown, before_answer=True)
+
+    def _begin(self, status: int, headers: Sequence[tuple[bytes, bytes]]) -> None:
+        self.status = status
+        self.raw_headers = headers
+        if not self._pool.decompress:
+            return
+        coding = b""
+        for name, value in headers:
+            if name == b"content-encoding":
+                coding = coding + b", " + value if coding else value
+        coding = coding.strip().lower()
+        if coding == b"gzip":
+            self._decoder = zlib.decompressobj(16 + zlib.MAX_WBITS)
+        elif coding == b"deflate":
+            self._decoder = zlib.decompressobj()
+        elif coding not in (b"", b"identity"):
+            shown = coding.decode("latin-1")
+            raise ConnectionLost(f"unsupported content-encoding {shown!r}", before_answer=False)
+
+    def _decode(self, data: bytes) -> bytes:
+        if self._decoder is None:
+            return data
+        try:
+            return self._decoder.decompress(data)
+        except zlib.error as exc:
+            raise ConnectionLost(f"invalid compressed body: {exc}", before_answer=False) from exc
+
+    def _end(self) -> bytes:
+        self._done = True
+        self._release()
+        return self._decoder.flush() if self._decoder is not None else b""
+
+    async def _next(self) -> bytes:
+        """The next piece of the body (decoded, maybe empty); gives the connection back at
+        its end. Cancelled while waiting for bytes, it has consumed none."""
+        connection = self._connection
+        assert connection is not None
+        if self._head_only:
+            # llhttp cannot be told an answer is to HEAD (it would wait for the body its
+            # length announces): the answer ends at its head and the connection is closed.
+            self._done = True
+            self.discard()
+            return b""
+        events = connection.events
+        if events:
+            event = events.popleft()
+            if type(event) is bytes:
+                return self._decode(event)
+            if event is _END:
+                return self._end()
+            raise ConnectionLost("unexpected second answer", before_answer=False)
+        if connection.error is not None:
+            raise ConnectionLost(connection.error, before_answer=False)
+        received = await self._receive(connection)
+        if received:
+            connection.feed(received)
+            return b""
+        if self._to_close():
+            return self._end()  # an answer framed by the close ends with it
+        exc = ConnectionLost(
+            "peer closed connection without sending complete message body",
+            before_answer=False,
+        )
+        raise exc
+
+    def _to_close(self) -> bool:
+        """The answer has neither a length nor chunks: its body runs to the close."""
+        for name, value in self.raw_headers:
+            if name == b"content-length" or (
+                name == b"transfer-encoding" and b"chunked" in value.lower()
+            ):
+                return False
+        return self.status not in (204, 304)
+
+    async def chunks(self) -> AsyncIterator[bytes]:
+        """The body, piece by piece as it arrives (decoded)."""
+        while not self._done:
+            if data := await self._next():
+                yield data
+
+    async def read(self) -> bytes:
+        """The whole body. If cancelled, calling it again resumes where it stopped."""
+        parts = self._parts
+        while not self._done:
+            if data := await self._next():
+                parts.append(data)
+        return parts[0] if len(parts) == 1 else b"".join(parts)
+
+    def _release(self) -> None:
+        connection, self._connection = self._connection, None
+        assert connection is not None
+        if (
+            self._close
+            or connection.events
+            or connection.error is not None
+            or not connection.keep_alive
+            or self._to_close()
+        ):
+            connection.socket.close()
+        else:
+            self._pool._checkin(connection)
+
+    def discard(self) -> None:
+        """Close the connection unless the body was read whole (then it is back in the pool)."""
+        connection, self._connection = self._connection, None
+        if connection is not None:
+            connection.socket.close()
+
+    async def aclose(self) -> None:
+        """Give the connection back if the body was read whole; otherwise close it."""
+        connection, self._connection = self._connection, None
+        if connection is not None:
+            await trio.aclose_forcefully(connection.stream)

@@ -1,29 +1,16 @@
-"""The common HTTP/1.1 exchange of :mod:`rollout_server.net.wire` without h11.
+"""The common HTTP/1.1 request of :mod:`rollout_server.net.wire`, written without h11.
 
-h11 builds, validates and dispatches events for every request and answer: in the rollout
-client that was most of the CPU its calls cost. Most exchanges are the same simple shape: a
-request with a known length and ordinary headers, and an ``HTTP/1.1`` answer with a
-``content-length``. This module writes the first and reads the head of the second directly,
-and says when an exchange is anything else, so the caller hands it to h11 with the bytes read
-so far; the answer is then exactly what h11 makes of them.
-
-Both halves follow h11 0.16 to the byte (``tests/rollout_server/net/test_wirefast.py`` holds
-them against h11 itself over generated requests and answer streams):
-
-* :func:`encode_request` writes what h11 writes: the request line, ``host`` first, the other
-  headers in order and as given, then the body. It returns ``None`` for anything it does not
-  vouch for: a name or value h11 would refuse (a name outside the token characters, a value
-  with control characters, line breaks or surrounding blanks, which also rules out header
-  injection), a method outside the common ones (``CONNECT`` switches protocols), and headers
-  that change framing or the connection's fate (``content-length``, ``transfer-encoding``,
-  ``connection``, ``upgrade``, ``expect``, a second ``host``).
-* :func:`parse_head` takes a head h11 would take the same way: status line ``HTTP/1.1``,
-  final status (200 or more), lines ending in CRLF with no folding, one
-  ``content-length`` of plain digits (or none where the body is empty by rule: 204, 304, an
-  answer to ``HEAD``), no ``transfer-encoding``, no ``connection: close``. Those answers keep
-  the connection reusable once their body is read, as h11 would. Anything else raises
-  :class:`Unusual`, including what h11 would fail on (an incomplete head past its 16 KiB
-  limit, a first byte no status line starts with), so h11 raises its own error.
+h11 builds and validates an event for every request: in the rollout client that was most of
+the CPU its calls cost. Most requests are the same simple shape, which :func:`encode_request`
+writes directly, byte for byte what h11 0.16 writes (``tests/rollout_server/net/test_wirefast.py``
+holds it against h11 over generated requests): the request line, ``host`` first, the other
+headers in order and as given, then the body. It returns ``None`` for anything it does not
+vouch for: a name or value h11 would refuse (a name outside the token characters, a value
+with control characters, line breaks or surrounding blanks, which also rules out header
+injection), a method outside the common ones (``CONNECT`` switches protocols), and headers
+that change framing or the connection's fate (``content-length``, ``transfer-encoding``,
+``connection``, ``upgrade``, ``expect``, a second ``host``). Answers are read by httptools
+(:class:`rollout_server.net.wire.Connection`).
 """
 
 from __future__ import annotations
@@ -32,10 +19,7 @@ import re
 from collections.abc import Sequence
 from typing import Final
 
-__all__ = ["MAX_HEAD", "CheckedHeaders", "Head", "Unusual", "encode_request", "parse_head"]
-
-MAX_HEAD: Final = 16 * 1024
-"""h11's limit on an incomplete event (its default ``max_incomplete_event_size``)."""
+__all__ = ["CheckedHeaders", "encode_request"]
 
 _TOKEN: Final = rb"[-!#$%&'*+.^_`|~0-9a-zA-Z]+"
 _CONTENT: Final = rb"[^\x00\s]+(?:[ \t]+[^\x00\s]+)*"
@@ -43,25 +27,11 @@ _CONTENT: Final = rb"[^\x00\s]+(?:[ \t]+[^\x00\s]+)*"
 _NAME = re.compile(_TOKEN)
 _VALUE = re.compile(rb"(?:" + _CONTENT + rb")?")
 _TARGET = re.compile(rb"[\x21-\x7e]+")
-_HEAD = re.compile(
-    rb"HTTP/1\.1 ([0-9]{3})(?: [^\x00\n\r\x0b\x0c]*)?\r\n"
-    rb"((?:" + _TOKEN + rb":[ \t]*(?:" + _CONTENT + rb")?[ \t]*\r\n)*)\r\n"
-)
-_FIELD = re.compile(rb"(" + _TOKEN + rb"):[ \t]*((?:" + _CONTENT + rb")?)[ \t]*\r\n")
-_DIGITS = re.compile(rb"[0-9]{1,20}")
 
 _METHODS: Final = frozenset((b"GET", b"POST", b"PUT", b"PATCH", b"DELETE", b"HEAD", b"OPTIONS"))
 _OURS: Final = frozenset(
     (b"host", b"content-length", b"transfer-encoding", b"connection", b"upgrade", b"expect")
 )
-_EMPTY: Final = (204, 304)
-
-Head = tuple[int, list[tuple[bytes, bytes]], int, int]
-"""Status, headers, body length, and the offset where the body starts."""
-
-
-class Unusual(Exception):
-    """The answer is not the simple kind: h11 must read it (from the bytes read so far)."""
 
 
 class CheckedHeaders(tuple[tuple[bytes, bytes], ...]):
@@ -123,41 +93,3 @@ def encode_request(
         length,
         body,
     )
-
-
-def parse_head(buffer: bytes, method: bytes) -> Head | None:
-    """The answer's head at the start of ``buffer``: status, headers (names in lower case,
-    values as h11 keeps them), body length and where the body starts; ``None`` while the head
-    is incomplete. Raises :class:`Unusual` for an answer h11 must read."""
-    match = _HEAD.match(buffer)
-    if match is None:
-        # A complete head that did not match is not the simple kind. h11 would find a head at
-        # a bare LF, and fail on a first byte below 0x21 or on an incomplete head past its
-        # limit: no line of a simple head ends so, none starts so, and none is that long.
-        if buffer and (
-            buffer[0] < 0x21
-            or len(buffer) > MAX_HEAD
-            or b"\r\n\r\n" in buffer
-            or buffer.count(b"\n") != buffer.count(b"\r\n")
-        ):
-            raise Unusual
-        return None
-    status = int(match[1])
-    if status < 200:
-        raise Unusual
-    headers = []
-    length = -1
-    for name, value in _FIELD.findall(match[2]):
-        name = name.lower()
-        if name == b"content-length":
-            if length != -1 or not _DIGITS.fullmatch(value):
-                raise Unusual
-            length = int(value)
-        elif name == b"transfer-encoding" or (name == b"connection" and b"close" in value.lower()):
-            raise Unusual
-        headers.append((name, value))
-    if status in _EMPTY or method == b"HEAD":
-        length = 0
-    elif length == -1:
-        raise Unusual
-    return status, headers, length, match.end()

@@ -1,26 +1,31 @@
-"""Microbenchmark: the lean HTTP/1.1 loop's per-request cost, fast path against h11.
+"""Microbenchmark: the lean HTTP/1.1 server's per-request CPU, httptools against h11.
 
-Two figures, both CPU time per request (``time.process_time``), both measured in this run:
+Figures, all CPU time per request (``time.process_time``), all measured in this run:
 
 * protocol only: reading one keep-alive request (head and body) and writing its answer, with
   h11 (``receive_data``, ``next_event`` up to the end of the request, ``send`` of the head, the
-  body and the end, ``start_next_cycle``) against :mod:`rollout_server.net.fastparse`;
+  body and the end, ``start_next_cycle``) against ``httptools.HttpRequestParser`` feeding the
+  same callbacks the server uses and :mod:`rollout_server.net.wirebytes` writing the answer;
 * the whole loop: :class:`rollout_server.net.h1._Connection` serving a stream of keep-alive
-  requests (one per read) to a trivial ASGI app, with the fast path and with it declining
-  every request (h11 serves them, as before the fast path).
+  requests (one per read) to a trivial ASGI app;
+* with ``--against DIR`` (a source tree of an earlier commit, e.g. ``git archive fea00b6``
+  unpacked), that tree's own ``scripts/bench/bench_h1fast.py`` is run in a subprocess between
+  rounds of ours, and its whole-loop figure is printed beside ours with the ratio (same
+  interpreter, same machine, same minutes).
 
 The request is shaped like an httpx admission POST to the rollout server. Run:
-``.venv/bin/python scripts/bench/bench_h1fast.py [--requests N]``.
+``.venv/bin/python scripts/bench/bench_h1fast.py [--requests N] [--against DIR]``.
 """
 
 from __future__ import annotations
 
 import argparse
+import re
+import subprocess
 import sys
 import time
 from pathlib import Path
 from typing import Any
-from unittest import mock
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
@@ -30,7 +35,7 @@ import trio  # noqa: E402
 from hypercorn.config import Config  # noqa: E402
 
 from rollout_server.net import h1  # noqa: E402
-from rollout_server.net.fastparse import DECLINED, Body, parse_request, response_head  # noqa: E402
+from rollout_server.net.wirebytes import Body, response_head  # noqa: E402
 
 BODY = (
     b'{"rollout_id": "r-000123", "server_url": "http://127.0.0.1:9000", ' + b'"x": 1, ' * 30 + b"}"
@@ -67,22 +72,6 @@ def _h11(count: int) -> float:
     return (time.process_time() - start) / count
 
 
-def _fast(count: int) -> float:
-    buffer = bytearray()
-    start = time.process_time()
-    for _ in range(count):
-        buffer += REQUEST
-        request = parse_request(buffer, 16384)
-        assert not isinstance(request, int)
-        body = bytes(buffer[: request.length])
-        del buffer[: len(body)]
-        head = response_head(200, HEADERS, request.keep_alive)
-        assert head is not None
-        framer = Body(head[1])
-        assert head[0] + framer.data(ANSWER) + framer.end()
-    return (time.process_time() - start) / count
-
-
 class _Stream:
     def __init__(self, count: int) -> None:
         self.left = count
@@ -98,6 +87,33 @@ class _Stream:
         await trio.lowlevel.checkpoint()
 
 
+def _config(count: int) -> Config:
+    config = Config()
+    config.keep_alive_max_requests = count + 1
+    return config
+
+
+async def _nothing() -> None:
+    pass
+
+
+def _httptools(count: int) -> float:
+    """The server's parser and callbacks (no socket, no app), then the answer's bytes."""
+    connection = h1._Connection(_config(count), _Stream(0), _nothing, _nothing)  # type: ignore[arg-type]
+    events = connection.events
+    start = time.process_time()
+    for _ in range(count):
+        connection._feed(REQUEST)
+        request = events.popleft()
+        assert type(request) is h1.Request
+        while events.popleft() is not h1._END:
+            pass
+        data, length, _ = response_head(200, HEADERS, request.keep_alive)
+        body = Body(length)
+        assert data + body.data(ANSWER) + body.end()
+    return (time.process_time() - start) / count
+
+
 async def _app(scope: Any, receive: Any, send: Any, *_: Any) -> None:
     while (await receive()).get("more_body"):
         pass
@@ -106,14 +122,9 @@ async def _app(scope: Any, receive: Any, send: Any, *_: Any) -> None:
 
 
 def _loop(count: int) -> float:
-    config = Config()
-    config.keep_alive_max_requests = count + 1
-
-    async def nothing() -> None:
-        pass
-
     async def main() -> float:
-        connection = h1._Connection(config, _Stream(count), nothing, nothing)  # type: ignore[arg-type]
+        stream = _Stream(count)
+        connection = h1._Connection(_config(count), stream, _nothing, _nothing)  # type: ignore[arg-type]
         start = time.process_time()
         await connection.serve(_app, None, None, {})
         return (time.process_time() - start) / count
@@ -125,25 +136,52 @@ def _best(measure: Any, count: int, rounds: int) -> float:
     return min(measure(count) for _ in range(rounds))
 
 
+_BASE_LOOP = re.compile(r"whole loop:.*fast path\s+([0-9.]+)")
+
+
+def _baseline(tree: Path, count: int) -> float:
+    """The earlier tree's whole-loop figure (its fast path), in seconds per request."""
+    script = tree / "scripts" / "bench" / "bench_h1fast.py"
+    out = subprocess.run(
+        [sys.executable, str(script), "--requests", str(count), "--rounds", "1"],
+        check=True,
+        capture_output=True,
+        text=True,
+        cwd=tree,
+    ).stdout
+    found = _BASE_LOOP.search(out)
+    if found is None:
+        raise SystemExit(f"no whole-loop figure in {script}'s output:\n{out}")
+    return float(found.group(1)) / 1e6
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--requests", type=int, default=20000)
     parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--against", type=Path, help="an earlier source tree to compare with")
     args = parser.parse_args()
     count, rounds = args.requests, args.rounds
-    slow, fast = _best(_h11, count, rounds), _best(_fast, count, rounds)
-    loop_fast = _best(_loop, count, rounds)
-    with mock.patch.object(h1, "parse_request", lambda buffer, limit: DECLINED):
-        loop_slow = _best(_loop, count, rounds)
+    slow, parse = _best(_h11, count, rounds), _best(_httptools, count, rounds)
+    loops: list[float] = []
+    bases: list[float] = []
+    for _ in range(rounds):
+        loops.append(_loop(count))
+        if args.against is not None:
+            bases.append(_baseline(args.against, count))
+    loop = min(loops)
     print(f"CPU µs per request (best of {rounds} x {count} requests, {len(REQUEST)} B request)")
     print(
-        f"  protocol only: h11 {slow * 1e6:7.1f}   fast path {fast * 1e6:7.1f}   "
-        f"saved {(slow - fast) * 1e6:6.1f}   ratio {slow / fast:5.1f}x"
+        f"  protocol only: h11 {slow * 1e6:7.1f}   httptools {parse * 1e6:7.1f}   "
+        f"saved {(slow - parse) * 1e6:6.1f}   ratio {slow / parse:5.1f}x"
     )
-    print(
-        f"  whole loop:    h11 {loop_slow * 1e6:7.1f}   fast path {loop_fast * 1e6:7.1f}   "
-        f"saved {(loop_slow - loop_fast) * 1e6:6.1f}   ratio {loop_slow / loop_fast:5.1f}x"
-    )
+    print(f"  whole loop:    httptools {loop * 1e6:7.1f}")
+    if bases:
+        base = min(bases)
+        print(
+            f"  whole loop, {args.against} (its fast path): {base * 1e6:7.1f}   "
+            f"this tree / that tree {loop / base:5.2f}x"
+        )
 
 
 if __name__ == "__main__":

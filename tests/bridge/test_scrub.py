@@ -7,7 +7,7 @@ import json
 import pytest
 
 from bridge.scrub import ErrorScrubber
-from bridge.secret_policy import KNOWN_SECRET_ENV_NAMES, secret_env_values
+from rollout_server.net.secrets import KNOWN_SECRET_ENV_NAMES, secret_env_values
 
 
 def test_scrubber_known_values_longest_first(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -22,7 +22,7 @@ before its answer. Anything else is a 404. There is no fault injection: tests th
 use :mod:`tests.fakes.upstream`.
 
 Each connection is one task that reads a request, answers it and reads the next. Plain
-requests are read by :func:`rollout_server.net.fastparse.parse_request` and answered with
+requests are read by :func:`tests.fakes.plainparse.parse_request` and answered with
 hand-written bytes (one ``send_all`` per answer, or per SSE chunk); a request it declines goes,
 with the bytes read so far, to h11 for that request. Each process runs one server.
 
@@ -46,8 +46,8 @@ import h11
 import msgspec
 import trio
 
-from rollout_server.net.fastparse import NEED_DATA, Request, parse_request
 from tests.fakes.echo_reply import completion, encode, error, events, reply_text, usage
+from tests.fakes.plainparse import NEED_DATA, Request, parse_request
 
 if TYPE_CHECKING:
     from rollout_server.net.h1client import H1Pool

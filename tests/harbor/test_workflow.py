@@ -36,8 +36,8 @@ import trio
 from rollout_server import AgentWorkflow, AgentWorkflowContext, Grader, GraderContext
 from rollout_server.backend import ExecutionRequest
 from rollout_server.harbor import HarborBackend
-from rollout_server.harbor.bundle import SandboxImage, trial_dockerfile
 from rollout_server.harbor.containers import OWNER_LABEL, owner_alive, owner_token
+from rollout_server.harbor.image import SandboxImage, trial_dockerfile
 from rollout_server.harbor.placement import AGENT_PATH, Placement, SandboxTrial
 from rollout_server.harbor.results import workflow_outcome
 from rollout_server.harbor.route import SLIRP_NETWORK_MODE, SandboxRoute

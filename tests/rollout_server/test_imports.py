@@ -22,7 +22,7 @@ from rollout_server.protocol import ENV_ARTIFACT_ROOT, ENV_PORT
 
 REPO = Path(__file__).resolve().parents[2]
 
-BASE_DEPENDENCIES = {"trio", "hypercorn", "httpx", "msgspec"}
+BASE_DEPENDENCIES = {"trio", "hypercorn", "httpx", "msgspec", "httptools", "h11"}
 # Never in a rollout environment: the CLI stack and a web framework.
 NOT_INSTALLED = ("quart", "flask", "werkzeug", "litellm", "rich", "click")
 

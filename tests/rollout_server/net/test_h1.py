@@ -1,8 +1,5 @@
-"""The lean HTTP/1.1 loop behind LeanConfig: what a client sees on the wire.
-
-Every test runs on both servers of a LeanConfig: hypercorn's trio worker (patched by
-``install_write_coalescing``) and :func:`rollout_server.net.leanserve.serve_lean`.
-"""
+"""The lean HTTP/1.1 loop behind LeanConfig: what a client sees on the wire, from
+:func:`rollout_server.net.leanserve.serve_lean`."""
 
 from __future__ import annotations
 
@@ -13,17 +10,10 @@ from typing import Any
 import httpx
 import pytest
 import trio
-from hypercorn.trio import serve
 
-from rollout_server.net.httpserve import LeanConfig, install_write_coalescing
-from rollout_server.net.leanserve import serve_lean
+from rollout_server.net.leanserve import LeanConfig, serve_lean
 
 disconnects: list[str] = []
-
-
-@pytest.fixture(autouse=True)
-def _installed() -> None:
-    assert install_write_coalescing(), "write coalescing declined the installed hypercorn"
 
 
 async def _app(scope: dict[str, Any], receive: Any, send: Any) -> None:
@@ -59,10 +49,10 @@ async def _app(scope: dict[str, Any], receive: Any, send: Any) -> None:
     await send({"type": "http.response.body", "body": answer})
 
 
-@pytest.fixture(params=["hypercorn", "serve_lean"])
-def server(request: pytest.FixtureRequest) -> Any:
-    """``serve(app, config, shutdown_trigger=...)`` of one of the two servers."""
-    return serve if request.param == "hypercorn" else serve_lean
+@pytest.fixture
+def server() -> Any:
+    """``serve(app, config, shutdown_trigger=...)`` of the server under test."""
+    return serve_lean
 
 
 @pytest.fixture

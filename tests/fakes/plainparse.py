@@ -1,10 +1,9 @@
-"""HTTP/1.1 without h11 for the common simple exchange, with h11's exact results.
+"""A plain-request reader for the lean fake provider (tests/fakes/lean_upstream.py).
 
-Profiles of both servers put h11 at 105–225 µs of CPU per request (building and validating its
-event objects, its state machine, its header normalisation), about half for parsing the
-request and half for writing the answer: the largest single piece of HTTP cost per request.
-This module does the same work for the shape nearly every request and answer has, and
-declines everything else so the caller hands it to h11.
+It was the lean server's fast path before httptools became the server's parser (issue 23);
+the fake provider keeps it because its CPU per call is part of what the benchmarks measure
+and it hands every request it declines to h11 anyway.
+
 
 :func:`parse_request` reads an HTTP/1.1 request head of the plain kind (a method the servers
 route, an origin-form target, exactly one ``Host``, a digits-only ``Content-Length`` or no
@@ -13,12 +12,6 @@ It returns what h11 would report for those bytes, :data:`NEED_DATA` where h11 wo
 more, or :data:`DECLINED` for anything else (malformed, unusual or merely unfamiliar bytes):
 h11 then sees the very same bytes, so it alone decides every case this module is not sure of.
 
-:func:`response_head` writes the head h11 would write for an answer to such a request
-(``HTTP/1.1 <code> \\r\\n``, the headers as given, then what h11 adds: ``Transfer-Encoding:
-chunked`` when no length is given, ``Connection: close`` when the request asked for it) and
-:class:`Body` frames its body as h11 would, raising :class:`h11.LocalProtocolError` where h11
-raises it. It returns ``None`` for anything but plain headers and a status h11 answers with a
-body (204, 304, 1xx and HEAD requests go to h11).
 """
 
 from __future__ import annotations
@@ -26,9 +19,7 @@ from __future__ import annotations
 import re
 from typing import Final
 
-import h11
-
-__all__ = ["DECLINED", "NEED_DATA", "Body", "Request", "parse_request", "response_head"]
+__all__ = ["DECLINED", "NEED_DATA", "Request", "parse_request"]
 
 NEED_DATA: Final = 1
 """The head is incomplete and may still turn out plain: read more."""
@@ -135,78 +126,3 @@ def parse_request(buffer: bytearray, limit: int) -> Request | int:
         return DECLINED
     del buffer[: end + 4]
     return Request(method, target, headers, max(length, 0), keep_alive, head)
-
-
-def response_head(
-    status: int, headers: list[tuple[bytes, bytes]], keep_alive: bool
-) -> tuple[bytes, int, bool] | None:
-    """h11's bytes for the head of an answer to a plain request, or ``None`` (ask h11).
-
-    ``keep_alive`` is the request's. Returns the head, the body's length (-1: chunked) and
-    whether the connection stays open after this answer.
-    """
-    if not 200 <= status < 1000 or status == 204 or status == 304:
-        return None
-    out = [b"HTTP/1.1 %d \r\n" % status]
-    length = -1
-    stays = keep_alive
-    token = _TOKEN.fullmatch
-    valid = _VALUE.fullmatch
-    for name, value in headers:
-        if type(name) is not bytes or type(value) is not bytes:
-            return None
-        if token(name) is None or valid(value) is None:
-            return None  # h11 raises LocalProtocolError for these
-        lower = name.lower()
-        if lower in _FRAMING:
-            if lower == b"content-length":
-                if length >= 0 or _LENGTH.fullmatch(value) is None:
-                    return None
-                length = int(value)
-            elif lower == b"connection" and keep_alive:
-                if b"close" in [item.strip() for item in value.lower().split(b",")]:
-                    stays = False
-            else:
-                return None
-        out.append(b"%s: %s\r\n" % (name, value))
-    if length < 0:
-        out.append(b"Transfer-Encoding: chunked\r\n")
-    if not keep_alive:
-        out.append(b"Connection: close\r\n")
-    out.append(b"\r\n")
-    return b"".join(out), length, stays
-
-
-class Body:
-    """The body of an answer :func:`response_head` wrote: h11's framing and its errors."""
-
-    __slots__ = ("done", "remaining")
-
-    def __init__(self, length: int) -> None:
-        self.remaining = length
-        self.done = False
-
-    def data(self, data: bytes) -> bytes:
-        """The bytes for one piece of body (``data`` not empty)."""
-        self._check()
-        if self.remaining < 0:
-            return b"%x\r\n%s\r\n" % (len(data), data)
-        self.remaining -= len(data)
-        if self.remaining < 0:
-            self.done = True
-            raise h11.LocalProtocolError("Too much data for declared Content-Length")
-        return data
-
-    def end(self) -> bytes:
-        """The bytes that end the body."""
-        self._check()
-        self.done = True
-        if self.remaining < 0:
-            return b"0\r\n\r\n"
-        if self.remaining:
-            raise h11.LocalProtocolError("Too little data for declared Content-Length")
-        return b""
-
-    def _check(self) -> None:
-        if self.done:
-            raise h11.LocalProtocolError("Can't send data when the answer is over")

@@ -1,8 +1,11 @@
 """Which values are secrets, and how each may be spelled in text: the one redaction policy.
 
-Both redactors use it: the launcher's (run logs, terminal, journal) and the bridge's
-:class:`~bridge.scrub.ErrorScrubber` (errors sent to rollouts, bridge log lines). It is pure
-and uses only the standard library.
+Every redactor uses it: the launcher's (run logs, terminal, journal), the bridge's
+:class:`~bridge.scrub.ErrorScrubber` (errors sent to rollouts, bridge log lines) and the Harbor
+trial archive's scrubber (:mod:`rollout_server.harbor.archive`, on bytes, with its fail-closed
+check). It is pure and uses only the standard library, so it stands on the floor where all
+three can import it. (The harness that runs inside Harbor's own venv keeps its own copy: it
+cannot import rollbridge.)
 
 A secret in the environment is the value of a variable on :data:`KNOWN_SECRET_ENV_NAMES` or of
 any variable whose name contains ``KEY``, ``TOKEN``, ``SECRET`` or ``PASSWORD``, when the value
@@ -186,6 +189,23 @@ class SecretMatcher:
         if self._anchors is not None and self._anchors.search(text) is None:
             return text
         return self._regex.sub(replacement, text)
+
+    def found(self, text: str) -> bool:
+        """Some spelling of some known value occurs in ``text``."""
+        if self._dirty:
+            self._compile()
+        return self._regex is not None and self._regex.search(text) is not None
+
+    def sub_bytes(self, replacement: bytes, data: bytes) -> bytes:
+        """:meth:`sub` on bytes: ``data`` is read as UTF-8 (bytes that are not UTF-8 kept as
+        they are), so a secret's UTF-8 bytes and its escaped spellings are all found."""
+        text = data.decode("utf-8", "surrogateescape")
+        clean = self.sub(replacement.decode("utf-8"), text)
+        return data if clean is text else clean.encode("utf-8", "surrogateescape")
+
+    def found_bytes(self, data: bytes) -> bool:
+        """:meth:`found` on bytes read as :meth:`sub_bytes` reads them."""
+        return self.found(data.decode("utf-8", "surrogateescape"))
 
     def _compile(self) -> None:
         ordered = sorted(self._values, key=lambda v: (-len(v), v))

@@ -1,0 +1,187 @@
+"""The floor's limits (rollout_server.net.limits) as a client meets them on the lean loop."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from functools import partial
+from typing import Any
+
+import pytest
+import trio
+
+from rollout_server.net.leanserve import LeanConfig, serve_lean
+from rollout_server.net.limits import (
+    BODY_READ_TIMEOUT,
+    HEAD_TIMEOUT,
+    MAX_HEAD,
+    MAX_HEADERS,
+    MAX_PENDING,
+)
+from tests.wire_attacks import read_to_eof, rss
+
+MIB = 1024 * 1024
+answered: list[int] = []
+entered_wait = trio.Event()
+release = trio.Event()
+
+
+async def _app(scope: dict[str, Any], receive: Any, send: Any) -> None:
+    path = scope["path"]
+    if path == "/refuse":
+        # Answers from the head alone, as the doors do.
+        headers = [(b"content-length", b"2")]
+        await send({"type": "http.response.start", "status": 401, "headers": headers})
+        await send({"type": "http.response.body", "body": b"no"})
+        return
+    body = b""
+    while True:
+        message = await receive()
+        if message["type"] != "http.request":
+            return
+        body += message.get("body", b"")
+        if not message.get("more_body"):
+            break
+    if path == "/wait":
+        # Watches for a disconnect while it works, as the bridge's long calls do.
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(receive)
+            entered_wait.set()
+            await release.wait()
+            nursery.cancel_scope.cancel()
+    answered.append(len(body))
+    answer = b"%d" % len(body)
+    headers = [(b"content-length", b"%d" % len(answer))]
+    await send({"type": "http.response.start", "status": 200, "headers": headers})
+    await send({"type": "http.response.body", "body": answer})
+
+
+@pytest.fixture
+async def port(nursery: trio.Nursery) -> AsyncIterator[int]:
+    global entered_wait, release
+    entered_wait, release = trio.Event(), trio.Event()
+    answered.clear()
+    config = LeanConfig()
+    config.bind = ["127.0.0.1:0"]
+    config.accesslog = None
+    config.keep_alive_timeout = 3600.0
+    binds = await nursery.start(partial(serve_lean, _app, config))
+    yield int(binds[0].rsplit(":", 1)[1])
+
+
+async def _exchange(port: int, data: bytes) -> bytes:
+    stream = await trio.open_tcp_stream("127.0.0.1", port)
+    async with stream:
+        await stream.send_all(data)
+        return await read_to_eof(stream)
+
+
+async def test_a_stalled_body_gets_408_and_a_close(port: int, autojump_clock: Any) -> None:
+    with trio.fail_after(BODY_READ_TIMEOUT * 2):
+        answer = await _exchange(
+            port, b"POST / HTTP/1.1\r\nhost: x\r\ncontent-length: 100\r\n\r\n12"
+        )
+    assert answer.startswith(b"HTTP/1.1 408 ")
+    assert answered == []
+
+
+async def test_a_stalled_chunked_body_gets_408(port: int, autojump_clock: Any) -> None:
+    head = b"POST / HTTP/1.1\r\nhost: x\r\ntransfer-encoding: chunked\r\n\r\n5\r\nab"
+    with trio.fail_after(BODY_READ_TIMEOUT * 2):
+        answer = await _exchange(port, head)
+    assert answer.startswith(b"HTTP/1.1 408 ")
+
+
+async def test_a_slowloris_head_gets_408(port: int, autojump_clock: Any) -> None:
+    stream = await trio.open_tcp_stream("127.0.0.1", port)
+    async with stream:
+        with trio.fail_after(HEAD_TIMEOUT * 2):
+            # A byte well within each read's patience, but the head never ends.
+            start = trio.current_time()
+            try:
+                for byte in b"GET / HTTP/1.1\r\nhost: x\r\nx-a: " + b"a" * 100:
+                    await stream.send_all(bytes([byte]))
+                    await trio.sleep(1)
+            except trio.BrokenResourceError:
+                pass  # closed by the server, which answered first
+            answer = await read_to_eof(stream)
+            assert trio.current_time() - start < 100  # closed before the head could end
+    assert answer.startswith(b"HTTP/1.1 408 ")
+
+
+async def test_an_oversize_head_gets_431(port: int) -> None:
+    with trio.fail_after(10):
+        head = b"GET / HTTP/1.1\r\nhost: x\r\nx-big: " + b"a" * MAX_HEAD + b"\r\n\r\n"
+        assert (await _exchange(port, head)).startswith(b"HTTP/1.1 431 ")
+
+
+async def test_too_many_headers_get_431(port: int) -> None:
+    lines = b"".join(b"x-%d: 1\r\n" % i for i in range(MAX_HEADERS + 1))
+    with trio.fail_after(10):
+        answer = await _exchange(port, b"GET / HTTP/1.1\r\nhost: x\r\n" + lines + b"\r\n")
+    assert answer.startswith(b"HTTP/1.1 431 ")
+    lines = b"".join(b"x-%d: 1\r\n" % i for i in range(MAX_HEADERS - 1))
+    stream = await trio.open_tcp_stream("127.0.0.1", port)
+    async with stream:
+        with trio.fail_after(10):
+            await stream.send_all(b"GET / HTTP/1.1\r\nhost: x\r\n" + lines + b"\r\n")
+            assert (await stream.receive_some(65536)).startswith(b"HTTP/1.1 200 ")
+
+
+async def test_an_answer_before_the_body_closes_without_reading_it(port: int) -> None:
+    head = b"POST /refuse HTTP/1.1\r\nhost: x\r\ncontent-length: 60000000\r\n\r\n"
+    with trio.fail_after(10):
+        answer = await _exchange(port, head + b"x" * 1000)
+    assert answer.startswith(b"HTTP/1.1 401 ")
+    assert b"connection: close" in answer.lower()
+
+
+async def test_bytes_sent_after_a_body_wait_in_the_kernel(port: int) -> None:
+    """64 MiB sent after a request's body, while the app works, are not read into memory."""
+    flood = b"y" * MIB
+    sent = 0
+    stream = await trio.open_tcp_stream("127.0.0.1", port)
+    async with stream:
+        with trio.fail_after(30):
+            await stream.send_all(b"POST /wait HTTP/1.1\r\nhost: x\r\ncontent-length: 2\r\n\r\nok")
+            await entered_wait.wait()
+            before = rss()
+
+            async def send_flood() -> None:
+                nonlocal sent
+                for _ in range(64):
+                    await stream.send_all(flood)
+                    sent += len(flood)
+
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(send_flood)
+                # Long enough for an unbounded reader to take it all; the assertion is on
+                # memory, not on time.
+                await trio.sleep(2)
+                grown = rss() - before
+                nursery.cancel_scope.cancel()
+            release.set()
+            answer = await stream.receive_some(65536)
+    assert grown < 10 * MIB
+    assert sent < 64 * MIB  # the sender was held back by the kernel's buffers
+    assert answer.startswith(b"HTTP/1.1 200 ")
+    assert MAX_PENDING < MIB
+
+
+async def test_a_connection_idle_after_a_get_closes_after_the_keep_alive_timeout(
+    nursery: trio.Nursery, autojump_clock: Any
+) -> None:
+    """An answered GET (whose empty body the app never read) leaves the connection idle: the
+    keep-alive timeout closes it."""
+    config = LeanConfig()
+    config.bind = ["127.0.0.1:0"]
+    config.accesslog = None
+    config.keep_alive_timeout = 5.0
+    binds = await nursery.start(partial(serve_lean, _app, config))
+    port = int(binds[0].rsplit(":", 1)[1])
+    stream = await trio.open_tcp_stream("127.0.0.1", port)
+    async with stream:
+        with trio.fail_after(60):
+            await stream.send_all(b"GET /refuse HTTP/1.1\r\nhost: x\r\n\r\n")
+            answer = await read_to_eof(stream)
+    assert answer.startswith(b"HTTP/1.1 401 ")
+    assert b"connection: close" not in answer.lower()  # closed later, by the idle timer
