@@ -32,7 +32,7 @@ def dirs(ctx: click.Context, param: click.Parameter, incomplete: str) -> list[Co
 def _root(ctx: click.Context) -> Path:
     """The output root of named runs: ``--output-root``, ``--workspace``'s, else the nearest
     workspace's (what the commands taking a run resolve a name against)."""
-    from launcher.runs import output_root
+    from launcher.workspace import output_root
 
     given = ctx.params.get("output_root")
     if isinstance(given, str) and given:

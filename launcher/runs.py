@@ -29,6 +29,7 @@ from launcher import completion as complete
 from launcher.cli_ui import command_ui
 from launcher.errors import LocalEvalError
 from launcher.ui import UI
+from launcher.workspace import output_root
 
 __all__ = [
     "RunSummary",
@@ -61,19 +62,6 @@ class RunSummary:
     model: str | None
     started: str | None
     path: str
-
-
-def output_root(output: str | None, cwd: Path) -> Path:
-    """The output root of ``eval list``/``clean``/``export`` (see the module docstring)."""
-    if output is not None:
-        return (cwd / Path(output).expanduser()).resolve()
-    for candidate in (cwd, *cwd.parents):
-        if (candidate / "configs" / "eval").is_dir() or (candidate / ".osmosis" / "evals").is_dir():
-            return candidate / ".osmosis" / "evals"
-    raise LocalEvalError(
-        f"no workspace at or above {cwd} (a directory with configs/eval/ or .osmosis/evals/); "
-        "run this inside a workspace or pass -o <output root>"
-    )
 
 
 def _json_file(path: Path) -> dict[str, Any]:

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 
 from launcher.config import EvalConfig
-from launcher.errors import NotFoundError, ValidationError
+from launcher.errors import LocalEvalError, NotFoundError, ValidationError
 
 __all__ = [
     "DATASET_EXTENSIONS",
@@ -21,6 +21,7 @@ __all__ = [
     "Workspace",
     "check_entrypoint_exists",
     "check_rollout_paths",
+    "output_root",
     "provenance_warnings",
     "read_git_state",
     "resolve_dataset_source",
@@ -278,3 +279,17 @@ def provenance_warnings(config: EvalConfig, git: GitState | None) -> list[str]:
             "the local run executes the workspace as it is."
         )
     return warnings
+
+
+def output_root(output: str | None, cwd: Path) -> Path:
+    """The output root of ``eval list``/``clean``/``export`` and of run-name completion: ``output``
+    if given, else the ``.osmosis/evals`` of the nearest workspace at or above ``cwd``."""
+    if output is not None:
+        return (cwd / Path(output).expanduser()).resolve()
+    for candidate in (cwd, *cwd.parents):
+        if (candidate / "configs" / "eval").is_dir() or (candidate / ".osmosis" / "evals").is_dir():
+            return candidate / ".osmosis" / "evals"
+    raise LocalEvalError(
+        f"no workspace at or above {cwd} (a directory with configs/eval/ or .osmosis/evals/); "
+        "run this inside a workspace or pass -o <output root>"
+    )
