@@ -72,14 +72,13 @@ class ExtraRoutes:
     ) -> bool:
         """``/v1/<route>`` for the workspace-wide routes."""
         method = scope["method"]
-        workspace = self.registry.workspace
         listing: dict[tuple[str, ...], Callable[[Path], list[dict[str, Any]]]] = {
             ("configs",): list_configs,
             ("rollouts",): list_rollouts,
             ("datasets",): list_datasets,
         }
         if method == "GET" and tuple(route) in listing:
-            found = await trio.to_thread.run_sync(listing[tuple(route)], workspace)
+            found = await trio.to_thread.run_sync(listing[tuple(route)], self.registry.workspace)
             await send_json(send, 200, _json({route[0]: found}))
         elif method == "GET" and route == ["health"]:
             info = self._info()
