@@ -177,6 +177,12 @@ PLANS: dict[str, Plan] = {
     "docs/rubric.md: rollbridge eval rubric -d conversations.jsonl -r @rubric.md --model openai/gpt-4o-mini -o out/": Plan(
         skip="needs an OpenAI API key (a real judge model) and your conversations"
     ),
+    "docs/scale-out.md: # shard k of N (k = 0 .. N-1) on machine k, each an ordinary local run; here N = 2:": Plan(
+        _workspace
+    ),
+    "docs/scale-out.md: # on the head node (the supervisor runs here), with the cluster's token settings:": Plan(
+        skip="needs a Ray cluster and its token (tests/cluster drive --ray on a two-node test bed)"
+    ),
     "docs/tunnel.md: # forward https://llm.example.com -> 127.0.0.1:8123 with your tool of choice, then:": Plan(
         skip="needs your own public tunnel to this machine"
     ),

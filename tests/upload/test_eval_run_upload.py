@@ -42,7 +42,7 @@ async def test_eval_run_upload_publishes_a_complete_run(
     argv = ours("eval", "run", CONFIG, "--yes", "--name", "up", "--upload", "--json")
     done = await run(argv, cwd=ws, env=cli_env, limit_s=240)
     assert done.returncode == 0, done.stderr + done.stdout
-    resource = done.envelope()["resource"]
+    resource = done.envelope()["result"]
     assert resource["upload"]["status"] == "finalized"
     assert resource["upload"]["eval_run_id"] == "er_1"
     assert resource["platform_url"] == "https://platform.example/evals/er_1"
@@ -62,7 +62,7 @@ async def test_eval_run_upload_publishes_a_complete_run(
     puts = sum(r.method == "PUT" for r in stand_in.requests)
     again = await run(argv, cwd=ws, env=cli_env, limit_s=240)
     assert again.returncode == 0, again.stderr + again.stdout
-    assert again.envelope()["resource"]["upload"]["eval_run_id"] == "er_1"
+    assert again.envelope()["result"]["upload"]["eval_run_id"] == "er_1"
     assert sum(r.method == "PUT" for r in stand_in.requests) == puts
 
 
