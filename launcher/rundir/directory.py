@@ -34,7 +34,7 @@ import math
 import os
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
@@ -141,7 +141,7 @@ class FinalizeResult:
 
 
 def compute_pending(
-    latest: dict[WorkKey, TerminalRecord],
+    latest: Mapping[WorkKey, TerminalRecord],
     selected_rows: Sequence[SelectedRow],
     n: int,
     retry_failed: bool,
