@@ -34,6 +34,7 @@ import trio
 
 from launcher.concurrency import InFlightLimit
 from launcher.dataset import WorkItem
+from launcher.fdbudget import exhaustion_in_exception, exhaustion_in_text, exhaustion_reason
 from launcher.rundir.journal import ErrorInfo, TerminalRecord
 from launcher.signals import Interrupts
 from rollout_server.protocol import RolloutInitRequest, RolloutResultResponse, RolloutStatus
@@ -306,6 +307,9 @@ class Dispatcher:
                 except trio.Cancelled:
                     raise
                 except Exception as exc:
+                    if exhaustion_in_exception(exc):
+                        self._halt_exhausted("the supervisor", str(exc), item)
+                        return
                     cause = await self.transport.explain(exc)
                     self.halt(
                         cause or f"{type(exc).__name__}: {exc}",
@@ -342,6 +346,10 @@ class Dispatcher:
         try:
             result = await self._admit_and_wait(item, slot)
         except RolloutRefused as exc:
+            if exhaustion_in_text(str(exc)):
+                self.endpoint.forget(slot.rollout_id)
+                self._halt_exhausted("the supervisor", str(exc), item)
+                return
             record = TerminalRecord(
                 row_index=item.row_index,
                 run_index=item.run_index,
@@ -371,6 +379,13 @@ class Dispatcher:
             self.endpoint.forget(slot.rollout_id)
             self.log("WARNING", "cancel", "rollout cancelled", {"rollout_id": slot.rollout_id})
             return
+        if classified.status == "failed" and exhaustion_in_text(result.err_message):
+            # Not this row's fault: every row would fail the same way. It stays pending.
+            self.endpoint.forget(slot.rollout_id)
+            self._halt_exhausted(
+                "the rollout server or the bridge", result.err_message or "", item, slot
+            )
+            return
         await self._record(classified, has_sample=result.sample is not None)
 
     async def _record(self, record: TerminalRecord, *, has_sample: bool) -> None:
@@ -380,6 +395,16 @@ class Dispatcher:
         await self.sink.record(record, has_sample=has_sample)
         self.report.recorded += 1
         self._watch_streak(record)
+
+    def _halt_exhausted(
+        self, where: str, message: str, item: WorkItem, slot: _Slot | None = None
+    ) -> None:
+        """Halt, cancelling what is in flight, because a process ran out of descriptors: a
+        run-wide fault, so no row is journaled for it (they all stay pending)."""
+        details: dict[str, Any] = {"row_index": item.row_index, "run_index": item.run_index}
+        if slot is not None:
+            details["rollout_id"] = slot.rollout_id
+        self.halt(exhaustion_reason(where, message), cancel_all=True, **details)
 
     def _watch_streak(self, record: TerminalRecord) -> None:
         """Halt (cancelling what is in flight) once :data:`RUN_WIDE_FAILURES` different rows in a
