@@ -17,6 +17,10 @@ The :class:`Dispatcher` sees the world through three seams, so it can run alone 
 scripted fakes in virtual time: a :class:`RolloutTransport` (the rollout server), a
 :class:`ModelEndpoint` (where rollouts call the model, and what they used) and a
 :class:`ResultSink` (the run directory and the progress display).
+
+Why one module of this size: an item's life (admission, long-poll, deadline, settle) and the
+ways dispatch halts (a worker's exception, a run-wide streak, descriptors running out) act on
+the same worker pool and queue; split, each half would reach into the other's state.
 """
 
 from __future__ import annotations
