@@ -12,7 +12,7 @@ issue 29's bounds (<= 1.3x ideal, supervisor RSS <= 300 MB, 0 errors). Uses
 directory is ``.bench/inflight``.
 
 Run: .venv/bin/python scripts/bench/bench_inflight.py [--rows 10000] [--in-flight 10000]
-[--latency 30]
+[--latency 30] [--py-spy DIR]
 """
 
 from __future__ import annotations
@@ -112,8 +112,20 @@ async def measured(
     return result, peaks, by_role, failure
 
 
-async def main(rows: int, in_flight: int, latency: float) -> None:
+#: ``--server-gc``: the rollout server's entrypoint sets these collector thresholds when
+#: ``BENCH_SERVER_GC`` is set (an experiment on what the collector costs at this scale).
+ENTRY_GC = """
+import gc
+import os
+
+if os.environ.get("BENCH_SERVER_GC"):
+    gc.set_threshold(*(int(v) for v in os.environ["BENCH_SERVER_GC"].split(",")))
+"""
+
+
+async def main(rows: int, in_flight: int, latency: float, server_gc: str | None) -> None:
     bench_eval.BENCH = REPO / ".bench" / "inflight"
+    bench_eval.ENTRY = ENTRY_GC + bench_eval.ENTRY
     ws = setup()
     configs = {n: dataset(ws, n) for n in {1, rows}}
     async with trio.open_nursery() as nursery:
@@ -127,7 +139,11 @@ async def main(rows: int, in_flight: int, latency: float) -> None:
         ideal = rows / in_flight * latency + fixed
         print(f"1 row at {latency:g} s: wall {one['wall_s']:.2f} s, fixed cost {fixed:.2f} s")
         name = f"inflight-{rows}"
+        if server_gc:
+            os.environ["BENCH_SERVER_GC"] = server_gc
+            print(f"rollout server's collector thresholds: {server_gc}")
         big, peaks, cpu, failure = await measured(ws, configs[rows], name, upstream, in_flight)
+        os.environ.pop("BENCH_SERVER_GC", None)
         counts = outcomes(ws, name)
         print(
             f"{rows} rows at {latency:g} s, --max-in-flight {in_flight} (ideal {ideal:.2f} s): "
@@ -161,11 +177,23 @@ if __name__ == "__main__":
     parser.add_argument("--rows", type=int, default=10_000)
     parser.add_argument("--in-flight", type=int, default=10_000, dest="in_flight")
     parser.add_argument("--latency", type=float, default=30.0)
+    parser.add_argument(
+        "--py-spy", type=Path, default=None, dest="py_spy", help="as bench_eval.py's --py-spy"
+    )
+    parser.add_argument(
+        "--server-gc",
+        default=None,
+        dest="server_gc",
+        help="collector thresholds for the rollout server, e.g. 20000,20,20 (an experiment)",
+    )
     args = parser.parse_args()
+    if args.py_spy is not None:
+        args.py_spy.mkdir(parents=True, exist_ok=True)
+        bench_eval.PYSPY_DIR = args.py_spy.resolve()
     limit = raise_descriptor_limit()  # the fake provider (a child) holds a socket per call
     print(
         f"load average at start: {os.getloadavg()}; open-file limit {limit.soft} "
         f"(hard {limit.hard})"
     )
-    trio.run(main, args.rows, args.in_flight, args.latency)
+    trio.run(main, args.rows, args.in_flight, args.latency, args.server_gc)
     print(f"load average at end: {os.getloadavg()}")
