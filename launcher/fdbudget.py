@@ -40,7 +40,13 @@ PER_ROLLOUT_BRIDGE_IN_PROCESS = 3
 #: Descriptors kept free in every process for what does not grow with the rollouts in flight:
 #: stdio, logs, pipes to children, the journal and the files of the results being written,
 #: the pooled admission connections (64 at most, ``launcher.dispatch``), the event loop's own.
+#: A quarter of the limit when that is less (a process needs a few dozen of its own), so a
+#: low limit still runs as many rollouts as it can hold.
 RESERVE = 256
+#: Soft limits tried, largest first, where the hard limit is unlimited: the kernel's own
+#: ceiling (Linux's ``fs.nr_open``, macOS's ``kern.maxfilesperproc``) is not readable
+#: portably, and a value above it is refused.
+_UNLIMITED_TRIES = (1 << 20, 1 << 16, 10240)
 
 _EXHAUSTED_ERRNOS = frozenset({errno.EMFILE, errno.ENFILE})
 #: How the two errors read once they crossed a process boundary as text (``str(OSError)``).
@@ -63,21 +69,27 @@ def _finite(value: int, infinity: int) -> int | None:
 
 def raise_descriptor_limit() -> DescriptorLimit:
     """Raise the soft open-file limit to the hard limit (processes spawned afterwards inherit
-    it) and return the limits in force. Where the hard limit is unlimited the soft one is left
-    alone (some kernels refuse an unlimited soft limit); a refusal leaves it as it was."""
+    it) and return the limits in force. Where the hard limit is unlimited the soft one goes
+    as high as the kernel takes (an unlimited soft limit is refused by some); a refusal
+    leaves it as it was."""
     try:
         import resource
     except ImportError:  # not on posix: nothing to raise, nothing to budget
         return DescriptorLimit(None, None)
     infinity = resource.RLIM_INFINITY
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-    if hard != infinity and soft != infinity and soft < hard:
+    if soft == infinity:
+        return DescriptorLimit(None, _finite(hard, infinity))
+    tries = _UNLIMITED_TRIES if hard == infinity else (hard,)
+    for value in tries:
+        if value <= soft:
+            break
         try:
-            resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+            resource.setrlimit(resource.RLIMIT_NOFILE, (value, hard))
         except (OSError, ValueError):
-            return DescriptorLimit(_finite(soft, infinity), _finite(hard, infinity))
-        return DescriptorLimit(hard, hard, raised_from=soft)
-    return DescriptorLimit(_finite(soft, infinity), _finite(hard, infinity))
+            continue
+        return DescriptorLimit(value, _finite(hard, infinity), raised_from=soft)
+    return DescriptorLimit(soft, _finite(hard, infinity))
 
 
 def fit_in_flight(
@@ -88,14 +100,15 @@ def fit_in_flight(
     if limit.soft is None:
         return in_flight, None
     per = PER_ROLLOUT_BRIDGE_IN_PROCESS if bridge_in_process else PER_ROLLOUT
-    fits = max(1, (limit.soft - RESERVE) // per)
+    reserve = min(RESERVE, limit.soft // 4)
+    fits = max(1, (limit.soft - reserve) // per)
     if in_flight <= fits:
         return in_flight, None
-    needed = in_flight * per + RESERVE
+    needed = in_flight * per + reserve
     hard = "unlimited" if limit.hard is None else str(limit.hard)
     return fits, (
         f"{in_flight} rollouts in flight need about {needed} open files per process "
-        f"({per} per rollout + {RESERVE}), above the open-file limit of {limit.soft} "
+        f"({per} per rollout + {reserve}), above the open-file limit of {limit.soft} "
         f"(hard limit {hard}); running {fits} rollouts at a time "
         "(raise the hard limit, `ulimit -Hn`, to run more)"
     )

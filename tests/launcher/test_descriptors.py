@@ -22,6 +22,7 @@ from launcher.fdbudget import (
     exhaustion_in_exception,
     exhaustion_in_text,
     fit_in_flight,
+    raise_descriptor_limit,
 )
 from rollout_server.protocol import RolloutInitRequest
 from tests.launcher.test_dispatch import (
@@ -76,8 +77,28 @@ def test_in_flight_is_capped_to_what_the_limit_holds() -> None:
     assert fit_in_flight(10_000, DescriptorLimit(20_000, 20_000), bridge_in_process=True)[0] == (
         (20_000 - RESERVE) // 3
     )
-    # Too low a limit for even one rollout still runs one (it may fit: the reserve is a guess).
-    assert fit_in_flight(8, DescriptorLimit(100, 100))[0] == 1
+    # A low limit keeps a quarter for the process itself, and still runs one at the least.
+    assert fit_in_flight(8, DescriptorLimit(100, 100)) == (8, None)
+    fits, notice = fit_in_flight(80, DescriptorLimit(100, 100))
+    assert fits == 37 and notice is not None and "(2 per rollout + 25)" in notice
+    assert fit_in_flight(8, DescriptorLimit(1, 1))[0] == 1
+
+
+def test_an_unlimited_hard_limit_raises_the_soft_one_as_far_as_the_kernel_takes(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    infinity = resource.RLIM_INFINITY
+    state = {"soft": 256}
+
+    def setrlimit(which: int, limits: tuple[int, int]) -> None:
+        if limits[0] > 65536:  # this kernel's ceiling
+            raise ValueError("not allowed to raise maximum limit")
+        state["soft"] = limits[0]
+
+    monkeypatch.setattr(resource, "getrlimit", lambda which: (state["soft"], infinity))
+    monkeypatch.setattr(resource, "setrlimit", setrlimit)
+    assert raise_descriptor_limit() == DescriptorLimit(65536, None, raised_from=256)
+    assert raise_descriptor_limit() == DescriptorLimit(65536, None)  # already there
 
 
 def test_exhaustion_is_recognised_in_text_and_exceptions() -> None:
