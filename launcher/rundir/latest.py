@@ -51,6 +51,14 @@ class LatestRecords(MutableMapping[WorkKey, TerminalRecord]):
             )
             self._runs.setdefault(run, {}).update(zip(map(_ROW, chosen), chosen, strict=True))
 
+    def within(self, rows: int, runs: int) -> bool:
+        """Whether every key is ``(row, run)`` with ``0 <= row < rows`` and ``0 <= run < runs``
+        (checked a table at a time)."""
+        return all(
+            0 <= run < runs and (not table or (min(table) >= 0 and max(table) < rows))
+            for run, table in self._runs.items()
+        )
+
     def __getitem__(self, key: WorkKey) -> TerminalRecord:
         row, run = key
         try:

@@ -3,6 +3,8 @@ whole-file replay, whichever chunk a line, a bad line or the torn tail falls in.
 
 from __future__ import annotations
 
+import math
+import random
 from pathlib import Path
 
 import pytest
@@ -11,6 +13,7 @@ from launcher.errors import CLIError
 from launcher.rundir import journal as journal_module
 from launcher.rundir.journal import Journal, TerminalRecord, replay_journal
 from launcher.rundir.latest import LatestRecords
+from launcher.rundir.metrics import LiveCounters
 
 
 def rec(row: int, run: int = 0, status: str = "success", rid: str | None = None) -> TerminalRecord:
@@ -109,3 +112,44 @@ def test_latest_records_is_a_mapping_of_work_keys() -> None:
     assert sorted(latest.values(), key=lambda r: r.key) == sorted(
         (latest[k] for k in latest), key=lambda r: r.key
     )
+
+
+def test_counting_all_at_once_matches_counting_one_by_one() -> None:
+    rng = random.Random(29)
+    records = [
+        TerminalRecord(
+            row_index=i,
+            run_index=0,
+            rollout_id=f"r{i}",
+            status=rng.choice(("success", "failed", "skipped")),
+            reward=rng.choice((None, 0.0, 0.5, 1.0, 2, 1)),  # type: ignore[arg-type]
+            tokens=rng.choice((None, 0, 17)),
+        )
+        for i in range(500)
+    ]
+    odd = [
+        *records[:50],
+        TerminalRecord(
+            row_index=50, run_index=0, rollout_id="x", status="success", reward=math.inf
+        ),
+    ]
+    for batch in (records, odd, []):
+        for threshold in (0.5, 1.0):
+            one, bulk = (
+                LiveCounters(pass_threshold=threshold),
+                LiveCounters(pass_threshold=threshold),
+            )
+            for r in batch:
+                one.apply(r.status, r.reward, tokens=r.tokens)
+            bulk.add_all(batch)
+            assert bulk == one
+
+
+def test_latest_records_know_whether_every_key_is_expected() -> None:
+    latest = LatestRecords()
+    latest.add_all([rec(0), rec(4), rec(2, 1)])
+    assert latest.within(5, 2)
+    assert not latest.within(4, 2) and not latest.within(5, 1)
+    latest[(-1, 0)] = rec(0)
+    assert not latest.within(5, 2)
+    assert LatestRecords().within(0, 0)
