@@ -226,7 +226,9 @@ def eval_group() -> None:
 def eval_run(ctx: click.Context, /, config: str, **flags: object) -> None:
     """Evaluate the rollout of CONFIG (a TOML file under configs/eval/) on its dataset."""
     from bridge.spare import BridgeSpare
+    from launcher.fdbudget import raise_descriptor_limit
 
+    raise_descriptor_limit()  # before any child process: each inherits it (launcher.fdbudget)
     # First: the bridge's process imports its web stack while this one prepares the run
     # (bridge.spare; the run's bridge takes it, and it is stopped here if none did).
     spare = BridgeSpare.ahead()

@@ -18,9 +18,9 @@ scripted fakes in virtual time: a :class:`RolloutTransport` (the rollout server)
 :class:`ModelEndpoint` (where rollouts call the model, and what they used) and a
 :class:`ResultSink` (the run directory and the progress display).
 
-Why one module of this size: the worker's path (admit, wait, settle, classify, halt) is one
-state machine whose cancellation and halt rules interlock; the pieces that stand alone (the
-transports, requeueing, the sink's I/O) are already in modules of their own.
+Why one module of this size: an item's life (admission, long-poll, deadline, settle) and the
+ways dispatch halts (a worker's exception, a run-wide streak, descriptors running out) act on
+the same worker pool and queue; split, each half would reach into the other's state.
 """
 
 from __future__ import annotations
@@ -37,6 +37,7 @@ import trio
 
 from launcher.concurrency import InFlightLimit
 from launcher.dataset import WorkItem
+from launcher.fdbudget import exhaustion_in_exception, exhaustion_in_text, exhaustion_reason
 from launcher.requeue import RolloutLost
 from launcher.rundir.journal import ErrorInfo, TerminalRecord
 from launcher.rundir.records import graded_reward, scalar_metrics
@@ -311,6 +312,9 @@ class Dispatcher:
                 except trio.Cancelled:
                     raise
                 except Exception as exc:
+                    if exhaustion_in_exception(exc):
+                        self._halt_exhausted("the supervisor", str(exc), item)
+                        return
                     cause = await self.transport.explain(exc)
                     self.halt(
                         cause or f"{type(exc).__name__}: {exc}",
@@ -347,6 +351,10 @@ class Dispatcher:
         try:
             result = await self._admit_and_wait(item, slot)
         except RolloutRefused as exc:
+            if exhaustion_in_text(str(exc)):
+                self.endpoint.forget(slot.rollout_id)
+                self._halt_exhausted("the supervisor", str(exc), item)
+                return
             record = TerminalRecord(
                 row_index=item.row_index,
                 run_index=item.run_index,
@@ -381,6 +389,13 @@ class Dispatcher:
             self.endpoint.forget(slot.rollout_id)
             self.log("WARNING", "cancel", "rollout cancelled", {"rollout_id": slot.rollout_id})
             return
+        if classified.status == "failed" and exhaustion_in_text(result.err_message):
+            # Not this row's fault: every row would fail the same way. It stays pending.
+            self.endpoint.forget(slot.rollout_id)
+            self._halt_exhausted(
+                "the rollout server or the bridge", result.err_message or "", item, slot
+            )
+            return
         await self._record(classified, has_sample=result.sample is not None)
 
     async def _record(self, record: TerminalRecord, *, has_sample: bool) -> None:
@@ -390,6 +405,16 @@ class Dispatcher:
         await self.sink.record(record, has_sample=has_sample)
         self.report.recorded += 1
         self._watch_streak(record)
+
+    def _halt_exhausted(
+        self, where: str, message: str, item: WorkItem, slot: _Slot | None = None
+    ) -> None:
+        """Halt, cancelling what is in flight, because a process ran out of descriptors: a
+        run-wide fault, so no row is journaled for it (they all stay pending)."""
+        details: dict[str, Any] = {"row_index": item.row_index, "run_index": item.run_index}
+        if slot is not None:
+            details["rollout_id"] = slot.rollout_id
+        self.halt(exhaustion_reason(where, message), cancel_all=True, **details)
 
     def _watch_streak(self, record: TerminalRecord) -> None:
         """Halt (cancelling what is in flight) once :data:`RUN_WIDE_FAILURES` different rows in a

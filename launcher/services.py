@@ -40,6 +40,7 @@ from launcher.dispatch import RolloutTransport, resolve_concurrency
 from launcher.dispatch_io import BridgeEndpoint, RolloutClientTransport
 from launcher.early_checks import early_checks
 from launcher.errors import LocalEvalError
+from launcher.fdbudget import fit_in_flight, raise_descriptor_limit
 from launcher.prepare import Prepared
 from launcher.process import LONG_STOP_GRACE_S, STOP_GRACE_S, TunnelOwner
 from launcher.rollout_child import (
@@ -180,6 +181,9 @@ async def _start(
     ctx: RunContext, nursery: trio.Nursery, started: _Started, env_scope: ExitStack
 ) -> Services:
     p = ctx.prepared
+    # Before the children start: they inherit it (the CLI raised it already, before the
+    # bridge's spare process; a daemon's run gets it here).
+    descriptors = raise_descriptor_limit()
     secrets, providers = await trio.to_thread.run_sync(
         partial(_resolve_secrets, ctx), abandon_on_cancel=True
     )
@@ -221,6 +225,14 @@ async def _start(
     if capped is not None:
         ctx.log("WARNING", "dispatch", capped, None)
         ctx.ui.warning(capped, "CONCURRENCY_CAPPED")
+    from bridge.spare import in_process_requested
+
+    concurrency, fd_capped = fit_in_flight(
+        concurrency, descriptors, bridge_in_process=in_process_requested()
+    )
+    if fd_capped is not None:
+        ctx.log("WARNING", "dispatch", fd_capped, {"open_file_limit": descriptors.soft})
+        ctx.ui.warning(fd_capped, "CONCURRENCY_CAPPED")
     if decision.mode == "managed":
         started.tunnel = await _start_tunnel(ctx, nursery, bridge.port)
     elif decision.mode == "advertise":

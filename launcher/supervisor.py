@@ -15,6 +15,7 @@ best in one place.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
@@ -362,7 +363,7 @@ class Supervisor:
         self.ui.results_table(title, rows)
 
     async def _already_complete(
-        self, name: str, run_dir: Path, latest: dict[WorkKey, TerminalRecord]
+        self, name: str, run_dir: Path, latest: Mapping[WorkKey, TerminalRecord]
     ) -> int | _Request:
         p = self.prepared
         total = p.meta.total_work_items

@@ -17,6 +17,7 @@ import re
 import signal
 import time
 from collections import Counter
+from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
@@ -105,7 +106,7 @@ class RunView:
     doc: dict[str, Any]
 
 
-def _counts(latest: dict[tuple[int, int], TerminalRecord], threshold: float) -> dict[str, Any]:
+def _counts(latest: Mapping[tuple[int, int], TerminalRecord], threshold: float) -> dict[str, Any]:
     counters = LiveCounters(pass_threshold=threshold)
     for r in latest.values():
         counters.apply(r.status, r.reward)

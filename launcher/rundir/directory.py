@@ -33,7 +33,7 @@ import contextlib
 import os
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
@@ -149,7 +149,7 @@ class FinalizeResult:
 
 
 def compute_pending(
-    latest: dict[WorkKey, TerminalRecord],
+    latest: Mapping[WorkKey, TerminalRecord],
     selected_rows: Sequence[SelectedRow],
     n: int,
     retry_failed: bool,
@@ -227,9 +227,12 @@ class RunDirectory:
         # invocation with a valid trajectory and are current: finalize rebuilds only the others.
         self._current = bytearray(size)
         self.counters = LiveCounters(pass_threshold=meta.pass_threshold)
-        for key, record in journal.latest.items():
-            if key in self._expected:
-                self.counters.apply(record.status, record.reward, tokens=record.tokens)
+        if journal.latest.within(meta.sampled_rows, meta.n):
+            self.counters.add_all(list(journal.latest.values()))  # a resume: all of them at once
+        else:
+            for key, record in journal.latest.items():
+                if key in self._expected:
+                    self.counters.apply(record.status, record.reward, tokens=record.tokens)
         # Projections run on worker threads (the journal's committing thread, or a retry's).
         self._projection_lock = threading.Lock()
         # Joined once: each finished item reads its trial and appends to both row files.

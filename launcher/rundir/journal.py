@@ -22,6 +22,7 @@ import trio
 from launcher.errors import JournalCorruptError, LocalEvalError
 from launcher.rundir.atomic import fsync_dir
 from launcher.rundir.calls import CallLog
+from launcher.rundir.latest import LatestRecords
 from launcher.rundir.records import (
     ERROR_MESSAGE_LIMIT,
     ERROR_PHASES,
@@ -115,26 +116,24 @@ class JournalReplay:
     """What replay found: every committed record in order, and the latest per work key."""
 
     records: list[TerminalRecord] = field(default_factory=list)
-    latest: dict[WorkKey, TerminalRecord] = field(default_factory=dict)
+    latest: LatestRecords = field(default_factory=LatestRecords)
     committed_bytes: int = 0
     torn_bytes: int = 0
 
 
 _DECODER = msgspec.json.Decoder(TerminalRecord)
 
+#: Replay reads the journal this many bytes at a time: a million-record journal (about
+#: 200 MB) is never in memory whole, only its decoded records are.
+_READ_CHUNK = 8 << 20
 
-_KEY = attrgetter("row_index", "run_index")
-_STATUS_SET = frozenset(STATUSES)
-_STATUS = attrgetter("status")
 _ROLLOUT_ID = attrgetter("rollout_id")
 
 
 def _all_valid(records: list[TerminalRecord]) -> bool:
-    """Whether every decoded record passes :func:`validate_record`, checked a column at a time
-    (one pass per field in C instead of a Python call per record). Any doubt falls back to
-    the per-record check."""
-    if not _STATUS_SET.issuperset(map(_STATUS, records)):
-        return False
+    """Whether every decoded record passes :func:`validate_record` (the decoder already
+    checked each ``status``), checked a column at a time (one pass in C instead of a Python
+    call per record). Any doubt falls back to the per-record check."""
     ids = list(map(_ROLLOUT_ID, records))
     # One string with every id between newlines answers at C speed (substring scans, no
     # per-id call and no regular expression) "no id holds a separator or a NUL, is empty or
@@ -146,10 +145,11 @@ def _all_valid(records: list[TerminalRecord]) -> bool:
     return ("\n." not in joined and ":" not in joined) or all(map(is_single_path_segment, ids))
 
 
-def _slow_parse(path: Path, committed: bytes) -> list[TerminalRecord]:
-    """Line-by-line parse that names the first bad line exactly (§3.3 messages)."""
+def _slow_parse(path: Path, committed: bytes, first_line: int = 1) -> list[TerminalRecord]:
+    """Line-by-line parse that names the first bad line exactly (§3.3 messages);
+    ``first_line`` is the number of ``committed``'s first line in the file."""
     records: list[TerminalRecord] = []
-    for lineno, raw in enumerate(committed.split(b"\n")[:-1], start=1):
+    for lineno, raw in enumerate(committed.split(b"\n")[:-1], start=first_line):
         where = f"{path}:{lineno}"
         if not raw.strip():
             raise JournalCorruptError(f"{where}: blank journal record")
@@ -167,6 +167,21 @@ def _slow_parse(path: Path, committed: bytes) -> list[TerminalRecord]:
     return records
 
 
+def _parse_lines(
+    path: Path, committed: memoryview, lines: int, first_line: int
+) -> list[TerminalRecord]:
+    """The records of ``committed`` (``lines`` whole lines): one typed decode and a column
+    check when every line is valid, else the line-by-line parse that names the bad one."""
+    try:
+        decoded = _DECODER.decode_lines(committed)
+    except (msgspec.DecodeError, msgspec.ValidationError):
+        return _slow_parse(path, bytes(committed), first_line)
+    # decode_lines skips blank lines, so a count mismatch means a blank line (corruption).
+    if len(decoded) == lines and _all_valid(decoded):
+        return decoded
+    return _slow_parse(path, bytes(committed), first_line)
+
+
 def replay_journal(path: Path) -> JournalReplay:
     """Read ``events.jsonl``: committed records and the torn tail size (nothing is modified).
 
@@ -174,28 +189,30 @@ def replay_journal(path: Path) -> JournalReplay:
     even if it parses). Any committed line that is blank, not JSON, not an object, or has a
     missing/mistyped field raises :class:`JournalCorruptError` naming ``<path>:<line>``.
     """
+    replay = JournalReplay()
     try:
-        data = Path(path).read_bytes()
+        with open(path, "rb") as fh:
+            carry = b""
+            lineno = 1
+            while block := fh.read(_READ_CHUNK):
+                data = carry + block if carry else block
+                end = data.rfind(b"\n") + 1
+                carry = data[end:]
+                if not end:
+                    continue
+                lines = data.count(b"\n", 0, end)
+                # A view, not a slice: the chunk is not copied once more.
+                records = _parse_lines(path, memoryview(data)[:end], lines, lineno)
+                lineno += lines
+                replay.committed_bytes += end
+                replay.records += records
+                # The last record of a key wins, across and within chunks.
+                replay.latest.add_all(records)
     except FileNotFoundError:
         return JournalReplay()
     except OSError as exc:
         raise LocalEvalError(f"cannot read {path}: {exc}") from None
-    end = data.rfind(b"\n") + 1
-    committed = data[:end]
-    replay = JournalReplay(committed_bytes=end, torn_bytes=len(data) - end)
-    records: list[TerminalRecord] | None = None
-    try:
-        decoded = _DECODER.decode_lines(committed)
-        # decode_lines skips blank lines, so a count mismatch means a blank line (corruption).
-        if len(decoded) == committed.count(b"\n") and _all_valid(decoded):
-            records = decoded
-    except (msgspec.DecodeError, msgspec.ValidationError):
-        records = None
-    if records is None:
-        records = _slow_parse(path, committed)
-    replay.records = records
-    # The last record of a key wins: dict() keeps the last value of a repeated key.
-    replay.latest = dict(zip(map(_KEY, records), records, strict=True))
+    replay.torn_bytes = len(carry)
     return replay
 
 
@@ -229,7 +246,7 @@ class Journal:
         self.path = path
         self._fd = fd
         self.records: list[TerminalRecord] = replay.records
-        self.latest: dict[WorkKey, TerminalRecord] = replay.latest
+        self.latest: LatestRecords = replay.latest
         self.torn_bytes = replay.torn_bytes
         self._queue: list[_Pending] = []
         self._committing = False

@@ -4,7 +4,7 @@ already complete for the same inputs (so a re-run can report it without touching
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -45,7 +45,7 @@ def peek_complete(
     n: int,
     *,
     retry_failed: bool,
-) -> dict[WorkKey, TerminalRecord] | None:
+) -> Mapping[WorkKey, TerminalRecord] | None:
     """The journal's latest records when ``run_dir`` exists for the same inputs, has nothing
     pending and was finalized as ``finished``; else None.
 

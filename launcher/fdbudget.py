@@ -1,0 +1,152 @@
+"""File descriptors for a run's rollouts in flight (issue 29, item 1).
+
+Each rollout in flight holds sockets on every hop of ours: the supervisor's long-poll to the
+rollout server; at the rollout server that long-poll in and the rollout's model call out; at
+the bridge that call in and the provider call out. With one HTTP/1.1 connection per
+outstanding request the rollout server and the bridge each need two descriptors per rollout
+in flight, on top of what any process holds anyway (its imports, logs, pipes, the journal,
+the pooled admission connections).
+
+Before dispatch the supervisor raises its soft ``RLIMIT_NOFILE`` as far as the hard limit
+allows (:func:`raise_descriptor_limit`, before it spawns the bridge and the rollout server,
+which inherit it) and caps the rollouts in flight to what that limit holds
+(:func:`fit_in_flight`), saying so, instead of letting rows fail. A descriptor running out
+anyway (a rollout that opens files of its own) is recognised by :func:`exhaustion_in_text`
+and :func:`exhaustion_in_exception`, and halts dispatch with that cause rather than
+journaling failed rows.
+"""
+
+from __future__ import annotations
+
+import errno
+from dataclasses import dataclass
+
+__all__ = [
+    "PER_ROLLOUT",
+    "RESERVE",
+    "DescriptorLimit",
+    "exhaustion_in_exception",
+    "exhaustion_in_text",
+    "exhaustion_reason",
+    "fit_in_flight",
+    "raise_descriptor_limit",
+]
+
+#: Descriptors per rollout in flight in the process that needs the most: the rollout server
+#: and the bridge process (one in, one out each); the supervisor needs one (its long-poll),
+#: three when the bridge runs inside it (``ROLLBRIDGE_BRIDGE_IN_PROCESS``).
+PER_ROLLOUT = 2
+PER_ROLLOUT_BRIDGE_IN_PROCESS = 3
+#: Descriptors kept free in every process for what does not grow with the rollouts in flight:
+#: stdio, logs, pipes to children, the journal and the files of the results being written,
+#: the pooled admission connections (64 at most, ``launcher.dispatch``), the event loop's own.
+#: A quarter of the limit when that is less (a process needs a few dozen of its own), so a
+#: low limit still runs as many rollouts as it can hold.
+RESERVE = 256
+#: Soft limits tried, largest first, where the hard limit is unlimited: the kernel's own
+#: ceiling (Linux's ``fs.nr_open``, macOS's ``kern.maxfilesperproc``) is not readable
+#: portably, and a value above it is refused.
+_UNLIMITED_TRIES = (1 << 20, 1 << 16, 10240)
+
+_EXHAUSTED_ERRNOS = frozenset({errno.EMFILE, errno.ENFILE})
+#: How the two errors read once they crossed a process boundary as text (``str(OSError)``).
+_EXHAUSTED_TEXTS = ("Too many open files", "[Errno 24]", "[Errno 23]")
+
+
+@dataclass(frozen=True)
+class DescriptorLimit:
+    """This process's ``RLIMIT_NOFILE`` (None: unlimited, or unknown on this platform)."""
+
+    soft: int | None
+    hard: int | None
+    raised_from: int | None = None
+    """The soft limit before :func:`raise_descriptor_limit` raised it, when it did."""
+
+
+def _finite(value: int, infinity: int) -> int | None:
+    return None if value == infinity or value < 0 else value
+
+
+def raise_descriptor_limit() -> DescriptorLimit:
+    """Raise the soft open-file limit to the hard limit (processes spawned afterwards inherit
+    it) and return the limits in force. Where the hard limit is unlimited the soft one goes
+    as high as the kernel takes (an unlimited soft limit is refused by some); a refusal
+    leaves it as it was."""
+    try:
+        import resource
+    except ImportError:  # not on posix: nothing to raise, nothing to budget
+        return DescriptorLimit(None, None)
+    infinity = resource.RLIM_INFINITY
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft == infinity:
+        return DescriptorLimit(None, _finite(hard, infinity))
+    tries = _UNLIMITED_TRIES if hard == infinity else (hard,)
+    for value in tries:
+        if value <= soft:
+            break
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (value, hard))
+        except (OSError, ValueError):
+            continue
+        return DescriptorLimit(value, _finite(hard, infinity), raised_from=soft)
+    return DescriptorLimit(soft, _finite(hard, infinity))
+
+
+def fit_in_flight(
+    in_flight: int, limit: DescriptorLimit, *, bridge_in_process: bool = False
+) -> tuple[int, str | None]:
+    """The rollouts in flight that ``limit`` holds (at most ``in_flight``), and the one-line
+    notice to show when that is fewer than asked."""
+    if limit.soft is None:
+        return in_flight, None
+    per = PER_ROLLOUT_BRIDGE_IN_PROCESS if bridge_in_process else PER_ROLLOUT
+    reserve = min(RESERVE, limit.soft // 4)
+    fits = max(1, (limit.soft - reserve) // per)
+    if in_flight <= fits:
+        return in_flight, None
+    needed = in_flight * per + reserve
+    hard = "unlimited" if limit.hard is None else str(limit.hard)
+    return fits, (
+        f"{in_flight} rollouts in flight need about {needed} open files per process "
+        f"({per} per rollout + {reserve}), above the open-file limit of {limit.soft} "
+        f"(hard limit {hard}); running {fits} rollouts at a time "
+        "(raise the hard limit, `ulimit -Hn`, to run more)"
+    )
+
+
+def exhaustion_in_text(text: str | None) -> bool:
+    """Whether an error message says a process ran out of file descriptors."""
+    if not text:
+        return False
+    return any(marker in text for marker in _EXHAUSTED_TEXTS)
+
+
+def exhaustion_in_exception(exc: BaseException) -> bool:
+    """Whether ``exc`` (or its cause, context, or a member of an exception group) is a process
+    running out of file descriptors (EMFILE, ENFILE)."""
+    seen: set[int] = set()
+    stack: list[BaseException] = [exc]
+    while stack:
+        current = stack.pop()
+        if id(current) in seen:
+            continue
+        seen.add(id(current))
+        if isinstance(current, OSError) and current.errno in _EXHAUSTED_ERRNOS:
+            return True
+        if exhaustion_in_text(str(current)):
+            return True
+        if isinstance(current, BaseExceptionGroup):
+            stack.extend(current.exceptions)
+        stack.extend(e for e in (current.__cause__, current.__context__) if e is not None)
+    return False
+
+
+def exhaustion_reason(where: str, message: str) -> str:
+    """The halt reason for descriptors running out in ``where``."""
+    text = " ".join(message.split())
+    if len(text) > 300:
+        text = text[:299] + "…"
+    return (
+        f"{where} ran out of file descriptors ({text}); the rows in flight stay pending: "
+        "resume with a lower --max-in-flight, or raise the open-file hard limit (`ulimit -Hn`)"
+    )
