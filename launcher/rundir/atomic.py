@@ -37,6 +37,7 @@ __all__ = [
     "fsync_dir",
     "pretty_json_bytes",
     "read_to_end",
+    "rewrite_in_place",
 ]
 
 FILE_MODE = 0o600
@@ -252,3 +253,25 @@ def read_to_end(fd: int, size_hint: int) -> bytes:
         parts.append(chunk)
         request = 1 << 20
     return b"".join(parts)
+
+
+def rewrite_in_place(target: Path, data: bytes) -> None:
+    """Overwrite ``target`` in place with ``data`` and fsync it, for when an atomic write could
+    not be made (a full disk still lets an existing file's blocks be rewritten), so a reader
+    never sees a run that ended as ``running``. Best effort: a missing file or an I/O error
+    leaves it as it was; a torn file is repaired by the next open, which rebuilds every
+    projection from the journal."""
+    try:
+        fd = os.open(target, os.O_WRONLY | getattr(os, "O_NOFOLLOW", 0))
+    except OSError:
+        return
+    try:
+        view = memoryview(data)
+        while view:
+            view = view[os.write(fd, view) :]
+        os.ftruncate(fd, len(data))
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)

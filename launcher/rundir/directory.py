@@ -33,8 +33,7 @@ import contextlib
 import os
 import threading
 import time
-from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Callable, Sequence
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -42,7 +41,7 @@ from typing import Any
 import msgspec
 import trio
 
-from launcher.dataset import SelectedRow, WorkItem, dataset_rows_jsonl
+from launcher.dataset import SelectedRow, WorkItem
 from launcher.errors import LocalEvalError
 from launcher.redact import Redactor
 from launcher.rundir.atomic import (
@@ -50,9 +49,17 @@ from launcher.rundir.atomic import (
     atomic_write_bytes,
     atomic_write_json,
     pretty_json_bytes,
+    rewrite_in_place,
 )
 from launcher.rundir.calls import CALLS_FILENAME, encode_calls
-from launcher.rundir.journal import Journal, TerminalRecord, WorkKey
+from launcher.rundir.items import (
+    FailedRow,
+    FinalizeResult,
+    ItemGrid,
+    RunMeta,
+    compute_pending,
+)
+from launcher.rundir.journal import Journal, TerminalRecord
 from launcher.rundir.lock import RunLock, lock_path
 from launcher.rundir.logs import INVOCATION_ENDED, INVOCATION_STEP, RunLog, utc_now_iso
 from launcher.rundir.manifest import GateOutcome, Manifest, manifest_gate
@@ -67,6 +74,7 @@ from launcher.rundir.projections import (
     read_valid_trajectory,
 )
 from launcher.rundir.records import graded_reward
+from launcher.rundir.snapshots import remove_stale_temps, write_dataset_rows, write_progress
 
 __all__ = [
     "FailedRow",
@@ -84,111 +92,6 @@ TRAJECTORY_POLL_S = 0.2
 #: next one waits at least METRICS_MAX_SHARE times that refresh's duration.
 METRICS_SLOW_S = 0.02
 METRICS_MAX_SHARE = 50
-
-
-@dataclass(frozen=True)
-class RunMeta:
-    """Facts about this invocation that projections and metrics need (not all are locked)."""
-
-    n: int
-    pass_threshold: float
-    sampled_rows: int
-    total_dataset_rows: int
-    dataset_name: str
-    model_name: str
-    rollout_name: str
-    rows: range | None = None
-    """The ``row_index`` values of this run (a ``--shard``); None: ``range(sampled_rows)``."""
-
-    @property
-    def total_work_items(self) -> int:
-        """``sampled_rows × n``."""
-        return self.sampled_rows * self.n
-
-    @property
-    def row_range(self) -> range:
-        """The ``row_index`` values this run expects."""
-        return self.rows if self.rows is not None else range(self.sampled_rows)
-
-
-@dataclass(frozen=True)
-class FailedRow:
-    """A work item whose latest record is not ``success`` (failed or skipped), for §10.4."""
-
-    row_index: int
-    source_row_index: int | None
-    run_index: int
-    rollout_id: str
-    status: str
-    error_type: str | None
-    rollout_dir: Path
-
-
-@dataclass
-class FinalizeResult:
-    """What :meth:`RunDirectory.finalize` wrote, for the results table and the envelope."""
-
-    metrics: dict[str, Any]
-    complete: bool
-    total_work_items: int
-    recorded: int
-    succeeded: int
-    failed: int
-    skipped: int
-    resumed: int
-    duration_ms: float
-    failed_rows: list[FailedRow] = field(default_factory=list)
-    write_failure: WriteFailure | None = None
-    """The first file of the run that could not be written, if any (the run then exits 1)."""
-
-    @property
-    def summary(self) -> dict[str, Any]:
-        """``metrics.json.summary``."""
-        summary: dict[str, Any] = self.metrics["summary"]
-        return summary
-
-
-def compute_pending(
-    latest: Mapping[WorkKey, TerminalRecord],
-    selected_rows: Sequence[SelectedRow],
-    n: int,
-    retry_failed: bool,
-) -> list[WorkItem]:
-    """Items without a terminal record (plus failed/skipped ones with ``retry_failed``), in
-    selection order, row-major then run_index (§4.6)."""
-    pending: list[WorkItem] = []
-    for row in selected_rows:
-        for run_index in range(n):
-            record = latest.get((row.row_index, run_index))
-            if record is None or (retry_failed and record.status in ("failed", "skipped")):
-                pending.append(WorkItem(row, run_index))
-    return pending
-
-
-class _ItemGrid:
-    """The expected work keys ``(row, run)`` for ``row in rows`` (a range: every row, or a
-    shard's every N-th), ``0 <= run < n``, as bounds: a set of them held a tuple, its ints and
-    a table slot per item (~13 MB at 100,000 rows)."""
-
-    __slots__ = ("_rows", "_runs")
-
-    def __init__(self, rows: range, n: int) -> None:
-        self._rows = rows
-        self._runs = range(n)
-
-    def __contains__(self, key: object) -> bool:
-        if not isinstance(key, tuple) or len(key) != 2:
-            return False
-        row, run = key
-        return row in self._rows and run in self._runs
-
-    def __len__(self) -> int:
-        return len(self._rows) * len(self._runs)
-
-    def slot(self, key: WorkKey) -> int:
-        """The position of an expected key in row-major ``(row, run)`` order."""
-        row, run = key
-        return self._rows.index(row) * len(self._runs) + run
 
 
 class RunDirectory:
@@ -215,7 +118,7 @@ class RunDirectory:
         self._t0 = time.monotonic()
         self._metrics_interval_s = metrics_interval_s
         self._next_metrics = -float("inf")
-        self._expected = _ItemGrid(meta.row_range, meta.n)
+        self._expected = ItemGrid(meta.row_range, meta.n)
         # Per expected item, by its grid slot (so in (row_index, run_index) order): no key
         # tuples or table entries (~17 MB more at 100,000 rows as dicts keyed by tuple).
         size = len(self._expected)
@@ -335,10 +238,13 @@ class RunDirectory:
             metrics_interval_s=metrics_interval_s,
         )
         try:
-            rd._remove_stale_temps()
-            if selected_rows is not None:  # None: the caller wrote it (eval merge)
-                rd._write_dataset_rows(selected_rows)
-            rd._write_progress()
+            remove_stale_temps(rd.path)
+            # selected_rows None: the caller wrote the file (eval merge).
+            if selected_rows is not None and write_dataset_rows(rd.path, selected_rows):
+                rd.log.warning(
+                    "resume", "dataset_rows.jsonl did not match the selected rows; rewrote it"
+                )
+            write_progress(rd.path, rd.meta)
             rd._rebuild(status="running")
         except BaseException:
             rd.close()
@@ -608,38 +514,6 @@ class RunDirectory:
 
     # -- whole-run snapshots -------------------------------------------------------------
 
-    def _remove_stale_temps(self) -> None:
-        """Delete temp files an interrupted atomic write left behind (we hold the run lock)."""
-        for directory in (self.path, self.path / "trajectories"):
-            for temp in directory.glob(".*.tmp"):
-                if temp.is_file() and not temp.is_symlink():
-                    temp.unlink()
-
-    def _write_dataset_rows(self, selected_rows: Sequence[SelectedRow]) -> None:
-        data = dataset_rows_jsonl(selected_rows)
-        target = self.path / "dataset_rows.jsonl"
-        try:
-            existing = target.read_bytes()
-        except FileNotFoundError:
-            existing = None
-        if existing == data:
-            return
-        if existing is not None:
-            self.log.warning(
-                "resume", "dataset_rows.jsonl did not match the selected rows; rewrote it"
-            )
-        atomic_write_bytes(target, data)
-
-    def _write_progress(self) -> None:
-        atomic_write_json(
-            self.path / "progress.json",
-            {
-                "total_runs": self.meta.total_work_items,
-                "sampled_rows": self.meta.sampled_rows,
-                "total_dataset_rows": self.meta.total_dataset_rows,
-            },
-        )
-
     def _latest_expected(self) -> list[TerminalRecord]:
         return [self.journal.latest[k] for k in sorted(self.journal.latest) if k in self._expected]
 
@@ -731,28 +605,6 @@ class RunDirectory:
             rows[slot] = index_values(record, trajectory, resumed=not self._fresh[slot])
         return rows
 
-    def _salvage_metrics(self, doc: dict[str, Any]) -> None:
-        """Write the final ``metrics.json`` in place when the atomic write could not be made
-        (a full disk still lets an existing file's blocks be rewritten), so a reader never
-        sees a run that ended as ``running``. A torn file here is repaired by the next open,
-        which rebuilds every projection from the journal."""
-        target = self.path / "metrics.json"
-        data = pretty_json_bytes(doc)
-        try:
-            fd = os.open(target, os.O_WRONLY | getattr(os, "O_NOFOLLOW", 0))
-        except OSError:
-            return
-        try:
-            view = memoryview(data)
-            while view:
-                view = view[os.write(fd, view) :]
-            os.ftruncate(fd, len(data))
-            os.fsync(fd)
-        except OSError:
-            pass
-        finally:
-            os.close(fd)
-
     def failed_rows(self) -> list[FailedRow]:
         """Latest records that are not ``success``, sorted by ``(row_index, run_index)``."""
         return [
@@ -780,7 +632,7 @@ class RunDirectory:
         completed_at = utc_now_iso(datetime.now(UTC)) if complete else None
         status = "finished" if complete else "incomplete"
         try:
-            self._write_progress()
+            write_progress(self.path, self.meta)
             doc = self._rebuild(
                 status=status, duration_ms=duration_ms, completed_at=completed_at, reuse=True
             )
@@ -796,7 +648,7 @@ class RunDirectory:
             )
             self._rows = self._index_rows()
             doc = self._metrics_doc(status, duration_ms, completed_at)
-            self._salvage_metrics(doc)
+            rewrite_in_place(self.path / "metrics.json", pretty_json_bytes(doc))
         # One line per invocation, so a report can show the run's wall time as the sum of
         # its invocations (metrics.json keeps the latest one's only).
         self.log.info(
