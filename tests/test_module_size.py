@@ -25,3 +25,17 @@ def test_long_modules_say_why() -> None:
         f"modules over {LIMIT} lines without a '{REASON}' paragraph in their docstring: "
         + ", ".join(offenders)
     )
+
+
+HARD_LIMIT = 700
+
+
+def test_no_module_is_over_the_hard_limit() -> None:
+    """A reason buys a module up to 700 lines, no more (issue 23)."""
+    over = [
+        f"{path.relative_to(ROOT)} ({lines} lines)"
+        for package in PACKAGES
+        for path in sorted((ROOT / package).rglob("*.py"))
+        if (lines := path.read_text(encoding="utf-8").count("\n")) > HARD_LIMIT
+    ]
+    assert not over, f"modules over {HARD_LIMIT} lines: " + ", ".join(over)

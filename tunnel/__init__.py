@@ -44,20 +44,19 @@ from tunnel.plan import (
 if TYPE_CHECKING:
     from tunnel.cloudflared import (
         RATE_LIMIT_MESSAGE,
-        ChildOwner,
-        LogSink,
         TunnelFailed,
         TunnelHandle,
         TunnelOptions,
         run_cloudflared_tunnel,
     )
+    from tunnel.owner import ChildOwner, LogSink
 
 # The process side pulls in httpx; importing it lazily keeps ``import tunnel.plan``
 # (flag validation at CLI start-up) cheap.
 _LAZY = {
     "RATE_LIMIT_MESSAGE": "tunnel.cloudflared",
-    "ChildOwner": "tunnel.cloudflared",
-    "LogSink": "tunnel.cloudflared",
+    "ChildOwner": "tunnel.owner",
+    "LogSink": "tunnel.owner",
     "TunnelFailed": "tunnel.cloudflared",
     "TunnelHandle": "tunnel.cloudflared",
     "TunnelOptions": "tunnel.cloudflared",

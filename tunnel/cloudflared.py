@@ -25,15 +25,15 @@ from __future__ import annotations
 
 import os
 import subprocess
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from dataclasses import KW_ONLY, dataclass, field
 from pathlib import Path
-from typing import Any, Protocol
 
 import httpx
 import trio
 
 from tunnel.errors import TunnelError, TunnelRateLimited, TunnelRecordError, TunnelStartError
+from tunnel.owner import ChildOwner, LogSink, Standalone, no_log, no_milestone, unredacted
 from tunnel.parse import parse_stderr_line, ready_url
 
 START_TIMEOUT = 30.0
@@ -55,68 +55,6 @@ RATE_LIMIT_MESSAGE = (
 )
 UNREACHABLE_TAIL = "sandboxes can no longer reach the model bridge"
 _MAX_LINE = 64 * 1024
-
-
-class LogSink(Protocol):
-    """Where log lines go: ``(level, step, message, details)``; level is INFO/WARNING/ERROR."""
-
-    def __call__(
-        self, level: str, step: str, message: str, details: Mapping[str, Any] | None = None
-    ) -> None: ...
-
-
-def _no_log(level: str, step: str, message: str, details: Mapping[str, Any] | None = None) -> None:
-    return None
-
-
-def _no_milestone(message: str) -> None:
-    return None
-
-
-def _identity(text: str) -> str:
-    return text
-
-
-class ChildOwner(Protocol):
-    """Who owns each cloudflared process the tunnel starts (one at a time, its own session
-    leader, so its pid is also its process group).
-
-    ``record`` and ``release`` block (file I/O) and are called on a worker thread.
-    """
-
-    def record(self, pid: int, port: int) -> None:
-        """Take ownership of the freshly started ``pid``, which forwards to ``port``.
-
-        Raises :class:`ProcessLookupError` when the process cannot be identified (it is already
-        gone), another :class:`OSError` when ownership cannot be recorded.
-        """
-
-    async def stop(self, process: trio.Process, grace: float) -> bool:
-        """Stop ``process`` and whatever it started: SIGTERM, SIGKILL after ``grace`` seconds.
-        Returns True when they are confirmed gone. Must finish even when cancelled."""
-
-    def release(self, pid: int) -> None:
-        """Give up ownership of ``pid``, which ``stop`` has confirmed gone."""
-
-
-class _Standalone:
-    """The owner when none is given: records nothing and stops only the process it started."""
-
-    def record(self, pid: int, port: int) -> None:
-        return None
-
-    async def stop(self, process: trio.Process, grace: float) -> bool:
-        process.terminate()
-        with trio.move_on_after(grace):
-            await process.wait()
-        if process.returncode is None:
-            process.kill()
-            with trio.move_on_after(2.0):
-                await process.wait()
-        return process.returncode is not None
-
-    def release(self, pid: int) -> None:
-        return None
 
 
 @dataclass(frozen=True)
@@ -144,9 +82,9 @@ class TunnelOptions:
     local_port: int
     _: KW_ONLY
     owner: ChildOwner | None = None
-    log: LogSink = _no_log
-    milestone: Callable[[str], None] = _no_milestone
-    redact: Callable[[str], str] = _identity
+    log: LogSink = no_log
+    milestone: Callable[[str], None] = no_milestone
+    redact: Callable[[str], str] = unredacted
     start_timeout: float = START_TIMEOUT
     probe_interval: float = PROBE_INTERVAL
     registration_grace: float = REGISTRATION_GRACE
@@ -384,7 +322,7 @@ class _Supervisor:
         nursery: trio.Nursery,
     ) -> None:
         self._options = options
-        self._owner: ChildOwner = options.owner or _Standalone()
+        self._owner: ChildOwner = options.owner or Standalone()
         self._state = state
         self._public = public_client
         self._local = local_client

@@ -24,4 +24,4 @@ class TunnelRateLimited(TunnelStartError):
 
 
 class TunnelRecordError(TunnelError):
-    """The tunnel's :class:`~tunnel.cloudflared.ChildOwner` could not record a cloudflared."""
+    """The tunnel's :class:`~tunnel.owner.ChildOwner` could not record a cloudflared."""
