@@ -5,6 +5,9 @@ server stays pure trio (no asyncio loop, no Harbor import in the server), a Harb
 take the server down, cancelling is a signal to one process group, and the trial config is a file
 that can be replayed by hand. The cost is one Harbor start-up per trial (measured by
 ``scripts/bench/bench_harbor.py``; about 5 s of a ~25 s oracle trial on 2 cores).
+
+Over 450 lines: the backend is the one place a trial's whole story is told in order (slot,
+staging, process, outcome, archive, retirement); its helpers already live in sibling modules.
 """
 
 from __future__ import annotations
@@ -40,6 +43,8 @@ from .staging import (
     trial_config,
     write_private,
 )
+from .taskimage import TaskImages, use_task_image
+from .timings import TrialClock
 from .workflow import HARNESS_AGENT, WorkflowSpec, stage_workflow
 
 __all__ = ["HOST_SIDE_AGENTS", "HarborBackend", "HarborSetupError", "find_harbor"]
@@ -86,6 +91,10 @@ class HarborBackend(ExecutionBackend):
     label reaches the container only with ``tests/`` at verification. ``sandbox_network``:
     ``"auto"`` (the probe picks the route) or ``"none"`` (the main service has no network; the
     exec relay carries the model calls). See ``docs/harbor.md``.
+
+    ``prebuild_images`` (default on; ``ROLLBRIDGE_HARBOR_PREBUILD=0`` turns the default off):
+    build a task's plain ``environment/Dockerfile`` once per server and start every trial from
+    that image instead of a build per trial (:mod:`.taskimage`).
     """
 
     def __init__(
@@ -114,6 +123,7 @@ class HarborBackend(ExecutionBackend):
         config: Any = None,
         grader_config: Any = None,
         sandbox_network: str = "auto",
+        prebuild_images: bool | None = None,
     ) -> None:
         if mode not in ("template", "dataset"):
             raise ValueError("mode must be 'template' or 'dataset'")
@@ -159,6 +169,11 @@ class HarborBackend(ExecutionBackend):
         )
         self.sandbox_network = sandbox_network
         self._placement = Placement(engine=self.engine, network=sandbox_network, owner=self._owner)
+        if prebuild_images is None:
+            prebuild_images = os.environ.get("ROLLBRIDGE_HARBOR_PREBUILD", "1") != "0"
+        self._task_images = (
+            TaskImages(self.engine) if prebuild_images and self.engine is not None else None
+        )
         if reap_orphans:
             engine = self.engine if self.engine and shutil.which(self.engine) else None
             reap_dead_owners(engine, self.trials_root)
@@ -262,7 +277,11 @@ class HarborBackend(ExecutionBackend):
         return values
 
     def _stage(
-        self, request: ExecutionRequest, chat_url: str, sandbox: SandboxTrial | None = None
+        self,
+        request: ExecutionRequest,
+        chat_url: str,
+        sandbox: SandboxTrial | None = None,
+        image: str | None = None,
     ) -> StagedTrial:
         """Stage the task privately (owner file first) and write the trial config."""
         service: dict[str, Any] = {
@@ -285,6 +304,8 @@ class HarborBackend(ExecutionBackend):
             instruction=instruction,
             service=service,
         )
+        if image is not None:
+            use_task_image(staged.task_dir, image)
         harness: dict[str, Any] | None = None
         verify = True
         if self.workflow_spec is not None and sandbox is not None:
@@ -371,13 +392,19 @@ class HarborBackend(ExecutionBackend):
         self, request: ExecutionRequest, bearer: str | None, chat_url: str
     ) -> ExecutionOutcome:
         sandbox: SandboxTrial | None = None
+        clock = TrialClock(request.id, f"trial-{request.id}")
+        clock.mark("slot")
         try:
             harbor = find_harbor(self.harbor_command)
             if self.workflow_spec is not None:
                 sandbox = await self._placement.sandbox_trial(
                     self.workflow_spec.project_dir, self._task_for(request), chat_url
                 )
-            staged = await trio.to_thread.run_sync(self._stage, request, chat_url, sandbox)
+            image = None
+            if self._task_images is not None and sandbox is None:
+                image = await self._task_images.image_for(self._task_for(request))
+            staged = await trio.to_thread.run_sync(self._stage, request, chat_url, sandbox, image)
+            clock.mark("staged")
         except (HarborSetupError, PlacementError, ValueError, OSError) as exc:
             shutil.rmtree(self.trials_root / "staging" / request.id, ignore_errors=True)
             category = (
@@ -393,6 +420,7 @@ class HarborBackend(ExecutionBackend):
         try:
             if self.engine is not None:
                 await containers.sweep_trial(self.engine, trial_name)
+            clock.mark("swept")
             env = self._child_env(
                 harbor,
                 bearer,
@@ -409,8 +437,10 @@ class HarborBackend(ExecutionBackend):
                 grace=self.cancel_grace_sec,
                 engine=self.engine,
             )
+            clock.mark("exited")
             evidence = sandbox.evidence() if sandbox is not None else None
             outcome = trial_outcome(trial_dir, request, returncode, log_path, secrets, evidence)
+            clock.mark("outcome")
             if request.rollout_dir is not None:
                 report = await trio.to_thread.run_sync(
                     archive_trial, trial_dir, log_path, request.rollout_dir, secrets
@@ -421,6 +451,7 @@ class HarborBackend(ExecutionBackend):
                         request.id,
                         len(report.dropped),
                     )
+                clock.mark("archived")
                 keep = not (
                     self.cleanup_successful_trials
                     and report.complete
@@ -429,10 +460,13 @@ class HarborBackend(ExecutionBackend):
             else:
                 keep = True
             await trio.to_thread.run_sync(retire_trial_dir, trial_dir, keep, secrets)
+            clock.mark("retired")
             return outcome
         finally:
             with trio.CancelScope(shield=True):
                 await trio.to_thread.run_sync(shutil.rmtree, staged.staging, True)
+                clock.mark("done")
+                clock.flush()
 
     async def shutdown(self) -> None:
         """Remove any container this server still owns (every trial has been cancelled)."""
