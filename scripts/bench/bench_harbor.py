@@ -9,7 +9,8 @@ backend's own marks (``ROLLBRIDGE_HARBOR_TIMINGS``):
 
 - ``interp``: Harbor's interpreter start (spawn to the trial's ``started_at``; once per job on
   Harbor's side, shown as ``interp(job)``);
-- ``image``: the environment's image build; ``up``: compose up until the container runs;
+- ``image``: the environment's image build (0 when the trial starts from a prebuilt image);
+  ``up``: from there until the container runs (compose's ``down``, ``up``);
   ``ready``: until ``exec`` works and the environment is set up;
 - ``agent``, ``verifier``: Harbor's phases; ``teardown``: verifier end to the trial's end;
 - ``exit``: the trial's end to its process's exit (ours only);
@@ -172,7 +173,7 @@ def _phases(
     _, agent_end = span("agent_execution")
     ver_start, ver_end = span("verifier")
     built = first("image", "tag") or first("image", "pull")
-    created, running = first("container", "create"), first("container", "start")
+    running = first("container", "start")
     out: dict[str, float] = {}
 
     def put(key: str, a: float | None, b: float | None) -> None:
@@ -186,7 +187,8 @@ def _phases(
         put("archive", marks.get("exited"), marks.get("retired"))
     elif spawned is not None:
         put("interp", spawned, started)
-    put("image", env_start, built or created)
+    # No build event: the trial started from a prebuilt image (no image phase of its own).
+    put("image", env_start, built or env_start)
     put("up", built or env_start, running)
     put("ready", running, env_end)
     put("agent", agent_start, agent_end)
