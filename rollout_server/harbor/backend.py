@@ -30,6 +30,7 @@ from ..protocol import RolloutErrorCategory, RolloutStatus
 from ..sdk import AgentWorkflow, Grader, get_rollout_context
 from . import containers
 from .archive import archive_trial, retire_trial_dir
+from .forkserver import HarborWorker, harbor_python
 from .locate import HarborSetupError, find_harbor
 from .placement import Placement, PlacementError, SandboxTrial, TrialWiring
 from .process import run_trial_process
@@ -94,7 +95,10 @@ class HarborBackend(ExecutionBackend):
 
     ``prebuild_images`` (default on; ``ROLLBRIDGE_HARBOR_PREBUILD=0`` turns the default off):
     build a task's plain ``environment/Dockerfile`` once per server and start every trial from
-    that image instead of a build per trial (:mod:`.taskimage`).
+    that image instead of a build per trial (:mod:`.taskimage`). ``harbor_worker`` (default on
+    for model-free agents; ``ROLLBRIDGE_HARBOR_WORKER=0`` turns the default off): fork each
+    trial's Harbor process from one long-lived worker that imported Harbor once
+    (:mod:`.forkserver`), instead of starting an interpreter per trial.
     """
 
     def __init__(
@@ -124,6 +128,7 @@ class HarborBackend(ExecutionBackend):
         grader_config: Any = None,
         sandbox_network: str = "auto",
         prebuild_images: bool | None = None,
+        harbor_worker: bool | None = None,
     ) -> None:
         if mode not in ("template", "dataset"):
             raise ValueError("mode must be 'template' or 'dataset'")
@@ -169,6 +174,15 @@ class HarborBackend(ExecutionBackend):
         )
         self.sandbox_network = sandbox_network
         self._placement = Placement(engine=self.engine, network=sandbox_network, owner=self._owner)
+        if harbor_worker is None:
+            # Model-calling agents keep a process of their own: their bearer is in its
+            # environment from its start (what the trial tests look for), never on a pipe.
+            harbor_worker = (
+                os.environ.get("ROLLBRIDGE_HARBOR_WORKER", "1") != "0"
+                and agent in MODEL_FREE_AGENTS
+            )
+        self._use_worker = harbor_worker
+        self._worker: HarborWorker | None = None
         if prebuild_images is None:
             prebuild_images = os.environ.get("ROLLBRIDGE_HARBOR_PREBUILD", "1") != "0"
         self._task_images = (
@@ -436,6 +450,7 @@ class HarborBackend(ExecutionBackend):
                 trial_dir,
                 grace=self.cancel_grace_sec,
                 engine=self.engine,
+                worker=self._harbor_worker(harbor),
             )
             clock.mark("exited")
             evidence = sandbox.evidence() if sandbox is not None else None
@@ -468,8 +483,26 @@ class HarborBackend(ExecutionBackend):
                 clock.mark("done")
                 clock.flush()
 
+    def _harbor_worker(self, harbor: list[str]) -> HarborWorker | None:
+        """The long-lived Harbor worker (created on first use), or None when not used."""
+        if not self._use_worker:
+            return None
+        if self._worker is None:
+            python = harbor_python(harbor)
+            if python is None:
+                self._use_worker = False
+                return None
+            env = dict(os.environ, **_QUIET_ENV)
+            env["PATH"] = os.pathsep.join([str(Path(harbor[0]).parent), env.get("PATH", "")])
+            env.pop("VIRTUAL_ENV", None)
+            self._worker = HarborWorker(python, env, self.cancel_grace_sec)
+        return self._worker
+
     async def shutdown(self) -> None:
-        """Remove any container this server still owns (every trial has been cancelled)."""
+        """Stop the Harbor worker; remove any container this server still owns (every trial
+        has been cancelled)."""
+        if self._worker is not None:
+            await self._worker.aclose()
         if self.engine is None or not shutil.which(self.engine):
             return
         with trio.move_on_after(60):
