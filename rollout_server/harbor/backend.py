@@ -30,6 +30,7 @@ from ..protocol import RolloutErrorCategory, RolloutStatus
 from ..sdk import AgentWorkflow, Grader, get_rollout_context
 from . import containers
 from .archive import archive_trial, retire_trial_dir
+from .fastexec import install_compose_shim
 from .forkserver import HarborWorker, harbor_python
 from .locate import HarborSetupError, find_harbor
 from .placement import Placement, PlacementError, SandboxTrial, TrialWiring
@@ -98,7 +99,9 @@ class HarborBackend(ExecutionBackend):
     that image instead of a build per trial (:mod:`.taskimage`). ``harbor_worker`` (default on
     for model-free agents; ``ROLLBRIDGE_HARBOR_WORKER=0`` turns the default off): fork each
     trial's Harbor process from one long-lived worker that imported Harbor once
-    (:mod:`.forkserver`), instead of starting an interpreter per trial.
+    (:mod:`.forkserver`), instead of starting an interpreter per trial. ``fast_exec`` (default
+    on; ``ROLLBRIDGE_HARBOR_FAST_EXEC=0``): on podman, Harbor's ``exec`` calls go straight to
+    ``podman exec`` instead of through podman-compose (:mod:`.fastexec`).
     """
 
     def __init__(
@@ -129,6 +132,7 @@ class HarborBackend(ExecutionBackend):
         sandbox_network: str = "auto",
         prebuild_images: bool | None = None,
         harbor_worker: bool | None = None,
+        fast_exec: bool | None = None,
     ) -> None:
         if mode not in ("template", "dataset"):
             raise ValueError("mode must be 'template' or 'dataset'")
@@ -182,6 +186,10 @@ class HarborBackend(ExecutionBackend):
                 and agent in MODEL_FREE_AGENTS
             )
         self._use_worker = harbor_worker
+        if fast_exec is None:
+            fast_exec = os.environ.get("ROLLBRIDGE_HARBOR_FAST_EXEC", "1") != "0"
+        self._fast_exec = fast_exec and environment_type == "podman"
+        self._shim_dir: Path | None = None
         self._worker: HarborWorker | None = None
         if prebuild_images is None:
             prebuild_images = os.environ.get("ROLLBRIDGE_HARBOR_PREBUILD", "1") != "0"
@@ -364,11 +372,7 @@ class HarborBackend(ExecutionBackend):
         trial: str | None = None,
         wiring: TrialWiring | None = None,
     ) -> dict[str, str]:
-        env = dict(os.environ)
-        env.update(_QUIET_ENV)
-        # podman-compose lives next to harbor in its venv; Harbor finds it on PATH.
-        env["PATH"] = os.pathsep.join([str(Path(harbor[0]).parent), env.get("PATH", "")])
-        env.pop("VIRTUAL_ENV", None)
+        env = self._harbor_env(harbor)
         if wiring is not None:
             chat_url = wiring.chat_url
             env.update(wiring.harbor_env(trial or "", self.engine or "", env.get("PYTHONPATH")))
@@ -483,6 +487,25 @@ class HarborBackend(ExecutionBackend):
                 clock.mark("done")
                 clock.flush()
 
+    def _harbor_env(self, harbor: list[str]) -> dict[str, str]:
+        """The environment of Harbor's processes: quiet, its venv's ``bin`` (podman-compose)
+        on PATH, the compose shim before it when ``fast_exec``."""
+        env = dict(os.environ)
+        env.update(_QUIET_ENV)
+        env.pop("VIRTUAL_ENV", None)
+        path = [str(Path(harbor[0]).parent), env.get("PATH", "")]
+        if self._fast_exec and self._shim_dir is None:
+            try:
+                self._shim_dir = install_compose_shim(self.trials_root, Path(harbor[0]).parent)
+            except OSError as exc:
+                logger.warning("harbor: no fast exec path (%s)", exc)
+            if self._shim_dir is None:
+                self._fast_exec = False
+        if self._shim_dir is not None:
+            path.insert(0, str(self._shim_dir))
+        env["PATH"] = os.pathsep.join(path)
+        return env
+
     def _harbor_worker(self, harbor: list[str]) -> HarborWorker | None:
         """The long-lived Harbor worker (created on first use), or None when not used."""
         if not self._use_worker:
@@ -492,10 +515,7 @@ class HarborBackend(ExecutionBackend):
             if python is None:
                 self._use_worker = False
                 return None
-            env = dict(os.environ, **_QUIET_ENV)
-            env["PATH"] = os.pathsep.join([str(Path(harbor[0]).parent), env.get("PATH", "")])
-            env.pop("VIRTUAL_ENV", None)
-            self._worker = HarborWorker(python, env, self.cancel_grace_sec)
+            self._worker = HarborWorker(python, self._harbor_env(harbor), self.cancel_grace_sec)
         return self._worker
 
     async def shutdown(self) -> None:
