@@ -284,6 +284,16 @@ def report(sides: list[Side], trials: int) -> None:
             if side.job_interp is not None:
                 line += f"  interp(job) {side.job_interp:.1f} s"
             print(line)
+    four = by_c.get(4, [])
+    harbor4 = [s.wall for s in four if s.label.startswith("harbor")]
+    ours4 = [s.wall for s in four if s.label.startswith("ours")]
+    if harbor4 and ours4:
+        ratio = min(ours4) / min(harbor4)
+        verdict = "met" if ratio <= TARGET_RATIO else "not met"
+        print(
+            f"target {trials} trials at concurrency 4 <= {TARGET_RATIO}x Harbor's own CLI: "
+            f"measured {ratio:.2f}x (ours {min(ours4):.1f} s, Harbor {min(harbor4):.1f} s) {verdict}"
+        )
     print("\nper-trial phase medians (s):")
     print(f"{'run':<26}" + "".join(f"{p:>9}" for p in PHASES))
     for side in sides:
