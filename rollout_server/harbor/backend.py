@@ -6,8 +6,9 @@ take the server down, cancelling is a signal to one process group, and the trial
 that can be replayed by hand. The cost is one Harbor start-up per trial (measured by
 ``scripts/bench/bench_harbor.py``; about 5 s of a ~25 s oracle trial on 2 cores).
 
-Over 450 lines: the backend is the one place a trial's whole story is told in order (slot,
-staging, process, outcome, archive, retirement); its helpers already live in sibling modules.
+Why one module of this size: it is the one place a trial's whole story is told in order (slot,
+staging, process, outcome, archive, retirement) beside the constructor's documented options;
+every step's mechanics already live in sibling modules.
 """
 
 from __future__ import annotations
