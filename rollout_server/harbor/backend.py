@@ -3,8 +3,9 @@
 Why a subprocess per trial rather than Harbor's asyncio ``TrialQueue`` in-process: the rollout
 server stays pure trio (no asyncio loop, no Harbor import in the server), a Harbor crash cannot
 take the server down, cancelling is a signal to one process group, and the trial config is a file
-that can be replayed by hand. The cost is one Harbor start-up per trial (measured by
-``scripts/bench/bench_harbor.py``; about 5 s of a ~25 s oracle trial on 2 cores).
+that can be replayed by hand. Harbor's import is paid once per server by the long-lived worker
+(:mod:`.forkserver`) for model-free agents; ``scripts/bench/bench_harbor.py`` measures each
+phase against Harbor's own CLI.
 
 Why one module of this size: it is the one place a trial's whole story is told in order (slot,
 staging, process, outcome, archive, retirement) beside the constructor's documented options;

@@ -78,6 +78,9 @@ class Side:
     rewards: list[float | None]
     trials: list[dict[str, float]] = field(default_factory=list)
     job_interp: float | None = None
+    #: Ours: CLI start to the first trial's slot, and the last trial's end to the CLI's exit.
+    lead_in: float | None = None
+    lead_out: float | None = None
 
 
 def setup(root: Path, trials: int) -> tuple[Path, dict[str, str]]:
@@ -220,6 +223,10 @@ def run_ours(
             marks[doc["trial"]] = doc["marks"]
     events = podman_events(start, time.time())
     side = Side(tag, concurrency, wall, [])
+    slots = [m["slot"] for m in marks.values() if "slot" in m]
+    ends = [m["done"] for m in marks.values() if "done" in m]
+    if slots and ends:
+        side.lead_in, side.lead_out = min(slots) - start, start + wall - max(ends)
     for path in sorted(out.glob(f"**/{tag}*/rollout_trials/*/harbor/result.json")):
         result = json.loads(path.read_text())
         side.rewards.append(
@@ -283,6 +290,9 @@ def report(sides: list[Side], trials: int) -> None:
                 line += f"  ratio {ratio:.2f}x Harbor{verdict}"
             if side.job_interp is not None:
                 line += f"  interp(job) {side.job_interp:.1f} s"
+            if side.lead_in is not None and side.lead_out is not None:
+                line += f"  start->first trial {side.lead_in:.1f} s, last trial->exit"
+                line += f" {side.lead_out:.1f} s"
             print(line)
     four = by_c.get(4, [])
     harbor4 = [s.wall for s in four if s.label.startswith("harbor")]
