@@ -9,7 +9,8 @@ these need the run's environment (the secrets file's provider keys are in it by 
 - cloudflared, when the run is told to use a managed tunnel (``--tunnel cloudflared`` or
   ``--cloudflared PATH``) without ``--download-cloudflared``: the binary must be there;
 - ``--advertise-url``: its host must resolve (the listener it points at does not run yet, so
-  this is as far as reachability can be checked before the run).
+  this is as far as reachability can be checked before the run), unless it is a container
+  engine's host alias (``host.containers.internal``...), which only a sandbox resolves.
 """
 
 from __future__ import annotations
@@ -37,6 +38,11 @@ __all__ = [
 
 #: How long the advertise URL's host may take to resolve.
 RESOLVE_TIMEOUT_S = 10.0
+#: Names a container engine resolves inside its containers only (for a sandbox reaching this
+#: machine): this machine cannot resolve them, and the sandbox probe judges them instead.
+SANDBOX_HOST_ALIASES = frozenset(
+    {"host.containers.internal", "host.docker.internal", "gateway.docker.internal"}
+)
 
 
 async def early_checks(prepared: Prepared) -> None:
@@ -100,6 +106,8 @@ async def check_advertise_host(url: str | None) -> None:
         port = parts.port or (443 if parts.scheme == "https" else 80)
     except ValueError:
         raise LocalEvalError(f"--advertise-url {url} has an invalid port") from None
+    if host.lower() in SANDBOX_HOST_ALIASES:
+        return
     with trio.move_on_after(RESOLVE_TIMEOUT_S) as waited:
         try:
             await trio.socket.getaddrinfo(host, port, type=trio.socket.SOCK_STREAM)

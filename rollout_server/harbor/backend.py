@@ -3,8 +3,13 @@
 Why a subprocess per trial rather than Harbor's asyncio ``TrialQueue`` in-process: the rollout
 server stays pure trio (no asyncio loop, no Harbor import in the server), a Harbor crash cannot
 take the server down, cancelling is a signal to one process group, and the trial config is a file
-that can be replayed by hand. The cost is one Harbor start-up per trial (measured by
-``scripts/bench/bench_harbor.py``; about 5 s of a ~25 s oracle trial on 2 cores).
+that can be replayed by hand. Harbor's import is paid once per server by the long-lived worker
+(:mod:`.forkserver`) for model-free agents; ``scripts/bench/bench_harbor.py`` measures each
+phase against Harbor's own CLI.
+
+Why one module of this size: it is the one place a trial's whole story is told in order (slot,
+staging, process, outcome, archive, retirement) beside the constructor's documented options;
+every step's mechanics already live in sibling modules.
 """
 
 from __future__ import annotations
@@ -27,6 +32,8 @@ from ..protocol import RolloutErrorCategory, RolloutStatus
 from ..sdk import AgentWorkflow, Grader, get_rollout_context
 from . import containers
 from .archive import archive_trial, retire_trial_dir
+from .fastexec import install_compose_shim
+from .forkserver import HarborWorker, harbor_python
 from .installed import installed_env
 from .locate import HarborSetupError, find_harbor
 from .placement import Placement, PlacementError, SandboxTrial, TrialWiring
@@ -41,6 +48,8 @@ from .staging import (
     trial_config,
     write_private,
 )
+from .taskimage import TaskImages, use_task_image
+from .timings import TrialClock
 from .workflow import HARNESS_AGENT, WorkflowSpec, stage_workflow
 
 __all__ = ["HOST_SIDE_AGENTS", "HarborBackend", "HarborSetupError", "find_harbor"]
@@ -87,6 +96,15 @@ class HarborBackend(ExecutionBackend):
     label reaches the container only with ``tests/`` at verification. ``sandbox_network``:
     ``"auto"`` (the probe picks the route) or ``"none"`` (the main service has no network; the
     exec relay carries the model calls). See ``docs/harbor.md``.
+
+    ``prebuild_images`` (default on; ``ROLLBRIDGE_HARBOR_PREBUILD=0`` turns the default off):
+    build a task's plain ``environment/Dockerfile`` once per server and start every trial from
+    that image instead of a build per trial (:mod:`.taskimage`). ``harbor_worker`` (default on
+    for model-free agents; ``ROLLBRIDGE_HARBOR_WORKER=0`` turns the default off): fork each
+    trial's Harbor process from one long-lived worker that imported Harbor once
+    (:mod:`.forkserver`), instead of starting an interpreter per trial. ``fast_exec`` (default
+    on; ``ROLLBRIDGE_HARBOR_FAST_EXEC=0``): on podman, Harbor's ``exec`` calls go straight to
+    ``podman exec`` instead of through podman-compose (:mod:`.fastexec`).
     """
 
     def __init__(
@@ -115,6 +133,9 @@ class HarborBackend(ExecutionBackend):
         config: Any = None,
         grader_config: Any = None,
         sandbox_network: str = "auto",
+        prebuild_images: bool | None = None,
+        harbor_worker: bool | None = None,
+        fast_exec: bool | None = None,
     ) -> None:
         if mode not in ("template", "dataset"):
             raise ValueError("mode must be 'template' or 'dataset'")
@@ -160,6 +181,24 @@ class HarborBackend(ExecutionBackend):
         )
         self.sandbox_network = sandbox_network
         self._placement = Placement(engine=self.engine, network=sandbox_network, owner=self._owner)
+        if harbor_worker is None:
+            # Model-calling agents keep a process of their own: their bearer is in its
+            # environment from its start (what the trial tests look for), never on a pipe.
+            harbor_worker = (
+                os.environ.get("ROLLBRIDGE_HARBOR_WORKER", "1") != "0"
+                and agent in MODEL_FREE_AGENTS
+            )
+        self._use_worker = harbor_worker
+        if fast_exec is None:
+            fast_exec = os.environ.get("ROLLBRIDGE_HARBOR_FAST_EXEC", "1") != "0"
+        self._fast_exec = fast_exec and environment_type == "podman"
+        self._shim_dir: Path | None = None
+        self._worker: HarborWorker | None = None
+        if prebuild_images is None:
+            prebuild_images = os.environ.get("ROLLBRIDGE_HARBOR_PREBUILD", "1") != "0"
+        self._task_images = (
+            TaskImages(self.engine) if prebuild_images and self.engine is not None else None
+        )
         if reap_orphans:
             engine = self.engine if self.engine and shutil.which(self.engine) else None
             reap_dead_owners(engine, self.trials_root)
@@ -263,7 +302,11 @@ class HarborBackend(ExecutionBackend):
         return values
 
     def _stage(
-        self, request: ExecutionRequest, chat_url: str, sandbox: SandboxTrial | None = None
+        self,
+        request: ExecutionRequest,
+        chat_url: str,
+        sandbox: SandboxTrial | None = None,
+        image: str | None = None,
     ) -> StagedTrial:
         """Stage the task privately (owner file first) and write the trial config."""
         service: dict[str, Any] = {
@@ -286,6 +329,8 @@ class HarborBackend(ExecutionBackend):
             instruction=instruction,
             service=service,
         )
+        if image is not None:
+            use_task_image(staged.task_dir, image)
         harness: dict[str, Any] | None = None
         verify = True
         if self.workflow_spec is not None and sandbox is not None:
@@ -330,11 +375,7 @@ class HarborBackend(ExecutionBackend):
         trial: str | None = None,
         wiring: TrialWiring | None = None,
     ) -> dict[str, str]:
-        env = dict(os.environ)
-        env.update(_QUIET_ENV)
-        # podman-compose lives next to harbor in its venv; Harbor finds it on PATH.
-        env["PATH"] = os.pathsep.join([str(Path(harbor[0]).parent), env.get("PATH", "")])
-        env.pop("VIRTUAL_ENV", None)
+        env = self._harbor_env(harbor)
         if wiring is not None:
             chat_url = wiring.chat_url
             env.update(wiring.harbor_env(trial or "", self.engine or "", env.get("PYTHONPATH")))
@@ -372,13 +413,19 @@ class HarborBackend(ExecutionBackend):
         self, request: ExecutionRequest, bearer: str | None, chat_url: str
     ) -> ExecutionOutcome:
         sandbox: SandboxTrial | None = None
+        clock = TrialClock(request.id, f"trial-{request.id}")
+        clock.mark("slot")
         try:
             harbor = find_harbor(self.harbor_command)
             if self.workflow_spec is not None:
                 sandbox = await self._placement.sandbox_trial(
                     self.workflow_spec.project_dir, self._task_for(request), chat_url
                 )
-            staged = await trio.to_thread.run_sync(self._stage, request, chat_url, sandbox)
+            image = None
+            if self._task_images is not None and sandbox is None:
+                image = await self._task_images.image_for(self._task_for(request))
+            staged = await trio.to_thread.run_sync(self._stage, request, chat_url, sandbox, image)
+            clock.mark("staged")
         except (HarborSetupError, PlacementError, ValueError, OSError) as exc:
             shutil.rmtree(self.trials_root / "staging" / request.id, ignore_errors=True)
             category = (
@@ -394,6 +441,7 @@ class HarborBackend(ExecutionBackend):
         try:
             if self.engine is not None:
                 await containers.sweep_trial(self.engine, trial_name)
+            clock.mark("swept")
             env = self._child_env(
                 harbor,
                 bearer,
@@ -409,9 +457,12 @@ class HarborBackend(ExecutionBackend):
                 trial_dir,
                 grace=self.cancel_grace_sec,
                 engine=self.engine,
+                worker=self._harbor_worker(harbor),
             )
+            clock.mark("exited")
             evidence = sandbox.evidence() if sandbox is not None else None
             outcome = trial_outcome(trial_dir, request, returncode, log_path, secrets, evidence)
+            clock.mark("outcome")
             if request.rollout_dir is not None:
                 report = await trio.to_thread.run_sync(
                     archive_trial, trial_dir, log_path, request.rollout_dir, secrets
@@ -422,6 +473,7 @@ class HarborBackend(ExecutionBackend):
                         request.id,
                         len(report.dropped),
                     )
+                clock.mark("archived")
                 keep = not (
                     self.cleanup_successful_trials
                     and report.complete
@@ -430,13 +482,50 @@ class HarborBackend(ExecutionBackend):
             else:
                 keep = True
             await trio.to_thread.run_sync(retire_trial_dir, trial_dir, keep, secrets)
+            clock.mark("retired")
             return outcome
         finally:
             with trio.CancelScope(shield=True):
                 await trio.to_thread.run_sync(shutil.rmtree, staged.staging, True)
+                clock.mark("done")
+                clock.flush()
+
+    def _harbor_env(self, harbor: list[str]) -> dict[str, str]:
+        """The environment of Harbor's processes: quiet, its venv's ``bin`` (podman-compose)
+        on PATH, the compose shim before it when ``fast_exec``."""
+        env = dict(os.environ)
+        env.update(_QUIET_ENV)
+        env.pop("VIRTUAL_ENV", None)
+        path = [str(Path(harbor[0]).parent), env.get("PATH", "")]
+        if self._fast_exec and self._shim_dir is None:
+            try:
+                self._shim_dir = install_compose_shim(self.trials_root, Path(harbor[0]).parent)
+            except OSError as exc:
+                logger.warning("harbor: no fast exec path (%s)", exc)
+            if self._shim_dir is None:
+                self._fast_exec = False
+        if self._shim_dir is not None:
+            path.insert(0, str(self._shim_dir))
+        env["PATH"] = os.pathsep.join(path)
+        return env
+
+    def _harbor_worker(self, harbor: list[str]) -> HarborWorker | None:
+        """The long-lived Harbor worker (created on first use), or None when not used."""
+        if not self._use_worker:
+            return None
+        if self._worker is None:
+            python = harbor_python(harbor)
+            if python is None:
+                self._use_worker = False
+                return None
+            self._worker = HarborWorker(python, self._harbor_env(harbor), self.cancel_grace_sec)
+        return self._worker
 
     async def shutdown(self) -> None:
-        """Remove any container this server still owns (every trial has been cancelled)."""
+        """Stop the Harbor worker; remove any container this server still owns (every trial
+        has been cancelled)."""
+        if self._worker is not None:
+            await self._worker.aclose()
         if self.engine is None or not shutil.which(self.engine):
             return
         with trio.move_on_after(60):

@@ -1,4 +1,5 @@
-"""One ``harbor trial start`` process: started under the watchdog, polled, stopped on cancel.
+"""One ``harbor trial start`` process: forked by the Harbor worker (:mod:`.forkserver`) or
+started under the watchdog, polled, stopped on cancel.
 
 The process runs in its own session under ``_watchdog.py`` (which stops Harbor if the rollout
 server dies). While it runs, the rollout's status turns ``grading`` once the trial's
@@ -22,6 +23,7 @@ import trio
 from ..protocol import RolloutStatus
 from ..sdk import get_rollout_context
 from . import containers
+from .forkserver import HarborWorker, WorkerUnavailable
 
 __all__ = ["run_trial_process"]
 
@@ -41,8 +43,17 @@ async def run_trial_process(
     *,
     grace: float,
     engine: str | None,
+    worker: HarborWorker | None = None,
 ) -> int | None:
-    """Run the trial of ``config`` to its end; its output goes to ``log_path`` (0600)."""
+    """Run the trial of ``config`` to its end; its output goes to ``log_path`` (0600).
+
+    With ``worker``, the trial is a process forked by the long-lived Harbor worker (no
+    interpreter start); when the worker cannot take it, it runs on its own as below."""
+    if worker is not None:
+        try:
+            return await _run_on_worker(worker, config, log_path, env, trial_dir, engine)
+        except WorkerUnavailable as exc:
+            logger.warning("harbor: %s; this trial runs in a process of its own", exc)
     argv = [
         sys.executable,
         # By path, not -m: importing the package would cost ~0.6 s of trio/msgspec imports.
@@ -85,6 +96,50 @@ async def run_trial_process(
         raise
 
 
+async def _run_on_worker(
+    worker: HarborWorker,
+    config: Path,
+    log_path: Path,
+    env: dict[str, str],
+    trial_dir: Path,
+    engine: str | None,
+) -> int | None:
+    result: list[int | None] = []
+    ctx = get_rollout_context()
+    argv = ["trial", "start", "-c", str(config)]
+
+    async def poll_grading(done: trio.CancelScope) -> None:
+        with done:
+            while True:
+                if (trial_dir / "verifier").is_dir():
+                    break
+                await trio.sleep(_STATUS_POLL_S)
+            if ctx is not None:
+                await ctx.set_status(RolloutStatus.GRADING)
+            await trio.sleep_forever()
+
+    refused: list[WorkerUnavailable] = []
+    try:
+        async with trio.open_nursery() as nursery:
+            polling = trio.CancelScope()
+            nursery.start_soon(poll_grading, polling)
+            try:
+                result.append(await worker.run(argv, env, config.parent, log_path))
+            except WorkerUnavailable as exc:
+                # Raised outside the nursery, where it is not wrapped in a group.
+                refused.append(exc)
+            finally:
+                polling.cancel()
+    except trio.Cancelled:
+        # The worker has SIGINTed (and, after the grace, SIGKILLed) the trial's group.
+        with trio.CancelScope(shield=True):
+            await _sweep(trial_dir, engine)
+        raise
+    if refused:
+        raise refused[0]
+    return result[0]
+
+
 async def _stop(process: trio.Process, trial_dir: Path, grace: float, engine: str | None) -> None:
     """SIGINT the trial's group (Harbor tears down), SIGKILL after the grace, then sweep."""
     _signal_group(process.pid, signal.SIGINT)
@@ -94,6 +149,11 @@ async def _stop(process: trio.Process, trial_dir: Path, grace: float, engine: st
         _signal_group(process.pid, signal.SIGKILL)
         with trio.move_on_after(_KILL_WAIT_S):
             await process.wait()
+    await _sweep(trial_dir, engine)
+
+
+async def _sweep(trial_dir: Path, engine: str | None) -> None:
+    """Remove what a stopped trial left: its containers (by label) and its Harbor dir."""
     if engine is not None:
         removed = await containers.sweep_trial(engine, trial_dir.name)
         if removed:

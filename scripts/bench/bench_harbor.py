@@ -1,12 +1,28 @@
-"""Benchmark the Harbor backend on the real test bed (run scripts/sandbox-testbed first).
+"""Harbor side by side: ``rollbridge eval run`` against Harbor's own ``harbor run`` (issue 29).
 
-1. Per-trial overhead: one oracle trial of examples/harbor/tasks/hello through
-   ``HarborBackend.execute`` against the same trial run by hand with ``harbor trial start``
-   (same overlay, same trials root). Prints both walls and the ratio.
-2. Wall for N oracle rows (default 8) at concurrency 1, 2 and 4, with the speed-up over 1.
+The same task directory (``examples/harbor/tasks/hello``), the oracle agent, podman, N trials
+(default 8) at each concurrency (default 1, 2 and 4), the two sides interleaved in one
+invocation (the order alternates each repetition). Prints, per concurrency, each side's wall,
+the ratio ours/Harbor's against the target (<= 0.5 at concurrency 4), and a per-trial phase
+breakdown (medians) from Harbor's ``result.json`` timestamps, podman's event log and the
+backend's own marks (``ROLLBRIDGE_HARBOR_TIMINGS``):
 
-Usage: python scripts/bench/bench_harbor.py [--rows 8] [--repeat 1] [--concurrency 1,2,4]
-Only this machine is involved: podman's registries are blocked, Harbor telemetry is off.
+- ``interp``: Harbor's interpreter start (spawn to the trial's ``started_at``; once per job on
+  Harbor's side, shown as ``interp(job)``);
+- ``image``: the environment's image build (0 when the trial starts from a prebuilt image);
+  ``up``: from there until the container runs (compose's ``down``, ``up``);
+  ``ready``: until ``exec`` works and the environment is set up;
+- ``agent``, ``verifier``: Harbor's phases; ``teardown``: verifier end to the trial's end;
+- ``exit``: the trial's end to its process's exit (ours only);
+- ``archive``: outcome, scrubbed archive and trial-dir retirement (ours only);
+- ``pre``: staging and the pre-trial sweep (ours only).
+
+``--variants`` adds rollbridge variants to the same invocation (before/after comparisons): each
+is ``name=VAR=value[,VAR=value]`` and sets environment variables for that side's run.
+
+Usage: python scripts/bench/bench_harbor.py [--trials 8] [--concurrency 1,2,4] [--repeat 1]
+       [--variants 'before=ROLLBRIDGE_HARBOR_WORKER=0'] [--sides ours,harbor]
+Needs the sandbox test bed (``scripts/sandbox-testbed``); only this machine is involved.
 """
 
 from __future__ import annotations
@@ -15,93 +31,330 @@ import argparse
 import json
 import os
 import shutil
+import statistics
 import subprocess
+import sys
 import tempfile
 import time
-import uuid
+from dataclasses import dataclass, field
+from datetime import datetime
 from pathlib import Path
-
-import trio
-
-from rollout_server.backend import ExecutionRequest
-from rollout_server.harbor import HarborBackend, find_harbor
-from rollout_server.harbor.containers import OWNER_LABEL, TRIAL_LABEL, owner_token
-from rollout_server.sdk import RolloutContext, set_rollout_context
+from typing import Any
 
 REPO = Path(__file__).resolve().parents[2]
-TASK = REPO / "examples" / "harbor" / "tasks" / "hello"
-PROMPT = [{"role": "user", "content": "Create the file /app/answer.txt containing hello."}]
-os.environ.update(HARBOR_TELEMETRY="0", LITELLM_LOCAL_MODEL_COST_MAP="True")
+EXAMPLE = REPO / "examples" / "harbor"
+HARBOR_VENV = Path.home() / ".cache" / "rollbridge" / "harbor-venv"
+UV = Path(sys.executable).parent / "uv"
+PROMPT = "Create the file /app/answer.txt containing the single word hello."
+PHASES = ("interp", "pre", "image", "up", "ready", "agent", "verifier", "teardown", "exit")
+PHASES += ("archive",)
+TARGET_RATIO = 0.5
 
 
-def by_hand(root: Path) -> float:
-    """Wall of one ``harbor trial start`` of the task with the backend's overlay."""
-    harbor = find_harbor()
-    name = f"trial-hand-{uuid.uuid4().hex[:8]}"
-    overlay = root / "overlay.json"
-    labels = {TRIAL_LABEL: name, OWNER_LABEL: owner_token()}
-    overlay.write_text(json.dumps({"services": {"main": {"init": True, "labels": labels}}}))
-    env = dict(os.environ, PATH=f"{Path(harbor[0]).parent}{os.pathsep}{os.environ['PATH']}")
-    argv = [*harbor, "trial", "start", "-p", str(TASK), "-a", "oracle", "-e", "podman"]
-    argv += ["--trials-dir", str(root / "hand"), "--trial-name", name]
-    argv += ["--extra-docker-compose", str(overlay)]
-    start = time.perf_counter()
-    subprocess.run(argv, env=env, check=True, capture_output=True, timeout=600)
-    wall = time.perf_counter() - start
-    result = json.loads((root / "hand" / name / "result.json").read_text())
-    assert result["verifier_result"]["rewards"]["reward"] == 1.0, result.get("exception_info")
-    return wall
+def _ts(text: str | None) -> float | None:
+    if not text:
+        return None
+    return datetime.fromisoformat(text.replace("Z", "+00:00")).timestamp()
 
 
-async def through_backend(root: Path, rows: int, concurrency: int) -> float:
-    """Wall of ``rows`` oracle trials through HarborBackend.execute at ``concurrency``."""
-    backend = HarborBackend(
-        TASK, agent="oracle", concurrency=concurrency, trials_root=root / "backend"
+def _env(**extra: str) -> dict[str, str]:
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if not k.endswith("_API_KEY") and k not in ("VIRTUAL_ENV", "OPENAI_BASE_URL")
+    }
+    env.update(HARBOR_TELEMETRY="0", LITELLM_LOCAL_MODEL_COST_MAP="True", PYTHONUNBUFFERED="1")
+    env.update(extra)
+    return env
+
+
+@dataclass
+class Side:
+    """One side's run: its wall and per-trial phases."""
+
+    label: str
+    concurrency: int
+    wall: float
+    rewards: list[float | None]
+    trials: list[dict[str, float]] = field(default_factory=list)
+    job_interp: float | None = None
+    #: Ours: CLI start to the first trial's slot, and the last trial's end to the CLI's exit.
+    lead_in: float | None = None
+    lead_out: float | None = None
+
+
+def setup(root: Path, trials: int) -> tuple[Path, dict[str, str]]:
+    """A copy of the example workspace with ``trials`` rows and a synced rollout environment."""
+    ws = root / "ws"
+    shutil.copytree(
+        EXAMPLE, ws, ignore=shutil.ignore_patterns(".venv", "uv.lock", ".osmosis", "__pycache__")
     )
-    rewards: list[float | None] = []
+    (ws / "configs" / "training").mkdir(parents=True, exist_ok=True)
+    pyproject = ws / "rollouts" / "harbor_hello" / "pyproject.toml"
+    pyproject.write_text(pyproject.read_text().replace('path = "../../../.."', f'path = "{REPO}"'))
+    rows = [{"user_prompt": f"{PROMPT} (row {i})", "ground_truth": "hello"} for i in range(trials)]
+    (ws / "data" / "bench.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    venv = root / "rollout-venv"
+    env = _env(UV_PROJECT_ENVIRONMENT=str(venv))
+    subprocess.run(
+        [str(UV), "sync", "--project", str(ws / "rollouts" / "harbor_hello")],
+        env=env,
+        check=True,
+        capture_output=True,
+        timeout=600,
+    )
+    return ws, env
 
-    async def one(index: int) -> None:
-        rid = f"bench{index}{uuid.uuid4().hex[:8]}"
-        set_rollout_context(RolloutContext("", None, rid))
-        request = ExecutionRequest(id=rid, prompt=PROMPT, rollout_dir=root / "out" / rid)
-        outcome = await backend.execute(request)
-        sample = outcome.reported().sample
-        rewards.append(sample.reward if sample is not None else None)
 
-    start = time.perf_counter()
-    with trio.fail_after(1800):
-        async with trio.open_nursery() as nursery:
-            for index in range(rows):
-                nursery.start_soon(one, index)
-    wall = time.perf_counter() - start
-    assert rewards == [1.0] * rows, rewards
-    return wall
+def _config(ws: Path, concurrency: int) -> Path:
+    path = ws / "configs" / "eval" / f"bench-c{concurrency}.toml"
+    path.write_text(
+        f"""[experiment]
+rollout = "harbor_hello"
+entrypoint = "main.py"
+model_path = "rollbridge/echo"
+dataset = "bench.jsonl"
+
+[evaluation]
+n = 1
+batch_size = {concurrency}
+pass_threshold = 1.0
+agent_workflow_timeout_s = 300
+grader_timeout_s = 120
+
+[env]
+HARBOR_AGENT = "oracle"
+HARBOR_CONCURRENCY = "{concurrency}"
+
+[secrets]
+required = []
+"""
+    )
+    return path
+
+
+def podman_events(since: float, until: float) -> list[dict[str, Any]]:
+    """podman's events between two unix times (the test bed logs them to a file)."""
+    window = ["--since", str(int(since) - 1), "--until", str(int(until) + 2)]
+    done = subprocess.run(
+        ["podman", "events", "--stream=false", "--format", "json", *window],
+        capture_output=True,
+        timeout=120,
+        check=False,
+    )
+    events = []
+    for line in done.stdout.decode(errors="replace").splitlines():
+        try:
+            events.append(json.loads(line))
+        except ValueError:
+            continue
+    return events
+
+
+def _phases(
+    result: dict[str, Any],
+    events: list[dict[str, Any]],
+    marks: dict[str, float] | None,
+    spawned: float | None,
+) -> dict[str, float]:
+    """One trial's phase durations (seconds) from its result, podman events and marks."""
+    name = str(result.get("trial_name", "")).lower()
+    mine = [e for e in events if name and name in str(e.get("Name", "")).lower()]
+
+    def first(kind: str, status: str) -> float | None:
+        times = [_ts(e["Time"]) for e in mine if e.get("Type") == kind and e["Status"] == status]
+        found = [t for t in times if t is not None]
+        return min(found) if found else None
+
+    def span(block: str) -> tuple[float | None, float | None]:
+        doc = result.get(block) or {}
+        return _ts(doc.get("started_at")), _ts(doc.get("finished_at"))
+
+    started, finished = _ts(result.get("started_at")), _ts(result.get("finished_at"))
+    env_start, env_end = span("environment_setup")
+    agent_start, _ = span("agent_setup")
+    _, agent_end = span("agent_execution")
+    ver_start, ver_end = span("verifier")
+    built = first("image", "tag") or first("image", "pull")
+    running = first("container", "start")
+    out: dict[str, float] = {}
+
+    def put(key: str, a: float | None, b: float | None) -> None:
+        if a is not None and b is not None:
+            out[key] = b - a
+
+    if marks is not None:
+        put("pre", marks.get("slot"), marks.get("swept"))
+        put("interp", marks.get("swept"), started)
+        put("exit", finished, marks.get("exited"))
+        put("archive", marks.get("exited"), marks.get("retired"))
+    elif spawned is not None:
+        put("interp", spawned, started)
+    # No build event: the trial started from a prebuilt image (no image phase of its own).
+    put("image", env_start, built or env_start)
+    put("up", built or env_start, running)
+    put("ready", running, env_end)
+    put("agent", agent_start, agent_end)
+    put("verifier", ver_start, ver_end)
+    put("teardown", ver_end or agent_end, finished)
+    return out
+
+
+def run_ours(
+    ws: Path, env: dict[str, str], concurrency: int, tag: str, extra: dict[str, str]
+) -> Side:
+    """``rollbridge eval run`` of the bench config; phases from the run's archived trials."""
+    out = ws.parent / "runs"
+    timings = ws.parent / f"timings-{tag}.jsonl"
+    timings.unlink(missing_ok=True)
+    config = _config(ws, concurrency)
+    argv = [sys.executable, "-m", "launcher", "eval", "run", str(config), "--yes", "--plain"]
+    argv += ["-o", str(out), "--name", tag]
+    child = dict(env, ROLLBRIDGE_HARBOR_TIMINGS=str(timings), **extra)
+    start = time.time()
+    done = subprocess.run(argv, cwd=ws, env=child, capture_output=True, timeout=3600, check=False)
+    wall = time.time() - start
+    if done.returncode != 0:
+        raise SystemExit(f"rollbridge eval run failed ({tag}):\n{done.stdout.decode()[-3000:]}")
+    marks = {}
+    if timings.exists():
+        for line in timings.read_text().splitlines():
+            doc = json.loads(line)
+            marks[doc["trial"]] = doc["marks"]
+    events = podman_events(start, time.time())
+    side = Side(tag, concurrency, wall, [])
+    slots = [m["slot"] for m in marks.values() if "slot" in m]
+    ends = [m["done"] for m in marks.values() if "done" in m]
+    if slots and ends:
+        side.lead_in, side.lead_out = min(slots) - start, start + wall - max(ends)
+    for path in sorted(out.glob(f"**/{tag}*/rollout_trials/*/harbor/result.json")):
+        result = json.loads(path.read_text())
+        side.rewards.append(
+            ((result.get("verifier_result") or {}).get("rewards") or {}).get("reward")
+        )
+        side.trials.append(_phases(result, events, marks.get(result.get("trial_name", "")), None))
+    return side
+
+
+def run_harbor(root: Path, concurrency: int, trials: int, tag: str) -> Side:
+    """Harbor's own CLI on the same task directory."""
+    jobs = root / "jobs"
+    task = root / "ws" / "tasks" / "hello"
+    harbor = HARBOR_VENV / "bin" / "harbor"
+    argv = [str(harbor), "run", "-p", str(task), "-a", "oracle", "-e", "podman"]
+    argv += ["-k", str(trials), "-n", str(concurrency), "-o", str(jobs), "--job-name", tag, "-q"]
+    env = _env(PATH=f"{harbor.parent}{os.pathsep}{os.environ.get('PATH', '')}")
+    start = time.time()
+    done = subprocess.run(argv, env=env, capture_output=True, timeout=3600, check=False)
+    wall = time.time() - start
+    if done.returncode != 0:
+        raise SystemExit(f"harbor run failed ({tag}):\n{done.stdout.decode()[-3000:]}")
+    events = podman_events(start, time.time())
+    side = Side(tag, concurrency, wall, [])
+    results = [json.loads(p.read_text()) for p in sorted((jobs / tag).glob("*/result.json"))]
+    starts = [s for s in (_ts(r.get("started_at")) for r in results) if s is not None]
+    side.job_interp = min(starts) - start if starts else None
+    for result in results:
+        side.rewards.append(
+            ((result.get("verifier_result") or {}).get("rewards") or {}).get("reward")
+        )
+        side.trials.append(_phases(result, events, None, None))
+    return side
+
+
+def _median(side: Side, phase: str) -> str:
+    values = [t[phase] for t in side.trials if phase in t]
+    return f"{statistics.median(values):6.2f}" if values else "     -"
+
+
+def report(sides: list[Side], trials: int) -> None:
+    """Walls, ratios and the phase table."""
+    print(
+        f"\n{trials} oracle trials of tasks/hello on podman; load average {os.getloadavg()[0]:.1f}"
+    )
+    by_c: dict[int, list[Side]] = {}
+    for side in sides:
+        by_c.setdefault(side.concurrency, []).append(side)
+    for c, group in sorted(by_c.items()):
+        harbor = [s for s in group if s.label.startswith("harbor")]
+        base = min(s.wall for s in harbor) if harbor else None
+        for side in group:
+            ok = sum(1 for r in side.rewards if r == 1.0)
+            line = f"c={c} {side.label:<22} wall {side.wall:6.1f} s  reward 1.0: {ok}/{trials}"
+            if base is not None and not side.label.startswith("harbor"):
+                ratio = side.wall / base
+                verdict = ""
+                if c == 4:
+                    verdict = " met" if ratio <= TARGET_RATIO else " not met"
+                    verdict = f" (target <= {TARGET_RATIO}:{verdict})"
+                line += f"  ratio {ratio:.2f}x Harbor{verdict}"
+            if side.job_interp is not None:
+                line += f"  interp(job) {side.job_interp:.1f} s"
+            if side.lead_in is not None and side.lead_out is not None:
+                line += f"  start->first trial {side.lead_in:.1f} s, last trial->exit"
+                line += f" {side.lead_out:.1f} s"
+            print(line)
+    four = by_c.get(4, [])
+    harbor4 = [s.wall for s in four if s.label.startswith("harbor")]
+    ours4 = [s.wall for s in four if s.label.startswith("ours")]
+    if harbor4 and ours4:
+        ratio = min(ours4) / min(harbor4)
+        verdict = "met" if ratio <= TARGET_RATIO else "not met"
+        print(
+            f"target {trials} trials at concurrency 4 <= {TARGET_RATIO}x Harbor's own CLI: "
+            f"measured {ratio:.2f}x (ours {min(ours4):.1f} s, Harbor {min(harbor4):.1f} s) {verdict}"
+        )
+    print("\nper-trial phase medians (s):")
+    print(f"{'run':<26}" + "".join(f"{p:>9}" for p in PHASES))
+    for side in sides:
+        row = f"{side.label + ' c=' + str(side.concurrency):<26}"
+        print(row + "".join(f"{_median(side, p):>9}" for p in PHASES))
 
 
 def main() -> None:
-    """Run both measurements and print the figures."""
+    """Parse the options, run the sides interleaved, print the report."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--rows", type=int, default=8)
-    parser.add_argument("--repeat", type=int, default=1)
+    parser.add_argument("--trials", type=int, default=8)
     parser.add_argument("--concurrency", default="1,2,4")
+    parser.add_argument("--repeat", type=int, default=1)
+    parser.add_argument("--sides", default="ours,harbor")
+    parser.add_argument("--variants", action="append", default=[], metavar="NAME=VAR=V[,VAR=V]")
+    parser.add_argument("--keep", action="store_true", help="keep the scratch directory")
     args = parser.parse_args()
+    variants: list[tuple[str, dict[str, str]]] = []
+    wanted = args.sides.split(",")
+    if "ours" in wanted:
+        variants.append(("ours", {}))
+    for spec in args.variants:
+        name, _, assignments = spec.partition("=")
+        extra = dict(a.split("=", 1) for a in assignments.split(",") if a)
+        variants.append((name, extra))
     root = Path(tempfile.mkdtemp(prefix="bench-harbor-"))
+    sides: list[Side] = []
     try:
-        hand = [by_hand(root) for _ in range(args.repeat)]
-        backend = [trio.run(through_backend, root, 1, 1) for _ in range(args.repeat)]
-        h, b = min(hand), min(backend)
-        print(f"one oracle trial: by hand {h:.1f} s, through HarborBackend {b:.1f} s")
-        print(f"  overhead {b - h:+.1f} s per trial, ratio {b / h:.2f}")
-        walls: dict[int, float] = {}
+        ws, env = setup(root, args.trials)
         for c in (int(x) for x in args.concurrency.split(",")):
-            walls[c] = trio.run(through_backend, root, args.rows, c)
-            base = walls[min(walls)]
-            print(
-                f"{args.rows} oracle rows at concurrency {c}: {walls[c]:.1f} s "
-                f"({walls[c] / args.rows:.1f} s/row, speed-up x{base / walls[c]:.2f})"
-            )
+            for rep in range(args.repeat):
+                order: list[tuple[str, dict[str, str] | None]] = [(n, e) for n, e in variants]
+                if "harbor" in wanted:
+                    order.append(("harbor", None))
+                if rep % 2:
+                    order.reverse()
+                for name, extra in order:
+                    tag = f"{name}-c{c}-r{rep}"
+                    side = (
+                        run_harbor(root, c, args.trials, tag)
+                        if extra is None
+                        else run_ours(ws, env, c, tag, extra)
+                    )
+                    print(f"{tag}: {side.wall:.1f} s", flush=True)
+                    sides.append(side)
+        report(sides, args.trials)
     finally:
-        shutil.rmtree(root, ignore_errors=True)
+        if args.keep:
+            print(f"kept {root}")
+        else:
+            shutil.rmtree(root, ignore_errors=True)
 
 
 if __name__ == "__main__":

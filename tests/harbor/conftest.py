@@ -14,8 +14,10 @@ import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 
+import psutil
 import pytest
 
+from rollout_server.harbor.containers import OWNER_LABEL, owner_alive
 from tests.launcher.e2e.helpers import REPO, UV, base_env
 
 EXAMPLE = REPO / "examples" / "harbor"
@@ -94,15 +96,30 @@ def harbor_workspace(tmp_path: Path) -> Path:
     return make_harbor_workspace(tmp_path / "ws")
 
 
+def _ours(owner: str) -> bool:
+    """Whether a container's owner label is this session's: a rollout server this test process
+    started (its descendant), or one that is gone. Other sessions on the machine (parallel test
+    runs, a developer's eval) own live servers that are none of this test's business."""
+    pid_text = owner.partition(":")[0]
+    if not pid_text.isdigit() or not owner_alive(owner):
+        return True
+    return int(pid_text) in {p.pid for p in psutil.Process().children(recursive=True)}
+
+
 def labelled_containers() -> list[str]:
-    """Names of every container a Harbor trial of this backend created (running or not)."""
+    """Names of every container a Harbor trial of this backend created (running or not) that
+    belongs to this test session (see :func:`_ours`)."""
     listed = subprocess.run(
         ["podman", "ps", "-a", "--filter", f"label={LABEL}", "--format", "json"],
         capture_output=True,
         timeout=60,
         check=True,
     )
-    return [row["Names"][0] for row in json.loads(listed.stdout or b"[]")]
+    return [
+        row["Names"][0]
+        for row in json.loads(listed.stdout or b"[]")
+        if _ours(str((row.get("Labels") or {}).get(OWNER_LABEL, "")))
+    ]
 
 
 @pytest.fixture

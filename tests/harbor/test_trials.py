@@ -131,11 +131,16 @@ async def test_kill_9_mid_trial_then_resume_reaps_and_finishes_every_row_once(
 
 
 def _trial_groups(server_pid: int) -> list[int]:
-    """Process groups of the trial watchdogs a rollout server started."""
+    """Process groups of the trial processes a rollout server started: its trial watchdogs, or
+    its Harbor worker and the trials it forked (which share the worker's command line)."""
     groups = set()
     for proc in psutil.process_iter(["cmdline"]):
         cmd = proc.info["cmdline"] or []
-        watchdog = [i for i, arg in enumerate(cmd) if arg.endswith("harbor/_watchdog.py")]
+        watchdog = [
+            i
+            for i, arg in enumerate(cmd)
+            if arg.endswith(("harbor/_watchdog.py", "harbor/_forkserver.py"))
+        ]
         if watchdog:
             at = watchdog[0]
             if cmd[at + 1 : at + 2] == [str(server_pid)]:
@@ -188,3 +193,32 @@ async def test_separate_verifier_container_gets_the_labels(
     # labels it anyway, so a sweep or a start-up reap can find it.
     assert any("__verifier__" in name for name in seen), seen
     assert any("__env" in name for name in seen), seen
+
+
+@pytest.mark.timeout(300)
+async def test_the_tasks_own_agent_timeout_stops_a_real_trial(
+    harbor_workspace: Path, harbor_env: dict[str, str], tmp_path: Path
+) -> None:
+    """Issue 27 item 14 end to end: the task says ``[agent] timeout_sec = 5``, the eval 300 s;
+    the oracle's solution sleeps 120 s first, so only the task's own limit can end the row
+    before that (as a timeout), and the rollout server says which limit applied."""
+    task = harbor_workspace / "tasks" / "hello"
+    toml = (task / "task.toml").read_text()
+    assert "timeout_sec = 120" in toml
+    (task / "task.toml").write_text(toml.replace("timeout_sec = 120", "timeout_sec = 5", 1))
+    (task / "solution" / "solve.sh").write_text(
+        "#!/bin/sh\nsleep 120\necho hello > /app/answer.txt\n"
+    )
+    args = ["eval", "run", "ws/configs/eval/oracle.toml", "--yes", "--name", "to", "--rows", "0"]
+    result = await run_cli(args, cwd=tmp_path, env=harbor_env, timeout=240)
+    run = run_dir(harbor_workspace, "to")
+    (record,) = journal(run)
+    assert record["status"] == "failed", record
+    assert record["error_type"] == "timeout", record
+    assert "AgentTimeoutError" in record["error"]["message"], record
+    assert record["error"]["phase"] == "agent", record
+    note = (
+        "task hello: the agent gets 5 s: its own [agent] timeout_sec is 5 s, "
+        "the eval's agent_workflow_timeout_s 300 s; the shorter applies"
+    )
+    assert count_log(run, note) == 1, result.stdout + result.stderr

@@ -53,4 +53,6 @@ async def test_an_advertise_host_that_does_not_resolve_fails() -> None:
         with pytest.raises(CLIError, match="has no host"):
             await check_advertise_host("http:///x")
         await check_advertise_host("http://127.0.0.1:9/")
+        # Only a container resolves its engine's host alias; the sandbox probe judges it.
+        await check_advertise_host("http://host.containers.internal:9/")
         await check_advertise_host(None)

@@ -1,0 +1,121 @@
+"""A ``podman-compose`` front for Harbor's trials: ``exec`` straight to ``podman exec``.
+
+Usage: installed by the backend as ``podman-compose`` first on the Harbor process's PATH (a copy
+of this file with :data:`REAL` filled in); stdlib only, run with ``python -I``.
+
+podman 4.3 has no ``compose``, so Harbor drives every container command through podman-compose,
+a Python program that parses every compose file again on each call: most of a second of CPU per
+``exec`` on a busy 2-core machine, and a trial makes a dozen. For the one shape Harbor's
+``exec`` has (``[--in-pod=...] --project-name P -f F... exec [-w D] [-e K=V]... [-u U] [-T]
+[--privileged] SERVICE CMD...``) this runs what podman-compose would run,
+``podman exec --interactive [--privileged] [--user U] [--workdir D] [--tty] [--env K=V]...
+P_SERVICE_1 CMD...`` (podman-compose's own argument order; the service's compose ``environment``
+is already the container's), once ``podman container exists P_SERVICE_1``; and ``cp``, which
+podman-compose does not have, fails at once as it would (Harbor then streams a tar). Anything
+else goes to the real podman-compose with the same arguments.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+#: The real podman-compose (filled in when the backend installs this file).
+REAL = ""
+
+
+def _globals(args: list[str]) -> tuple[str | None, int]:
+    """The project name and the index of the subcommand, past the global options Harbor gives
+    (an unknown option stops the scan there: that call is not one this shim knows)."""
+    project = None
+    i = 0
+    while i < len(args):
+        arg = args[i]
+        if arg.startswith("--in-pod="):
+            i += 1
+        elif arg in ("--project-name", "-p", "-f", "--file") and i + 1 < len(args):
+            if arg in ("--project-name", "-p"):
+                project = args[i + 1]
+            i += 2
+        else:
+            break
+    return project, i
+
+
+def _exec_argv(args: list[str]) -> tuple[list[str], str] | None:
+    """``podman exec`` argv for a plain Harbor ``exec`` and its container, or None for
+    anything else."""
+    project, i = _globals(args)
+    if project is None or i >= len(args) or args[i] != "exec":
+        return None
+    i += 1
+    user = workdir = None
+    tty, privileged = True, False
+    env: list[str] = []
+    while i < len(args) and args[i].startswith("-"):
+        arg = args[i]
+        if arg in ("-w", "--workdir", "-e", "--env", "-u", "--user") and i + 1 < len(args):
+            value = args[i + 1]
+            if arg in ("-w", "--workdir"):
+                workdir = value
+            elif arg in ("-u", "--user"):
+                user = value
+            else:
+                env.append(value)
+            i += 2
+        elif arg == "-T":
+            tty = False
+            i += 1
+        elif arg == "--privileged":
+            privileged = True
+            i += 1
+        else:
+            return None
+    if i + 1 >= len(args):
+        return None
+    service, command = args[i], args[i + 1 :]
+    argv = ["podman", "exec", "--interactive"]
+    if privileged:
+        argv.append("--privileged")
+    if user:
+        argv += ["--user", user]
+    if workdir:
+        argv += ["--workdir", workdir]
+    if tty:
+        argv.append("--tty")
+    argv += [f"--env={e}" for e in env]
+    container = f"{project}_{service}_1"
+    return [*argv, container, *command], container
+
+
+def main(args: list[str]) -> int:
+    """Run ``args`` as podman-compose would."""
+    _, at = _globals(args)
+    if args[at : at + 1] == ["cp"]:
+        sys.stderr.write("podman-compose: error: argument command: invalid choice: 'cp'\n")
+        return 2
+    fast = _exec_argv(args)
+    if fast is not None and _container_exists(fast[1]):
+        os.execvp(fast[0][0], fast[0])
+    os.execv(REAL, [REAL, *args])
+    return 1  # not reached
+
+
+def _container_exists(name: str) -> bool:
+    """Whether podman knows ``name`` (else podman-compose resolves the container itself)."""
+    pid = os.fork()
+    if pid == 0:
+        null = os.open(os.devnull, os.O_RDWR)
+        os.dup2(null, 0)
+        os.dup2(null, 1)
+        os.dup2(null, 2)
+        try:
+            os.execvp("podman", ["podman", "container", "exists", name])
+        finally:
+            os._exit(127)
+    _, status = os.waitpid(pid, 0)
+    return os.waitstatus_to_exitcode(status) == 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,144 @@
+"""The per-trial fast paths, without the sandbox test bed: the podman-compose shim's reading of
+Harbor's ``exec`` (and everything it leaves to the real podman-compose), its installation, and
+the staged ``task.toml`` naming a prebuilt task image."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import tomllib
+from pathlib import Path
+
+import pytest
+
+from rollout_server.harbor import _compose_shim as shim
+from rollout_server.harbor.fastexec import install_compose_shim
+from rollout_server.harbor.taskimage import prebuildable, use_task_image
+
+GLOBALS = ["--in-pod=false", "--project-name", "trial-x__env", "-f", "a.yaml", "-f", "b.json"]
+
+
+def test_harbors_exec_becomes_what_podman_compose_would_run() -> None:
+    args = [*GLOBALS, "exec", "-w", "/app", "-e", "A=1=2", "-e", "B", "-u", "root", "main"]
+    args += ["bash", "-c", "echo -w hi"]
+    assert shim._exec_argv(args) == (
+        [
+            "podman",
+            "exec",
+            "--interactive",
+            "--user",
+            "root",
+            "--workdir",
+            "/app",
+            "--tty",
+            "--env=A=1=2",
+            "--env=B",
+            "trial-x__env_main_1",
+            "bash",
+            "-c",
+            "echo -w hi",
+        ],
+        "trial-x__env_main_1",
+    )
+    plain = shim._exec_argv([*GLOBALS, "exec", "-T", "main", "true"])
+    assert plain is not None and "--tty" not in plain[0]
+
+
+def test_everything_else_is_left_to_podman_compose() -> None:
+    for args in (
+        [*GLOBALS, "up", "-d"],
+        [*GLOBALS, "down", "--rmi", "local"],
+        [*GLOBALS, "exec", "--index", "2", "main", "true"],  # an option the shim does not know
+        [*GLOBALS, "exec", "main"],  # no command
+        ["--podman-path", "/x", *GLOBALS, "exec", "main", "true"],  # a global it does not know
+        ["-f", "a.yaml", "exec", "main", "true"],  # no project name
+    ):
+        assert shim._exec_argv(args) is None, args
+
+
+def test_installed_shim_hands_other_commands_to_the_real_podman_compose(tmp_path: Path) -> None:
+    bin_dir = tmp_path / "harbor-bin"
+    bin_dir.mkdir()
+    real = bin_dir / "podman-compose"
+    real.write_text('#!/bin/sh\necho "real $*"\n')
+    real.chmod(0o755)
+    directory = install_compose_shim(tmp_path / "root", bin_dir)
+    assert directory is not None
+    assert install_compose_shim(tmp_path / "root", bin_dir) == directory  # once per content
+    installed = directory / "podman-compose"
+    assert oct(installed.stat().st_mode & 0o777) == "0o700"
+    assert installed.read_text().startswith(f"#!{sys.executable} -I\n")
+    env = dict(os.environ, PATH=f"{directory}{os.pathsep}{os.environ['PATH']}")
+    done = subprocess.run(
+        ["podman-compose", *GLOBALS, "up", "-d"], env=env, capture_output=True, timeout=30
+    )
+    assert done.stdout.decode().strip() == f"real {' '.join(GLOBALS)} up -d"
+    copied = subprocess.run(
+        ["podman-compose", *GLOBALS, "cp", "x", "main:/y"], env=env, capture_output=True, timeout=30
+    )
+    assert copied.returncode == 2 and b"invalid choice: 'cp'" in copied.stderr
+
+
+def test_no_real_podman_compose_no_shim(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("PATH", str(tmp_path / "empty"))
+    assert install_compose_shim(tmp_path / "root", tmp_path / "nothing") is None
+
+
+TASK = """schema_version = "1.4"
+
+[task]
+name = "local/hello"
+
+[environment]  # the sandbox
+network_mode = "public"
+build_timeout_sec = 120
+
+[verifier]
+timeout_sec = 60
+"""
+
+
+def _task(tmp_path: Path, toml: str) -> Path:
+    task = tmp_path / "task"
+    (task / "environment").mkdir(parents=True)
+    (task / "environment" / "Dockerfile").write_text("FROM localhost/local/bookworm-harbor\n")
+    (task / "task.toml").write_text(toml)
+    return task
+
+
+def test_the_staged_task_names_the_prebuilt_image(tmp_path: Path) -> None:
+    task = _task(tmp_path, TASK)
+    assert prebuildable(task)
+    assert use_task_image(task, "rollbridge-task/task:0123456789abcdef")
+    doc = tomllib.loads((task / "task.toml").read_text())
+    assert doc["environment"] == {
+        "docker_image": "rollbridge-task/task:0123456789abcdef",
+        "network_mode": "public",
+        "build_timeout_sec": 120,
+    }
+    assert doc["verifier"] == {"timeout_sec": 60}
+    # A task without an [environment] table gets one.
+    bare = _task(tmp_path / "bare", 'schema_version = "1.4"\n')
+    assert use_task_image(bare, "rollbridge-task/bare:1")
+    assert tomllib.loads((bare / "task.toml").read_text())["environment"] == {
+        "docker_image": "rollbridge-task/bare:1"
+    }
+
+
+def test_tasks_harbor_must_build_itself_are_not_prebuilt(tmp_path: Path) -> None:
+    named = _task(
+        tmp_path / "a",
+        TASK.replace("[environment]  # the sandbox", '[environment]\ndocker_image = "x"'),
+    )
+    assert not prebuildable(named)
+    composed = _task(tmp_path / "b", TASK)
+    (composed / "environment" / "docker-compose.yaml").write_text("services: {}\n")
+    assert not prebuildable(composed)
+    broken = _task(tmp_path / "c", "not toml [")
+    assert not prebuildable(broken)
+    # An edit that would not read back as meant leaves the file alone.
+    dotted = _task(tmp_path / "d", 'environment.network_mode = "public"\n')
+    before = (dotted / "task.toml").read_text()
+    assert not use_task_image(dotted, "rollbridge-task/d:1")
+    assert (dotted / "task.toml").read_text() == before
