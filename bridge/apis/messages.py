@@ -16,6 +16,7 @@ import time
 from collections.abc import Iterator
 from typing import Any
 
+from bridge.apis.chunks import first_choice
 from bridge.apis.policy import MESSAGES, tool_type
 from bridge.codec import dumps, loads
 from bridge.errors import BridgeRequestError
@@ -292,11 +293,10 @@ class MessagesStream:
 
     def chunk(self, chunk: dict[str, Any]) -> Iterator[bytes]:
         """The events for one chat chunk (only its first choice is read)."""
-        choices = chunk.get("choices") or []
-        if not choices:
+        first = first_choice(chunk)
+        if first is None:
             return
-        choice = choices[0]
-        delta = choice.get("delta") or {}
+        choice, delta = first
         text = delta.get("content")
         if isinstance(text, str) and text:
             if self._open != "text":
