@@ -6,11 +6,14 @@ from __future__ import annotations
 from typing import Any
 
 
-def first_choice(chunk: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]] | None:
-    """A chunk's first choice and that choice's ``delta`` (``{}`` when absent), or ``None``
-    for a chunk without choices (a usage-only chunk); only the first choice is translated."""
+def first_choice(chunk: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any], str] | None:
+    """A chunk's first choice, that choice's ``delta`` (``{}`` when absent) and the delta's
+    text (``""`` when it has none), or ``None`` for a chunk without choices (a usage-only
+    chunk); only the first choice is translated."""
     choices = chunk.get("choices") or []
     if not choices:
         return None
     choice = choices[0]
-    return choice, choice.get("delta") or {}
+    delta = choice.get("delta") or {}
+    text = delta.get("content")
+    return choice, delta, text if isinstance(text, str) else ""

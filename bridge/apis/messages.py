@@ -296,9 +296,8 @@ class MessagesStream:
         first = first_choice(chunk)
         if first is None:
             return
-        choice, delta = first
-        text = delta.get("content")
-        if isinstance(text, str) and text:
+        choice, delta, text = first
+        if text:
             if self._open != "text":
                 yield from self._begin({"type": "text", "text": ""})
             yield self._event(

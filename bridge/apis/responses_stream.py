@@ -109,9 +109,8 @@ class ResponsesStream:
         first = first_choice(chunk)
         if first is None:
             return
-        choice, delta = first
-        text = delta.get("content")
-        if isinstance(text, str) and text:
+        choice, delta, text = first
+        if text:
             if self._open is None or self._open["type"] != "message":
                 item = _message_item(
                     _ident("msg_", self.shell["id"], len(self.shell["output"])),
