@@ -24,18 +24,15 @@ from bridge.door import Door, bridge_routes
 from bridge.handler import Bridge
 from bridge.policy import (
     MAX_BODY_BYTES,
-    InvalidBody,
     check_auth,
     is_stream,
-    parse_body,
-    valid_rollout_id,
 )
+from bridge.preamble import admitted_body, header_text
 from bridge.probe import ProbeKey
 from bridge.watch import DisconnectWatch
 from rollout_server.net.asgi import (
     BodyTooLarge,
     ClientDisconnected,
-    header,
     read_body,
     send_json,
 )
@@ -185,7 +182,7 @@ class ChatRoutes:
         if found is not None:
             return found.group(1)
         if self.plain_chat_route and path == "/v1/chat/completions":
-            return _header(scope, b"x-rollbridge-rollout-id") or DEFAULT_ROLLOUT_ID
+            return header_text(scope, b"x-rollbridge-rollout-id") or DEFAULT_ROLLOUT_ID
         return None
 
     async def serve(
@@ -197,27 +194,16 @@ class ChatRoutes:
         send: ASGISendCallable,
     ) -> None:
         """Answer one chat call whose whole body has been read."""
-        call = self.watch.begin(receive)
-        try:
-            with call.scope:
-                await self._answer(scope, rollout_id, body, send)
-        finally:
-            await self.watch.end(call)
+        await self.watch.run(receive, lambda: self._answer(scope, rollout_id, body, send))
 
     async def _answer(
         self, scope: HTTPScope, rollout_id: str, raw: bytes, send: ASGISendCallable
     ) -> None:
-        # Auth first: before the rollout id is checked and before the body is parsed.
-        if not check_auth(_header(scope, b"authorization"), self.token):
-            await send_json(send, 401, dumps({"detail": "Unauthorized"}))
-            return
-        if not valid_rollout_id(rollout_id):
-            await send_json(send, 422, dumps({"detail": "invalid rollout_id"}))
-            return
-        try:
-            body = parse_body(raw)
-        except InvalidBody:
-            await send_json(send, 400, dumps({"detail": "invalid body"}))
+        authorized = check_auth(header_text(scope, b"authorization"), self.token)
+        body = await admitted_body(
+            send, authorized=authorized, rollout_id=rollout_id, raw=raw, error=_detail
+        )
+        if body is None:
             return
         if is_stream(body):
             await _send_stream(send, _SSE_HEADER_LIST, self.bridge.sse(rollout_id, body))
@@ -231,10 +217,9 @@ class ChatRoutes:
         await send_json(send, status, payload)
 
 
-def _header(scope: HTTPScope, name: bytes) -> str | None:
-    """The first value of header ``name`` (lower-case), decoded as latin-1 like quart does."""
-    value = header(scope, name)
-    return None if value is None else value.decode("latin-1")
+def _detail(status: int, message: str) -> bytes:
+    """The chat routes' error body (FastAPI's shape, as the reference answers)."""
+    return dumps({"detail": message})
 
 
 async def _send_stream(

@@ -20,7 +20,7 @@ from collections.abc import Callable
 from typing import Any, Protocol
 
 from bridge.errors import BridgeError, UpstreamError, final_status
-from bridge.usage import CallUsage
+from bridge.usage import CallUsage, reported_kinds
 
 __all__ = [
     "CALL_KINDS",
@@ -229,12 +229,7 @@ class CallTrace:
             record["prompt_tokens"] = usage.prompt_tokens
             record["completion_tokens"] = usage.completion_tokens
             record["total_tokens"] = usage.total_tokens
-            if usage.cached_tokens is not None:
-                record["cached_tokens"] = usage.cached_tokens
-            if usage.reasoning_tokens is not None:
-                record["reasoning_tokens"] = usage.reasoning_tokens
-            if usage.cache_write_tokens is not None:
-                record["cache_write_tokens"] = usage.cache_write_tokens
+            record.update(reported_kinds(usage))
         if self.finish_reason is not None:
             record["finish_reason"] = self.finish_reason
         logprobs = compact_logprobs(self._content)

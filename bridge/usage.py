@@ -88,6 +88,17 @@ class CallUsage:
         }
 
 
+def reported_kinds(usage: CallUsage | RolloutUsage) -> dict[str, int]:
+    """The token kinds a provider may leave out (cached, reasoning, cache write), those it
+    reported: a kind never reported is left out of a record, not written as zero."""
+    kinds = {
+        "cached_tokens": usage.cached_tokens,
+        "reasoning_tokens": usage.reasoning_tokens,
+        "cache_write_tokens": usage.cache_write_tokens,
+    }
+    return {kind: count for kind, count in kinds.items() if count is not None}
+
+
 def _add(a: int | None, b: int | None) -> int | None:
     if a is None:
         return b
@@ -137,13 +148,8 @@ class RolloutUsage:
             "completion_tokens": self.completion_tokens,
             "total_tokens": self.total_tokens,
             "max_context_tokens": self.max_context_tokens,
+            **reported_kinds(self),
         }
-        if self.cached_tokens is not None:
-            out["cached_tokens"] = self.cached_tokens
-        if self.reasoning_tokens is not None:
-            out["reasoning_tokens"] = self.reasoning_tokens
-        if self.cache_write_tokens is not None:
-            out["cache_write_tokens"] = self.cache_write_tokens
         if self.retries:
             out["retries"] = self.retries
         return out

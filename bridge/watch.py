@@ -11,6 +11,7 @@ before the connection is read again.
 
 from __future__ import annotations
 
+from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Final
 
 import trio
@@ -62,6 +63,18 @@ class DisconnectWatch:
         elif self._wake is not None:
             self._wake.set()
         return call
+
+    async def run(
+        self, receive: ASGIReceiveCallable, answer: Callable[[], Awaitable[None]]
+    ) -> None:
+        """Run ``answer()`` as one call: cancelled if its client goes away, ended whatever
+        happens (:meth:`begin`, then :meth:`end`)."""
+        call = self.begin(receive)
+        try:
+            with call.scope:
+                await answer()
+        finally:
+            await self.end(call)
 
     async def end(self, call: WatchedCall) -> None:
         """The call is over: forget it, or stop its watch and wait until that has let go of

@@ -16,6 +16,7 @@ import time
 from collections.abc import Iterator
 from typing import Any
 
+from bridge.apis.chunks import first_choice
 from bridge.apis.policy import MESSAGES, tool_type
 from bridge.codec import dumps, loads
 from bridge.errors import BridgeRequestError
@@ -292,13 +293,11 @@ class MessagesStream:
 
     def chunk(self, chunk: dict[str, Any]) -> Iterator[bytes]:
         """The events for one chat chunk (only its first choice is read)."""
-        choices = chunk.get("choices") or []
-        if not choices:
+        first = first_choice(chunk)
+        if first is None:
             return
-        choice = choices[0]
-        delta = choice.get("delta") or {}
-        text = delta.get("content")
-        if isinstance(text, str) and text:
+        choice, delta, text = first
+        if text:
             if self._open != "text":
                 yield from self._begin({"type": "text", "text": ""})
             yield self._event(

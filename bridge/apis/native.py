@@ -23,7 +23,6 @@ from bridge.apis.policy import POLICIES, forwarded_headers
 from bridge.apis.usage import StreamedMessagesUsage, normalize
 from bridge.codec import dumps, loads
 from bridge.errors import UpstreamError
-from bridge.retry import status_fault
 from bridge.upstreams.routing import OFFICIAL_OPENAI_BASE, openai_base, resolve_direct
 
 if TYPE_CHECKING:
@@ -145,11 +144,6 @@ def reasoning_items(output: Any) -> list[tuple[str, dict[str, Any]]]:
     return found
 
 
-def _status_error(response: httpx.Response) -> UpstreamError:
-    text = response.text.strip() or f"provider answered HTTP {response.status_code}"
-    return status_fault(response.status_code, text, response.headers.get("retry-after"))
-
-
 async def call(
     client: httpx.AsyncClient,
     api: Api,
@@ -161,7 +155,7 @@ async def call(
     """One non-streaming native call: the provider's object with ``model`` echoed."""
     import httpx
 
-    from bridge.upstreams.streamed import _transport_error
+    from bridge.upstreams.streamed import _status_error, _transport_error
 
     try:
         response = await client.post(route.url, content=content, headers=route.headers)
@@ -257,18 +251,10 @@ async def stream(
     transient failure before the first frame."""
     import httpx
 
-    from bridge.upstreams.streamed import _sse_events, _transport_error
+    from bridge.upstreams.streamed import _sse_events, _transport_error, open_stream
 
-    headers = {**route.headers, "Accept": "text/event-stream"}
-    request = client.build_request("POST", route.url, content=content, headers=headers)
+    response = await open_stream(client, route.url, route.headers, content)
     try:
-        response = await client.send(request, stream=True)
-    except httpx.TransportError as exc:
-        raise _transport_error(exc) from exc
-    try:
-        if not 200 <= response.status_code < 300:
-            await response.aread()
-            raise _status_error(response)
         async for event, data in _sse_events(response):
             yield relay.frame(event, data)
     except httpx.TransportError as exc:

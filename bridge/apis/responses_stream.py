@@ -13,6 +13,7 @@ import time
 from collections.abc import Iterator
 from typing import Any
 
+from bridge.apis.chunks import first_choice
 from bridge.apis.responses import (
     _call_item,
     _finish,
@@ -105,13 +106,11 @@ class ResponsesStream:
 
     def chunk(self, chunk: dict[str, Any]) -> Iterator[bytes]:
         """The events for one chat chunk (only its first choice is read)."""
-        choices = chunk.get("choices") or []
-        if not choices:
+        first = first_choice(chunk)
+        if first is None:
             return
-        choice = choices[0]
-        delta = choice.get("delta") or {}
-        text = delta.get("content")
-        if isinstance(text, str) and text:
+        choice, delta, text = first
+        if text:
             if self._open is None or self._open["type"] != "message":
                 item = _message_item(
                     _ident("msg_", self.shell["id"], len(self.shell["output"])),

@@ -13,6 +13,7 @@ the translators, the policy and the native client are already modules of their o
 
 from __future__ import annotations
 
+import functools
 import re
 import secrets
 from collections.abc import Awaitable, Callable
@@ -31,13 +32,11 @@ from bridge.door import Route
 from bridge.errors import BridgeError, BridgeRequestError, UpstreamError
 from bridge.handler import PING, Bridge
 from bridge.policy import (
-    InvalidBody,
     check_auth,
     is_stream,
-    parse_body,
     response_model,
-    valid_rollout_id,
 )
+from bridge.preamble import admitted_body, header_text
 from bridge.retry import retrying, retrying_stream
 from bridge.upstreams.routing import OFFLINE_MODEL
 from bridge.watch import DisconnectWatch
@@ -148,9 +147,9 @@ class ApiRoutes:
     def authorized(self, scope: HTTPScope, match: Match) -> bool:
         """The door check of a matched request (headers only, so it can run before the body is
         read): the run's bearer in ``Authorization``, or on Messages in ``x-api-key``."""
-        authorization = _text(header(scope, b"authorization"))
+        authorization = header_text(scope, b"authorization")
         if match.api == "messages":
-            return messages_auth(authorization, _text(header(scope, b"x-api-key")), self.token)
+            return messages_auth(authorization, header_text(scope, b"x-api-key"), self.token)
         return check_auth(authorization, self.token)
 
     @staticmethod
@@ -167,12 +166,7 @@ class ApiRoutes:
         send: ASGISendCallable,
     ) -> None:
         """Answer one call whose whole body has been read (cancelled if the client leaves)."""
-        call = self.watch.begin(receive)
-        try:
-            with call.scope:
-                await self._answer(scope, match, raw, send)
-        finally:
-            await self.watch.end(call)
+        await self.watch.run(receive, lambda: self._answer(scope, match, raw, send))
 
     def _fail(self, api: Api, exc: BaseException) -> _Failure:
         status, payload = self.bridge.error(exc)
@@ -187,16 +181,14 @@ class ApiRoutes:
         self, scope: HTTPScope, match: Match, raw: bytes, send: ASGISendCallable
     ) -> None:
         api = match.api
-        if not self.authorized(scope, match):
-            await send_json(send, 401, self.unauthorized(match))
-            return
-        if not valid_rollout_id(match.rollout_id):
-            await send_json(send, 422, dialect_error(api, 422, "invalid rollout_id"))
-            return
-        try:
-            body = parse_body(raw)
-        except InvalidBody:
-            await send_json(send, 400, dialect_error(api, 400, "invalid body"))
+        body = await admitted_body(
+            send,
+            authorized=self.authorized(scope, match),
+            rollout_id=match.rollout_id,
+            raw=raw,
+            error=functools.partial(dialect_error, api),
+        )
+        if body is None:
             return
         headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope["headers"]}
         try:
@@ -484,7 +476,3 @@ def _failure_event(failure: _Failure) -> bytes:
     if isinstance(data, dict) and data.get("type") != "error":
         data = {"type": "error", **data}
     return b"event: error\ndata: " + dumps(data) + b"\n\n"
-
-
-def _text(value: bytes | None) -> str | None:
-    return None if value is None else value.decode("latin-1")

@@ -16,22 +16,10 @@ from typing import Any
 import trio
 
 from bridge.policy import PreparedRequest
-from bridge.upstreams.echo_plan import Plan, logprobs, pieces, plan
+from bridge.upstreams.echo_plan import Plan, logprobs, pieces, plan, text_of
 
 _TOKEN = re.compile(r"\w+|[^\w\s]")
 _CREATED = 1_700_000_000
-
-
-def _text(content: Any) -> str:
-    if isinstance(content, str):
-        return content
-    if isinstance(content, list):
-        return " ".join(
-            str(part.get("text", ""))
-            for part in content
-            if isinstance(part, dict) and part.get("type", "text") == "text"
-        )
-    return ""
 
 
 def _count_tokens(text: str) -> int:
@@ -48,14 +36,14 @@ def answer(prepared: PreparedRequest) -> str:
     """The echo model's reply: the last user message's text."""
     for message in reversed(_messages(prepared)):
         if message.get("role") == "user":
-            return _text(message.get("content"))
+            return text_of(message.get("content"))
     return ""
 
 
 def prompt_tokens(prepared: PreparedRequest) -> int:
     """The prompt tokens the echo model counts for a request."""
     # Each message costs a few tokens of chat framing, as with real chat models.
-    return sum(_count_tokens(_text(m.get("content"))) + 4 for m in _messages(prepared)) + 3
+    return sum(_count_tokens(text_of(m.get("content"))) + 4 for m in _messages(prepared)) + 3
 
 
 def _usage(prepared: PreparedRequest, reply: str) -> dict[str, int]:

@@ -77,10 +77,12 @@ def _url(url: str) -> httpx.URL:
     return httpx.URL(url)
 
 
-async def stream_chunks(
+async def open_stream(
     client: httpx.AsyncClient, url: str, headers: dict[str, str], content: bytes
-) -> AsyncGenerator[dict[str, Any], None]:
-    """Stream raw chunks as the provider sends them (a whole completion if it did not stream)."""
+) -> httpx.Response:
+    """POST ``content`` asking for an event stream: the provider's 2xx response, its body not
+    read yet (the caller closes it); any other status or a failed exchange raised as the
+    provider's error (:class:`ProviderFault` where the call may be made again)."""
     request = client.build_request(
         "POST", _url(url), content=content, headers={**headers, "Accept": "text/event-stream"}
     )
@@ -88,10 +90,23 @@ async def stream_chunks(
         response = await client.send(request, stream=True)
     except httpx.TransportError as exc:
         raise _transport_error(exc) from exc
+    if 200 <= response.status_code < 300:
+        return response
     try:
-        if not 200 <= response.status_code < 300:
-            await response.aread()
-            raise _status_error(response)
+        await response.aread()
+    except httpx.TransportError as exc:
+        raise _transport_error(exc, answering=True) from exc
+    finally:
+        await response.aclose()
+    raise _status_error(response)
+
+
+async def stream_chunks(
+    client: httpx.AsyncClient, url: str, headers: dict[str, str], content: bytes
+) -> AsyncGenerator[dict[str, Any], None]:
+    """Stream raw chunks as the provider sends them (a whole completion if it did not stream)."""
+    response = await open_stream(client, url, headers, content)
+    try:
         if "event-stream" not in response.headers.get("content-type", ""):
             await response.aread()
             data = parse_provider_json(response.text)

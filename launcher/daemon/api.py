@@ -25,7 +25,7 @@ import trio
 
 from launcher.daemon.live_usage import dispatched_keys, live_rollouts, read_live_usage
 from launcher.daemon.registry import ApiError, Registry, parse_start
-from launcher.daemon.routes_extra import ExtraRoutes
+from launcher.daemon.routes_extra import ExtraRoutes, send_html
 from launcher.daemon.stream import journal_events, log_events, tail_lines
 from launcher.errors import CLIError
 from launcher.rundir.calls import CALLS_FILENAME, read_calls
@@ -202,7 +202,7 @@ class ControlApp:
             return await send_json(send, 200, _json(usage))
         if rest == ["report"] and method == "GET":
             page = await trio.to_thread.run_sync(_report, view.run_dir)
-            return await _send_html(send, page)
+            return await send_html(send, page)
         if rest == ["logs"] and method == "GET":
             return await self._logs(receive, send, view.run_dir, name, query)
         if len(rest) == 3 and rest[0] == "items" and method == "GET":
@@ -327,17 +327,6 @@ def _report(run_dir: Path) -> str:
         return render_report(load_run(run_dir), refresh=True)
     except CLIError as exc:
         raise ApiError.from_cli(exc.code, exc.message) from None
-
-
-async def _send_html(send: ASGISendCallable, page: str) -> None:
-    body = page.encode("utf-8")
-    headers = [
-        (b"content-type", b"text/html; charset=utf-8"),
-        (b"content-length", str(len(body)).encode()),
-        (b"cache-control", b"no-store"),
-    ]
-    await send({"type": "http.response.start", "status": 200, "headers": headers})
-    await send({"type": "http.response.body", "body": body, "more_body": False})
 
 
 def _item(run_dir: Path, row: str, run: str) -> dict[str, Any]:

@@ -26,7 +26,7 @@ from launcher.process import child_environment, start_token
 from launcher.rundir.atomic import atomic_write_json, ensure_dir
 from launcher.rundir.logs import utc_now_iso
 
-__all__ = ["ChildRecord", "RunChild", "read_records", "spawn_run"]
+__all__ = ["ChildRecord", "RunChild", "read_records", "spawn_logged", "spawn_run"]
 
 
 @dataclass
@@ -155,6 +155,29 @@ def run_argv(config: str, name: str, flags: Mapping[str, Any]) -> list[str]:
     return argv
 
 
+async def spawn_logged(
+    argv: list[str], *, cwd: Path, secrets: Mapping[str, str], out: Path, err: Path
+) -> trio.Process:
+    """Start a CLI child in its own session, unbuffered, its stdout and stderr to the files
+    ``out`` and ``err`` (created private, truncated) and ``secrets`` in its environment only."""
+    env = child_environment(os.environ, {"PYTHONUNBUFFERED": "1"}, secrets)
+    flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC
+    fds = (os.open(out, flags, 0o600), os.open(err, flags, 0o600))
+    try:
+        return await trio.lowlevel.open_process(
+            argv,
+            cwd=str(cwd),
+            env=env,
+            stdin=subprocess.DEVNULL,
+            stdout=fds[0],
+            stderr=fds[1],
+            start_new_session=True,
+        )
+    finally:
+        for fd in fds:
+            os.close(fd)
+
+
 async def spawn_run(
     *,
     workspace: Path,
@@ -177,22 +200,9 @@ async def spawn_run(
         offset = os.stat(logs_path).st_size
     except FileNotFoundError:
         offset = 0
-    env = child_environment(os.environ, {"PYTHONUNBUFFERED": "1"}, secrets)
-    flags_open = os.O_WRONLY | os.O_CREAT | os.O_TRUNC
-    fds = (os.open(out, flags_open, 0o600), os.open(err, flags_open, 0o600))
-    try:
-        process = await trio.lowlevel.open_process(
-            run_argv(config, name, flags),
-            cwd=str(workspace),
-            env=env,
-            stdin=subprocess.DEVNULL,
-            stdout=fds[0],
-            stderr=fds[1],
-            start_new_session=True,
-        )
-    finally:
-        for fd in fds:
-            os.close(fd)
+    process = await spawn_logged(
+        run_argv(config, name, flags), cwd=workspace, secrets=secrets, out=out, err=err
+    )
     token = start_token(process.pid) or ""
     record = ChildRecord(
         name=name,

@@ -24,7 +24,7 @@ from launcher.errors import CLIError
 from launcher.rundir.names import validate_run_name
 from rollout_server.net.asgi import ASGIReceiveCallable, ASGISendCallable, HTTPScope, send_json
 
-__all__ = ["ExtraRoutes"]
+__all__ = ["ExtraRoutes", "send_html"]
 
 Query = dict[str, list[str]]
 ReadBody = Callable[[HTTPScope, ASGIReceiveCallable], Awaitable[Any]]
@@ -35,7 +35,8 @@ def _json(obj: Any) -> bytes:
     return json.dumps(obj, ensure_ascii=False, allow_nan=False).encode()
 
 
-async def _send_page(send: ASGISendCallable, page: str) -> None:
+async def send_html(send: ASGISendCallable, page: str) -> None:
+    """A complete 200 answer of HTML ``page``, not to be cached (the daemon's pages)."""
     body = page.encode("utf-8")
     headers = [
         (b"content-type", b"text/html; charset=utf-8"),
@@ -120,7 +121,7 @@ class ExtraRoutes:
         except CLIError as exc:
             raise ApiError.from_cli(exc.code, exc.message) from None
         if isinstance(doc, str):
-            await _send_page(send, doc)
+            await send_html(send, doc)
         else:
             await send_json(send, 200, _json(doc))
 

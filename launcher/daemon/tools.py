@@ -14,7 +14,6 @@ import json
 import os
 import secrets as _secrets
 import signal
-import subprocess
 import sys
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -22,9 +21,9 @@ from typing import Any
 
 import trio
 
+from launcher.daemon.children import spawn_logged
 from launcher.daemon.discovery import state_dir
 from launcher.daemon.registry import ApiError
-from launcher.process import child_environment
 from launcher.rundir.atomic import ensure_dir
 
 __all__ = ["TOOL_TIMEOUT_S", "export_args", "rubric_args", "run_tool"]
@@ -103,22 +102,9 @@ async def run_tool(
     stem = tools / _secrets.token_hex(8)
     out_path, err_path = stem.with_suffix(".stdout"), stem.with_suffix(".stderr")
     argv = [sys.executable, "-m", "launcher", "eval", *args, "--json"]
-    env = child_environment(os.environ, {"PYTHONUNBUFFERED": "1"}, dict(secrets or {}))
-    flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC
-    fds = (os.open(out_path, flags, 0o600), os.open(err_path, flags, 0o600))
-    try:
-        process = await trio.lowlevel.open_process(
-            argv,
-            cwd=str(workspace),
-            env=env,
-            stdin=subprocess.DEVNULL,
-            stdout=fds[0],
-            stderr=fds[1],
-            start_new_session=True,
-        )
-    finally:
-        for fd in fds:
-            os.close(fd)
+    process = await spawn_logged(
+        argv, cwd=workspace, secrets=dict(secrets or {}), out=out_path, err=err_path
+    )
     try:
         with trio.move_on_after(timeout_s):
             await process.wait()
