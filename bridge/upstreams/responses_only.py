@@ -52,8 +52,7 @@ def _responses_models() -> frozenset[str]:
     return frozenset(
         name.removeprefix("openai/")
         for name, entry in table.items()
-        if entry.mode == "responses"
-        and entry.litellm_provider == "openai"
+        if entry.mode == "responses" and entry.litellm_provider == "openai"
     )
 
 

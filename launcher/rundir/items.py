@@ -44,7 +44,7 @@ class RunMeta:
 
 @dataclass(frozen=True)
 class FailedRow:
-    """A work item whose latest record is not ``success`` (failed or skipped), for §10.4."""
+    """A work item whose latest record is not ``success`` (failed or skipped), for docs/spec/supervisor.md §10.4."""
 
     row_index: int
     source_row_index: int | None
@@ -86,7 +86,7 @@ def compute_pending(
     retry_failed: bool,
 ) -> list[WorkItem]:
     """Items without a terminal record (plus failed/skipped ones with ``retry_failed``), in
-    selection order, row-major then run_index (§4.6)."""
+    selection order, row-major then run_index (docs/spec/supervisor.md §4.6)."""
     pending: list[WorkItem] = []
     for row in selected_rows:
         for run_index in range(n):

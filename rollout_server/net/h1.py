@@ -208,7 +208,9 @@ class _Connection:
     def on_header(self, name: bytes, value: bytes) -> None:
         name = name.lower()
         if value and value[-1] in (32, 9):
-            value = value.rstrip(b" \t")  # trailing whitespace is not the value's (RFC 9112 §5)
+            value = value.rstrip(
+                b" \t"
+            )  # trailing whitespace is not the value's (RFC 9112, section 5)
         self.headers.append((name, value))
         self.size += len(name) + len(value) + 4
         if len(self.headers) > self.limits.max_headers or self.size > self.limits.max_head:
@@ -220,7 +222,7 @@ class _Connection:
         parser = self.parser
         http10 = parser.get_http_version() != "1.1"
         if self.hosts > 1 or (not http10 and not self.hosts):
-            raise _Refused(400)  # RFC 9112 §3.2: one Host (and one in an HTTP/1.1 request)
+            raise _Refused(400)  # RFC 9112, section 3.2: one Host (and one in an HTTP/1.1 request)
         keep_alive = not http10
         for name, value in self.headers:
             if name == b"connection" and b"close" in [

@@ -188,7 +188,7 @@ class Connection:
         self.fields = []
 
     def on_status(self, reason: bytes) -> None:
-        # llhttp takes any byte but CR and LF in a reason phrase; h11 (RFC 9112 §4) refuses
+        # llhttp takes any byte but CR and LF in a reason phrase; h11 (RFC 9112, section 4) refuses
         # control bytes other than tab.
         if _BAD_REASON.search(reason) is not None:
             raise ValueError(f"illegal status line reason {reason!r}")

@@ -122,5 +122,3 @@ def test_secret_env_values_is_the_one_policy() -> None:
     ]
     every_known = {name: f"value-of-{name}" for name in KNOWN_SECRET_ENV_NAMES}
     assert sorted(secret_env_values(every_known)) == sorted(every_known.values())
-
-

@@ -210,7 +210,7 @@ def _h11_requests(data: bytes) -> tuple[list[Any], bool]:
     """The requests h11 alone reads from ``data`` (answering each 200), and whether it
     stopped on an error.
 
-    Empty lines before a request line are skipped first, as RFC 9112 §2.2 asks of a server
+    Empty lines before a request line are skipped first, as RFC 9112, section 2.2, asks of a server
     and llhttp does (h11 refuses them): a fresh h11 connection reads each request."""
     requests: list[Any] = []
     while True:

@@ -429,7 +429,6 @@ def test_answers_end_as_they_do_through_h11(
         assert outcome[0] == expected[0], (stream, outcome, expected)
 
 
-
 SIMPLE = [
     b'HTTP/1.1 202 \r\ncontent-type: application/json\r\ncontent-length: 11\r\n\r\n{"id": "1"}',
     b"HTTP/1.1 200 OK\r\nContent-Length: 0\r\nX-Empty:\r\nx-pad: \t a b \t\r\n\r\n",
