@@ -26,6 +26,7 @@ __all__ = [
     "DIR_MODE",
     "FILE_MODE",
     "WriteFailure",
+    "append_whole",
     "atomic_copy_bytes",
     "atomic_copy_file",
     "atomic_write_bytes",
@@ -275,3 +276,22 @@ def rewrite_in_place(target: Path, data: bytes) -> None:
         pass
     finally:
         os.close(fd)
+
+
+def append_whole(fd: int, data: bytes) -> None:
+    """Write ``data`` in full at the end of the append-only file ``fd`` and fsync it. On an
+    :class:`OSError` the file is cut back to where it was (best effort, so what is left stays
+    whole lines) and the error re-raised."""
+    size_before = os.fstat(fd).st_size
+    try:
+        view = memoryview(data)
+        while view:
+            view = view[os.write(fd, view) :]
+        os.fsync(fd)
+    except OSError:
+        try:
+            os.ftruncate(fd, size_before)
+            os.fsync(fd)
+        except OSError:
+            pass
+        raise

@@ -29,7 +29,7 @@ import msgspec
 import trio
 
 from launcher.errors import LocalEvalError
-from launcher.rundir.atomic import fsync_dir
+from launcher.rundir.atomic import append_whole, fsync_dir
 
 __all__ = [
     "CALLS_FILENAME",
@@ -198,19 +198,10 @@ class CallLog:
             )
         if not data:
             return
-        size_before = os.fstat(self._fd).st_size
         try:
-            view = memoryview(data)
-            while view:
-                view = view[os.write(self._fd, view) :]
-            os.fsync(self._fd)
+            append_whole(self._fd, data)
         except OSError as exc:
             self._broken = str(exc)
-            try:
-                os.ftruncate(self._fd, size_before)
-                os.fsync(self._fd)
-            except OSError:
-                pass
             raise LocalEvalError(f"could not write call log {self.path}: {exc}") from exc
 
     async def append(self, data: bytes) -> None:

@@ -20,7 +20,7 @@ import msgspec
 import trio
 
 from launcher.errors import JournalCorruptError, LocalEvalError
-from launcher.rundir.atomic import fsync_dir
+from launcher.rundir.atomic import append_whole, fsync_dir
 from launcher.rundir.calls import CallLog
 from launcher.rundir.latest import LatestRecords
 from launcher.rundir.records import (
@@ -295,20 +295,10 @@ class Journal:
     def _commit_sync(self, records: list[TerminalRecord], data: bytes) -> None:
         """Write ``data`` (the lines of ``records``) in full, fsync once, then count them."""
         self._check_usable()
-        size_before = os.fstat(self._fd).st_size
         try:
-            view = memoryview(data)
-            while view:
-                view = view[os.write(self._fd, view) :]
-            os.fsync(self._fd)
+            append_whole(self._fd, data)  # a failure drops the partial lines: still replayable
         except OSError as exc:
             self._broken = str(exc)
-            # Best effort: drop the partial lines so the file stays replayable.
-            try:
-                os.ftruncate(self._fd, size_before)
-                os.fsync(self._fd)
-            except OSError:
-                pass
             raise LocalEvalError(f"could not write journal {self.path}: {exc}") from exc
         for record in records:
             self.records.append(record)
