@@ -21,15 +21,14 @@ from __future__ import annotations
 import json
 import os
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Final
 
 import msgspec
-import trio
 
 from launcher.errors import LocalEvalError
 from launcher.rundir.atomic import append_whole, fsync_dir
+from launcher.rundir.groupcommit import GroupCommit
 
 __all__ = [
     "CALLS_FILENAME",
@@ -166,8 +165,9 @@ class CallLog:
         self.torn_bytes = torn
         """Bytes of a partial last line cut off at open."""
         self._broken: str | None = None
-        self._queue: list[_Pending] = []
-        self._committing = False
+        self._group: GroupCommit[bytes] = GroupCommit(
+            lambda group: self.write_sync(b"".join(group))
+        )
 
     @classmethod
     def open(cls, path: Path, acknowledged: Callable[[str], bool]) -> CallLog:
@@ -213,47 +213,13 @@ class CallLog:
         queue of its own, one group's calls are written while the group before it has its
         journal lines written, so the extra fsync costs latency, not throughput.
         """
-        pending = _Pending(data)
-        self._queue.append(pending)
-        with trio.CancelScope(shield=True):
-            if self._committing:
-                await pending.turn.wait()
-            if not pending.done:
-                await self._commit_queue()
-        if pending.error is not None:
-            raise pending.error
-
-    async def _commit_queue(self) -> None:
-        self._committing = True
-        group, self._queue = self._queue, []
-        error: BaseException | None = None
-        try:
-            await trio.to_thread.run_sync(self.write_sync, b"".join(p.data for p in group))
-        except BaseException as exc:
-            error = exc
-        finally:
-            for p in group:
-                p.done = True
-                p.error = error
-                p.turn.set()
-            self._committing = False
-            if self._queue:
-                self._queue[0].turn.set()
-                self._committing = True
+        await self._group.submit(data)
 
     def close(self) -> None:
         """Close the file descriptor (idempotent)."""
         if self._fd >= 0:
             os.close(self._fd)
             self._fd = -1
-
-
-@dataclass(eq=False)
-class _Pending:
-    data: bytes
-    turn: trio.Event = field(default_factory=trio.Event)
-    done: bool = False
-    error: BaseException | None = None
 
 
 def read_calls(

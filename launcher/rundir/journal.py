@@ -17,11 +17,11 @@ from pathlib import Path
 from typing import Any
 
 import msgspec
-import trio
 
 from launcher.errors import JournalCorruptError, LocalEvalError
 from launcher.rundir.atomic import append_whole, fsync_dir
 from launcher.rundir.calls import CallLog
+from launcher.rundir.groupcommit import GroupCommit
 from launcher.rundir.latest import LatestRecords
 from launcher.rundir.records import (
     ERROR_MESSAGE_LIMIT,
@@ -223,9 +223,6 @@ class _Pending:
     record: TerminalRecord
     line: bytes
     then: Callable[[], None] | None = None
-    turn: trio.Event = field(default_factory=trio.Event)
-    done: bool = False
-    error: BaseException | None = None
     then_error: BaseException | None = None
 
 
@@ -248,8 +245,7 @@ class Journal:
         self.records: list[TerminalRecord] = replay.records
         self.latest: LatestRecords = replay.latest
         self.torn_bytes = replay.torn_bytes
-        self._queue: list[_Pending] = []
-        self._committing = False
+        self._group: GroupCommit[_Pending] = GroupCommit(self._commit_group)
         self._broken: str | None = None
         self.call_log: CallLog | None = None
         """``calls.jsonl``, whose lines a result's writer makes durable before appending the
@@ -324,36 +320,9 @@ class Journal:
         """
         self._check_usable()
         pending = _Pending(record, record.to_line(), then)
-        self._queue.append(pending)
-        with trio.CancelScope(shield=True):
-            if self._committing:
-                await pending.turn.wait()
-            if not pending.done:
-                await self._commit_queue()
-        if pending.error is not None:
-            raise pending.error
+        await self._group.submit(pending)
         if pending.then_error is not None:
             raise pending.then_error
-
-    async def _commit_queue(self) -> None:
-        """Commit the queued records as one group, then hand over to the next queued caller."""
-        self._committing = True
-        group, self._queue = self._queue, []
-        error: BaseException | None = None
-        try:
-            await trio.to_thread.run_sync(self._commit_group, group)
-        except BaseException as exc:
-            error = exc  # every caller of the group learns that its record did not count
-        finally:
-            for p in group:
-                p.done = True
-                p.error = error
-                p.turn.set()
-            self._committing = False
-            if self._queue:
-                # The next caller in line commits everything queued during this write.
-                self._queue[0].turn.set()
-                self._committing = True
 
     def attach_call_log(self, path: Path) -> CallLog:
         """Open ``path`` as :attr:`call_log`, cutting the calls of rollouts no record of this
