@@ -202,11 +202,13 @@ async def _chat(state: State, body: bytes, out: _Writer) -> None:
         text = reply_text(request)
         model = str(request.get("model", "fake-model"))
         counted = usage(request, text)
+        # Counted before the answer goes out: a client that holds its answer must find it
+        # counted (counting after the send raced the client's next /_control read).
+        state.completed += 1
         if request.get("stream"):
             await out.stream_events(events(request, model, text, counted))
         else:
             await out.whole(200, completion(model, text, counted))
-        state.completed += 1
     finally:
         state.in_flight -= 1
 
