@@ -7,6 +7,7 @@ Everything here skips, with the reason, without root, iproute2 or Ray.
 
 from __future__ import annotations
 
+import fcntl
 import importlib.util
 import os
 import shutil
@@ -22,6 +23,7 @@ from tests.launcher.e2e.helpers import REPO, UV, base_env, make_workspace
 
 TESTBED = REPO / "scripts" / "ray-testbed"
 N2_IP = "10.203.0.2"
+LOCK = "/tmp/rollbridge-ray-testbed.lock"
 
 _DELAY = """
 import os as _os
@@ -94,6 +96,10 @@ def testbed() -> Iterator[ClusterBed]:
     reason = _needs()
     if reason is not None:
         pytest.skip(reason)
+    # One test bed per machine at a time (its namespace, addresses and Ray port are fixed):
+    # a second pytest session waits here for the first one's to come down.
+    lock = open(LOCK, "w")  # noqa: SIM115 - held for the session, closed in the finally
+    fcntl.flock(lock, fcntl.LOCK_EX)
     # Short: Ray's unix sockets live under it, and their paths must fit in 107 bytes.
     directory = Path(tempfile.mkdtemp(prefix="rtb-", dir="/tmp"))
     try:
@@ -112,6 +118,7 @@ def testbed() -> Iterator[ClusterBed]:
             timeout=180,
         )
         shutil.rmtree(directory, ignore_errors=True)
+        lock.close()
 
 
 @pytest.fixture(scope="session")
