@@ -162,6 +162,7 @@ class Connection:
         "key",
         "parser",
         "socket",
+        "started",
         "stream",
     )
 
@@ -176,6 +177,8 @@ class Connection:
         """Why the parser stopped (the answer is malformed), once it has."""
         self.keep_alive = False
         """The last complete answer allows the connection to be used again."""
+        self.started = False
+        """A message has begun and not ended: after an answer, bytes nobody asked for."""
         self.parser = httptools.HttpResponseParser(self)
         transport = stream
         while isinstance(transport, trio.SSLStream):
@@ -186,6 +189,7 @@ class Connection:
     # The parser's callbacks.
     def on_message_begin(self) -> None:
         self.fields = []
+        self.started = True
 
     def on_status(self, reason: bytes) -> None:
         # llhttp takes any byte but CR and LF in a reason phrase; h11 (RFC 9112, section 4) refuses
@@ -207,6 +211,7 @@ class Connection:
         self.events.append(body)
 
     def on_message_complete(self) -> None:
+        self.started = False
         if self.parser.get_status_code() >= 200:
             # h11's rule, stricter than llhttp's: an HTTP/1.0 answer, or one whose
             # Connection header says close anywhere, ends the connection.
@@ -618,6 +623,7 @@ class WireResponse:
             self._close
             or connection.events
             or connection.error is not None
+            or connection.started
             or not connection.keep_alive
             or self._to_close()
         ):

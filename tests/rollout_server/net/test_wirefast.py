@@ -420,6 +420,13 @@ def test_answers_end_as_they_do_through_h11(
     expected, written = _through_h11(method, headers, body, pieces, reset)
     outcome, sent, _ = trio.run(_through_pool, method, headers, body, pieces, reset)
     assert sent == written
+    if b"x-long: " + b"y" * MAX_HEAD in stream:
+        # A head longer than MAX_HEAD: h11 bounds only a head that is still incomplete, so
+        # whether it refuses one depends on where the bytes were cut and how much each read
+        # took (seen both ways in one run); there is no single outcome to match. What must
+        # hold is that the answer is read or the exchange fails as lost, nothing else.
+        assert outcome[0] in ("answer", "failed"), (stream, outcome)
+        return
     if outcome[0] == "answer":
         assert expected[0] == "answer", (stream, outcome, expected)
         assert outcome[1:4] == expected[1:4]
@@ -446,3 +453,19 @@ def test_simple_answers_at_every_cut(stream: bytes) -> None:
         expected, _ = _through_h11(b"POST", [], b"{}", pieces, False)
         outcome, _, _ = trio.run(_through_pool, b"POST", [], b"{}", pieces, False)
         assert outcome[:4] == expected[:4]
+
+
+def test_a_connection_with_bytes_beyond_the_answer_is_not_kept() -> None:
+    """A 204 carries no body whatever its Content-Length says, so what follows it on the wire
+    is a message nobody asked for: the connection is closed, not pooled with it half read."""
+    stream = (
+        b"HTTP/1.1 204 No Content\r\ncontent-length: 10\r\n\r\n"
+        b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\nok"
+    )
+    head = stream.index(b"\r\n\r\n") + 4
+    # With the answer's read: one byte of the next message, or all of it. (Bytes that come
+    # after the answer was read are the stale check's to find, at the next reuse.)
+    for cut in (head + 1, len(stream)):
+        outcome, _, _ = trio.run(_through_pool, b"POST", [], b"{}", _cut(stream, [cut]), False)
+        assert outcome[:4] == ("answer", 204, [(b"content-length", b"10")], b"")
+        assert outcome[4] is False, cut
