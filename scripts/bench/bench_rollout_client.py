@@ -27,7 +27,7 @@ import trio
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from bench_rollout_server import (  # noqa: E402
+from bench_rollout_server import (
     OURS,
     REPO,
     _cpu_seconds,
