@@ -38,7 +38,7 @@ process still runs, for a caller that owns it)::
     wait_for_result   connect phase  sleep 0.05 s, doubling to 2 s         (with server_alive)
                       ... only while now + delay + 1 s < the lease deadline
 
-Every call returns one reply type (:class:`~rollout_server.net.reply.Reply`) and fails with
+Every call reads one reply type (:class:`~rollout_server.net.reply.Reply`) and fails with
 one vocabulary (:mod:`rollout_server.net.wireerrors`, the ``__cause__`` of a
 :class:`RolloutServerUnreachable`) whichever way it went: the lean pool or httpx.
 A connect-phase failure is one caused by :class:`~rollout_server.net.wireerrors.NotSent`
