@@ -31,7 +31,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import httpx
 import trio
 
 from launcher.errors import LocalEvalError
@@ -179,7 +178,7 @@ class RolloutServer:
         probe counts as no cap)."""
         try:
             health = await self.client.health()
-        except (RolloutClientError, httpx.HTTPError):
+        except RolloutClientError:
             return None
         return health.capacity
 
@@ -332,7 +331,7 @@ async def _wait_healthy(
                 )
             try:
                 health = await rollout.health()
-            except (RolloutClientError, httpx.HTTPError):
+            except RolloutClientError:
                 # Not up yet (refused, an error status, not JSON): ask again after the poll
                 # interval, or as soon as the server prints its port (it listens then).
                 if announced.is_set():

@@ -8,7 +8,10 @@ A call to a plain-HTTP loopback endpoint (the bridge of a local run) with the de
 made with the server's shared client or none, goes through a lean keep-alive HTTP/1.1 pool of
 this trio run (:class:`~rollout_server.net.h1client.H1Pool`) instead of httpx: for a short
 model call httpx's request and response machinery costs more CPU than the rest of the rollout.
-Failures raise the same httpx exception types either way. Any other call (HTTPS, a remote host,
+Failures raise the same httpx exception types either way: that pool speaks the project's own
+failure types (:mod:`rollout_server.net.wireerrors`), and ``chat()``, whose callers are
+workflows written against httpx's (docs/rollout-sdk.md), turns them into httpx's here, at
+the SDK's edge. Any other call (HTTPS, a remote host,
 custom timeouts, a client a test or tool put in the context) goes through httpx as before.
 """
 
@@ -27,6 +30,7 @@ if TYPE_CHECKING:
     from trio.lowlevel import RunVar
 
     from .net.h1client import H1Pool
+    from .net.wireerrors import WireError
 
 __all__ = ["DEFAULT_MODEL", "UNREACHED_TYPES", "ChatError", "chat", "reply_text"]
 
@@ -158,17 +162,22 @@ async def _post(
         content = json.dumps(body, ensure_ascii=False, separators=(",", ":")).encode()
         head = [(b"content-type", b"application/json")]
         head += [(k.lower().encode(), v.encode()) for k, v in headers.items()]
-        reply = await pool.request(
-            b"POST",
-            target,
-            head,
-            content,
-            total_sec=_TIMEOUT_SEC,
-            connect_sec=_CONNECT_TIMEOUT_SEC,
-        )
-        if not 200 <= reply.status_code < 300:
-            raise ChatError(reply.status_code, reply.content.decode("utf-8", "replace"), url)
-        answer: dict[str, Any] = json.loads(reply.content)
+        from .net.wireerrors import WireError
+
+        try:
+            reply = await pool.request(
+                b"POST",
+                target,
+                head,
+                content,
+                total_sec=_TIMEOUT_SEC,
+                connect_sec=_CONNECT_TIMEOUT_SEC,
+            )
+        except WireError as exc:
+            raise _as_httpx(exc) from exc
+        if not 200 <= reply.status < 300:
+            raise ChatError(reply.status, reply.text(), url)
+        answer: dict[str, Any] = reply.json()
         return answer
     # Imported here, not on the lean path: a server whose rollouts only take that path never
     # imports httpx (about 30 ms of CPU).
@@ -191,6 +200,39 @@ async def _post(
     # Returned as parsed: an OpenAI-compatible endpoint answers a JSON object.
     payload: dict[str, Any] = response.json()
     return payload
+
+
+def _as_httpx(exc: WireError) -> httpx.TransportError:
+    """httpx's exception for a failure of the lean pool; only a failure to connect becomes a
+    connect error."""
+    # Imported on failure only: a server whose rollouts only take the lean path never imports
+    # httpx (about 30 ms of CPU).
+    import httpx
+
+    from .net.wireerrors import (
+        ConnectFailed,
+        ConnectTimeout,
+        LocalFailure,
+        ReadFailed,
+        ReadTimeout,
+        WriteFailed,
+    )
+
+    cause = exc.__cause__
+    shown = (str(cause) or type(cause).__name__) if cause is not None else str(exc)
+    if isinstance(exc, ConnectTimeout):
+        return httpx.ConnectTimeout("timed out connecting")
+    if isinstance(exc, ConnectFailed):
+        return httpx.ConnectError(shown)
+    if isinstance(exc, WriteFailed):
+        return httpx.WriteError(shown)
+    if isinstance(exc, ReadFailed):
+        return httpx.ReadError(shown)
+    if isinstance(exc, ReadTimeout):
+        return httpx.ReadTimeout(shown)
+    if isinstance(exc, LocalFailure):
+        return httpx.LocalProtocolError(shown)
+    return httpx.RemoteProtocolError(shown)
 
 
 def reply_text(response: dict[str, Any]) -> str:

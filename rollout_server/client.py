@@ -38,9 +38,12 @@ process still runs, for a caller that owns it)::
     wait_for_result   connect phase  sleep 0.05 s, doubling to 2 s         (with server_alive)
                       ... only while now + delay + 1 s < the lease deadline
 
-A connect-phase failure is a transport error caused by ``httpx.ConnectError`` or
-``httpx.ConnectTimeout``: the request never left, so sending it again cannot admit twice (a
-busy server's full listen backlog looks like this). It is retried only while
+Every call reads one reply type (:class:`~rollout_server.net.reply.Reply`) and fails with
+one vocabulary (:mod:`rollout_server.net.wireerrors`, the ``__cause__`` of a
+:class:`RolloutServerUnreachable`) whichever way it went: the lean pool or httpx.
+A connect-phase failure is one caused by :class:`~rollout_server.net.wireerrors.NotSent`
+(``ConnectFailed``, ``ConnectTimeout``): the request never left, so sending it again cannot
+admit twice (a busy server's full listen backlog looks like this). It is retried only while
 ``server_alive()`` holds; otherwise, and once a bound is reached, it is raised as
 :class:`RolloutServerUnreachable`.
 
@@ -53,11 +56,10 @@ from __future__ import annotations
 
 import functools
 import inspect
-import json
 import math
 import os
 import re
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field, fields
 from typing import Any
 
@@ -78,8 +80,10 @@ from .client_errors import (
     UnsendableRequest,
     encode_request,
 )
-from .net.h1client import H1Pool, H1Reply
-from .net.httpclient import ShardedTransport, skip_empty_cookies
+from .net.h1client import H1Pool
+from .net.httpclient import ShardedTransport, send_whole, skip_empty_cookies
+from .net.reply import Reply
+from .net.wireerrors import ConnectFailed, ConnectionLost, NotSent, ReadTimeout, WireError
 from .protocol import (
     LEASE_HEADER,
     CancelDisposition,
@@ -110,11 +114,15 @@ __all__ = [
 _TRANSPORT_RETRY_DELAYS = (0.1, 0.5)
 _GATEWAY_RETRY_DELAYS = (0.25, 0.5, 1.0, 2.0, 4.0, 8.0)
 _GATEWAY_STATUSES = frozenset({502, 503, 504})
-_RETRIED_TRANSPORT = (httpx.RemoteProtocolError, httpx.NetworkError, httpx.ReadTimeout)
+# The failures poll_once retries: all but a connect timeout and a local failure (the rule
+# kept from the httpx days, when these were httpx's NetworkError, ReadTimeout and
+# RemoteProtocolError).
+_RETRIED_TRANSPORT = (ConnectFailed, ConnectionLost, ReadTimeout)
 _CONNECT_RETRY_FIRST = 0.05
 _CONNECT_RETRY_MAX = 2.0
 _CONNECT_RETRY_LEASE_MARGIN = 1.0
 _encode = msgspec.json.Encoder().encode
+_JSON = {"Content-Type": "application/json"}
 
 
 POOL_SHARDS = 64
@@ -157,37 +165,32 @@ class Admission:
 @dataclass(frozen=True, kw_only=True)
 class Health(HealthReport):
     """A ``/health`` answer: the :class:`~rollout_server.protocol.HealthReport` plus the
-    response's status code and headers."""
+    response's status code and headers (by lower-case name)."""
 
     status_code: int = 200
-    headers: httpx.Headers = field(default_factory=httpx.Headers, repr=False)
+    headers: Mapping[str, str] = field(default_factory=dict, repr=False)
 
     @classmethod
-    def from_response(cls, response: httpx.Response) -> Health | None:
+    def from_response(cls, response: Reply) -> Health | None:
         """Read ``response``; None when its body is not a JSON object."""
-        report = HealthReport.from_json(response.content, response.headers)
+        headers = response.header_map()
+        report = HealthReport.from_json(response.body, headers)
         if report is None:
             return None
         values = {f.name: getattr(report, f.name) for f in fields(HealthReport)}
-        return cls(**values, status_code=response.status_code, headers=response.headers)
+        return cls(**values, status_code=response.status, headers=headers)
 
 
-def _detail(response: httpx.Response | H1Reply) -> Any:
+def _detail(response: Reply) -> Any:
     try:
-        body = json.loads(response.content) if isinstance(response, H1Reply) else response.json()
+        body = response.json()
     except ValueError:
-        if isinstance(response, H1Reply):
-            return response.content.decode("utf-8", "replace")[:500]
-        return response.text[:500]
+        return response.text()[:500]
     return body.get("detail") if isinstance(body, dict) else body
 
 
-def _header(response: httpx.Response | H1Reply, name: str) -> str | None:
-    if isinstance(response, H1Reply):
-        value = response.header(name.encode("ascii"))
-        return value.decode("latin-1") if value is not None else None
-    found: str | None = response.headers.get(name)
-    return found
+def _unreachable(method: str, path: str, exc: WireError) -> RolloutServerUnreachable:
+    return RolloutServerUnreachable(f"{method} {path}: {type(exc).__name__}: {exc or 'no details'}")
 
 
 def _retry_after(value: str | None) -> float:
@@ -205,7 +208,7 @@ StatusCallback = Callable[[RolloutResultResponse], Awaitable[None] | None]
 
 def _never_sent(exc: BaseException) -> bool:
     """True when a transport failure happened before the request left (connect phase)."""
-    return isinstance(exc.__cause__, httpx.ConnectError | httpx.ConnectTimeout)
+    return isinstance(exc.__cause__, NotSent)
 
 
 class _ConnectBackoff:
@@ -227,10 +230,12 @@ class RolloutClient:
     ``server_alive`` turns on the connect-phase retry of :meth:`admit` and
     :meth:`wait_for_result` (module docstring); ``None`` leaves it off.
 
-    Without ``http_client``, the two calls made per rollout (admission and long-poll) to a
-    plain-HTTP server go through :class:`~rollout_server.net.h1client.H1Pool`, several times
-    cheaper per call than httpx; the other calls, and every call to an HTTPS server or through
-    a proxy, go through httpx.
+    Without ``http_client``, the two calls made per rollout (admission and long-poll) and
+    ``/health`` to a plain-HTTP server go through :class:`~rollout_server.net.h1client.H1Pool`,
+    several times cheaper per call than httpx; the other calls, and every call to an HTTPS
+    server or through a proxy, go through httpx. Either way a call reads a
+    :class:`~rollout_server.net.reply.Reply` or fails with a
+    :mod:`~rollout_server.net.wireerrors` type.
     """
 
     def __init__(
@@ -291,33 +296,22 @@ class RolloutClient:
     async def __aexit__(self, *exc_info: object) -> None:
         await self.aclose()
 
-    async def _request(self, method: str, path: str, **kwargs: Any) -> httpx.Response:
-        headers = {**self._headers, **kwargs.pop("headers", {})}
-        try:
-            return await self._http.request(method, self.url + path, headers=headers, **kwargs)
-        except httpx.TransportError as exc:
-            raise RolloutServerUnreachable(
-                f"{method} {path}: {type(exc).__name__}: {exc or 'no details'}"
-            ) from exc
-
-    async def _hot_call(
+    async def _send(
         self,
         method: str,
         path: str,
         headers: dict[str, str],
         body: bytes | None,
         limits: httpx.Timeout,
-    ) -> httpx.Response | H1Reply:
-        """An admission or a long-poll: through the lean pool when there is one. Raises httpx's
-        transport errors either way."""
-        if self._lean is None:
-            return await self._http.request(
-                method,
-                self.url + path,
-                headers={**self._headers, **headers},
-                content=body,
-                timeout=limits,
-            )
+        *,
+        lean: bool = True,
+    ) -> Reply:
+        """One call, its answer read whole: through the lean pool when there is one (and
+        ``lean``), else httpx. Raises a :mod:`~rollout_server.net.wireerrors` failure either
+        way."""
+        if self._lean is None or not lean:
+            headers = {**self._headers, **headers}
+            return await send_whole(self._http, method, self.url + path, headers, body, limits)
         if _PLAIN_PATH.fullmatch(path):
             target = self._prefix + path.encode("ascii")
         else:
@@ -335,35 +329,20 @@ class RolloutClient:
 
     async def health(self) -> Health:
         """``GET /health``; raises unless 200 with a JSON object."""
-        response = await self._health_response()
-        if response.status_code != 200:
+        try:
+            response = await self._send("GET", "/health", {}, None, self._health_timeout)
+        except WireError as exc:
+            raise _unreachable("GET", "/health", exc) from exc
+        if response.status != 200:
             raise RolloutProtocolError(
-                f"GET /health returned {response.status_code}",
-                status_code=response.status_code,
+                f"GET /health returned {response.status}",
+                status_code=response.status,
                 detail=_detail(response),
             )
         health = Health.from_response(response)
         if health is None:
             raise RolloutProtocolError("GET /health did not return a JSON object", status_code=200)
         return health
-
-    async def _health_response(self) -> httpx.Response:
-        """The ``/health`` answer, through the lean pool when there is one (as an
-        :class:`httpx.Response`, which :class:`Health` keeps)."""
-        if self._lean is None:
-            return await self._request("GET", "/health", timeout=self._health_timeout)
-        try:
-            reply = await self._hot_call("GET", "/health", {}, None, self._health_timeout)
-        except httpx.TransportError as exc:
-            raise RolloutServerUnreachable(
-                f"GET /health: {type(exc).__name__}: {exc or 'no details'}"
-            ) from exc
-        assert isinstance(reply, H1Reply)
-        return httpx.Response(
-            reply.status_code,
-            headers=[(k.decode("latin-1"), v.decode("latin-1")) for k, v in reply.headers],
-            content=reply.content,
-        )
 
     async def probe_chat_endpoint(
         self,
@@ -379,26 +358,23 @@ class RolloutClient:
         the server has no probe (404). ``timeout_sec`` bounds the whole call (the first probe
         may build the sandbox image); cancelling the caller interrupts it at once."""
         body = {"nonce": nonce, "expect": expect, "candidates": candidates, "exclusive": exclusive}
+        limits = httpx.Timeout(timeout_sec, connect=self._connect)
         try:
             with trio.fail_after(timeout_sec):
-                response = await self._request(
-                    "POST",
-                    path,
-                    content=_encode(body),
-                    headers={"Content-Type": "application/json"},
-                    timeout=httpx.Timeout(timeout_sec, connect=self._connect),
-                )
+                response = await self._send("POST", path, _JSON, _encode(body), limits, lean=False)
+        except WireError as exc:
+            raise _unreachable("POST", path, exc) from exc
         except trio.TooSlowError as exc:
             raise RolloutServerUnreachable(
                 f"POST {path} did not answer within {timeout_sec:.0f} s"
             ) from exc
-        if response.status_code == 404:
+        if response.status == 404:
             return None
-        report = _detail(response) if response.status_code != 200 else None
-        if response.status_code != 200:
+        report = _detail(response) if response.status != 200 else None
+        if response.status != 200:
             raise RolloutProtocolError(
-                f"POST {path} returned {response.status_code}: {report}",
-                status_code=response.status_code,
+                f"POST {path} returned {response.status}: {report}",
+                status_code=response.status,
                 detail=report,
             )
         try:
@@ -460,22 +436,14 @@ class RolloutClient:
         body = encode_request(request)
         sent_at = trio.current_time()
         try:
-            response = await self._hot_call(
-                "POST",
-                "/rollout",
-                {"Content-Type": "application/json"},
-                body,
-                self._admission_timeout,
-            )
-        except httpx.TransportError as exc:
-            raise RolloutServerUnreachable(
-                f"POST /rollout: {type(exc).__name__}: {exc or 'no details'}"
-            ) from exc
-        status = response.status_code
+            response = await self._send("POST", "/rollout", _JSON, body, self._admission_timeout)
+        except WireError as exc:
+            raise _unreachable("POST", "/rollout", exc) from exc
+        status = response.status
         if status == 429:
             raise CapacityExhausted(
                 "POST /rollout returned 429",
-                retry_after=_retry_after(_header(response, "retry-after")),
+                retry_after=_retry_after(response.header("retry-after")),
                 detail=_detail(response),
             )
         if status != 202:
@@ -486,7 +454,7 @@ class RolloutClient:
                 detail=_detail(response),
             )
         try:
-            accepted = decode_init_response(response.content)
+            accepted = decode_init_response(response.body)
         except msgspec.MsgspecError as exc:
             raise RolloutProtocolError(
                 f"POST /rollout: invalid 202 body: {exc}", status_code=202
@@ -568,29 +536,29 @@ class RolloutClient:
             error: BaseException
             try:
                 with trio.fail_at(cap):
-                    response = await self._hot_call(
+                    response = await self._send(
                         "GET", path, {LEASE_HEADER: admission.token}, None, timeout
                     )
             except _RETRIED_TRANSPORT as exc:
                 error, delays = exc, transport_delays
-            except httpx.TransportError as exc:
+            except WireError as exc:
                 raise RolloutServerUnreachable(f"GET {path}: {type(exc).__name__}") from exc
             except trio.TooSlowError as exc:
                 raise RolloutServerUnreachable(
                     f"GET {path}: no answer before the polling lease deadline"
                 ) from exc
             else:
-                if response.status_code == 200:
+                if response.status == 200:
                     return self._parse_result(response, admission, sent_at)
-                if response.status_code not in _GATEWAY_STATUSES:
+                if response.status not in _GATEWAY_STATUSES:
                     raise RolloutProtocolError(
-                        f"GET {path} returned {response.status_code}",
-                        status_code=response.status_code,
+                        f"GET {path} returned {response.status}",
+                        status_code=response.status,
                         detail=_detail(response),
                     )
                 error = RolloutProtocolError(
-                    f"GET {path} returned {response.status_code}",
-                    status_code=response.status_code,
+                    f"GET {path} returned {response.status}",
+                    status_code=response.status,
                     detail=_detail(response),
                 )
                 delays = gateway_delays
@@ -603,10 +571,10 @@ class RolloutClient:
                 raise _as_client_error(error, path) from error
 
     def _parse_result(
-        self, response: httpx.Response | H1Reply, admission: Admission, sent_at: float
+        self, response: Reply, admission: Admission, sent_at: float
     ) -> RolloutResultResponse:
         try:
-            result = decode_result_response(response.content)
+            result = decode_result_response(response.body)
         except msgspec.MsgspecError as exc:
             raise RolloutProtocolError(
                 f"GET /rollout/{admission.rollout_id}/result: invalid body: {exc}", status_code=200
@@ -663,25 +631,22 @@ class RolloutClient:
         if (ids is not None) + (prefix is not None) + bool(all) != 1:
             raise ValueError("pass exactly one selector: ids, prefix, or all")
         body = {"ids": ids, "prefix": prefix, "all": all}
+        path, limits = "/rollout/cancel", httpx.Timeout(self._cancel_timeout_sec)
         try:
             with trio.fail_after(self._cancel_timeout_sec):
-                response = await self._request(
-                    "POST",
-                    "/rollout/cancel",
-                    content=_encode(body),
-                    headers={"Content-Type": "application/json"},
-                    timeout=httpx.Timeout(self._cancel_timeout_sec),
-                )
+                response = await self._send("POST", path, _JSON, _encode(body), limits, lean=False)
+        except WireError as exc:
+            raise _unreachable("POST", path, exc) from exc
         except trio.TooSlowError as exc:
             raise RolloutServerUnreachable("POST /rollout/cancel timed out") from exc
-        if response.status_code != 200:
+        if response.status != 200:
             raise RolloutProtocolError(
-                f"POST /rollout/cancel returned {response.status_code}",
-                status_code=response.status_code,
+                f"POST /rollout/cancel returned {response.status}",
+                status_code=response.status,
                 detail=_detail(response),
             )
         try:
-            return dict(decode_cancel_response(response.content).dispositions)
+            return dict(decode_cancel_response(response.body).dispositions)
         except msgspec.MsgspecError as exc:
             raise RolloutProtocolError(
                 f"POST /rollout/cancel: invalid body: {exc}", status_code=200

@@ -1,5 +1,5 @@
-"""The rollout client's lean pool: :mod:`rollout_server.net.wire` for one plain-HTTP origin,
-answers read whole, failures raised as httpx's exceptions.
+"""The lean pool of the rollout client and of ``chat()``: :mod:`rollout_server.net.wire` for one
+plain-HTTP origin, answers read whole as :class:`~rollout_server.net.reply.Reply`.
 
 The rollout client makes two small calls per rollout (an admission and a long-poll). Through
 ``httpx.AsyncClient`` each one costs more CPU in the client than in the server: URL and header
@@ -9,77 +9,26 @@ per call in flight, idle ones reused last-in first-out, an idle connection the s
 closed dropped before reuse as httpcore does; no retries here) and bounds each call as a
 whole, connecting aside.
 
-Failures are raised as the httpx exceptions the same failure raises through httpx, so a caller
-handles both clients alike: ``ConnectError`` and ``ConnectTimeout`` only when connecting failed
-(:class:`~rollout_server.net.wire.NotSent`: not one byte of the request was written, which the
-rollout client relies on to send an admission again), ``WriteError`` and ``ReadError`` for a
-connection that failed later, ``ReadTimeout`` when the answer did not arrive in time, and
-``RemoteProtocolError`` for an answer that is not valid HTTP/1.1 or never came.
+Failures are the :mod:`~rollout_server.net.wireerrors` types, as :class:`~.wire.WirePool`
+raises them (:class:`~.wireerrors.NotSent` only when connecting failed, which the rollout
+client relies on to send an admission again), plus :class:`~.wireerrors.ReadTimeout` when the
+whole call ran out of time and :class:`~.wireerrors.LocalFailure` for a request HTTP/1.1
+cannot carry.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 from math import inf
-from typing import TYPE_CHECKING
 
 import h11
 import trio
 
-from .wire import (
-    ConnectFailed,
-    ConnectTimeout,
-    Origin,
-    ReadFailed,
-    ReadTimeout,
-    WireError,
-    WirePool,
-    WriteFailed,
-)
+from .reply import Reply
+from .wire import Origin, WirePool
+from .wireerrors import LocalFailure, ReadTimeout
 
-if TYPE_CHECKING:
-    import httpx
-
-__all__ = ["H1Pool", "H1Reply"]
-
-
-class H1Reply:
-    """A whole answer: ``status_code``, ``headers`` (names in lower case) and ``content``."""
-
-    __slots__ = ("content", "headers", "status_code")
-
-    def __init__(self, status_code: int, headers: list[tuple[bytes, bytes]], content: bytes):
-        self.status_code = status_code
-        self.headers = headers
-        self.content = content
-
-    def header(self, name: bytes) -> bytes | None:
-        """The first value of header ``name`` (lower case), or ``None``."""
-        for key, value in self.headers:
-            if key == name:
-                return value
-        return None
-
-
-def _as_httpx(exc: WireError) -> httpx.TransportError:
-    """The httpx exception for ``exc``; only a failure to connect becomes a connect error."""
-    # Imported on failure only: the SDK's chat() reaches its loopback bridge through this pool
-    # in a server that need not import httpx otherwise (about 30 ms of CPU at its start).
-    import httpx
-
-    cause = exc.__cause__
-    detail = (str(cause) or type(cause).__name__) if cause is not None else str(exc)
-    if isinstance(exc, ConnectTimeout):
-        return httpx.ConnectTimeout("timed out connecting")
-    if isinstance(exc, ConnectFailed):
-        return httpx.ConnectError(detail)
-    if isinstance(exc, WriteFailed):
-        return httpx.WriteError(detail)
-    if isinstance(exc, ReadFailed):
-        return httpx.ReadError(detail)
-    if isinstance(exc, ReadTimeout):
-        return httpx.ReadTimeout(detail)
-    return httpx.RemoteProtocolError(detail)
+__all__ = ["H1Pool"]
 
 
 class H1Pool:
@@ -105,7 +54,7 @@ class H1Pool:
         *,
         total_sec: float = inf,
         connect_sec: float = inf,
-    ) -> H1Reply:
+    ) -> Reply:
         """Send one request and read the whole answer, within ``total_sec`` seconds in all
         (connecting, when no idle connection can be reused, within ``connect_sec`` before)."""
         if self._closed:
@@ -113,10 +62,7 @@ class H1Pool:
         wire, origin = self._wire, self._origin
         connection = wire.idle(origin)
         if connection is None:
-            try:
-                connection = await wire.connect(origin, connect_sec)
-            except WireError as exc:
-                raise _as_httpx(exc) from exc
+            connection = await wire.connect(origin, connect_sec)
         try:
             # A cancel scope of our own rather than ``fail_after``: this is the hot path.
             with trio.CancelScope(deadline=trio.current_time() + total_sec) as bound:
@@ -127,15 +73,9 @@ class H1Pool:
                 except BaseException:
                     response.discard()
                     raise
-        except WireError as exc:
-            raise _as_httpx(exc) from exc
-        except h11.ProtocolError as exc:
-            import httpx
-
-            raise httpx.RemoteProtocolError(str(exc)) from exc
+        except h11.LocalProtocolError as exc:
+            # wire has h11 write the rare request its own writer declines.
+            raise LocalFailure(str(exc), before_answer=True) from exc
         if bound.cancelled_caught:
-            import httpx
-
-            raise httpx.ReadTimeout("timed out waiting for the answer")
-        fields = response.raw_headers
-        return H1Reply(response.status, fields if type(fields) is list else list(fields), content)
+            raise ReadTimeout("timed out waiting for the answer", before_answer=False)
+        return Reply(response.status, response.raw_headers, content)

@@ -1,8 +1,10 @@
 """httpx plumbing shared by the rollout client, the rollout server and the model bridge.
 
-Both fix per-request costs measured on this stack: httpcore's single pool scans all of its
-connections on every request (O(n^2) at hundreds of concurrent calls), and httpx runs every
-response through :mod:`http.cookiejar` even when it sets no cookie.
+:class:`ShardedTransport` and :func:`skip_empty_cookies` fix per-request costs measured on
+this stack: httpcore's single pool scans all of its connections on every request (O(n^2) at
+hundreds of concurrent calls), and httpx runs every response through :mod:`http.cookiejar`
+even when it sets no cookie. :func:`send_whole` makes one call the way the lean client does:
+a :class:`~.reply.Reply`, or a :mod:`~.wireerrors` failure.
 """
 
 from __future__ import annotations
@@ -13,7 +15,19 @@ from collections.abc import AsyncIterator, Callable
 
 import httpx
 
-__all__ = ["ShardedTransport", "shared_tls", "skip_empty_cookies"]
+from .reply import Reply
+from .wireerrors import (
+    BadAnswer,
+    ConnectFailed,
+    ConnectTimeout,
+    LocalFailure,
+    ReadFailed,
+    ReadTimeout,
+    WireError,
+    WriteFailed,
+)
+
+__all__ = ["ShardedTransport", "send_whole", "shared_tls", "skip_empty_cookies"]
 
 _UNLIMITED = httpx.Limits(max_connections=None, max_keepalive_connections=None)
 
@@ -100,3 +114,42 @@ class ShardedTransport(httpx.AsyncBaseTransport):
 def shared_tls() -> ssl.SSLContext:
     """One verifying TLS context per process: building one loads the CA bundle (~0.1 s CPU)."""
     return httpx.create_ssl_context()
+
+
+async def send_whole(
+    client: httpx.AsyncClient,
+    method: str,
+    url: str,
+    headers: dict[str, str],
+    body: bytes | None,
+    limits: httpx.Timeout,
+) -> Reply:
+    """One request through ``client``, its answer read whole; httpx's failures are raised as
+    the :mod:`~.wireerrors` type of the same failure (:func:`wire_error`)."""
+    try:
+        response = await client.request(method, url, headers=headers, content=body, timeout=limits)
+    except httpx.RequestError as exc:
+        raise wire_error(exc) from exc
+    return Reply(
+        response.status_code, [(k.lower(), v) for k, v in response.headers.raw], response.content
+    )
+
+
+def wire_error(exc: httpx.RequestError) -> WireError:
+    """The :mod:`~.wireerrors` failure for one of httpx's; only a failure to connect is
+    :class:`~.wireerrors.NotSent`."""
+    shown = str(exc) or type(exc).__name__
+    if isinstance(exc, httpx.ConnectTimeout):
+        return ConnectTimeout(shown, before_answer=True)
+    if isinstance(exc, httpx.ConnectError):
+        return ConnectFailed(shown, before_answer=True)
+    if isinstance(exc, httpx.TimeoutException):  # read, write, or a free connection
+        return ReadTimeout(shown, before_answer=False)
+    if isinstance(exc, httpx.WriteError):
+        return WriteFailed(shown, before_answer=True)
+    if isinstance(exc, httpx.NetworkError):  # reading or closing
+        return ReadFailed(shown, before_answer=False)
+    if isinstance(exc, httpx.RemoteProtocolError | httpx.DecodingError):
+        return BadAnswer(shown, before_answer=False)
+    # A local protocol error, an unsupported scheme, a proxy failure, too many redirects.
+    return LocalFailure(shown, before_answer=True)

@@ -55,6 +55,7 @@ import trio
 
 from .wireerrors import (
     DROPPED,
+    BadAnswer,
     ConnectFailed,
     ConnectionLost,
     ConnectTimeout,
@@ -68,6 +69,7 @@ from .wireerrors import (
 from .wirefast import CheckedHeaders, encode_request
 
 __all__ = [
+    "BadAnswer",
     "CheckedHeaders",
     "ConnectFailed",
     "ConnectTimeout",
@@ -359,19 +361,19 @@ class WirePool:
                         response._begin(*event)
                         return
                     # Bytes that followed the last answer: the connection is not fit to use.
-                    raise ConnectionLost("unexpected data before the answer", before_answer=True)
+                    raise BadAnswer("unexpected data before the answer", before_answer=True)
                 if connection.error is not None:
-                    raise ConnectionLost(connection.error, before_answer=not response._answering)
+                    raise BadAnswer(connection.error, before_answer=not response._answering)
                 first = not response._answering
                 received = await response._receive(connection, bound)
                 if not received:
-                    raise ConnectionLost(
+                    raise BadAnswer(
                         "Server disconnected without sending a response",
                         before_answer=first,
                     )
                 if first and received[0] in (13, 10):
                     # llhttp skips empty lines before a status line; h11 (and we) refuse them.
-                    raise ConnectionLost("no response line received", before_answer=False)
+                    raise BadAnswer("no response line received", before_answer=False)
                 connection.feed(received)
         except BaseException:
             await trio.aclose_forcefully(connection.stream)
@@ -545,7 +547,7 @@ class WireResponse:
             self._decoder = zlib.decompressobj()
         elif coding not in (b"", b"identity"):
             shown = coding.decode("latin-1")
-            raise ConnectionLost(f"unsupported content-encoding {shown!r}", before_answer=False)
+            raise BadAnswer(f"unsupported content-encoding {shown!r}", before_answer=False)
 
     def _decode(self, data: bytes) -> bytes:
         if self._decoder is None:
@@ -553,7 +555,7 @@ class WireResponse:
         try:
             return self._decoder.decompress(data)
         except zlib.error as exc:
-            raise ConnectionLost(f"invalid compressed body: {exc}", before_answer=False) from exc
+            raise BadAnswer(f"invalid compressed body: {exc}", before_answer=False) from exc
 
     def _end(self) -> bytes:
         self._done = True
@@ -578,16 +580,16 @@ class WireResponse:
                 return self._decode(event)
             if event is _END:
                 return self._end()
-            raise ConnectionLost("unexpected second answer", before_answer=False)
+            raise BadAnswer("unexpected second answer", before_answer=False)
         if connection.error is not None:
-            raise ConnectionLost(connection.error, before_answer=False)
+            raise BadAnswer(connection.error, before_answer=False)
         received = await self._receive(connection)
         if received:
             connection.feed(received)
             return b""
         if self._to_close():
             return self._end()  # an answer framed by the close ends with it
-        exc = ConnectionLost(
+        exc = BadAnswer(
             "peer closed connection without sending complete message body",
             before_answer=False,
         )

@@ -1,7 +1,17 @@
-"""How far a failed exchange of :mod:`rollout_server.net.wire` got: its exception types.
+"""How far a failed exchange got: the exception types of the project's HTTP clients.
 
-Only :class:`NotSent` (:class:`ConnectFailed`, :class:`ConnectTimeout`) means no byte of the
-request was written, so sending it again cannot make the server act twice.
+:mod:`rollout_server.net.wire` raises them, and so do the rollout client's calls on either of
+its paths (the lean pool, or httpx, whose failures
+:func:`~rollout_server.net.httpclient.send_whole` translates), so a caller decides on one
+vocabulary whether to send again:
+
+- :class:`NotSent` (:class:`ConnectFailed`, :class:`ConnectTimeout`): no byte of the request
+  was written, so sending it again cannot make the server act twice;
+- :class:`ReadTimeout`: the server was too slow;
+- :class:`ConnectionLost` (:class:`WriteFailed`, :class:`ReadFailed`, :class:`BadAnswer`): an
+  open connection failed, and the server may have acted on the request;
+- :class:`LocalFailure`: the request could not be made at all on this side; sending it again
+  fails the same way.
 """
 
 from __future__ import annotations
@@ -12,9 +22,11 @@ import trio
 
 __all__ = [
     "DROPPED",
+    "BadAnswer",
     "ConnectFailed",
     "ConnectTimeout",
     "ConnectionLost",
+    "LocalFailure",
     "NotSent",
     "ReadFailed",
     "ReadTimeout",
@@ -52,7 +64,8 @@ class ReadTimeout(WireError):
 
 
 class ConnectionLost(WireError):
-    """An open connection failed: reset or closed, or the answer was not valid HTTP/1.1."""
+    """An open connection failed: reset or closed, or the answer was not valid HTTP/1.1
+    (:class:`BadAnswer`)."""
 
 
 class WriteFailed(ConnectionLost):
@@ -61,6 +74,16 @@ class WriteFailed(ConnectionLost):
 
 class ReadFailed(ConnectionLost):
     """Reading the answer failed at the socket (reset, broken pipe)."""
+
+
+class BadAnswer(ConnectionLost):
+    """No whole, valid HTTP/1.1 answer came: a malformed one, or the server closed the
+    connection before its end (or before it began)."""
+
+
+class LocalFailure(WireError):
+    """The request could not be made on this side (a header HTTP/1.1 cannot carry, a URL
+    scheme or proxy the client cannot use): the server played no part."""
 
 
 def detail(exc: BaseException) -> str:

@@ -348,9 +348,9 @@ class LeanUpstream:
     async def _control(self, method: bytes, body: bytes = b"") -> dict[str, float]:
         headers = [(b"content-type", JSON)]
         reply = await self._pool.request(method, b"/_control", headers, body, total_sec=10)
-        if reply.status_code != 200:
-            raise RuntimeError(f"lean upstream control: {reply.status_code} {reply.content!r}")
-        counters: dict[str, float] = _decode(reply.content)
+        if reply.status != 200:
+            raise RuntimeError(f"lean upstream control: {reply.status} {reply.body!r}")
+        counters: dict[str, float] = _decode(reply.body)
         return counters
 
     async def set_delay(self, seconds: float) -> None:

@@ -22,6 +22,7 @@ from rollout_server.client import (
     RolloutProtocolError,
     RolloutServerUnreachable,
 )
+from rollout_server.net.wireerrors import ConnectFailed
 from rollout_server.protocol import RequestValidationError, RolloutStatus
 
 from .helpers import request, start
@@ -258,7 +259,7 @@ async def test_connect_retry_stops_before_the_admission_deadline(autojump_clock:
     # failure is raised as it is (no admission timeout: nothing was in flight).
     assert trio.current_time() - start == pytest.approx(0.75)
     assert len(calls) == 5
-    assert isinstance(info.value.__cause__, httpx.ConnectError)
+    assert isinstance(info.value.__cause__, ConnectFailed)
 
 
 @pytest.mark.parametrize(

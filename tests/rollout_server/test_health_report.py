@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 import httpx
 import pytest
 
 from rollout_server.client import Health
+from rollout_server.net.reply import Reply
 from rollout_server.protocol import ChatEndpoint, HealthReport
 from tunnel import TunnelPlan, choose_tunnel
 
@@ -134,17 +136,13 @@ def test_a_decoded_body_that_is_not_an_object_is_none(body: object) -> None:
 
 
 def test_from_json_and_the_client_view() -> None:
-    response = httpx.Response(
-        200,
-        json=LOCAL,
-        headers={"x-osmosis-rollout-instance-id": "h", "x-osmosis-rollout-sdk-version": "9"},
-    )
-    health = Health.from_response(response)
+    headers = [(b"x-osmosis-rollout-instance-id", b"h"), (b"x-osmosis-rollout-sdk-version", b"9")]
+    health = Health.from_response(Reply(200, headers, json.dumps(LOCAL).encode()))
     assert health is not None
     assert (health.status_code, health.instance_id, health.sdk_version) == (200, "h", "9")
     assert health.headers["x-osmosis-rollout-instance-id"] == "h"
     assert health.body == LOCAL and health.capacity == 4
-    assert Health.from_response(httpx.Response(200, content=b"[]")) is None
+    assert Health.from_response(Reply(200, [], b"[]")) is None
 
 
 HARBOR_DOCKER = {

@@ -1,4 +1,4 @@
-"""H1Pool: keep-alive reuse, stale connections, and httpx's exception types for failures."""
+"""H1Pool: keep-alive reuse, stale connections, and the wireerrors types for failures."""
 
 from __future__ import annotations
 
@@ -7,12 +7,12 @@ import socket
 import struct
 from collections.abc import Awaitable, Callable
 
-import httpx
 import pytest
 import trio
 
 from rollout_server.client import RolloutClient, RolloutServerUnreachable
 from rollout_server.net.h1client import H1Pool
+from rollout_server.net.wireerrors import BadAnswer, NotSent, ReadFailed, WireError
 from tests.rollout_server.helpers import request
 
 Handler = Callable[[trio.SocketStream], Awaitable[None]]
@@ -62,8 +62,8 @@ async def test_sequential_calls_reuse_one_connection(nursery: trio.Nursery) -> N
     with trio.fail_after(10):
         for index in range(3):
             reply = await pool.request(b"POST", b"/r/%d" % index, body=b"x")
-            assert (reply.status_code, reply.content) == (200, b"POST /r/%d HTTP/1.1" % index)
-        assert reply.header(b"content-length") == b"18"
+            assert (reply.status, reply.body) == (200, b"POST /r/%d HTTP/1.1" % index)
+        assert reply.header("content-length") == "18"
         await pool.aclose()
     assert len(connections) == 1
 
@@ -89,9 +89,9 @@ async def test_a_connection_the_server_closed_is_not_reused(nursery: trio.Nurser
     port, connections = await _serve(nursery, one_answer_then_close)
     pool = H1Pool("127.0.0.1", port)
     with trio.fail_after(10):
-        assert (await pool.request(b"GET", b"/")).content == b"ok"
+        assert (await pool.request(b"GET", b"/")).body == b"ok"
         await trio.sleep(0.1)  # the server's FIN arrives
-        assert (await pool.request(b"GET", b"/")).content == b"ok"
+        assert (await pool.request(b"GET", b"/")).body == b"ok"
         await pool.aclose()
     assert len(connections) == 2
 
@@ -109,29 +109,7 @@ async def test_chunked_answers_are_read_whole(nursery: trio.Nursery) -> None:
     with trio.fail_after(10):
         reply = await pool.request(b"GET", b"/")
         await pool.aclose()
-    assert (reply.status_code, reply.content) == (202, b"abcde")
-
-
-async def test_failures_raise_httpx_exceptions(nursery: trio.Nursery) -> None:
-    async def silent(stream: trio.SocketStream) -> None:
-        await trio.sleep_forever()
-
-    async def hang_up(stream: trio.SocketStream) -> None:
-        await _read_request(stream, bytearray())
-        await stream.aclose()
-
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        closed_port = probe.getsockname()[1]
-    silent_port, _ = await _serve(nursery, silent)
-    hang_up_port, _ = await _serve(nursery, hang_up)
-    with trio.fail_after(10):
-        with pytest.raises(httpx.ConnectError):
-            await H1Pool("127.0.0.1", closed_port).request(b"GET", b"/")
-        with pytest.raises(httpx.ReadTimeout):
-            await H1Pool("127.0.0.1", silent_port).request(b"GET", b"/", total_sec=0.2)
-        with pytest.raises(httpx.RemoteProtocolError):
-            await H1Pool("127.0.0.1", hang_up_port).request(b"GET", b"/")
+    assert (reply.status, reply.body) == (202, b"abcde")
 
 
 def _reset(stream: trio.SocketStream) -> None:
@@ -152,10 +130,10 @@ async def test_a_failure_after_the_request_left_is_never_a_connect_error(
 
     port, _ = await _serve(nursery, reset_after_request)
     with trio.fail_after(10):
-        with pytest.raises(httpx.TransportError) as caught:
+        with pytest.raises(WireError) as caught:
             await H1Pool("127.0.0.1", port).request(b"POST", b"/rollout", body=b"{}")
-    assert isinstance(caught.value, httpx.ReadError)
-    assert not isinstance(caught.value, httpx.ConnectError | httpx.ConnectTimeout)
+    assert isinstance(caught.value, ReadFailed)
+    assert not isinstance(caught.value, NotSent)
 
 
 async def test_the_rollout_client_does_not_resend_an_admission_that_left(
@@ -180,7 +158,7 @@ async def test_the_rollout_client_does_not_resend_an_admission_that_left(
     port, _ = await _serve(nursery, read_then_drop)
     async with RolloutClient(f"http://127.0.0.1:{port}", server_alive=lambda: True) as client:
         assert client._lean is not None
-        for rollout_id, cause in (("r1", httpx.ReadError), ("r2", httpx.RemoteProtocolError)):
+        for rollout_id, cause in (("r1", ReadFailed), ("r2", BadAnswer)):
             with trio.fail_after(10), pytest.raises(RolloutServerUnreachable) as caught:
                 await client.admit(request(rollout_id), admission_timeout_sec=5.0)
             assert isinstance(caught.value.__cause__, cause)

@@ -21,6 +21,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from rollout_server.net.wire import (
+    BadAnswer,
     Connection,
     ConnectionLost,
     Origin,
@@ -310,18 +311,18 @@ def _through_h11(
             try:
                 event = protocol.next_event()
             except h11.RemoteProtocolError as exc:
-                return _lost(ConnectionLost, exc, answering), sent
+                return _lost(BadAnswer, exc, answering), sent
             if event is h11.NEED_DATA:
                 protocol.receive_data(receive())
             elif type(event) is h11.Response:
                 break
             elif type(event) is h11.ConnectionClosed:
                 gone = "Server disconnected without sending a response"
-                return ("failed", "ConnectionLost", gone, True), sent
+                return ("failed", "BadAnswer", gone, True), sent
             elif not isinstance(event, h11.InformationalResponse):
                 return (
                     "failed",
-                    "ConnectionLost",
+                    "BadAnswer",
                     f"unexpected {type(event).__name__}",
                     True,
                 ), sent
@@ -330,7 +331,7 @@ def _through_h11(
             try:
                 piece = protocol.next_event()
             except h11.RemoteProtocolError as exc:
-                return _lost(ConnectionLost, exc, answering), sent
+                return _lost(BadAnswer, exc, answering), sent
             if piece is h11.NEED_DATA:
                 protocol.receive_data(receive())
             elif type(piece) is h11.Data:
@@ -340,7 +341,7 @@ def _through_h11(
             else:
                 return (
                     "failed",
-                    "ConnectionLost",
+                    "BadAnswer",
                     f"unexpected {type(piece).__name__}",
                     False,
                 ), sent
