@@ -316,7 +316,8 @@ async def open_cluster(ctx: RunContext, services: Services) -> AsyncIterator[Ser
             )
             python = rollout_python(p.paths.rollout_dir, os.environ)
             uv = find_uv(p.config.experiment.rollout)
-            shipment = Shipment(ray, p.paths.rollout_dir, python, p.paths.entrypoint, uv)
+            entrypoint = p.paths.entrypoint
+            shipment = Shipment(ray, p.paths.rollout_dir, python, entrypoint, uv, ctx.log)
             cluster = _Cluster(ray, ctx, transport, spec, shipment, default)
             try:
                 await nursery.start(cluster.manage)

@@ -44,6 +44,7 @@ from typing import Any
 import msgspec
 import trio
 
+from launcher.dispatch import LogFn
 from rollout_server.harbor.bundle import MANIFEST, build_bundle
 
 __all__ = [
@@ -134,9 +135,16 @@ class Shipment:
     """The run's bundle on the head: packed and put in the object store on first use, once."""
 
     def __init__(
-        self, ray: Any, rollout_dir: Path, python: Path, entrypoint: Path, uv: Path
+        self,
+        ray: Any,
+        rollout_dir: Path,
+        python: Path,
+        entrypoint: Path,
+        uv: Path,
+        log: LogFn,
     ) -> None:
         self._ray = ray
+        self._log = log
         self._args = (rollout_dir, python, entrypoint)
         self._uv = uv
         self._lock = trio.Lock()
@@ -158,6 +166,8 @@ class Shipment:
                     raise
                 ref = await trio.to_thread.run_sync(self._ray.put, data)
                 self._packed = (info, [ref])
+                details = {"bundle": info.digest, "bytes": len(data)}
+                self._log("INFO", "cluster", "rollout bundle shipped", details)
             return self._packed
 
 

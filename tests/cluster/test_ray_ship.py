@@ -9,6 +9,7 @@ so its bundle's digest is new and node 2 must build the environment during the r
 from __future__ import annotations
 
 import contextlib
+import shutil
 import subprocess
 import uuid
 from collections.abc import Iterator
@@ -17,6 +18,7 @@ from pathlib import Path
 import psutil
 import pytest
 
+from rollout_server.harbor.bundle import default_cache_root
 from tests.cluster.conftest import N2_IP, ClusterBed, slow_workspace
 from tests.cluster.test_ray_testbed import (
     _args,
@@ -76,6 +78,16 @@ def _log_lines(run: Path, needle: str) -> list[str]:
     return [line for line in (run / "logs.txt").read_text().splitlines() if needle in line]
 
 
+def _shipped_once(run: Path) -> str:
+    """The digest of the one bundle the run shipped (each test's is new: dropped from the
+    head's bundle cache, which would otherwise keep a copy of uv for each)."""
+    lines = _log_lines(run, "rollout bundle shipped")
+    assert len(lines) == 1, lines
+    digest = lines[0].split('"bundle":"')[1].split('"')[0]
+    shutil.rmtree(default_cache_root() / digest, ignore_errors=True)
+    return digest
+
+
 async def test_node2_builds_its_environment_offline_from_the_bundle(
     testbed: ClusterBed, slow_env: Path, tmp_path: Path
 ) -> None:
@@ -103,6 +115,8 @@ async def test_node2_builds_its_environment_offline_from_the_bundle(
     assert not python.is_relative_to(slow_env) and not python.is_relative_to(ws)
     assert Path(cwd).is_relative_to(cache)
     assert environ.get("UV_OFFLINE") == "1"
+    digest = _shipped_once(run)
+    assert python.is_relative_to(cache / digest)
     built = _log_lines(run, "replica environment built")
     assert len(built) == 1 and f'"node":"{N2_IP}"' in built[0], built
     assert f'"python":"{python}"' in built[0]
@@ -114,6 +128,7 @@ async def test_node2_builds_its_environment_offline_from_the_bundle(
     reused = _log_lines(second, "replica environment reused")
     assert len(reused) == 1 and f'"python":"{python}"' in reused[0], reused
     assert not _log_lines(second, "replica environment built")
+    assert _shipped_once(second) == digest
     await _no_leftovers(ws)
 
 
@@ -133,4 +148,5 @@ async def test_a_failed_build_on_node2_leaves_the_run_to_the_head(
         assert "ShipError: cannot build the rollout environment" in refused[0]
         assert f'"node":"{N2_IP}"' in refused[0]
         assert not _remote_rollouts(run)
+        _shipped_once(run)
         await _no_leftovers(ws)
