@@ -32,6 +32,9 @@ RULES: dict[str, frozenset[str]] = {
             # Pure file work (repack/build a wheel): the supervisor makes its own wheel with it
             # for rollout environments (launcher.selfwheel).
             "rollout_server.harbor.wheelhouse",
+            # File work too (stdlib and the wheelhouse): the rollout's offline bundle, which
+            # --ray ships to the other nodes (launcher.cluster.ship).
+            "rollout_server.harbor.bundle",
         }
     ),
     "bridge": frozenset({"rollout_server.net", "rollout_server.protocol"}),

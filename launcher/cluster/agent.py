@@ -6,8 +6,10 @@ then stops the server. The agent:
 
 - serves a loopback relay to the supervisor's bridge relay, so rollouts keep a loopback
   ``chat_completions_url`` (the SDK's loopback fast path and Harbor's probe ladder work);
-- starts the rollout server exactly as a local run does (:func:`start_rollout_server`: its own
-  process group, ``/health`` proving it ours), with its artifact root on this node;
+- builds (or finds) the rollout's environment on this node from the bundle the supervisor
+  shipped (:mod:`launcher.cluster.ship`), and starts the rollout server from it exactly as a
+  local run does (:func:`start_rollout_server`: its own process group, ``/health`` proving it
+  ours), with its artifact root on this node;
 - runs items: admits on loopback, long-polls to the terminal result, and returns the result
   with a tar of the rollout's trial directory, which the supervisor unpacks into the run
   directory before it journals the result.
@@ -39,6 +41,7 @@ import msgspec
 import trio
 
 from launcher.cluster.relay import pinned_client, relay_to
+from launcher.cluster.ship import ShipInfo, ensure_env
 from launcher.dispatch import RolloutRefused
 from launcher.dispatch_io import RolloutClientTransport
 from launcher.rollout_child import RolloutServer, ServerLaunch, start_rollout_server
@@ -63,6 +66,9 @@ class AgentSpec(msgspec.Struct, kw_only=True):
     relay_port: int
     relay_cert: str | None = None
     """The PEM of the run's certificate the supervisor's relay presents (None: plain TCP)."""
+    ship: ShipInfo | None = None
+    """The shipped bundle to build the environment from (None: ``python`` and ``rollout_dir``
+    as they are, a shared filesystem)."""
     stop_grace_s: float = 5.0
 
 
@@ -159,15 +165,36 @@ class NodeAgent:
         self._lifeline: subprocess.Popen[bytes] | None = None
         self._tail: deque[str] = deque(maxlen=_TAIL_LINES)
 
-    async def start(self, spec_json: bytes) -> dict[str, Any]:
-        """Start the relay, the rollout server and its lifeline; return this replica's facts."""
+    async def start(self, spec_json: bytes, shipped: list[Any] | None = None) -> dict[str, Any]:
+        """Start the relay, the rollout server and its lifeline; return this replica's facts.
+
+        ``shipped`` holds the object-store reference of the bundle's bytes (nested in a list, so
+        Ray leaves it unresolved: it is fetched only when this node lacks the environment)."""
         await self._guest.start()
         spec = msgspec.json.decode(spec_json, type=AgentSpec)
-        return await self._guest.call(self._start, spec)
+        return await self._guest.call(self._start, spec, shipped)
 
-    async def _start(self, spec: AgentSpec) -> dict[str, Any]:
+    async def _start(self, spec: AgentSpec, shipped: list[Any] | None) -> dict[str, Any]:
         nursery = self._guest.nursery
         assert nursery is not None
+        python, entrypoint, rollout_dir = spec.python, spec.entrypoint, spec.rollout_dir
+        built: bool | None = None
+        if spec.ship is not None and shipped:
+            ref = shipped[0]
+
+            def fetch() -> bytes:
+                import ray
+
+                data: bytes = ray.get(ref)
+                return data
+
+            env = await trio.to_thread.run_sync(ensure_env, spec.ship, fetch)
+            python, entrypoint, rollout_dir = (
+                str(env.python),
+                str(env.entrypoint),
+                str(env.rollout_dir),
+            )
+            built = env.built
         tls = pinned_client(spec.relay_cert) if spec.relay_cert else None
         handler = relay_to(spec.relay_host, spec.relay_port, tls=tls)
         listeners = await nursery.start(partial(trio.serve_tcp, handler, 0, host="127.0.0.1"))
@@ -175,9 +202,9 @@ class NodeAgent:
         self._root = Path(tempfile.mkdtemp(prefix="rollbridge-agent-"))
         base_env = {k: v for k, v in os.environ.items() if not k.startswith("RAY_")}
         launch = ServerLaunch(
-            python=Path(spec.python),
-            entrypoint=Path(spec.entrypoint),
-            rollout_dir=Path(spec.rollout_dir),
+            python=Path(python),
+            entrypoint=Path(entrypoint),
+            rollout_dir=Path(rollout_dir),
             run_dir=self._root,
             base_env=base_env,
             config_env=spec.config_env,
@@ -202,6 +229,8 @@ class NodeAgent:
             "server_pid": server.child.pid,
             "pid": os.getpid(),
             "sdk_version": server.sdk_version,
+            "python": python,
+            "env_built": built,
         }
 
     async def run_item(self, request_json: bytes, admission_timeout_s: float) -> tuple[Any, ...]:

@@ -4,9 +4,11 @@
 are already up. It joins the cluster as its driver (``--ray ADDRESS``) or starts a local one
 (``--ray local``), serves a relay to the bridge on the head's cluster address, starts a node
 agent on every other alive node (those with a ``rollbridge_host`` resource when any node has
-one), and yields the services with a :class:`~launcher.cluster.transport.RayTransport` and the
-concurrency of all replicas. A replica manager keeps polling the node list: a node that leaves
-loses its replica (its items are requeued), a node that joins gets one. On exit every agent is
+one; each builds the rollout's environment from the bundle of
+:class:`~launcher.cluster.ship.Shipment`), and yields the services with a
+:class:`~launcher.cluster.transport.RayTransport` and the concurrency of all replicas. A
+replica manager keeps polling the node list: a node that leaves loses its replica (its items
+are requeued), a node that joins gets one. On exit every agent is
 asked to stop its server, then killed, and the driver disconnects.
 
 Ray's blocking calls (``ray.init``, ``ray.nodes``, ``ray.kill``) run on worker threads; results
@@ -30,12 +32,13 @@ import trio
 from launcher.cluster.agent import AgentSpec, NodeAgent
 from launcher.cluster.refs import await_ref
 from launcher.cluster.relay import Handler, RunCertificate, relay_to, run_certificate
+from launcher.cluster.ship import Shipment
 from launcher.cluster.transport import RayTransport, Replica
 from launcher.dispatch import resolve_concurrency
 from launcher.dispatch_io import RolloutClientTransport
 from launcher.errors import DependencyError, LocalEvalError
 from launcher.process import STOP_GRACE_S
-from launcher.rollout_env import rollout_python
+from launcher.rollout_env import find_uv, rollout_python
 
 if TYPE_CHECKING:
     from launcher.services import RunContext, Services
@@ -113,15 +116,29 @@ def _alive_nodes(ray: Any) -> dict[str, str]:
     return {n["NodeID"]: n["NodeManagerAddress"] for n in (tagged or nodes)}
 
 
+def _one_line(exc: BaseException) -> str:
+    """``exc`` in one line: the agent's own exception rather than Ray's wrapper and traceback."""
+    cause = getattr(exc, "cause", None)
+    shown = cause if isinstance(cause, BaseException) else exc
+    return " ".join(f"{type(shown).__name__}: {shown}".split())[:500]
+
+
 class _Cluster:
     def __init__(
-        self, ray: Any, ctx: RunContext, transport: RayTransport, spec: bytes, default: int
+        self,
+        ray: Any,
+        ctx: RunContext,
+        transport: RayTransport,
+        spec: AgentSpec,
+        shipment: Shipment,
+        default: int,
     ) -> None:
         self.ray = ray
         self.default_capacity = default
         self.ctx = ctx
         self.transport = transport
         self.spec = spec
+        self.shipment = shipment
         self.tagged = False
         self.starting: set[str] = set()
         self.refused: set[str] = set()
@@ -146,15 +163,17 @@ class _Cluster:
         self.starting.add(node_id)
         actor = None
         try:
+            ship, shipped = await self.shipment.get()
+            spec = msgspec.json.encode(msgspec.structs.replace(self.spec, ship=ship))
             actor = self.actor_class.options(**self.options(node_id)).remote()
             with trio.fail_after(AGENT_START_S):
-                facts = await await_ref(actor.start.remote(self.spec))
+                facts = await await_ref(actor.start.remote(spec, shipped))
         except Exception as exc:
             self.ctx.log(
                 "WARNING",
                 "cluster",
                 "node refused: its replica did not start",
-                {"node": address, "error": f"{type(exc).__name__}: {exc}"[:500]},
+                {"node": address, "error": _one_line(exc)},
             )
             self.refused.add(node_id)
             if actor is not None:
@@ -162,6 +181,12 @@ class _Cluster:
             return
         finally:
             self.starting.discard(node_id)
+        self.ctx.log(
+            "INFO",
+            "cluster",
+            "replica environment " + ("built" if facts.get("env_built") else "reused"),
+            {"node": address, "python": facts.get("python"), "bundle": ship.digest[:12]},
+        )
         # A server without a capacity (an unbounded backend) takes what a local run would send.
         capacity = int(facts.get("capacity") or self.default_capacity)
         self.transport.add(Replica(address, node_id, capacity, actor=actor))
@@ -289,7 +314,11 @@ async def open_cluster(ctx: RunContext, services: Services) -> AsyncIterator[Ser
                 relay_port=relay_port,
                 relay_cert=cert.pem if cert is not None else None,
             )
-            cluster = _Cluster(ray, ctx, transport, msgspec.json.encode(spec), default)
+            python = rollout_python(p.paths.rollout_dir, os.environ)
+            uv = find_uv(p.config.experiment.rollout)
+            entrypoint = p.paths.entrypoint
+            shipment = Shipment(ray, p.paths.rollout_dir, python, entrypoint, uv, ctx.log)
+            cluster = _Cluster(ray, ctx, transport, spec, shipment, default)
             try:
                 await nursery.start(cluster.manage)
                 remote = [r.name for r in transport.replicas if r.actor is not None]

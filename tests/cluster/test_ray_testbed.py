@@ -50,13 +50,15 @@ def _args(testbed: ClusterBed, name: str) -> list[str]:
 
 
 def _leftovers(ws: Path) -> list[psutil.Process]:
-    """Live rollout servers of this workspace, and lifelines, on any node."""
+    """Live rollout servers of this workspace (node 2's run from the test bed's node cache),
+    and lifelines, on any node."""
     entry = str(ws / "rollouts" / "echo" / "main.py")
+    shipped = (f"{tempfile.gettempdir()}/rtb-", "/rollbridge_rollout/main.py")
     found = []
     for proc in psutil.process_iter(["cmdline", "status"]):
         cmd = " ".join(proc.info["cmdline"] or ())
         if proc.info["status"] != psutil.STATUS_ZOMBIE and (
-            entry in cmd or "cluster/lifeline.py" in cmd
+            entry in cmd or "cluster/lifeline.py" in cmd or all(s in cmd for s in shipped)
         ):
             found.append(proc)
     return found
