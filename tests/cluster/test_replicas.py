@@ -13,7 +13,7 @@ import trio
 import trio.testing
 
 from launcher.cluster.replicas import hold_minimum, ping_replicas, replica_line
-from launcher.cluster.transport import RayTransport, Replica
+from launcher.cluster.transport import Replica
 from launcher.ui import UI
 from tests.cluster.test_transport import FakeAgent, _dispatcher, _Ref, _transport
 from tests.launcher.test_dispatch import ScriptedTransport, _item, _success
