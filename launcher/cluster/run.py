@@ -218,7 +218,7 @@ class _Cluster:
     async def stop_all(self) -> None:
         async with trio.open_nursery() as nursery:
             for replica in self.transport.replicas:
-                if replica.actor is not None and replica.state in ("healthy", "suspect"):
+                if replica.actor is not None and replica.state != "lost":
                     nursery.start_soon(self._stop_one, replica)
 
     async def _stop_one(self, replica: Replica) -> None:

@@ -239,7 +239,7 @@ class RayTransport:
         if replica is None or replica.actor is None:
             await self._local.cancel(rollout_id)
             return
-        if replica.state in ("healthy", "suspect"):
+        if replica.state != "lost":
             await await_ref(replica.actor.cancel.remote(rollout_id))
 
     async def explain(self, exc: BaseException) -> str | None:
