@@ -9,19 +9,31 @@
   still starting count as up), after :data:`START_GRACE_S`. The halt is dispatch's own (the
   items in flight are cancelled and stay pending for a resume).
 - :func:`replica_line` is the progress view's line, ``replicas: head 12 in flight ·
-  10.203.0.2 11 in flight · 1 lost``.
+  10.203.0.2 11 in flight · 1 lost``; :func:`announcer` logs each change of the set as a
+  ``replicas changed`` line of ``logs.txt`` (the daemon's ``replicas`` event) and tells the UI.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from typing import Any
 
 import trio
 
 from launcher.cluster.refs import await_ref
 from launcher.cluster.transport import RayTransport, Replica
 
-__all__ = ["LOST_AFTER", "PING_S", "START_GRACE_S", "hold_minimum", "ping_replicas", "replica_line"]
+__all__ = [
+    "CHANGED",
+    "LOST_AFTER",
+    "PING_S",
+    "START_GRACE_S",
+    "announcer",
+    "hold_minimum",
+    "ping_replicas",
+    "replica_line",
+    "replica_states",
+]
 
 PING_S = 2.0
 PING_TIMEOUT_S = 10.0
@@ -30,6 +42,8 @@ LOST_AFTER = 3
 #: How long a run may start with fewer replicas up than its minimum (nodes joining late).
 START_GRACE_S = 15.0
 _POLL_S = 0.5
+#: The ``logs.txt`` message of a change of the replica set (launcher.daemon.stream reads it).
+CHANGED = "replicas changed"
 #: States of a replica that count towards the minimum (not lost, not leaving).
 _UP = ("healthy", "suspect")
 
@@ -50,6 +64,40 @@ def replica_line(replicas: Sequence[Replica], starting: int = 0) -> str:
     if lost:
         parts.append(f"{lost} lost")
     return "replicas: " + " · ".join(parts)
+
+
+def replica_states(replicas: Sequence[Replica], starting: int = 0) -> dict[str, Any]:
+    """The replica set as data: each replica's name, state, items in flight and capacity."""
+    return {
+        "replicas": [
+            {
+                "name": replica.name,
+                "head": replica.actor is None,
+                "state": replica.state,
+                "in_flight": replica.in_flight,
+                "capacity": replica.capacity,
+            }
+            for replica in replicas
+        ],
+        "starting": starting,
+        "line": replica_line(replicas, starting),
+    }
+
+
+def announcer(
+    transport: RayTransport,
+    starting: Callable[[], int],
+    log: Callable[[str, str, str, dict[str, Any] | None], object],
+    show: Callable[[], None],
+) -> Callable[[], None]:
+    """What to call when the replica set changed: a ``replicas changed`` line in
+    ``logs.txt``, then ``show()`` (the UI's line on piped output)."""
+
+    def changed() -> None:
+        log("INFO", "cluster", CHANGED, replica_states(transport.replicas, starting()))
+        show()
+
+    return changed
 
 
 def replicas_up(replicas: Sequence[Replica]) -> int:

@@ -30,7 +30,7 @@ import trio
 from launcher.cluster.agent import AgentSpec, NodeAgent
 from launcher.cluster.refs import await_ref
 from launcher.cluster.relay import Handler, RunCertificate, relay_to, run_certificate
-from launcher.cluster.replicas import hold_minimum, ping_replicas, replica_line
+from launcher.cluster.replicas import announcer, hold_minimum, ping_replicas, replica_line
 from launcher.cluster.transport import RayTransport, Replica
 from launcher.dispatch import resolve_concurrency
 from launcher.dispatch_io import RolloutClientTransport
@@ -168,6 +168,10 @@ class _Cluster:
         capacity = int(facts.get("capacity") or self.default_capacity)
         self.transport.add(Replica(address, node_id, capacity, actor=actor))
 
+    def count_starting(self) -> int:
+        """Agents being started now."""
+        return len(self.starting)
+
     def wanted(self, alive: dict[str, str]) -> dict[str, str]:
         own = self.transport.replicas[0].node_id
         have = {r.node_id for r in self.transport.replicas} | self.starting | self.refused
@@ -295,10 +299,12 @@ async def open_cluster(ctx: RunContext, services: Services) -> AsyncIterator[Ser
             try:
                 await nursery.start(cluster.manage)
                 nursery.start_soon(ping_replicas, transport)
-                ctx.ui.show_replicas(
-                    lambda: replica_line(transport.replicas, len(cluster.starting))
+                starting = cluster.count_starting
+                ctx.ui.show_replicas(lambda: replica_line(transport.replicas, starting()))
+                transport.on_change = announcer(
+                    transport, starting, ctx.log, ctx.ui.replicas_changed
                 )
-                transport.on_change = ctx.ui.replicas_changed
+                transport.on_change()
                 remote = [r.name for r in transport.replicas if r.actor is not None]
                 ctx.stage(
                     f"{len(transport.replicas)} replicas ({', '.join(remote) or 'no other node'}"
@@ -308,9 +314,7 @@ async def open_cluster(ctx: RunContext, services: Services) -> AsyncIterator[Ser
                 concurrency = resolve_concurrency(
                     p.options.max_in_flight, p.spec.batch_size, transport.capacity
                 )
-                minimum = partial(
-                    hold_minimum, transport, p.ray.min_replicas, lambda: len(cluster.starting)
-                )
+                minimum = partial(hold_minimum, transport, p.ray.min_replicas, starting)
                 yield dataclasses.replace(
                     services, transport=transport, concurrency=concurrency, watch_cluster=minimum
                 )

@@ -5,6 +5,7 @@ view's replica line. Node agents are the fakes of test_transport; virtual time."
 from __future__ import annotations
 
 import io
+import json
 import re
 from functools import partial
 from pathlib import Path
@@ -12,8 +13,17 @@ from pathlib import Path
 import trio
 import trio.testing
 
-from launcher.cluster.replicas import hold_minimum, ping_replicas, replica_line
+from launcher.cluster.replicas import (
+    CHANGED,
+    announcer,
+    hold_minimum,
+    ping_replicas,
+    replica_line,
+)
 from launcher.cluster.transport import Replica
+from launcher.daemon.stream import journal_events
+from launcher.redact import Redactor
+from launcher.rundir.logs import RunLog
 from launcher.ui import UI
 from tests.cluster.test_transport import FakeAgent, _dispatcher, _Ref, _transport
 from tests.launcher.test_dispatch import ScriptedTransport, _item, _success
@@ -170,3 +180,49 @@ def test_a_terminal_shows_the_line_under_the_bar_and_a_pipe_a_line_per_change() 
     ui.replicas_changed()
     last = piped.getvalue().splitlines()[-1]
     assert last == "replicas: head 12 in flight · 10.203.0.3 suspect 2 in flight · 2 lost"
+
+
+async def test_a_change_is_a_logs_line_and_the_daemon_s_replicas_event(tmp_path: Path) -> None:
+    transport = _transport(ScriptedTransport(_success), 1, tmp_path, [])
+    shown: list[str] = []
+    frames: list[str] = []
+    live = [True]
+
+    async def stream() -> None:
+        async for frame in journal_events(
+            tmp_path, after=0, live=lambda: live[0], state=lambda: {"state": "running"}
+        ):
+            frames.append(frame.decode())
+
+    with trio.fail_after(10), RunLog(tmp_path / "logs.txt", Redactor()) as log:
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(stream)
+            # The stream sends what is logged once it runs: log until a line comes through.
+            while not any("stream is up" in frame for frame in frames):
+                log.log("INFO", "cluster", "stream is up", None)
+                await trio.sleep(0.02)
+            transport.on_change = announcer(
+                transport, lambda: 1, log.log, lambda: shown.append("x")
+            )
+            transport.add(Replica("10.203.0.2", "n2", 4, actor=object()))
+            log.log("INFO", "cluster", "bridge relay listening", {"host": "10.203.0.1"})
+            live[0] = False  # the stream reads to the end, then stops
+    text = "".join(frames)
+    events = [
+        (block.split("\n")[0].removeprefix("event: "), block.split("data: ", 1)[1])
+        for block in text.split("\n\n")
+        if block.startswith("event: ")
+    ]
+    replicas = [json.loads(data) for name, data in events if name == "replicas"]
+    assert shown == ["x"] and len(replicas) == 1
+    assert replicas[0]["starting"] == 1
+    assert [(r["name"], r["head"], r["state"]) for r in replicas[0]["replicas"]] == [
+        ("head (supervisor)", True, "healthy"),
+        ("10.203.0.2", False, "healthy"),
+    ]
+    assert replicas[0]["line"] == (
+        "replicas: head 0 in flight · 10.203.0.2 0 in flight · 1 starting"
+    )
+    stages = [json.loads(data)["message"] for name, data in events if name == "stage"]
+    assert any(s.startswith("bridge relay listening") for s in stages)
+    assert not any(CHANGED in s for s in stages)
