@@ -252,6 +252,11 @@ def plan_rows(p: Prepared) -> list[tuple[str, str]]:
     rows.append(("Rows", f"{len(p.selection.rows)} of {p.selection.total_dataset_rows}"))
     if p.shard is not None:
         rows.append(("Shard", f"{p.shard.label}: {len(p.rows)} rows"))
+    if p.ray is not None:
+        least = (
+            f", halt below {p.ray.min_replicas} healthy replicas" if p.ray.min_replicas > 1 else ""
+        )
+        rows.append(("Ray", f"{p.ray.address}{least}"))
     if p.spec.n > 1:
         rows.append(("Runs Per Row", str(p.spec.n)))
     rows.append(("Work Items", str(len(p.rows) * p.spec.n)))
