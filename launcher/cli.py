@@ -220,6 +220,9 @@ def eval_group() -> None:
 @click.option("--workspace", default=None, help="Platform workspace for --upload (default: git's).")
 @click.option("--shard", default=None, help="Run only shard i/N of the rows (0 <= i < N).")
 @click.option("--ray", default=None, help="Run replicas on a Ray cluster: ADDRESS or 'local'.")
+@click.option(
+    "--ray-min-replicas", type=int, default=None, help="Halt when fewer replicas are healthy."
+)
 @click.option("--json", "json_output", is_flag=True, help="Print one JSON result envelope.")
 @click.option("--plain", is_flag=True, help="Plain text output: result and next steps only.")
 @click.pass_context

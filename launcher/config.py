@@ -19,6 +19,7 @@ from urllib.parse import urlsplit, urlunsplit
 from bridge.apis import ApiOptions
 from bridge.upstreams.routing import OFFICIAL_OPENAI_BASE, OFFLINE_MODEL
 from launcher.config_bridge import bridge_options
+from launcher.config_ray import RayConfig, ray_section
 from launcher.errors import ValidationError
 
 __all__ = [
@@ -34,7 +35,7 @@ __all__ = [
     "upstream_base_url",
 ]
 
-ALLOWED_SECTIONS = ("experiment", "evaluation", "advanced", "env", "secrets", "bridge")
+ALLOWED_SECTIONS = ("experiment", "evaluation", "advanced", "env", "secrets", "bridge", "ray")
 EXPERIMENT_REQUIRED = ("rollout", "entrypoint", "model_path", "dataset")
 EXPERIMENT_OPTIONAL = ("branch", "commit_sha")
 EVALUATION_KEYS = (
@@ -85,6 +86,8 @@ class EvalConfig:
     secrets_required: tuple[str, ...] = ()
     bridge: ApiOptions | None = None
     """The ``[bridge]`` section (:mod:`launcher.config_bridge`); None when absent."""
+    ray: RayConfig | None = None
+    """The ``[ray]`` section (:mod:`launcher.config_ray`); None when absent."""
 
 
 @dataclass(frozen=True)
@@ -296,6 +299,7 @@ def load_eval_config(path: Path) -> EvalConfig:
         env=dict(env),
         secrets_required=tuple(required),
         bridge=bridge_options(data, path),
+        ray=ray_section(data, path),
     )
 
 

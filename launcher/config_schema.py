@@ -16,6 +16,7 @@ from typing import Any
 
 from bridge.apis import MODES
 from launcher.config import EXPERIMENT_OPTIONAL, EXPERIMENT_REQUIRED, MAX_N
+from launcher.config_ray import DEFAULT_RESOURCE, MAX_MIN_REPLICAS
 
 __all__ = ["SCHEMA_ID", "eval_config_schema", "schema_text"]
 
@@ -115,6 +116,29 @@ def eval_config_schema() -> dict[str, Any]:
                         ("responses", "openai/… models"),
                         ("messages", "anthropic/… models"),
                     )
+                },
+            },
+            "additionalProperties": False,
+        },
+        "ray": {
+            "type": "object",
+            "description": "Replicas on a Ray cluster (docs/scale-out.md); flags win, runtime-only.",
+            "properties": {
+                "address": {
+                    "type": "string",
+                    "pattern": r"^(local|\S+:[0-9]{1,5})$",
+                    "description": "The cluster's HOST:PORT, or 'local' (a one-node cluster).",
+                },
+                "min_replicas": {
+                    "type": "integer",
+                    "minimum": 1,
+                    "maximum": MAX_MIN_REPLICAS,
+                    "description": "Halt when fewer replicas are healthy (the head's counts).",
+                },
+                "resource": {
+                    "type": "string",
+                    "pattern": "^[A-Za-z_][A-Za-z0-9_.-]*$",
+                    "description": f"Custom resource of the replica nodes ({DEFAULT_RESOURCE}).",
                 },
             },
             "additionalProperties": False,

@@ -20,6 +20,7 @@ from launcher.config import (
     load_eval_config,
     resolve_run_spec,
 )
+from launcher.config_ray import RaySettings, resolve_ray
 from launcher.dataset import DatasetSelection, SelectedRow, select_rows
 from launcher.errors import ValidationError
 from launcher.redact import Redactor
@@ -70,6 +71,7 @@ class EvalOptions:
     verbose: bool = False
     shard: str | None = None
     ray: str | None = None
+    ray_min_replicas: int | None = None
 
 
 @dataclass
@@ -89,6 +91,8 @@ class Prepared:
     tunnel_plan: TunnelPlan
     redactor: Redactor
     shard: Shard | None = None
+    ray: RaySettings | None = None
+    """``--ray`` and the config's ``[ray]`` resolved (runtime-only: not a manifest input)."""
 
     @property
     def rows(self) -> list[SelectedRow]:
@@ -203,10 +207,11 @@ def prepare(options: EvalOptions, ui: UI, cwd: Path | None = None) -> Prepared:
         name=dataset.name,
         extension=dataset.extension,
     )
-    if options.ray is not None:
+    ray = resolve_ray(config.ray, options.ray, options.ray_min_replicas)
+    if ray is not None:
         from launcher.cluster.flags import check_ray_flag
 
-        check_ray_flag(options.ray, os.environ)
+        check_ray_flag(ray.address, os.environ)
     shard = None if options.shard is None else parse_shard(options.shard, len(selection.rows))
     git = read_git_state(workspace.root)
     for warning in provenance_warnings(config, git):
@@ -225,6 +230,7 @@ def prepare(options: EvalOptions, ui: UI, cwd: Path | None = None) -> Prepared:
         tunnel_plan=plan,
         redactor=redactor,
         shard=shard,
+        ray=ray,
     )
     ui.plan_table(plan_rows(prepared))
     return prepared
@@ -246,6 +252,11 @@ def plan_rows(p: Prepared) -> list[tuple[str, str]]:
     rows.append(("Rows", f"{len(p.selection.rows)} of {p.selection.total_dataset_rows}"))
     if p.shard is not None:
         rows.append(("Shard", f"{p.shard.label}: {len(p.rows)} rows"))
+    if p.ray is not None:
+        least = (
+            f", halt below {p.ray.min_replicas} healthy replicas" if p.ray.min_replicas > 1 else ""
+        )
+        rows.append(("Ray", f"{p.ray.address}{least}"))
     if p.spec.n > 1:
         rows.append(("Runs Per Row", str(p.spec.n)))
     rows.append(("Work Items", str(len(p.rows) * p.spec.n)))

@@ -26,7 +26,7 @@ from __future__ import annotations
 import importlib
 import os
 import uuid
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import ExitStack, asynccontextmanager
 from dataclasses import dataclass
 from functools import partial
@@ -117,6 +117,8 @@ class Services:
     routing: SandboxRouting | None = None
     transport: RolloutTransport | None = None
     """A transport in place of the local server's (``--ray``: :mod:`launcher.cluster`)."""
+    watch_cluster: Callable[[Callable[[str], None]], Awaitable[None]] | None = None
+    """Calls ``halt(reason)`` when too few replicas are left (``--ray``)."""
 
     def rollout_transport(self) -> RolloutTransport:
         """The dispatch's transport: the server's own client (built during its start-up)."""
@@ -139,6 +141,8 @@ class Services:
                 nursery.start_soon(self._watch_tunnel, self.tunnel, halt)
             if self.routing is not None:
                 nursery.start_soon(self.routing.watch_tunnel, halt)
+            if self.watch_cluster is not None:
+                nursery.start_soon(self.watch_cluster, halt)
 
     async def _watch_bridge(self, halt: Callable[[str], None]) -> None:
         halt(f"{await self.bridge.wait_failed()}; see logs.txt")
@@ -219,9 +223,7 @@ async def _start(
     capacity = await server.probe_capacity()
     concurrency = resolve_concurrency(p.options.max_in_flight, p.spec.batch_size, capacity)
     # With --ray the cap is the capacity of all replicas (launcher.cluster.run).
-    capped = (
-        None if p.options.ray else cap_notice(p.options.max_in_flight, p.spec.batch_size, capacity)
-    )
+    capped = None if p.ray else cap_notice(p.options.max_in_flight, p.spec.batch_size, capacity)
     if capped is not None:
         ctx.log("WARNING", "dispatch", capped, None)
         ctx.ui.warning(capped, "CONCURRENCY_CAPPED")

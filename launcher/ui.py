@@ -102,6 +102,21 @@ class _LiveText(ProgressColumn):
         return Text(self._text())
 
 
+class _Progress(Progress):
+    """The progress bar, with a live line under it when ``below`` gives one (``--ray``'s
+    replicas)."""
+
+    def __init__(self, *columns: ProgressColumn, below: Callable[[], str], **kwargs: Any) -> None:
+        self._below = below  # first: the parent may render while it starts
+        super().__init__(*columns, **kwargs)
+
+    def get_renderables(self) -> Iterable[Any]:
+        yield from super().get_renderables()
+        line = self._below()
+        if line:
+            yield Text(line, style="dim")
+
+
 class UI:
     """Terminal output of one CLI invocation."""
 
@@ -139,6 +154,7 @@ class UI:
         self._lowered_limit: Callable[[], int | None] | None = None
         self._closing = False
         self._stopping: str | None = None  # see progress_stopping
+        self._replicas: Callable[[], str] | None = None  # see show_replicas
 
     # -- redaction -------------------------------------------------------------------------
 
@@ -305,7 +321,7 @@ class UI:
         if not self.rich:
             return
         if self.tty:
-            self._progress = Progress(
+            self._progress = _Progress(
                 SpinnerColumn(),
                 TextColumn("rollouts"),
                 BarColumn(),
@@ -314,6 +330,7 @@ class UI:
                 TimeElapsedColumn(),
                 console=self.console,
                 transient=False,
+                below=lambda: self.redact(self._replicas() if self._replicas else ""),
             )
             self._progress.start()
             self._task = self._progress.add_task("rollouts", total=total, completed=self._done)
@@ -375,6 +392,17 @@ class UI:
             self._print(f"{self._line()} · {finished}", style="dim")
         else:
             self._print(self._line(), style="dim")
+
+    def show_replicas(self, line: Callable[[], str] | None) -> None:
+        """Show ``line()`` (the replicas of a ``--ray`` run) under the live progress bar;
+        None stops."""
+        self._replicas = line
+
+    def replicas_changed(self) -> None:
+        """The replica set changed: when not a terminal, one line saying how it is now (a
+        terminal shows the live line of :meth:`show_replicas` anyway)."""
+        if self.rich and not self.tty and self._counters is not None and self._replicas:
+            self._print(self._replicas(), style="dim")
 
     def progress_stopping(self, label: str = "cancelling") -> None:
         """Winding down (Ctrl-C, a halt): ETA and in flight give way to ``<label>: N left``."""

@@ -260,6 +260,16 @@ class NodeAgent:
         if self._transport is not None:
             await self._guest.call(self._transport.cancel, rollout_id)
 
+    async def health(self) -> bool:
+        """Whether the rollout server answers ``/health`` (the supervisor's ping)."""
+        if self._server is None:
+            return False
+        try:
+            await self._guest.call(self._server.client.health)
+        except Exception:
+            return False
+        return True
+
     async def tail(self) -> list[str]:
         """The server's last output lines (for the supervisor's log when a replica fails)."""
         return list(self._tail)

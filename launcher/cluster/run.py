@@ -32,6 +32,7 @@ import trio
 from launcher.cluster.agent import AgentSpec, NodeAgent
 from launcher.cluster.refs import await_ref
 from launcher.cluster.relay import Handler, RunCertificate, relay_to, run_certificate
+from launcher.cluster.replicas import announcer, hold_minimum, ping_replicas, replica_line
 from launcher.cluster.ship import Shipment
 from launcher.cluster.transport import RayTransport, Replica
 from launcher.dispatch import resolve_concurrency
@@ -61,7 +62,7 @@ def _import_ray() -> Any:
     return ray
 
 
-def _init(ray: Any, address: str) -> tuple[str, str]:
+def _init(ray: Any, address: str, resource: str) -> tuple[str, str]:
     os.environ["RAY_USAGE_STATS_ENABLED"] = "0"
     os.environ.setdefault("RAY_ENABLE_UV_RUN_RUNTIME_ENV", "0")
     if address == "local":
@@ -71,7 +72,7 @@ def _init(ray: Any, address: str) -> tuple[str, str]:
             log_to_driver=False,
             logging_level=logging.ERROR,
             object_store_memory=100_000_000,
-            resources={HOST_RESOURCE: 1},
+            resources={resource: 1},
         )
     else:
         ray.init(address=address, log_to_driver=False, logging_level=logging.ERROR)
@@ -109,10 +110,10 @@ async def _serve_relay(
             task_status.started(int(tls[0].transport_listener.socket.getsockname()[1]))
 
 
-def _alive_nodes(ray: Any) -> dict[str, str]:
+def _alive_nodes(ray: Any, resource: str) -> dict[str, str]:
     """Alive nodes meant for replicas: node id -> address."""
     nodes = [n for n in ray.nodes() if n.get("Alive")]
-    tagged = [n for n in nodes if n.get("Resources", {}).get(HOST_RESOURCE)]
+    tagged = [n for n in nodes if n.get("Resources", {}).get(resource)]
     return {n["NodeID"]: n["NodeManagerAddress"] for n in (tagged or nodes)}
 
 
@@ -134,6 +135,7 @@ class _Cluster:
         default: int,
     ) -> None:
         self.ray = ray
+        self.resource = ctx.prepared.ray.resource if ctx.prepared.ray else HOST_RESOURCE
         self.default_capacity = default
         self.ctx = ctx
         self.transport = transport
@@ -156,7 +158,7 @@ class _Cluster:
             "scheduling_strategy": NodeAffinitySchedulingStrategy(node_id, soft=False),
         }
         if self.tagged:
-            options["resources"] = {HOST_RESOURCE: 1}
+            options["resources"] = {self.resource: 1}
         return options
 
     async def start_agent(self, node_id: str, address: str) -> None:
@@ -191,6 +193,10 @@ class _Cluster:
         capacity = int(facts.get("capacity") or self.default_capacity)
         self.transport.add(Replica(address, node_id, capacity, actor=actor))
 
+    def count_starting(self) -> int:
+        """Agents being started now."""
+        return len(self.starting)
+
     def wanted(self, alive: dict[str, str]) -> dict[str, str]:
         own = self.transport.replicas[0].node_id
         have = {r.node_id for r in self.transport.replicas} | self.starting | self.refused
@@ -198,8 +204,8 @@ class _Cluster:
 
     async def poll(self) -> dict[str, str]:
         nodes = await trio.to_thread.run_sync(self.ray.nodes)
-        self.tagged = any(n.get("Resources", {}).get(HOST_RESOURCE) for n in nodes)
-        alive = await trio.to_thread.run_sync(_alive_nodes, self.ray)
+        self.tagged = any(n.get("Resources", {}).get(self.resource) for n in nodes)
+        alive = await trio.to_thread.run_sync(_alive_nodes, self.ray, self.resource)
         draining = await trio.to_thread.run_sync(_draining_nodes)
         for replica in self.transport.replicas:
             if replica.actor is None:
@@ -241,7 +247,7 @@ class _Cluster:
     async def stop_all(self) -> None:
         async with trio.open_nursery() as nursery:
             for replica in self.transport.replicas:
-                if replica.actor is not None and replica.state == "healthy":
+                if replica.actor is not None and replica.state != "lost":
                     nursery.start_soon(self._stop_one, replica)
 
     async def _stop_one(self, replica: Replica) -> None:
@@ -256,7 +262,7 @@ class _Cluster:
 @asynccontextmanager
 async def clustered(ctx: RunContext, services: Services) -> AsyncIterator[Services]:
     """``services`` as they are without ``--ray``; else with the cluster open."""
-    if ctx.prepared.options.ray is None:
+    if ctx.prepared.ray is None:
         yield services
         return
     async with open_cluster(ctx, services) as opened:
@@ -267,12 +273,12 @@ async def clustered(ctx: RunContext, services: Services) -> AsyncIterator[Servic
 async def open_cluster(ctx: RunContext, services: Services) -> AsyncIterator[Services]:
     """The run's services with dispatch across the cluster (see the module docstring)."""
     p = ctx.prepared
-    address = p.options.ray
-    assert address is not None
+    assert p.ray is not None
+    address = p.ray.address
     ray = _import_ray()
     ctx.stage(f"joining Ray cluster ({address})", step="cluster")
     try:
-        own_node, head_ip = await trio.to_thread.run_sync(_init, ray, address)
+        own_node, head_ip = await trio.to_thread.run_sync(_init, ray, address, p.ray.resource)
     except Exception as exc:
         raise LocalEvalError(f"could not join the Ray cluster at {address}: {exc}") from None
     try:
@@ -321,6 +327,13 @@ async def open_cluster(ctx: RunContext, services: Services) -> AsyncIterator[Ser
             cluster = _Cluster(ray, ctx, transport, spec, shipment, default)
             try:
                 await nursery.start(cluster.manage)
+                nursery.start_soon(ping_replicas, transport)
+                starting = cluster.count_starting
+                ctx.ui.show_replicas(lambda: replica_line(transport.replicas, starting()))
+                transport.on_change = announcer(
+                    transport, starting, ctx.log, ctx.ui.replicas_changed
+                )
+                transport.on_change()
                 remote = [r.name for r in transport.replicas if r.actor is not None]
                 ctx.stage(
                     f"{len(transport.replicas)} replicas ({', '.join(remote) or 'no other node'}"
@@ -330,8 +343,12 @@ async def open_cluster(ctx: RunContext, services: Services) -> AsyncIterator[Ser
                 concurrency = resolve_concurrency(
                     p.options.max_in_flight, p.spec.batch_size, transport.capacity
                 )
-                yield dataclasses.replace(services, transport=transport, concurrency=concurrency)
+                minimum = partial(hold_minimum, transport, p.ray.min_replicas, starting)
+                yield dataclasses.replace(
+                    services, transport=transport, concurrency=concurrency, watch_cluster=minimum
+                )
             finally:
+                ctx.ui.show_replicas(None)
                 with trio.CancelScope(shield=True):
                     await cluster.stop_all()
                 nursery.cancel_scope.cancel()

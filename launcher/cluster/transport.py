@@ -42,7 +42,8 @@ class Replica:
     capacity: int
     actor: Any = None
     state: str = "healthy"
-    """``healthy``, ``draining`` (its node is leaving: no new work) or ``lost``."""
+    """``healthy``, ``suspect`` (its last ping failed: no new work until one answers),
+    ``draining`` (its node is leaving: no new work) or ``lost``."""
     in_flight: int = 0
     finished: int = 0
     rollouts: set[str] = field(default_factory=set)
@@ -137,6 +138,8 @@ class RayTransport:
         self._kill = kill
         self._changed = trio.Event()
         self._by_rollout: dict[str, Replica] = {}
+        self.on_change: Callable[[], None] = lambda: None
+        """Called when a replica joins or changes state (the progress view's replica line)."""
 
     def add(self, replica: Replica) -> None:
         """A new healthy replica takes work from now on."""
@@ -148,6 +151,7 @@ class RayTransport:
             {"replica": replica.name, "capacity": replica.capacity},
         )
         self._wake()
+        self.on_change()
 
     def lose(self, replica: Replica, cause: str) -> None:
         """Mark ``replica`` lost (once): no new work; its actor is killed so every call still
@@ -158,11 +162,30 @@ class RayTransport:
         self.log("WARNING", "cluster", "replica lost", {"replica": replica.name, "cause": cause})
         self._kill(replica)
         self._wake()
+        self.on_change()
 
     def start_draining(self, replica: Replica) -> None:
         """Send ``replica`` no new work (its node is leaving)."""
         replica.state = "draining"
         self.log("INFO", "cluster", "replica draining", {"replica": replica.name})
+        self.on_change()
+
+    def suspect(self, replica: Replica, cause: str) -> None:
+        """A healthy ``replica`` failed a ping: no new work until it answers again."""
+        if replica.state == "healthy":
+            replica.state = "suspect"
+            self.log(
+                "WARNING", "cluster", "replica suspect", {"replica": replica.name, "cause": cause}
+            )
+            self.on_change()
+
+    def recover(self, replica: Replica) -> None:
+        """A suspect ``replica`` answered again: it takes work."""
+        if replica.state == "suspect":
+            replica.state = "healthy"
+            self.log("INFO", "cluster", "replica answers again", {"replica": replica.name})
+            self._wake()
+            self.on_change()
 
     async def drained(self, replica: Replica) -> None:
         """Return once ``replica`` has nothing in flight."""
@@ -216,7 +239,7 @@ class RayTransport:
         if replica is None or replica.actor is None:
             await self._local.cancel(rollout_id)
             return
-        if replica.state == "healthy":
+        if replica.state != "lost":
             await await_ref(replica.actor.cancel.remote(rollout_id))
 
     async def explain(self, exc: BaseException) -> str | None:

@@ -65,6 +65,9 @@ def _schemas() -> dict[str, Any]:
         "advertise_url": {"type": "string"},
         "listener_port": {"type": "integer"},
         "secrets_file": {"type": "string"},
+        "shard": {"type": "string"},
+        "ray": {"type": "string"},
+        "ray_min_replicas": {"type": "integer", "minimum": 1},
     }
     states = ["starting", "running", "cancelling", "finished", "cancelled", "failed", "interrupted"]
     return {

@@ -68,6 +68,7 @@ _FLAG_TYPES: dict[str, type | tuple[type, ...]] = {
     "secrets_file": str,
     "shard": str,
     "ray": str,
+    "ray_min_replicas": int,
 }
 
 

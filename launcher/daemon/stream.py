@@ -38,6 +38,9 @@ HEARTBEAT_S = 15.0
 #: milestones (``dispatching rollout`` and ``work item finished`` lines).
 PER_ITEM_STEPS = frozenset({"dispatch", "result"})
 _LOG_STEP = re.compile(r"^\S+ INFO \[(?P<step>[^\]]+)\] (?P<message>.*)$")
+#: A ``--ray`` run's replica set changed (launcher.cluster.replicas.CHANGED): a ``replicas``
+#: event with the line's details in place of a stage.
+_REPLICAS = "replicas changed "
 
 
 def sse(event: str, data: Any, event_id: int | None = None) -> bytes:
@@ -138,7 +141,12 @@ async def journal_events(
         usage_file.saw(new_logs)
         for raw in new_logs:
             match = _LOG_STEP.match(raw.decode("utf-8", "replace"))
-            if match is not None and match["step"] not in PER_ITEM_STEPS:
+            if match is None or match["step"] in PER_ITEM_STEPS:
+                continue
+            replicas = _replicas(match["step"], match["message"])
+            if replicas is not None:
+                frames.append(sse("replicas", replicas))
+            else:
                 frames.append(sse("stage", {"step": match["step"], "message": match["message"]}))
         if batch:
             frames.append(sse("progress", {"journal_lines": journal.line}))
@@ -159,6 +167,17 @@ async def journal_events(
             quiet_since = trio.current_time()
             yield b": ping\n\n"
     yield sse("end", state())
+
+
+def _replicas(step: str, message: str) -> dict[str, Any] | None:
+    """The details of a ``replicas changed`` line, or None for any other line."""
+    if step != "cluster" or not message.startswith(_REPLICAS):
+        return None
+    with contextlib.suppress(ValueError):
+        details = json.loads(message.removeprefix(_REPLICAS))
+        if isinstance(details, dict):
+            return details
+    return None
 
 
 class _LiveUsage:

@@ -1,0 +1,150 @@
+"""The eval config's ``[ray]`` section and the ``--ray`` flags (docs/scale-out.md).
+
+```toml
+[ray]
+address = "10.0.0.1:6379"       # a cluster's HOST:PORT, or "local" (a one-node cluster)
+min_replicas = 2                # halt when fewer replicas are healthy (the head's counts)
+resource = "rollbridge_host"    # the custom resource that marks the nodes meant for replicas
+```
+
+Every key is optional; ``--ray`` and ``--ray-min-replicas`` win over the section. The result
+is runtime-only, like the tunnel flags: never a manifest input, so a run resumes with or
+without Ray, on another cluster size.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from launcher.errors import ValidationError
+
+__all__ = [
+    "DEFAULT_RESOURCE",
+    "MAX_MIN_REPLICAS",
+    "RAY_KEYS",
+    "RayConfig",
+    "RaySettings",
+    "check_address",
+    "check_min_replicas",
+    "ray_section",
+    "resolve_ray",
+]
+
+RAY_KEYS = ("address", "min_replicas", "resource")
+#: The resource a cluster may give its replica nodes when ``[ray].resource`` names none.
+DEFAULT_RESOURCE = "rollbridge_host"
+#: A bound that only refuses typos (``min_replicas = 20000``).
+MAX_MIN_REPLICAS = 10_000
+_HOST = re.compile(r"^(\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9]([A-Za-z0-9.-]*[A-Za-z0-9])?)$")
+_RESOURCE = re.compile(r"^[A-Za-z_][A-Za-z0-9_.-]*$")
+# Ray's own resources, asked for with num_cpus=... rather than by name.
+_BUILTIN_RESOURCES = frozenset({"CPU", "GPU", "memory", "object_store_memory"})
+
+
+@dataclass(frozen=True)
+class RayConfig:
+    """The ``[ray]`` section as written (None: the key is absent)."""
+
+    address: str | None = None
+    min_replicas: int | None = None
+    resource: str | None = None
+
+
+@dataclass(frozen=True)
+class RaySettings:
+    """What a ``--ray`` run uses: flags over the config over the defaults."""
+
+    address: str
+    """``local`` or a cluster's ``HOST:PORT``."""
+    min_replicas: int = 1
+    """Fewer healthy replicas than this (the supervisor's own counts) halt the run."""
+    resource: str = DEFAULT_RESOURCE
+    """Nodes carrying this custom resource get replicas (every node when none carries it)."""
+
+
+def check_address(address: str, what: str) -> str:
+    """``address`` when it is ``local`` or ``HOST:PORT``; else one line saying what ``what``
+    (the flag or the key) takes."""
+    value = address.strip()
+    if value == "local":
+        return value
+    host, sep, port = value.rpartition(":")
+    if not sep or not _HOST.match(host) or not port.isdigit() or not 0 < int(port) < 65536:
+        raise ValidationError(
+            f"{what} must be a Ray cluster address HOST:PORT (e.g. 10.0.0.1:6379) or 'local', "
+            f"got {address!r}"
+        )
+    return value
+
+
+def check_min_replicas(value: Any, what: str) -> int:
+    """``value`` when it is an integer from 1 to :data:`MAX_MIN_REPLICAS`."""
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise ValidationError(f"{what} must be an integer >= 1, got {value!r}")
+    if not 1 <= value <= MAX_MIN_REPLICAS:
+        raise ValidationError(f"{what} must be from 1 to {MAX_MIN_REPLICAS}, got {value}")
+    return value
+
+
+def ray_section(data: dict[str, Any], path: Path) -> RayConfig | None:
+    """The ``[ray]`` section of a parsed eval TOML, checked; None when it is absent."""
+    section = data.get("ray")
+    if section is None:
+        return None
+    if not isinstance(section, dict):
+        raise ValidationError(f"[ray] must be a table in {path}")
+    unknown = sorted(set(section) - set(RAY_KEYS))
+    if unknown:
+        raise ValidationError(
+            f"Unrecognized key(s) in [ray] of {path}: {', '.join(unknown)} "
+            f"(known: {', '.join(RAY_KEYS)})"
+        )
+    address = section.get("address")
+    if address is not None:
+        if not isinstance(address, str):
+            raise ValidationError(f"ray.address must be a string in {path}, got {address!r}")
+        address = check_address(address, f"ray.address in {path}")
+    minimum = section.get("min_replicas")
+    if minimum is not None:
+        minimum = check_min_replicas(minimum, f"ray.min_replicas in {path}")
+    resource = section.get("resource")
+    if resource is not None and (
+        not isinstance(resource, str)
+        or not _RESOURCE.match(resource)
+        or resource in _BUILTIN_RESOURCES
+    ):
+        raise ValidationError(
+            f"ray.resource in {path} must name a custom Ray resource (letters, digits, "
+            f"'_', '.', '-'; not CPU, GPU or memory), got {resource!r}"
+        )
+    return RayConfig(address=address, min_replicas=minimum, resource=resource)
+
+
+def resolve_ray(
+    config: RayConfig | None, address_flag: str | None, min_replicas_flag: int | None
+) -> RaySettings | None:
+    """The settings of a ``--ray`` run (flags win), or None for a run without Ray."""
+    section = config or RayConfig()
+    if address_flag is not None:
+        if not address_flag.strip():
+            raise ValidationError("--ray needs a cluster address (host:port) or 'local'")
+        address: str | None = check_address(address_flag, "--ray")
+    else:
+        address = section.address
+    if min_replicas_flag is not None:
+        check_min_replicas(min_replicas_flag, "--ray-min-replicas")
+    if address is None:
+        if min_replicas_flag is not None:
+            raise ValidationError(
+                "--ray-min-replicas needs --ray ADDRESS (or address in the config's [ray])"
+            )
+        return None
+    minimum = min_replicas_flag if min_replicas_flag is not None else section.min_replicas
+    return RaySettings(
+        address=address,
+        min_replicas=minimum if minimum is not None else 1,
+        resource=section.resource or DEFAULT_RESOURCE,
+    )
