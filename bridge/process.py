@@ -12,7 +12,9 @@ only over this private socket: never on a command line, in the environment or in
 then ``["k", on]`` (keepalive mode), ``["p", n]`` (answered ``["P", n]`` once everything
 sent before it is applied) and ``["x", rollout_id]`` (forget a rollout; not urgent, so forgets
 are batched: written together once :data:`_FORGET_BATCH` are pending or
-:data:`_FORGET_DELAY_S` after the first, and may be overtaken by the others). The child
+:data:`_FORGET_DELAY_S` after the first, and may be overtaken by the others), and
+``["r", rollout_id, n]`` (revoke a rollout, :mod:`bridge.revoke`: answered ``["P", n]`` once
+its calls in flight have ended, their usage sent before the answer). The child
 sends ``["s", base_url, port]`` once it listens, ``["e", kind, message, detail]`` when it
 cannot go on, ``["l", level, message]`` for each (already scrubbed) log line, and one
 ``["u", ...]`` or ``["f", ...]`` per recorded call or provider fault, and one
@@ -201,12 +203,13 @@ class _Channel:
                 del self._backlog[:sent]
             self._backlog_ready = trio.Event()
 
-    async def ping(self) -> None:
+    async def ping(self, kind: str = "p", *args: Any) -> None:
         """Return once the child has applied every message sent before this one (forgets held
-        by :meth:`send_later` excepted)."""
+        by :meth:`send_later` excepted); with a ``kind`` other than ``p``, once the child has
+        answered that message, ``[kind, *args, n]``."""
         self._ping_ids += 1
         waiter = self._pings[self._ping_ids] = trio.Event()
-        self.send(["p", self._ping_ids])
+        self.send([kind, *args, self._ping_ids])
         if self.eof:
             return
         await waiter.wait()
@@ -307,6 +310,11 @@ class BridgeProcessHandle:
         """Return once the child applies every setting made so far (keepalive crosses the
         socket asynchronously: the supervisor waits for this before the first dispatch)."""
         await self._channel.ping()
+
+    async def revoke(self, rollout_id: str) -> None:
+        """Have the child refuse every call of ``rollout_id`` from now on (bridge.revoke);
+        return once its calls in flight, cancelled, have ended (their usage is in the mirror)."""
+        await self._channel.ping("r", rollout_id)
 
     def probe_answer(self, nonce: str) -> str:
         """What the bridge answers a sandbox probe of ``nonce`` with (bridge.probe)."""
