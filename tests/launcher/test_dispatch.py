@@ -295,7 +295,7 @@ async def test_a_lost_rollout_is_revoked_before_its_item_runs_again(
     attempts: dict[int, int] = {}
 
     def outcome(request: RolloutInitRequest) -> Any:
-        row = request.extra_fields["row_index"]
+        row = (request.extra_fields or {})["row_index"]
         events.append(("admit", request.rollout_id))
         attempts[row] = attempts.get(row, 0) + 1
         if row == 0 and attempts[row] == 1:
@@ -319,7 +319,7 @@ async def test_a_lost_rollout_is_revoked_before_its_item_runs_again(
 
 
 def _ids(transport: ScriptedTransport, row: int) -> list[str]:
-    return [r.rollout_id for r in transport.requests if r.extra_fields["row_index"] == row]
+    return [r.rollout_id for r in transport.requests if (r.extra_fields or {})["row_index"] == row]
 
 
 def test_format_duration() -> None:
