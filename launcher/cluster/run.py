@@ -257,7 +257,10 @@ async def open_cluster(ctx: RunContext, services: Services) -> AsyncIterator[Ser
             tls = cert.server if cert is not None else None
             relay_port = await nursery.start(serve_relay, to_bridge, head_ip, tls, peers, refused)
             ctx.log(
-                "INFO", "cluster", "bridge relay listening", {"host": head_ip, "tls": bool(cert)}
+                "INFO",
+                "cluster",
+                "bridge relay listening",
+                {"host": head_ip, "port": relay_port, "tls": bool(cert)},
             )
             default = resolve_concurrency(p.options.max_in_flight, p.spec.batch_size, None)
             capacity = await services.server.probe_capacity() or default
