@@ -10,16 +10,14 @@ How the two talk: one ``AF_UNIX`` stream socket pair, a JSON array per line
 configuration as the first line (the bearer, the probe key and the redactor's values travel
 only over this private socket: never on a command line, in the environment or in a file), and
 then ``["k", on]`` (keepalive mode), ``["p", n]`` (answered ``["P", n]`` once everything
-sent before it is applied) and ``["x", rollout_id]`` (forget a rollout; not urgent, so forgets
-are batched: written together once :data:`_FORGET_BATCH` are pending or
-:data:`_FORGET_DELAY_S` after the first, and may be overtaken by the others), and
-``["r", rollout_id, n]`` (revoke a rollout, :mod:`bridge.revoke`: answered ``["P", n]`` once
-its calls in flight have ended, their usage sent before the answer). The child
-sends ``["s", base_url, port]`` once it listens, ``["e", kind, message, detail]`` when it
-cannot go on, ``["l", level, message]`` for each (already scrubbed) log line, and one
-``["u", ...]`` or ``["f", ...]`` per recorded call or provider fault, and one
-``["c", record]`` per finished call (its record, :mod:`bridge.calls`), sent right after
-its usage.
+sent before it is applied; ``["r", rollout_id, n]``, a revoke, once its calls in flight ended)
+and ``["x", rollout_id]`` (forget a rollout; not urgent, so forgets are batched: written
+together once :data:`_FORGET_BATCH` are pending or :data:`_FORGET_DELAY_S` after the first,
+and may be overtaken by the others). The child sends ``["s", base_url, port]`` once it
+listens, ``["e", kind, message, detail]`` when it cannot go on, ``["l", level, message]`` for
+each (already scrubbed) log line, and one ``["u", ...]`` or ``["f", ...]`` per recorded call
+or provider fault, and one ``["c", record]`` per finished call (its record,
+:mod:`bridge.calls`), sent right after its usage.
 
 The ordering guarantee the dispatcher relies on — a rollout's usage is known when its result
 arrives — holds across the hop: the child writes a call's usage line synchronously, before
@@ -205,8 +203,7 @@ class _Channel:
 
     async def ping(self, kind: str = "p", *args: Any) -> None:
         """Return once the child has applied every message sent before this one (forgets held
-        by :meth:`send_later` excepted); with a ``kind`` other than ``p``, once the child has
-        answered that message, ``[kind, *args, n]``."""
+        by :meth:`send_later` excepted), or has answered ``[kind, *args, n]`` (a revoke)."""
         self._ping_ids += 1
         waiter = self._pings[self._ping_ids] = trio.Event()
         self.send([kind, *args, self._ping_ids])
@@ -312,8 +309,7 @@ class BridgeProcessHandle:
         await self._channel.ping()
 
     async def revoke(self, rollout_id: str) -> None:
-        """Have the child refuse every call of ``rollout_id`` from now on (bridge.revoke);
-        return once its calls in flight, cancelled, have ended (their usage is in the mirror)."""
+        """Refuse ``rollout_id``'s calls from now on (bridge.revoke), its calls in flight ended."""
         await self._channel.ping("r", rollout_id)
 
     def probe_answer(self, nonce: str) -> str:
