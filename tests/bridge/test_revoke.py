@@ -148,3 +148,29 @@ async def test_refused_before_the_body_is_read(start_bridge: StartBridge) -> Non
     status_line, _, rest = answer.partition(b"\r\n")
     assert status_line.startswith(b"HTTP/1.1 410")
     assert b"connection: close" in rest.lower() and b"revoked" in rest
+
+
+async def test_a_stream_in_flight_is_cut_short(
+    nursery: trio.Nursery, provider_env: FakeUpstream
+) -> None:
+    """A streamed answer has begun (the bridge's first ``: ping``) when the revocation comes:
+    it ends there, and the connection with it, instead of hanging on."""
+    provider_env.delay = 60.0
+    with trio.fail_after(60):
+        handle = await _start(nursery, "openai/test-model", [])
+        target = handle.rollout_url("lost") + "/chat/completions"
+        body = {"messages": HI, "stream": True}
+        received: list[bytes] = []
+        async with (
+            httpx.AsyncClient(timeout=50) as client,
+            client.stream("POST", target, json=body, headers=AUTH) as reply,
+        ):
+            assert reply.status_code == 200
+            parts = reply.aiter_raw()
+            received.append(await parts.__anext__())  # the first ping
+            await handle.revoke("lost")
+            with pytest.raises(httpx.RemoteProtocolError):
+                async for part in parts:
+                    received.append(part)
+    assert b"".join(received).strip() == b": ping" and b"[DONE]" not in b"".join(received)
+    assert provider_env.completed == 0 and handle.ledger.get("lost") is None
