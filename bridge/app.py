@@ -18,9 +18,11 @@ from urllib.parse import quote
 import trio
 
 from bridge.apis import ApiOptions
-from bridge.apis.serve import ApiRoutes, api_routes
+from bridge.apis.errors import dialect_error
+from bridge.apis.serve import ApiRoutes, Match, api_routes
 from bridge.codec import dumps
-from bridge.door import Door, bridge_routes
+from bridge.door import Door, announces_body, bridge_routes
+from bridge.errors import error_body
 from bridge.handler import Bridge
 from bridge.policy import (
     MAX_BODY_BYTES,
@@ -29,6 +31,7 @@ from bridge.policy import (
 )
 from bridge.preamble import admitted_body, header_text
 from bridge.probe import ProbeKey
+from bridge.revoke import REVOKED_STATUS, Revocations, revoked_message
 from bridge.watch import DisconnectWatch
 from rollout_server.net.asgi import (
     BodyTooLarge,
@@ -39,6 +42,7 @@ from rollout_server.net.asgi import (
 
 if TYPE_CHECKING:
     import httpx
+    from hypercorn.typing import ASGISendEvent
 
     # Types only: they come from hypercorn.typing, which imports h2.
     from rollout_server.net.asgi import (
@@ -81,12 +85,14 @@ class BufferedBody:
         chat: ChatRoutes | None = None,
         apis: ApiRoutes | None = None,
         door: Door | None = None,
+        revoked: Revocations | None = None,
     ) -> None:
         self.app = app
         self.max_body = max_body
         self.chat = chat
         self.apis = apis
         self.door = door
+        self.revoked = revoked if revoked is not None else Revocations(lambda level, line: None)
 
     async def __call__(
         self, scope: Scope, receive: ASGIReceiveCallable, send: ASGISendCallable
@@ -109,6 +115,15 @@ class BufferedBody:
                 await send_json(send, refusal.status, refusal.body, close=refusal.close)
                 return
             max_body = self.door.cap(scope)
+        chat_id = self.chat.match(scope) if self.chat is not None else None
+        rollout_id = chat_id if call is None else call.rollout_id
+        if rollout_id is not None and rollout_id in self.revoked:
+            # Before the body is read: a revoked rollout spends nothing (bridge.revoke).
+            self.revoked.refused(rollout_id)
+            await send_json(
+                send, REVOKED_STATUS, _revoked_body(call, rollout_id), close=announces_body(scope)
+            )
+            return
         try:
             body = await read_body(scope, receive, max_body)
         except BodyTooLarge:
@@ -116,14 +131,8 @@ class BufferedBody:
             return
         except ClientDisconnected:
             return
-        if self.chat is not None:
-            rollout_id = self.chat.match(scope)
-            if rollout_id is not None:
-                await self.chat.serve(scope, rollout_id, body, receive, send)
-                return
-        if call is not None and self.apis is not None:
-            # The Responses and Messages routes (bridge.apis.serve.ROUTES).
-            await self.apis.serve(scope, call, body, receive, send)
+        if rollout_id is not None:
+            await self._serve_call(scope, call, rollout_id, body, receive, send)
             return
         replayed = False
 
@@ -135,6 +144,43 @@ class BufferedBody:
             return await receive()
 
         await self.app(scope, replay, send)
+
+    async def _serve_call(
+        self,
+        scope: HTTPScope,
+        call: Match | None,
+        rollout_id: str,
+        body: bytes,
+        receive: ASGIReceiveCallable,
+        send: ASGISendCallable,
+    ) -> None:
+        """One model call, cancelled if its rollout is revoked meanwhile: answered with the
+        refusal when nothing was sent yet, else its answer is cut short."""
+        answered = False
+
+        async def tracked(message: ASGISendEvent) -> None:
+            nonlocal answered
+            answered = True
+            await send(message)
+
+        with self.revoked.running(rollout_id) as running:
+            if call is None:
+                assert self.chat is not None
+                await self.chat.serve(scope, rollout_id, body, receive, tracked)
+            else:
+                # The Responses and Messages routes (bridge.apis.serve.ROUTES).
+                assert self.apis is not None
+                await self.apis.serve(scope, call, body, receive, tracked)
+        if running.cancelled_caught and not answered:
+            await send_json(send, REVOKED_STATUS, _revoked_body(call, rollout_id), close=True)
+
+
+def _revoked_body(call: Match | None, rollout_id: str) -> bytes:
+    """The refusal of a revoked rollout's call, in its API's shape (chat: OpenAI's)."""
+    message = revoked_message(rollout_id)
+    if call is None:
+        return dumps(error_body(REVOKED_STATUS, message))
+    return dialect_error(call.api, REVOKED_STATUS, message)
 
 
 async def _redirect(send: ASGISendCallable, path: str, query: bytes) -> None:
@@ -285,4 +331,4 @@ def create_app(
         token=token,
         max_body=max_body,
     )
-    return BufferedBody(FirstUse(make), max_body, chat, routes, door)
+    return BufferedBody(FirstUse(make), max_body, chat, routes, door, bridge.revoked)

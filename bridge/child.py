@@ -106,8 +106,17 @@ def _redactor(values: list[str]) -> Callable[[str], str]:
     return redact
 
 
+async def _settled(handle: BridgeHandle, reporter: _Reporter, rollout_id: str, ping: int) -> None:
+    await handle.revocations.settled(rollout_id)
+    reporter.send(["P", ping])  # after the usage of the calls it cancelled
+
+
 async def _follow(
-    sock: socket.socket, handle: BridgeHandle, reporter: _Reporter, buffer: bytearray
+    sock: socket.socket,
+    handle: BridgeHandle,
+    reporter: _Reporter,
+    buffer: bytearray,
+    nursery: trio.Nursery,
 ) -> None:
     """Apply the supervisor's messages until EOF."""
     while True:
@@ -118,6 +127,10 @@ async def _follow(
                 handle.ledger.discard(message[1])
             elif message[0] == "p":
                 reporter.send(["P", message[1]])
+            elif message[0] == "r":
+                # Refused from this message on; answered once its calls in flight have ended.
+                handle.revocations.revoke(message[1])
+                nursery.start_soon(_settled, handle, reporter, message[1], message[2])
         await trio.lowlevel.wait_readable(sock)
         try:
             data = sock.recv(1 << 16)
@@ -138,7 +151,7 @@ async def _serve(
         reporter.send(["s", handle.base_url, handle.port])
         gc.collect()
         gc.freeze()  # what start-up allocated is never collected: later collections skip it
-        await _follow(sock, handle, reporter, buffer)
+        await _follow(sock, handle, reporter, buffer, nursery)
         nursery.cancel_scope.cancel()
 
 

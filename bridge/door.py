@@ -28,7 +28,15 @@ from rollout_server.net.asgi import header
 if TYPE_CHECKING:
     from rollout_server.net.asgi import HTTPScope
 
-__all__ = ["GET_BODY_CAP", "Door", "Refusal", "Route", "bridge_routes", "token_matches"]
+__all__ = [
+    "GET_BODY_CAP",
+    "Door",
+    "Refusal",
+    "Route",
+    "announces_body",
+    "bridge_routes",
+    "token_matches",
+]
 
 GET_BODY_CAP: Final = 64 * 1024
 """The body cap of routes that take no body (a client may still send a small one)."""
@@ -76,7 +84,8 @@ def token_matches(scope: HTTPScope, token: str) -> bool:
     return api_key is not None and secrets.compare_digest(api_key, token.encode("utf-8"))
 
 
-def _announces_body(scope: HTTPScope) -> bool:
+def announces_body(scope: HTTPScope) -> bool:
+    """The request head announces a body (a refusal without reading it must close)."""
     if header(scope, b"transfer-encoding") is not None:
         return True
     length = header(scope, b"content-length")
@@ -128,7 +137,7 @@ class Door:
 
     @staticmethod
     def _refuse(scope: HTTPScope, status: int, detail: str) -> Refusal:
-        return Refusal(status, dumps({"detail": detail}), _announces_body(scope))
+        return Refusal(status, dumps({"detail": detail}), announces_body(scope))
 
 
 def bridge_routes(*, plain_chat_route: bool, probe: bool) -> list[Route]:

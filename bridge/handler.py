@@ -19,6 +19,7 @@ from bridge.errors import BridgeError, UpstreamError, error_body, final_status
 from bridge.policy import prepare, response_model
 from bridge.reasoning import ReasoningMemory, StreamedMessage
 from bridge.retry import OnFault, ProviderFault, RetryPolicy, retrying, retrying_stream
+from bridge.revoke import Revocations
 from bridge.scrub import ErrorScrubber
 from bridge.shaping import (
     NO_CHOICES_MESSAGE,
@@ -88,6 +89,8 @@ class Bridge:
         follows the mode it started in."""
         self._nursery = nursery
         self._log = log
+        self.revoked = Revocations(self.log)
+        """Rollout ids whose calls are refused (bridge.revoke), checked by every route."""
 
     @property
     def nursery(self) -> trio.Nursery:

@@ -10,14 +10,14 @@ How the two talk: one ``AF_UNIX`` stream socket pair, a JSON array per line
 configuration as the first line (the bearer, the probe key and the redactor's values travel
 only over this private socket: never on a command line, in the environment or in a file), and
 then ``["k", on]`` (keepalive mode), ``["p", n]`` (answered ``["P", n]`` once everything
-sent before it is applied) and ``["x", rollout_id]`` (forget a rollout; not urgent, so forgets
-are batched: written together once :data:`_FORGET_BATCH` are pending or
-:data:`_FORGET_DELAY_S` after the first, and may be overtaken by the others). The child
-sends ``["s", base_url, port]`` once it listens, ``["e", kind, message, detail]`` when it
-cannot go on, ``["l", level, message]`` for each (already scrubbed) log line, and one
-``["u", ...]`` or ``["f", ...]`` per recorded call or provider fault, and one
-``["c", record]`` per finished call (its record, :mod:`bridge.calls`), sent right after
-its usage.
+sent before it is applied; ``["r", rollout_id, n]``, a revoke, once its calls in flight ended)
+and ``["x", rollout_id]`` (forget a rollout; not urgent, so forgets are batched: written
+together once :data:`_FORGET_BATCH` are pending or :data:`_FORGET_DELAY_S` after the first,
+and may be overtaken by the others). The child sends ``["s", base_url, port]`` once it
+listens, ``["e", kind, message, detail]`` when it cannot go on, ``["l", level, message]`` for
+each (already scrubbed) log line, and one ``["u", ...]`` or ``["f", ...]`` per recorded call
+or provider fault, and one ``["c", record]`` per finished call (its record,
+:mod:`bridge.calls`), sent right after its usage.
 
 The ordering guarantee the dispatcher relies on — a rollout's usage is known when its result
 arrives — holds across the hop: the child writes a call's usage line synchronously, before
@@ -201,12 +201,12 @@ class _Channel:
                 del self._backlog[:sent]
             self._backlog_ready = trio.Event()
 
-    async def ping(self) -> None:
+    async def ping(self, kind: str = "p", *args: Any) -> None:
         """Return once the child has applied every message sent before this one (forgets held
-        by :meth:`send_later` excepted)."""
+        by :meth:`send_later` excepted), or has answered ``[kind, *args, n]`` (a revoke)."""
         self._ping_ids += 1
         waiter = self._pings[self._ping_ids] = trio.Event()
-        self.send(["p", self._ping_ids])
+        self.send([kind, *args, self._ping_ids])
         if self.eof:
             return
         await waiter.wait()
@@ -307,6 +307,10 @@ class BridgeProcessHandle:
         """Return once the child applies every setting made so far (keepalive crosses the
         socket asynchronously: the supervisor waits for this before the first dispatch)."""
         await self._channel.ping()
+
+    async def revoke(self, rollout_id: str) -> None:
+        """Refuse ``rollout_id``'s calls from now on (bridge.revoke), its calls in flight ended."""
+        await self._channel.ping("r", rollout_id)
 
     def probe_answer(self, nonce: str) -> str:
         """What the bridge answers a sandbox probe of ``nonce`` with (bridge.probe)."""

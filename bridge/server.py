@@ -21,6 +21,7 @@ if TYPE_CHECKING:
     from bridge.calls import CallBook, CallObserver
     from bridge.handler import Bridge
     from bridge.retry import RetryPolicy
+    from bridge.revoke import Revocations
     from bridge.usage import RolloutUsage, UpstreamPressure, UsageObserver
 
 
@@ -135,6 +136,8 @@ class BridgeService(Protocol):
 
     async def settled(self) -> None: ...
 
+    async def revoke(self, rollout_id: str) -> None: ...
+
     async def wait_failed(self) -> str: ...
 
 
@@ -175,6 +178,17 @@ class BridgeHandle:
     async def settled(self) -> None:
         """Settings apply at once in this process (the process variant waits for its child)."""
         await trio.lowlevel.checkpoint()
+
+    @property
+    def revocations(self) -> Revocations:
+        """The revoked rollout ids (bridge.revoke)."""
+        return self._bridge.revoked
+
+    async def revoke(self, rollout_id: str) -> None:
+        """Refuse every call of ``rollout_id`` from now on (bridge.revoke); return once its
+        calls in flight, cancelled, have ended (or after :data:`bridge.revoke.SETTLE_S`)."""
+        self._bridge.revoked.revoke(rollout_id)
+        await self._bridge.revoked.settled(rollout_id)
 
     async def wait_failed(self) -> str:
         """Never returns: a bridge in this process fails with its caller (the process variant,

@@ -138,6 +138,11 @@ class ModelEndpoint(Protocol):
         """Drop what was counted for a rollout that will not be recorded."""
         ...
 
+    async def revoke(self, rollout_id: str) -> None:
+        """Refuse the model calls of a rollout given up on (its replica was lost) from now
+        on, cancelling those in flight; return once that holds."""
+        ...
+
 
 class ResultSink(Protocol):
     """Where finished items go."""
@@ -376,6 +381,8 @@ class Dispatcher:
             await self._record(record, has_sample=False)
             return
         except RolloutLost as exc:  # not a result: it runs again elsewhere, never a streak
+            # Before it runs again: a lost attempt still alive on a cut-off node spends nothing.
+            await self.endpoint.revoke(slot.rollout_id)
             self.endpoint.forget(slot.rollout_id)
             self.log("WARNING", "dispatch", "replica lost; requeued", {"error": str(exc), **where})
             self._queue.appendleft(item)

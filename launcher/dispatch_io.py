@@ -34,7 +34,11 @@ if TYPE_CHECKING:
     from launcher.rundir import RunDirectory
     from tunnel.cloudflared import TunnelHandle
 
-__all__ = ["BridgeEndpoint", "RolloutClientTransport", "RunSink"]
+__all__ = ["REVOKE_WAIT_S", "BridgeEndpoint", "RolloutClientTransport", "RunSink"]
+
+#: The longest a revocation is waited for: the bridge's own wait for the calls it cancels
+#: (bridge.revoke.SETTLE_S), and some.
+REVOKE_WAIT_S = 10.0
 
 
 class BridgeEndpoint:
@@ -98,6 +102,12 @@ class BridgeEndpoint:
         """Drop the counts of a rollout that will not be recorded."""
         self._bridge.ledger.discard(rollout_id)
         self._bridge.calls.discard(rollout_id)
+
+    async def revoke(self, rollout_id: str) -> None:
+        """Have the bridge refuse ``rollout_id``'s calls from now on (bridge.revoke), and
+        wait (bounded: a wedged bridge is reported by its own watch) until it does."""
+        with trio.move_on_after(REVOKE_WAIT_S):
+            await self._bridge.revoke(rollout_id)
 
 
 class _AdmittedRollout:

@@ -7,21 +7,39 @@ the cluster network is TLS with a certificate made for the run (:func:`run_certi
 agents trust that one certificate and nothing else (it reaches them as an actor argument), and
 its key never leaves the head. The relays read nothing: the bridge checks the route and the
 per-run bearer of every request itself.
+
+The supervisor's relay (:func:`serve_relay`) accepts connections only from the addresses of
+:class:`AllowedPeers`: loopback, the head's own address, and the cluster's alive nodes as the
+replica manager's last poll of the node list saw them. Any other peer is closed as it is
+accepted, before the TLS handshake and before a byte is read.
 """
 
 from __future__ import annotations
 
+import ipaddress
 import shutil
+import socket
 import ssl
+import struct
 import subprocess
 import tempfile
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 
 import trio
 
-__all__ = ["RunCertificate", "pinned_client", "pump", "relay_to", "run_certificate"]
+__all__ = [
+    "AllowedPeers",
+    "PeerFilter",
+    "RunCertificate",
+    "pinned_client",
+    "pump",
+    "relay_to",
+    "run_certificate",
+    "serve_relay",
+]
 
 #: ``stream -> None``: a ``trio.serve_tcp``/``serve_ssl_over_tcp`` handler.
 Handler = Callable[[trio.abc.Stream], Awaitable[None]]
@@ -104,3 +122,93 @@ def run_certificate(ip: str) -> RunCertificate | None:
 def pinned_client(pem: str) -> ssl.SSLContext:
     """A client context that trusts the run's certificate ``pem`` and nothing else."""
     return ssl.create_default_context(cadata=pem)
+
+
+def _canonical(address: str) -> str:
+    """One spelling per address (``::ffff:10.0.0.2`` is ``10.0.0.2``); a name stays as is."""
+    try:
+        ip = ipaddress.ip_address(address.split("%", 1)[0])
+    except ValueError:
+        return address
+    if isinstance(ip, ipaddress.IPv6Address) and ip.ipv4_mapped is not None:
+        ip = ip.ipv4_mapped
+    return str(ip)
+
+
+class AllowedPeers:
+    """The peers the supervisor's relay accepts: loopback and ``always`` (the head's own
+    address) for the run's lifetime, plus the addresses of the last :meth:`update`."""
+
+    def __init__(self, *always: str) -> None:
+        self._always = frozenset(_canonical(address) for address in always)
+        self._nodes: frozenset[str] = frozenset()
+
+    def update(self, addresses: Iterable[str]) -> None:
+        """The alive nodes' addresses now (a node that left is refused from here on)."""
+        self._nodes = frozenset(_canonical(address) for address in addresses)
+
+    def __contains__(self, address: str) -> bool:
+        address = _canonical(address)
+        if address in self._always or address in self._nodes:
+            return True
+        try:
+            return ipaddress.ip_address(address).is_loopback
+        except ValueError:
+            return False
+
+
+class PeerFilter(trio.abc.Listener[trio.SocketStream]):
+    """A TCP listener that hands out only connections from ``peers``: any other is reset as
+    it is accepted (nothing read from it), and ``refused(address)`` is called the first time
+    an address is refused."""
+
+    def __init__(
+        self,
+        inner: trio.SocketListener,
+        peers: AllowedPeers,
+        refused: Callable[[str], None] = lambda address: None,
+    ) -> None:
+        self.inner = inner
+        self.peers = peers
+        self.refused = refused
+        self._told: set[str] = set()
+
+    async def accept(self) -> trio.SocketStream:
+        while True:
+            stream = await self.inner.accept()
+            try:
+                address = str(stream.socket.getpeername()[0])
+            except OSError:  # gone already
+                address = ""
+            if address and address in self.peers:
+                return stream
+            # SO_LINGER 0: the close is a reset, so nothing of the peer's is ever read.
+            stream.socket.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+            stream.socket.close()
+            if address and address not in self._told:
+                self._told.add(address)
+                self.refused(address)
+
+    async def aclose(self) -> None:
+        await self.inner.aclose()
+
+
+async def serve_relay(
+    handler: Handler,
+    host: str,
+    tls: ssl.SSLContext | None,
+    peers: AllowedPeers,
+    refused: Callable[[str], None] = lambda address: None,
+    *,
+    task_status: trio.TaskStatus[int] = trio.TASK_STATUS_IGNORED,
+) -> None:
+    """Serve ``handler`` on ``host`` (TLS with ``tls``) to ``peers`` only; report its port."""
+    listeners = await trio.open_tcp_listeners(0, host=host)
+    port = int(listeners[0].socket.getsockname()[1])
+    guarded: list[trio.abc.Listener[trio.abc.Stream]] = []
+    for listener in listeners:
+        allowed = PeerFilter(listener, peers, refused)
+        guarded.append(allowed if tls is None else trio.SSLListener(allowed, tls))
+    async with trio.open_nursery() as nursery:
+        await nursery.start(partial(trio.serve_listeners, handler, guarded))
+        task_status.started(port)

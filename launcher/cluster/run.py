@@ -31,7 +31,7 @@ import trio
 
 from launcher.cluster.agent import AgentSpec, NodeAgent
 from launcher.cluster.refs import await_ref
-from launcher.cluster.relay import Handler, RunCertificate, relay_to, run_certificate
+from launcher.cluster.relay import AllowedPeers, relay_to, run_certificate, serve_relay
 from launcher.cluster.replicas import announcer, hold_minimum, ping_replicas, replica_line
 from launcher.cluster.ship import Shipment
 from launcher.cluster.transport import RayTransport, Replica
@@ -91,25 +91,6 @@ def _draining_nodes() -> set[str]:
         return set()
 
 
-async def _serve_relay(
-    handler: Handler,
-    host: str,
-    cert: RunCertificate | None,
-    *,
-    task_status: trio.TaskStatus[int] = trio.TASK_STATUS_IGNORED,
-) -> None:
-    """Serve the relay to the bridge on ``host`` (TLS with ``cert``); report its port."""
-    async with trio.open_nursery() as nursery:
-        if cert is None:
-            plain = await nursery.start(partial(trio.serve_tcp, handler, 0, host=host))
-            task_status.started(int(plain[0].socket.getsockname()[1]))
-        else:
-            tls = await nursery.start(
-                partial(trio.serve_ssl_over_tcp, handler, 0, cert.server, host=host)
-            )
-            task_status.started(int(tls[0].transport_listener.socket.getsockname()[1]))
-
-
 def _alive_nodes(ray: Any, resource: str) -> dict[str, str]:
     """Alive nodes meant for replicas: node id -> address."""
     nodes = [n for n in ray.nodes() if n.get("Alive")]
@@ -133,8 +114,10 @@ class _Cluster:
         spec: AgentSpec,
         shipment: Shipment,
         default: int,
+        peers: AllowedPeers,
     ) -> None:
         self.ray = ray
+        self.peers = peers
         self.resource = ctx.prepared.ray.resource if ctx.prepared.ray else HOST_RESOURCE
         self.default_capacity = default
         self.ctx = ctx
@@ -205,6 +188,7 @@ class _Cluster:
     async def poll(self) -> dict[str, str]:
         nodes = await trio.to_thread.run_sync(self.ray.nodes)
         self.tagged = any(n.get("Resources", {}).get(self.resource) for n in nodes)
+        self.peers.update(n["NodeManagerAddress"] for n in nodes if n.get("Alive"))
         alive = await trio.to_thread.run_sync(_alive_nodes, self.ray, self.resource)
         draining = await trio.to_thread.run_sync(_draining_nodes)
         for replica in self.transport.replicas:
@@ -289,9 +273,20 @@ async def open_cluster(ctx: RunContext, services: Services) -> AsyncIterator[Ser
                 ctx.log("WARNING", "cluster", plain, None)
                 ctx.ui.warning(plain, "RELAY_WITHOUT_TLS")
             to_bridge = relay_to("127.0.0.1", services.bridge.port)
-            relay_port = await nursery.start(_serve_relay, to_bridge, head_ip, cert)
+            peers = AllowedPeers(head_ip)  # and the alive nodes, from each poll on
+
+            def refused(peer: str) -> None:
+                ctx.log(
+                    "WARNING", "cluster", "relay refused a peer not in the cluster", {"peer": peer}
+                )
+
+            tls = cert.server if cert is not None else None
+            relay_port = await nursery.start(serve_relay, to_bridge, head_ip, tls, peers, refused)
             ctx.log(
-                "INFO", "cluster", "bridge relay listening", {"host": head_ip, "tls": bool(cert)}
+                "INFO",
+                "cluster",
+                "bridge relay listening",
+                {"host": head_ip, "port": relay_port, "tls": bool(cert)},
             )
             default = resolve_concurrency(p.options.max_in_flight, p.spec.batch_size, None)
             capacity = await services.server.probe_capacity() or default
@@ -324,7 +319,7 @@ async def open_cluster(ctx: RunContext, services: Services) -> AsyncIterator[Ser
             uv = find_uv(p.config.experiment.rollout)
             entrypoint = p.paths.entrypoint
             shipment = Shipment(ray, p.paths.rollout_dir, python, entrypoint, uv, ctx.log)
-            cluster = _Cluster(ray, ctx, transport, spec, shipment, default)
+            cluster = _Cluster(ray, ctx, transport, spec, shipment, default, peers)
             try:
                 await nursery.start(cluster.manage)
                 nursery.start_soon(ping_replicas, transport)

@@ -8,6 +8,7 @@ The tests share one cluster; a drill that takes node 2 away brings it back befor
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import signal
 import subprocess
@@ -15,6 +16,7 @@ import tempfile
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 
+import httpx
 import psutil
 import pytest
 import trio
@@ -145,6 +147,59 @@ async def test_two_nodes_every_row_once_tokens_on_both(
     await _no_leftovers(ws)
 
 
+_RECORD_IMPORTS = (
+    "import json as _json\n"
+    "import pathlib as _pl\n"
+    "from rollout_server import get_rollout_context as _context\n"
+)
+
+
+def _record_rollouts(ws: Path, dest: Path) -> None:
+    """Make the workspace's rollout write its rollout's chat URL and bearer to
+    ``dest/<rollout_id>.json`` as it starts (on whichever node it runs)."""
+    main = ws / "rollouts" / "echo" / "main.py"
+    record = (
+        "        _rc = _context()\n"
+        "        (_pl.Path(_os.environ['RB_ROLLOUTS_DIR']) / f'{_rc.rollout_id}.json').write_text("
+        "_json.dumps({'url': _rc.chat_completions_url, 'key': _rc.api_key}))\n"
+    )
+    sleep = "        await _trio.sleep(_DELAY_S)\n"
+    future = "from __future__ import annotations\n"
+    text = main.read_text().replace(sleep, record + sleep, 1)
+    text = text.replace(future, future + _RECORD_IMPORTS, 1)
+    main.write_text(text)
+    config = ws / "configs" / "eval" / "echo.toml"
+    config.write_text(config.read_text() + f'RB_ROLLOUTS_DIR = "{dest}"\n')  # in its [env]
+
+
+def _call_through_relay(run: Path, rollouts: Path, rollout_id: str) -> int:
+    """A model call for ``rollout_id`` sent to the supervisor's relay (with the run's bearer,
+    as a node's agent relay would send it); its status."""
+    listening = next(
+        line for line in (run / "logs.txt").read_text().splitlines() if "relay listening" in line
+    )
+    details = json.loads(listening[listening.index("{") :])
+    key = json.loads(next(rollouts.glob("*.json")).read_text())["key"]
+    scheme = "https" if details["tls"] else "http"
+    base = f"{scheme}://{details['host']}:{details['port']}"
+    # The test is not a pinned node: it checks the bridge's answer, not the certificate.
+    with httpx.Client(verify=False, timeout=30) as client:
+        reply = client.post(
+            f"{base}/v1/rollouts/{rollout_id}/chat/completions",
+            json={"messages": [{"role": "user", "content": "still here?"}]},
+            headers={"Authorization": f"Bearer {key}"},
+        )
+    return reply.status_code
+
+
+def _requeued_ids(run: Path) -> list[str]:
+    return [
+        line.split('"rollout_id":"')[1].split('"')[0]
+        for line in (run / "logs.txt").read_text().splitlines()
+        if "replica lost; requeued" in line
+    ]
+
+
 async def _drill(
     testbed: ClusterBed,
     slow_env: Path,
@@ -153,8 +208,11 @@ async def _drill(
     *,
     delay_s: float = 3.0,
     requeues: bool = True,
+    rollouts: Path | None = None,
 ) -> tuple[Path, Path]:
     ws = slow_workspace(tmp_path / "ws", delay_s)
+    if rollouts is not None:
+        _record_rollouts(ws, rollouts)
     run = run_dir(ws, "drill")
     cli = await start_cli(
         _args(testbed, "drill"),
@@ -204,11 +262,22 @@ async def test_drill_link_cut(testbed: ClusterBed, slow_env: Path, tmp_path: Pat
             check=True,
         )  # fmt: skip
 
-    async def cut(_run: Path) -> None:
+    rollouts = tmp_path / "rollouts"
+    rollouts.mkdir()
+    statuses: list[int] = []
+
+    async def cut(run: Path) -> None:
         link("down")
+        # Once an item is requeued, its old rollout id is refused: a node cut off, or
+        # anything else holding the bearer, spends nothing more under it.
+        await wait_for(lambda: _requeued_ids(run), timeout=180, interval=0.2)
+        old = _requeued_ids(run)[0]
+        statuses.append(await trio.to_thread.run_sync(_call_through_relay, run, rollouts, old))
 
     try:
-        ws, _ = await _drill(testbed, slow_env, tmp_path, cut)
+        ws, run = await _drill(testbed, slow_env, tmp_path, cut, rollouts=rollouts)
+        assert statuses == [410]
+        assert count_log(run, "refusing model calls") >= 1
         # Back on the network, node 2 learns it was declared dead; its agent goes and the
         # lifeline stops its rollout server.
         link("up")

@@ -2,13 +2,21 @@
 
 from __future__ import annotations
 
+import ipaddress
 import shutil
+import socket
 from functools import partial
 
 import pytest
 import trio
 
-from launcher.cluster.relay import pinned_client, relay_to, run_certificate
+from launcher.cluster.relay import (
+    AllowedPeers,
+    pinned_client,
+    relay_to,
+    run_certificate,
+    serve_relay,
+)
 
 needs_openssl = pytest.mark.skipif(shutil.which("openssl") is None, reason="needs openssl")
 
@@ -93,4 +101,73 @@ async def test_a_node_pinned_to_another_certificate_gets_nothing_through() -> No
             )
             assert await _through(node, b"secret bearer") == b""
             assert reached == []
+            nursery.cancel_scope.cancel()
+
+
+def _own_address() -> str | None:
+    """An address of this machine that is not loopback (the default route's source)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
+        try:
+            probe.connect(("198.51.100.1", 9))  # no packet is sent: it only picks a route
+        except OSError:
+            return None
+        address = str(probe.getsockname()[0])
+    return None if ipaddress.ip_address(address).is_loopback else address
+
+
+def test_allowed_peers_are_loopback_the_head_and_the_last_nodes_seen() -> None:
+    peers = AllowedPeers("10.0.0.1")
+    assert "127.0.0.1" in peers and "::1" in peers and "10.0.0.1" in peers
+    assert "10.0.0.2" not in peers and "node-name" not in peers
+    peers.update(["10.0.0.2"])
+    assert "10.0.0.2" in peers and "::ffff:10.0.0.2" in peers
+    peers.update([])  # the node left
+    assert "10.0.0.2" not in peers and "10.0.0.1" in peers
+
+
+@pytest.mark.parametrize("tls", [False, pytest.param(True, marks=needs_openssl)])
+async def test_the_relay_resets_a_peer_outside_the_cluster_without_reading(tls: bool) -> None:
+    own = _own_address()
+    if own is None:
+        pytest.skip("no non-loopback address on this machine")
+    cert = run_certificate(own) if tls else None
+    peers = AllowedPeers()  # the head is not `own` here: only the nodes' list can admit it
+    refused: list[str] = []
+    reached: list[bytes] = []
+
+    async def bridge_handler(stream: trio.abc.Stream) -> None:
+        async with stream:
+            async for chunk in stream:
+                reached.append(bytes(chunk))
+                await stream.send_all(chunk.upper())
+
+    async def through(port: int) -> bytes:
+        try:  # a reset may come as early as the connect
+            stream: trio.abc.Stream = await trio.open_tcp_stream(own, port)
+            if cert is not None:
+                stream = trio.SSLStream(stream, pinned_client(cert.pem), server_hostname=own)
+            async with stream:
+                await stream.send_all(b"bearer")
+                return bytes(await stream.receive_some())
+        except (trio.BrokenResourceError, OSError):
+            return b""
+
+    with trio.fail_after(20):
+        async with trio.open_nursery() as nursery:
+            bridge = await _serve(nursery, bridge_handler)
+            port = await nursery.start(
+                serve_relay,
+                relay_to("127.0.0.1", bridge),
+                own,
+                cert.server if cert is not None else None,
+                peers,
+                refused.append,
+            )
+            assert await through(port) == b"" and await through(port) == b""
+            assert reached == [] and refused == [own]  # logged once
+            peers.update([own])  # the replica manager saw the node alive
+            assert await through(port) == b"BEARER"
+            peers.update([])  # and then gone
+            assert await through(port) == b""
+            assert reached == [b"bearer"]
             nursery.cancel_scope.cancel()

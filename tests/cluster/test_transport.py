@@ -163,6 +163,8 @@ async def test_a_lost_replica_s_items_are_requeued_under_new_ids(
     assert all(r.status == "success" for r in records)
     lost = set(agent.seen)
     assert len(lost) == 2 and not lost & {r.rollout_id for r in records}
+    events = dispatcher.endpoint.events  # type: ignore[attr-defined]
+    assert {rid for kind, rid in events if kind == "revoke"} == lost  # the bridge refuses them
     assert killed == ["node2"] and replica.state == "lost" and replica.in_flight == 0
     assert transport.capacity == 2
 

@@ -175,6 +175,9 @@ class _Endpoint:
     def forget(self, rollout_id: str) -> None:
         return None
 
+    async def revoke(self, rollout_id: str) -> None:
+        return None
+
 
 async def test_429_storm_lowers_in_flight_then_recovers(autojump_clock: Any) -> None:
     provider = _RateLimitedProvider(storm_until=trio.current_time() + 3.0)

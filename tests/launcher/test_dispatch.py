@@ -18,6 +18,7 @@ from launcher.dispatch import (
     resolve_concurrency,
 )
 from launcher.report import format_duration_ms
+from launcher.requeue import RolloutLost
 from launcher.rundir.journal import TerminalRecord
 from launcher.signals import Interrupts
 from rollout_server.protocol import (
@@ -89,9 +90,13 @@ class ScriptedTransport:
 
 
 class FixedEndpoint:
-    """A model endpoint at a fixed base URL that reports 7 tokens, context 5, per rollout."""
+    """A model endpoint at a fixed base URL that reports 7 tokens, context 5, per rollout;
+    ``events`` lists its revokes and forgets, ``("revoke", rollout_id)``, in order."""
 
     bearer = "tok"
+
+    def __init__(self, events: list[tuple[str, str]] | None = None) -> None:
+        self.events: list[tuple[str, str]] = [] if events is None else events
 
     def chat_url(self, rollout_id: str) -> str:
         return f"http://127.0.0.1:9/v1/rollouts/{rollout_id}"
@@ -103,7 +108,11 @@ class FixedEndpoint:
         return 7, 5
 
     def forget(self, rollout_id: str) -> None:
-        return None
+        self.events.append(("forget", rollout_id))
+
+    async def revoke(self, rollout_id: str) -> None:
+        await trio.sleep(0.5)  # the bridge's answer takes a while: dispatch waits for it
+        self.events.append(("revoke", rollout_id))
 
 
 class ListSink:
@@ -132,7 +141,7 @@ def _dispatcher(
         items,
         concurrency=kw.pop("concurrency", 2),
         transport=transport,
-        endpoint=FixedEndpoint(),
+        endpoint=kw.pop("endpoint", None) or FixedEndpoint(),
         sink=sink,
         limits=ItemLimits(
             item_deadline_s=kw.pop("deadline", 70.0), agent_timeout_sec=5.0, grader_timeout_sec=5.0
@@ -277,6 +286,40 @@ async def test_first_interrupt_cancels_in_flight_rollouts_on_the_server(
     assert records == []
     assert sorted(transport.cancelled) == sorted(r.rollout_id for r in transport.requests)
     assert len(transport.requests) == 3
+
+
+async def test_a_lost_rollout_is_revoked_before_its_item_runs_again(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    events: list[tuple[str, str]] = []
+    attempts: dict[int, int] = {}
+
+    def outcome(request: RolloutInitRequest) -> Any:
+        row = (request.extra_fields or {})["row_index"]
+        events.append(("admit", request.rollout_id))
+        attempts[row] = attempts.get(row, 0) + 1
+        if row == 0 and attempts[row] == 1:
+            return RolloutLost("its node left the cluster")
+        return _success(request)
+
+    transport = ScriptedTransport(outcome)
+    dispatcher, records, halts = _dispatcher(
+        [_item(0), _item(1)], transport, _interrupts(), endpoint=FixedEndpoint(events)
+    )
+    report = await dispatcher.run()
+    assert report.recorded == 2 and not halts and all(r.status == "success" for r in records)
+    first, second = [rid for kind, rid in events if kind == "admit" and rid in _ids(transport, 0)]
+    assert first != second and {r.rollout_id for r in records if r.row_index == 0} == {second}
+    # The old id is revoked, then forgotten, both before the item is admitted again; the
+    # recorded attempt is never revoked.
+    old = [event for event in events if event[1] == first]
+    assert old == [("admit", first), ("revoke", first), ("forget", first)]
+    assert events.index(("forget", first)) < events.index(("admit", second))
+    assert [rid for kind, rid in events if kind == "revoke"] == [first]
+
+
+def _ids(transport: ScriptedTransport, row: int) -> list[str]:
+    return [r.rollout_id for r in transport.requests if (r.extra_fields or {})["row_index"] == row]
 
 
 def test_format_duration() -> None:
