@@ -11,6 +11,7 @@ import trio
 
 from launcher.dispatch import LogFn, RolloutRefused
 from launcher.report import describe
+from launcher.resultwait import ResultWaiter, offers_batched_wait
 from launcher.rollout_child import RolloutServer
 from launcher.rundir.calls import call_totals
 from launcher.rundir.journal import ErrorInfo, TerminalRecord
@@ -101,11 +102,16 @@ class BridgeEndpoint:
 
 
 class _AdmittedRollout:
-    def __init__(self, client: RolloutClient, admission: Admission) -> None:
+    def __init__(
+        self, client: RolloutClient, admission: Admission, results: ResultWaiter | None
+    ) -> None:
         self._client = client
         self._admission = admission
+        self._results = results
 
     async def wait(self) -> RolloutResultResponse:
+        if self._results is not None:
+            return await self._results.wait(self._admission)
         return await self._client.wait_for_result(self._admission)
 
 
@@ -116,11 +122,21 @@ class RolloutClientTransport:
     only turns a 4xx refusal, and a request that cannot be sent at all (a row holding text that
     is not valid Unicode, or breaking the protocol's rules), into :class:`RolloutRefused`, and
     names a dead server as the cause.
+
+    Results come through the server's batched wait (:mod:`launcher.resultwait`: two
+    connections at most, whatever the rollouts in flight) when its ``/health`` offers it, else
+    through one long-poll per rollout.
     """
 
     def __init__(self, client: RolloutClient, server: RolloutServer) -> None:
         self._client = client
         self._server = server
+        self.results: ResultWaiter | None = None
+        if offers_batched_wait(server.health):
+            child = server.child
+            self.results = ResultWaiter(
+                server.base_url, server_alive=lambda: child.returncode is None
+            )
 
     async def admit(
         self, request: RolloutInitRequest, admission_timeout_s: float
@@ -137,7 +153,7 @@ class RolloutClientTransport:
                 detail = f": {exc.detail}" if exc.detail else ""
                 raise RolloutRefused(code, f"{exc}{detail}") from None
             raise
-        return _AdmittedRollout(self._client, admission)
+        return _AdmittedRollout(self._client, admission, self.results)
 
     async def cancel(self, rollout_id: str) -> None:
         """Ask the server to cancel one rollout."""

@@ -1,6 +1,6 @@
 """The HTTP shell: a small raw ASGI app over :class:`~rollout_server.service.RolloutService`.
 
-It deliberately uses no web framework. Four routes do not need one, and going without avoids
+It deliberately uses no web framework. A few routes do not need one, and going without avoids
 quart-trio's keep-alive POST hang (docs/hazards.md #1: the whole body is always read here before a
 handler runs), Quart's response/body timeouts that would cut long-polls (#5) and handler
 cancellation on disconnect (#7). It is also several times cheaper per request.
@@ -30,6 +30,8 @@ from .protocol import (
     parse_cancel_request,
     parse_rollout_init_request,
 )
+from .resultwait import CAPABILITY, WAIT_ROUTE, ResultWaits
+from .resultwait import MAX_BODY_BYTES as WAIT_MAX_BODY_BYTES
 from .service import AdmissionRefused, LeaseMismatch, RolloutService, UnknownRollout
 
 if TYPE_CHECKING:
@@ -71,6 +73,7 @@ class RolloutApp:
         if api_key is not None and not api_key.strip():
             raise ValueError("api_key must be a non-blank string (or None for no authentication)")
         self.service = service
+        self.waits = ResultWaits(service)
         self._expected_auth = ("Bearer " + api_key).encode() if api_key is not None else None
         self.max_body_bytes = max_body_bytes
         self.manage_service = manage_service
@@ -140,6 +143,7 @@ class RolloutApp:
                 ),
             ]
             payload = self.service.health()
+            payload["rollbridge_capabilities"] = [CAPABILITY]
             try:
                 body = _encode(payload)
             except (TypeError, ValueError, OverflowError):
@@ -165,6 +169,12 @@ class RolloutApp:
                 return
             await self._probe(scope, receive, send)
             return
+        if path == WAIT_ROUTE:
+            if method != "POST":
+                await _not_allowed(send, "POST")
+                return
+            await self._wait_results(scope, receive, send)
+            return
         parts = path.split("/")
         if len(parts) == 4 and parts[1] == "rollout" and parts[3] == "result" and parts[2]:
             if method != "GET":
@@ -174,9 +184,11 @@ class RolloutApp:
             return
         await _respond(send, 404, {"detail": "Not Found"})
 
-    async def _read_json(self, scope: HTTPScope, receive: ASGIReceiveCallable) -> Any:
+    async def _read_json(
+        self, scope: HTTPScope, receive: ASGIReceiveCallable, limit: int | None = None
+    ) -> Any:
         """The decoded JSON body (``None`` when empty). Reads the whole body first."""
-        body = await read_body(scope, receive, self.max_body_bytes)
+        body = await read_body(scope, receive, self.max_body_bytes if limit is None else limit)
         content_type = header(scope, b"content-type")
         if content_type is not None:
             media = content_type.split(b";", 1)[0].strip().lower()
@@ -268,6 +280,23 @@ class RolloutApp:
             return
         status, payload = await answer_probe(self.service.backend, body)
         await _respond(send, status, payload)
+
+    async def _wait_results(
+        self, scope: HTTPScope, receive: ASGIReceiveCallable, send: ASGISendCallable
+    ) -> None:
+        """The batched result wait (:mod:`rollout_server.resultwait`); bad input is 422."""
+        limit = min(self.max_body_bytes, WAIT_MAX_BODY_BYTES)
+        try:
+            body = await self._read_json(scope, receive, limit)
+        except BodyTooLarge:
+            detail = f"request body is larger than {limit} bytes"
+            await _respond(send, 413, {"detail": detail}, close=True)
+            return
+        except RequestValidationError:
+            await _respond(send, 422, {"detail": "the body must be a JSON object"})
+            return
+        status, payload = await self.waits.answer(body)
+        await send_json(send, status, payload)
 
     async def _result(self, rollout_id: str, scope: HTTPScope, send: ASGISendCallable) -> None:
         token = header(scope, _LEASE_HEADER_BYTES)
