@@ -11,7 +11,7 @@ import trio
 
 from launcher.dispatch import LogFn, RolloutRefused
 from launcher.report import describe
-from launcher.resultwait import ResultWaiter, offers_batched_wait
+from launcher.resultwait import ResultWaiter, batched_wait_wanted
 from launcher.rollout_child import RolloutServer
 from launcher.rundir.calls import call_totals
 from launcher.rundir.journal import ErrorInfo, TerminalRecord
@@ -132,7 +132,7 @@ class RolloutClientTransport:
         self._client = client
         self._server = server
         self.results: ResultWaiter | None = None
-        if offers_batched_wait(server.health):
+        if batched_wait_wanted(server.health):
             child = server.child
             self.results = ResultWaiter(
                 server.base_url, server_alive=lambda: child.returncode is None

@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import itertools
 import math
+import os
 import secrets
 from collections import deque
 from collections.abc import Callable
@@ -43,12 +44,15 @@ from rollout_server.client import Admission, RolloutProtocolError, RolloutServer
 from rollout_server.net.h1client import H1Pool, H1Reply
 from rollout_server.protocol import HealthReport, RolloutResultResponse
 
-__all__ = ["CAPABILITY", "WAIT_ROUTE", "ResultWaiter", "offers_batched_wait"]
+__all__ = ["CAPABILITY", "PER_ID_ENV", "WAIT_ROUTE", "ResultWaiter", "batched_wait_wanted"]
 
 #: The route and capability of rollout_server.resultwait (not imported: the launcher may only
 #: use the client, protocol and net modules of rollout_server); a test keeps them equal.
 WAIT_ROUTE: Final = "/v1/rollbridge/wait-results"
 CAPABILITY: Final = "wait-results"
+#: ``ROLLBRIDGE_PER_ID_POLL=1`` keeps one long-poll per rollout where the batched wait is
+#: offered: the baseline of a benchmark, or a way around a fault of the batched wait.
+PER_ID_ENV: Final = "ROLLBRIDGE_PER_ID_POLL"
 _MAX_IDS: Final = 4096
 _MAX_RESULTS: Final = 1024
 _REQUEST_MARGIN_SEC: Final = 10.0
@@ -67,10 +71,12 @@ class _Answer(msgspec.Struct):
 _decode_answer = msgspec.json.Decoder(_Answer).decode
 
 
-def offers_batched_wait(health: HealthReport) -> bool:
-    """Whether the server's ``/health`` answer lists the batched wait."""
+def batched_wait_wanted(health: HealthReport) -> bool:
+    """Whether to wait through the batched wait: the server's ``/health`` answer lists it, and
+    :data:`PER_ID_ENV` does not ask for the per-id poll."""
     capabilities = health.body.get("rollbridge_capabilities")
-    return isinstance(capabilities, list) and CAPABILITY in capabilities
+    offered = isinstance(capabilities, list) and CAPABILITY in capabilities
+    return offered and os.environ.get(PER_ID_ENV) != "1"
 
 
 class _Box:

@@ -43,7 +43,7 @@ from launcher.errors import LocalEvalError
 from launcher.fdbudget import fit_in_flight, per_rollout, raise_descriptor_limit
 from launcher.prepare import Prepared
 from launcher.process import LONG_STOP_GRACE_S, STOP_GRACE_S, TunnelOwner
-from launcher.resultwait import offers_batched_wait
+from launcher.resultwait import batched_wait_wanted
 from launcher.rollout_child import (
     LogFn,
     RolloutServer,
@@ -229,7 +229,7 @@ async def _start(
     from bridge.spare import in_process_requested
 
     needs = per_rollout(
-        batched_wait=offers_batched_wait(server.health), bridge_in_process=in_process_requested()
+        batched_wait=batched_wait_wanted(server.health), bridge_in_process=in_process_requested()
     )
     concurrency, fd_capped = fit_in_flight(concurrency, descriptors, needs=needs)
     if fd_capped is not None:

@@ -16,7 +16,7 @@ import trio
 from launcher.dataset import SelectedRow, WorkItem
 from launcher.dispatch import MAX_CONCURRENT_ADMISSIONS, Dispatcher, ItemLimits
 from launcher.dispatch_io import RolloutClientTransport
-from launcher.resultwait import ResultWaiter
+from launcher.resultwait import PER_ID_ENV, ResultWaiter, batched_wait_wanted
 from launcher.rollout_child import RolloutServer
 from rollout_server import RunningServer
 from rollout_server.client import RolloutClient, RolloutServerUnreachable
@@ -152,11 +152,11 @@ async def test_a_cancelled_caller_leaves_the_others_their_results(
             for i in range(5)
         ]
         results: dict[str, str] = {}
-        scopes: list[trio.CancelScope] = []
+        scopes: list[tuple[str, trio.CancelScope]] = []  # in the order the callers started
 
         async def wait_one(index: int) -> None:
             with trio.CancelScope() as scope:
-                scopes.append(scope)
+                scopes.append((admissions[index].rollout_id, scope))
                 result = await waiter.wait(admissions[index])
                 results[result.rollout_id] = result.status.value
 
@@ -165,14 +165,15 @@ async def test_a_cancelled_caller_leaves_the_others_their_results(
                 callers.start_soon(wait_one, index)
             while _waits(running).waiting == 0:
                 await trio.sleep(0.01)
-            for scope in scopes[:2]:  # the first caller sends the long wait
+            for _, scope in scopes[:2]:  # the first caller sends the long wait
                 scope.cancel()
             await trio.sleep(0.05)
             gate("cancelled-caller").set()
         # The cancelled callers' rollouts were admitted, so a later wait still gets them.
-        late = await waiter.wait(admissions[0])
+        cancelled = [rollout_id for rollout_id, _ in scopes[:2]]
+        late = await waiter.wait(next(a for a in admissions if a.rollout_id == cancelled[0]))
         await client.aclose()
-    assert sorted(results) == ["c2", "c3", "c4"]
+    assert sorted(results) == sorted({a.rollout_id for a in admissions} - set(cancelled))
     assert set(results.values()) == {"success"} and late.status.value == "success"
     assert waiter.connections == 0
 
@@ -206,3 +207,12 @@ async def test_a_server_that_dies_mid_wait_fails_every_caller(tmp_path: Path) ->
             alive = False
             server_scope.cancel()  # the listener and its connections close
     assert len(errors) == 3
+
+
+def test_the_per_id_poll_can_be_asked_for(monkeypatch: pytest.MonkeyPatch) -> None:
+    offered = cast(Any, HealthReport.parse({"rollbridge_capabilities": ["wait-results"]}))
+    assert batched_wait_wanted(offered)
+    assert not batched_wait_wanted(cast(Any, HealthReport.parse({"status": "ok"})))
+    assert not batched_wait_wanted(cast(Any, HealthReport.parse({"rollbridge_capabilities": 1})))
+    monkeypatch.setenv(PER_ID_ENV, "1")
+    assert not batched_wait_wanted(offered)
