@@ -108,10 +108,12 @@ class _AdmittedRollout:
         self._client = client
         self._admission = admission
         self._results = results
+        self._registered = results is not None  # by its admission, until a first wait
 
     async def wait(self) -> RolloutResultResponse:
         if self._results is not None:
-            return await self._results.wait(self._admission)
+            registered, self._registered = self._registered, False
+            return await self._results.wait(self._admission, registered=registered)
         return await self._client.wait_for_result(self._admission)
 
 
@@ -137,6 +139,7 @@ class RolloutClientTransport:
             self.results = ResultWaiter(
                 server.base_url, server_alive=lambda: child.returncode is None
             )
+            client.admission_headers.update(self.results.admission_headers)
 
     async def admit(
         self, request: RolloutInitRequest, admission_timeout_s: float

@@ -7,8 +7,10 @@ connection to the rollout server, so the server holds two descriptors per rollou
 (rollout_server.resultwait, docs/spec/protocol.md §3.5): one wait for the results of many
 rollouts. :class:`ResultWaiter` waits for every rollout of a run through it, over two
 connections at most: one long wait (held up to the hold time, answered as soon as any result
-is ready) and one short request that registers newly admitted rollouts while the long wait is
-held.
+is ready) and one short request that registers rollouts while the long wait is held. A
+rollout admitted with :attr:`ResultWaiter.admission_headers` is registered by its admission
+(no request of its own); only a rollout waited for again after its caller gave up (the
+dispatcher's settling after a cancel) is registered by a request.
 
 No task of its own runs the waits: the callers of :meth:`ResultWaiter.wait` take turns. One of
 them sends the long wait and hands every result in its answer to its rollout's caller; when its
@@ -50,6 +52,7 @@ __all__ = ["CAPABILITY", "PER_ID_ENV", "WAIT_ROUTE", "ResultWaiter", "batched_wa
 #: use the client, protocol and net modules of rollout_server); a test keeps them equal.
 WAIT_ROUTE: Final = "/v1/rollbridge/wait-results"
 CAPABILITY: Final = "wait-results"
+WAITER_HEADER: Final = "x-rollbridge-waiter"
 #: ``ROLLBRIDGE_PER_ID_POLL=1`` keeps one long-poll per rollout where the batched wait is
 #: offered: the baseline of a benchmark, or a way around a fault of the batched wait.
 PER_ID_ENV: Final = "ROLLBRIDGE_PER_ID_POLL"
@@ -132,17 +135,27 @@ class ResultWaiter:
         """Requests sent (an observability counter)."""
 
     @property
+    def admission_headers(self) -> dict[str, str]:
+        """Headers that make an admission register its rollout with this waiter."""
+        return {WAITER_HEADER: self._key}
+
+    @property
     def connections(self) -> int:
         """Requests in flight right now: the connections held to the server (at most two)."""
         return self._long_busy + self._short_busy
 
-    async def wait(self, admission: Admission) -> RolloutResultResponse:
-        """The terminal result of an admitted rollout (raises like ``poll_once``)."""
+    async def wait(
+        self, admission: Admission, *, registered: bool = False
+    ) -> RolloutResultResponse:
+        """The terminal result of an admitted rollout (raises like ``poll_once``).
+        ``registered``: it was admitted with :attr:`admission_headers`, and not waited for
+        since."""
         rollout_id = admission.rollout_id
         box = self._boxes.get(rollout_id)
         if box is None:
             box = self._boxes[rollout_id] = _Box(admission)
-            self._unsent[rollout_id] = admission.token
+            if not registered:
+                self._unsent[rollout_id] = admission.token
             self._hold = admission.result_wait_timeout_sec
             self._lease = admission.polling_lease_timeout_sec
             sent_at = admission.lease_deadline - admission.polling_lease_timeout_sec

@@ -30,7 +30,7 @@ from .protocol import (
     parse_cancel_request,
     parse_rollout_init_request,
 )
-from .resultwait import CAPABILITY, WAIT_ROUTE, ResultWaits
+from .resultwait import CAPABILITY, WAIT_ROUTE, WAITER_HEADER, ResultWaits, valid_waiter
 from .resultwait import MAX_BODY_BYTES as WAIT_MAX_BODY_BYTES
 from .service import AdmissionRefused, LeaseMismatch, RolloutService, UnknownRollout
 
@@ -46,6 +46,7 @@ DEFAULT_MAX_BODY_BYTES: Final = 64 * 1024 * 1024
 _encode = msgspec.json.Encoder().encode
 _decode = msgspec.json.Decoder().decode
 _LEASE_HEADER_BYTES: Final = LEASE_HEADER.lower().encode("latin-1")
+_WAITER_HEADER_BYTES: Final = WAITER_HEADER.encode("latin-1")
 
 
 def _json_error(kind: str, msg: str, error: str) -> RequestValidationError:
@@ -240,6 +241,12 @@ class RolloutApp:
         ok, body = await self._body_or_error(scope, receive, send)
         if not ok:
             return
+        raw_waiter = header(scope, _WAITER_HEADER_BYTES)
+        waiter = raw_waiter.decode("latin-1") if raw_waiter is not None else None
+        if waiter is not None and not valid_waiter(waiter):
+            detail = f"{WAITER_HEADER} must be 16 to 128 characters of A-Z a-z 0-9 _ -"
+            await _respond(send, 422, {"detail": detail})
+            return
         try:
             request = parse_rollout_init_request(body)
             accepted = self.service.admit(request)
@@ -250,6 +257,8 @@ class RolloutApp:
             extra = [(k.encode(), v.encode()) for k, v in exc.headers.items()]
             await _respond(send, exc.status, {"detail": exc.detail}, extra)
             return
+        if waiter is not None:
+            self.waits.watch_admitted(waiter, request.rollout_id)
         await _respond(send, 202, accepted)
 
     async def _cancel(

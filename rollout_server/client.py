@@ -266,6 +266,7 @@ class RolloutClient:
         )
         self._cancel_timeout_sec = cancel_timeout_sec
         self._server_alive = server_alive
+        self.admission_headers: dict[str, str] = {}  # added to every POST /rollout
 
     @functools.cached_property
     def _http(self) -> httpx.AsyncClient:
@@ -463,7 +464,7 @@ class RolloutClient:
             response = await self._hot_call(
                 "POST",
                 "/rollout",
-                {"Content-Type": "application/json"},
+                {"Content-Type": "application/json", **self.admission_headers},
                 body,
                 self._admission_timeout,
             )

@@ -7,8 +7,9 @@ connection. It sits beside the per-id poll, which is unchanged, under the ``/v1/
 prefix of this project's own routes (like the sandbox probe), so no route of the reference
 protocol is shadowed. The contract (docs/spec/protocol.md §3.5):
 
-* A *waiter* is named by a secret the client chooses (``waiter``). ``add`` maps rollout ids to
-  their lease tokens: each is authenticated as a poll would be (404 ``unknown rollout_id`` is
+* A *waiter* is named by a secret the client chooses (``waiter``). An admission that carries
+  it in :data:`WAITER_HEADER` is watched by that waiter from its 202 on (the cheap way: no
+  request of its own). ``add`` maps other rollout ids to their lease tokens: each is authenticated as a poll would be (404 ``unknown rollout_id`` is
   checked before 403 ``invalid polling lease``; those come back per id in ``rejected``, in the
   per-id poll's error shape) and its lease renewed, and the waiter then *watches* it.
 * Every wait renews the leases of the rollouts its waiter watches (at most once a second), as
@@ -32,7 +33,7 @@ import hashlib
 import math
 import re
 from collections.abc import Mapping
-from typing import Any, Final
+from typing import Any, Final, TypeGuard
 
 import msgspec
 import trio
@@ -44,13 +45,16 @@ __all__ = [
     "MAX_BODY_BYTES",
     "MAX_IDS",
     "MAX_RESULTS",
+    "WAITER_HEADER",
     "WAIT_ROUTE",
     "ResultWaits",
     "WaitRequestError",
+    "valid_waiter",
 ]
 
 WAIT_ROUTE: Final = "/v1/rollbridge/wait-results"
 CAPABILITY: Final = "wait-results"
+WAITER_HEADER: Final = "x-rollbridge-waiter"
 #: Ids in ``add`` and in ``ack``, each, per request.
 MAX_IDS: Final = 4096
 #: Results per answer (a request may ask for fewer).
@@ -79,6 +83,11 @@ class _Waiter:
     def wake(self) -> None:
         self.wakeup.set()
         self.wakeup = trio.Event()
+
+
+def valid_waiter(key: object) -> TypeGuard[str]:
+    """Whether ``key`` is a waiter's name: 16-128 characters of ``A-Z a-z 0-9 _ -``."""
+    return isinstance(key, str) and _WAITER.fullmatch(key) is not None
 
 
 def _ids(value: Any, where: str) -> list[str]:
@@ -152,7 +161,7 @@ class ResultWaits:
         if not isinstance(body, dict):
             raise WaitRequestError("the body must be a JSON object")
         key = body.get("waiter")
-        if not isinstance(key, str) or not _WAITER.fullmatch(key):
+        if not valid_waiter(key):
             raise WaitRequestError("waiter must be 16 to 128 characters of A-Z a-z 0-9 _ -")
         adds, acks = _adds(body.get("add")), _ids(body.get("ack"), "ack")
         hold = self.service.hold
@@ -161,12 +170,7 @@ class ResultWaits:
         limit = int(min(max(limit, 1), MAX_RESULTS))
 
         now = trio.current_time()
-        self._collect(now)
-        digest = hashlib.sha256(key.encode("ascii")).digest()
-        waiter = self._waiters.get(digest)
-        if waiter is None:
-            waiter = self._waiters[digest] = _Waiter(now)
-        waiter.seen = now
+        waiter = self._waiter(key, now)
         for rollout_id in acks:
             waiter.ready.pop(rollout_id, None)
             if rollout_id in waiter.watched:
@@ -199,6 +203,23 @@ class ResultWaits:
                 b"}",
             )
         )
+
+    def watch_admitted(self, key: str, rollout_id: str) -> None:
+        """Watch a rollout just admitted with the waiter ``key`` (:func:`valid_waiter`) in its
+        :data:`WAITER_HEADER`: the admission proved the token, no ``add`` is needed."""
+        waiter = self._waiter(key, trio.current_time())
+        if rollout_id not in waiter.watched:
+            waiter.watched.add(rollout_id)
+            self._watchers.setdefault(rollout_id, []).append(waiter)
+
+    def _waiter(self, key: str, now: float) -> _Waiter:
+        self._collect(now)
+        digest = hashlib.sha256(key.encode("ascii")).digest()
+        waiter = self._waiters.get(digest)
+        if waiter is None:
+            waiter = self._waiters[digest] = _Waiter(now)
+        waiter.seen = now
+        return waiter
 
     def _add(self, waiter: _Waiter, adds: Mapping[str, str]) -> dict[str, dict[str, Any]]:
         rejected: dict[str, dict[str, Any]] = {}

@@ -7,11 +7,13 @@ from pathlib import Path
 from typing import Any
 
 import msgspec
+import pytest
 import trio
 import trio.testing
 
 from launcher import resultwait as client_side
 from rollout_server import resultwait
+from rollout_server.client import InvalidRolloutRequest
 from rollout_server.resultwait import CAPABILITY, WAIT_ROUTE, ResultWaits
 from tests.rollout_server.helpers import gate, request, start
 from tests.wire_attacks import post_head, stalled_body
@@ -40,6 +42,7 @@ def ids(reply: dict[str, Any]) -> list[str]:
 def test_the_launcher_names_the_same_route_and_capability() -> None:
     assert client_side.WAIT_ROUTE == resultwait.WAIT_ROUTE
     assert client_side.CAPABILITY == resultwait.CAPABILITY
+    assert client_side.WAITER_HEADER == resultwait.WAITER_HEADER
 
 
 async def test_answers_the_first_ready_result_and_keeps_watching_the_rest(
@@ -199,3 +202,22 @@ async def test_the_bearer_is_checked_before_the_body_and_the_body_is_bounded(
         too_large = await stalled_body(running.port, post_head(WAIT_ROUTE, extra=auth))
     assert unauthenticated.startswith(b"HTTP/1.1 401 ")
     assert too_large.startswith(b"HTTP/1.1 413 ")
+
+
+async def test_an_admission_with_the_waiter_header_is_watched_without_an_add(
+    served: Served,
+) -> None:
+    with trio.fail_after(20):
+        header = {resultwait.WAITER_HEADER: WAITER}
+        served.client.admission_headers.update(header)
+        await served.client.admit(request("rw-h1", metadata={"gate": "rw-header"}))
+        served.client.admission_headers.update({resultwait.WAITER_HEADER: "no good"})
+        with pytest.raises(InvalidRolloutRequest) as refused:
+            await served.client.admit(request("rw-h2"))
+        assert "x-rollbridge-waiter must be" in str(refused.value.detail)
+        assert served.running.service.status_of("rw-h2") is None
+        first = (await served.http.post(WAIT_ROUTE, json=wait_body(timeout_sec=0))).json()
+        assert first["results"] == [] and first["watching"] == 1
+        gate("rw-header").set()
+        second = (await served.http.post(WAIT_ROUTE, json=wait_body())).json()
+    assert [r["rollout_id"] for r in second["results"]] == ["rw-h1"]
