@@ -4,6 +4,7 @@ client as the rollout transport, and the run directory as the result sink (see t
 
 from __future__ import annotations
 
+import weakref
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
@@ -101,6 +102,9 @@ class BridgeEndpoint:
         self._bridge.calls.discard(rollout_id)
 
 
+_WAITERS: weakref.WeakKeyDictionary[RolloutClient, ResultWaiter] = weakref.WeakKeyDictionary()
+
+
 class _AdmittedRollout:
     def __init__(
         self, client: RolloutClient, admission: Admission, results: ResultWaiter | None
@@ -135,11 +139,14 @@ class RolloutClientTransport:
         self._server = server
         self.results: ResultWaiter | None = None
         if batched_wait_wanted(server.health):
-            child = server.child
-            self.results = ResultWaiter(
-                server.base_url, server_alive=lambda: child.returncode is None
-            )
-            client.admission_headers.update(self.results.admission_headers)
+            # One waiter per client: its admissions register their rollouts with it.
+            self.results = _WAITERS.get(client)
+            if self.results is None:
+                child = server.child
+                self.results = _WAITERS[client] = ResultWaiter(
+                    server.base_url, server_alive=lambda: child.returncode is None
+                )
+                client.admission_headers.update(self.results.admission_headers)
 
     async def admit(
         self, request: RolloutInitRequest, admission_timeout_s: float
