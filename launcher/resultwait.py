@@ -12,11 +12,15 @@ rollout admitted with :attr:`ResultWaiter.admission_headers` is registered by it
 (no request of its own); only a rollout waited for again after its caller gave up (the
 dispatcher's settling after a cancel) is registered by a request.
 
-No task of its own runs the waits: the callers of :meth:`ResultWaiter.wait` take turns. One of
-them sends the long wait and hands every result in its answer to its rollout's caller; when its
-own result came, it wakes one other caller to take over. So cancelling a caller (its item's
-deadline, an interrupt) behaves as with the per-id poll: only that caller stops waiting, and the
-rollout stays watched until the dispatcher's cancel ends it.
+The long wait is sent, round after round while any rollout is waited for, by a task of the
+waiter's own, a trio *system* task (``trio.lowlevel.spawn_system_task``): the dispatch's
+transport has no nursery to offer, and a caller cannot run it, since handing the long wait
+from caller to caller put a gap after every answer while the callers it had woken recorded
+their results, which made the answers bursty and slowed a whole run down. The task catches
+every failure (it hands it to the callers) and ends when nobody waits. A caller itself sends
+only the short request. Cancelling a caller (its item's deadline, an interrupt) behaves as with
+the per-id poll: only that caller stops waiting, and the rollout stays watched until the
+dispatcher's cancel ends it.
 
 Delivery is exactly once: the server answers a result in every wait until it is acknowledged
 (in the next request), and a result whose caller is gone, or that came twice, is only
@@ -128,6 +132,7 @@ class ResultWaiter:
         self._idle: deque[_Box] = deque()  # callers waiting for their turn
         self._long_busy = False
         self._short_busy = False
+        self._looping = False
         self._hold = 30.0
         self._lease = 120.0
         self._renewed = -math.inf  # the latest lease renewal (client's view), for retries
@@ -160,11 +165,12 @@ class ResultWaiter:
             self._lease = admission.polling_lease_timeout_sec
             sent_at = admission.lease_deadline - admission.polling_lease_timeout_sec
             self._renewed = max(self._renewed, sent_at)
+        if not self._looping:
+            self._looping = True
+            trio.lowlevel.spawn_system_task(self._loop, name="rollbridge batched result wait")
         try:
             while not box.done:
-                if not self._long_busy:
-                    await self._round(long=True)
-                elif self._unsent and not self._short_busy:
+                if self._unsent and not self._short_busy:
                     await self._round(long=False)
                 else:
                     box.turn = trio.Event()
@@ -177,20 +183,35 @@ class ResultWaiter:
                 del self._boxes[rollout_id]
                 self._unsent.pop(rollout_id, None)
             self._hand_over()
-            if not self._boxes and not self.connections and self._pool is not None:
-                pool, self._pool = self._pool, None
-                with trio.CancelScope(shield=True):
-                    await pool.aclose()
+            await self._close_if_idle()
         if box.error is not None:
             raise box.error
         assert box.result is not None
         return box.result
 
+    async def _loop(self) -> None:
+        """The long wait, round after round, while any rollout is waited for."""
+        try:
+            while self._boxes:
+                await self._round(long=True)
+        except Exception as exc:  # a defect: fail the callers, not the whole trio run
+            error = RolloutProtocolError(f"POST {WAIT_ROUTE}: {type(exc).__name__}: {exc}")
+            for rollout_id in list(self._boxes):
+                self._resolve(rollout_id, None, error)
+        finally:
+            self._looping = False
+            await self._close_if_idle()
+
+    async def _close_if_idle(self) -> None:
+        """Close the connections once nobody waits and nothing is sent."""
+        if not self._boxes and not self.connections and self._pool is not None:
+            pool, self._pool = self._pool, None
+            with trio.CancelScope(shield=True):
+                await pool.aclose()
+
     def _hand_over(self) -> None:
-        """Wake one waiting caller when a request needs sending and nobody is sending it."""
-        needs_long = not self._long_busy and bool(self._boxes)
-        needs_short = bool(self._unsent) and not self._short_busy
-        if not (needs_long or needs_short):
+        """Wake one waiting caller when rollouts need registering and nobody is sending them."""
+        if not self._unsent or self._short_busy:
             return
         while self._idle:
             box = self._idle.popleft()
