@@ -4,6 +4,7 @@ client as the rollout transport, and the run directory as the result sink (see t
 
 from __future__ import annotations
 
+import weakref
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
@@ -11,6 +12,7 @@ import trio
 
 from launcher.dispatch import LogFn, RolloutRefused
 from launcher.report import describe
+from launcher.resultwait import ResultWaiter, batched_wait_wanted
 from launcher.rollout_child import RolloutServer
 from launcher.rundir.calls import call_totals
 from launcher.rundir.journal import ErrorInfo, TerminalRecord
@@ -110,12 +112,22 @@ class BridgeEndpoint:
             await self._bridge.revoke(rollout_id)
 
 
+_WAITERS: weakref.WeakKeyDictionary[RolloutClient, ResultWaiter] = weakref.WeakKeyDictionary()
+
+
 class _AdmittedRollout:
-    def __init__(self, client: RolloutClient, admission: Admission) -> None:
+    def __init__(
+        self, client: RolloutClient, admission: Admission, results: ResultWaiter | None
+    ) -> None:
         self._client = client
         self._admission = admission
+        self._results = results
+        self._registered = results is not None  # by its admission, until a first wait
 
     async def wait(self) -> RolloutResultResponse:
+        if self._results is not None:
+            registered, self._registered = self._registered, False
+            return await self._results.wait(self._admission, registered=registered)
         return await self._client.wait_for_result(self._admission)
 
 
@@ -126,11 +138,25 @@ class RolloutClientTransport:
     only turns a 4xx refusal, and a request that cannot be sent at all (a row holding text that
     is not valid Unicode, or breaking the protocol's rules), into :class:`RolloutRefused`, and
     names a dead server as the cause.
+
+    Results come through the server's batched wait (:mod:`launcher.resultwait`: two
+    connections at most, whatever the rollouts in flight) when its ``/health`` offers it, else
+    through one long-poll per rollout.
     """
 
     def __init__(self, client: RolloutClient, server: RolloutServer) -> None:
         self._client = client
         self._server = server
+        self.results: ResultWaiter | None = None
+        if batched_wait_wanted(server.health):
+            # One waiter per client: its admissions register their rollouts with it.
+            self.results = _WAITERS.get(client)
+            if self.results is None:
+                child = server.child
+                self.results = _WAITERS[client] = ResultWaiter(
+                    server.base_url, server_alive=lambda: child.returncode is None
+                )
+                client.admission_headers.update(self.results.admission_headers)
 
     async def admit(
         self, request: RolloutInitRequest, admission_timeout_s: float
@@ -147,7 +173,7 @@ class RolloutClientTransport:
                 detail = f": {exc.detail}" if exc.detail else ""
                 raise RolloutRefused(code, f"{exc}{detail}") from None
             raise
-        return _AdmittedRollout(self._client, admission)
+        return _AdmittedRollout(self._client, admission, self.results)
 
     async def cancel(self, rollout_id: str) -> None:
         """Ask the server to cancel one rollout."""

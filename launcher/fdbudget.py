@@ -1,11 +1,15 @@
 """File descriptors for a run's rollouts in flight (issue 29, item 1).
 
-Each rollout in flight holds sockets on every hop of ours: the supervisor's long-poll to the
-rollout server; at the rollout server that long-poll in and the rollout's model call out; at
-the bridge that call in and the provider call out. With one HTTP/1.1 connection per
-outstanding request the rollout server and the bridge each need two descriptors per rollout
-in flight, on top of what any process holds anyway (its imports, logs, pipes, the journal,
-the pooled admission connections).
+Each rollout in flight holds sockets on every hop of ours: at the rollout server the
+rollout's model call out; at the bridge that call in and the provider call out; and, unless
+the rollout server offers the batched result wait (launcher.resultwait), the supervisor's
+long-poll out and the rollout server's long-poll in. With one HTTP/1.1 connection per
+outstanding request that is, per rollout in flight, 1 descriptor in the supervisor, 2 in the
+rollout server and 2 in the bridge with per-id long-polls, and 0, 1 and 2 with the batched
+wait; on top of what any process holds anyway (its imports, logs, pipes, the journal, the
+pooled admission connections). :func:`per_rollout` says it per process and
+:func:`fit_in_flight` budgets for the process that needs the most, so a change to one hop
+(HTTP/2 between our processes) only changes its count there.
 
 Before dispatch the supervisor raises its soft ``RLIMIT_NOFILE`` as far as the hard limit
 allows (:func:`raise_descriptor_limit`, before it spawns the bridge and the rollout server,
@@ -22,6 +26,7 @@ import errno
 from dataclasses import dataclass
 
 __all__ = [
+    "BRIDGE_PER_ROLLOUT",
     "PER_ROLLOUT",
     "RESERVE",
     "DescriptorLimit",
@@ -29,14 +34,15 @@ __all__ = [
     "exhaustion_in_text",
     "exhaustion_reason",
     "fit_in_flight",
+    "per_rollout",
     "raise_descriptor_limit",
 ]
 
-#: Descriptors per rollout in flight in the process that needs the most: the rollout server
-#: and the bridge process (one in, one out each); the supervisor needs one (its long-poll),
-#: three when the bridge runs inside it (``ROLLBRIDGE_BRIDGE_IN_PROCESS``).
+#: Descriptors per rollout in flight in the process that needs the most with per-id
+#: long-polls: the rollout server and the bridge process (one in, one out each).
 PER_ROLLOUT = 2
-PER_ROLLOUT_BRIDGE_IN_PROCESS = 3
+#: The bridge's per rollout in flight: the rollout's model call in, the provider call out.
+BRIDGE_PER_ROLLOUT = 2
 #: Descriptors kept free in every process for what does not grow with the rollouts in flight:
 #: stdio, logs, pipes to children, the journal and the files of the results being written,
 #: the pooled admission connections (64 at most, ``launcher.dispatch``), the event loop's own.
@@ -92,14 +98,41 @@ def raise_descriptor_limit() -> DescriptorLimit:
     return DescriptorLimit(soft, _finite(hard, infinity))
 
 
+def per_rollout(
+    *,
+    batched_wait: bool = False,
+    bridge_in_process: bool = False,
+    bridge: int = BRIDGE_PER_ROLLOUT,
+) -> dict[str, int]:
+    """Descriptors per rollout in flight in each of the run's processes (by name, as the
+    notice says it). ``batched_wait``: the rollout server offers the batched result wait, so
+    neither the supervisor nor the server holds a long-poll per rollout. ``bridge``: the
+    bridge's count (in and out); with ``bridge_in_process`` it is held by the supervisor."""
+    poll = 0 if batched_wait else 1
+    needs = {"the supervisor": poll, "the rollout server": poll + 1}
+    if bridge_in_process:
+        needs["the supervisor"] += bridge
+    else:
+        needs["the bridge"] = bridge
+    return needs
+
+
 def fit_in_flight(
-    in_flight: int, limit: DescriptorLimit, *, bridge_in_process: bool = False
+    in_flight: int,
+    limit: DescriptorLimit,
+    *,
+    bridge_in_process: bool = False,
+    needs: dict[str, int] | None = None,
 ) -> tuple[int, str | None]:
-    """The rollouts in flight that ``limit`` holds (at most ``in_flight``), and the one-line
-    notice to show when that is fewer than asked."""
+    """The rollouts in flight that ``limit`` holds in every process (at most ``in_flight``),
+    and the one-line notice to show when that is fewer than asked. ``needs``: descriptors per
+    rollout per process (:func:`per_rollout`; by default the per-id long-polls')."""
     if limit.soft is None:
         return in_flight, None
-    per = PER_ROLLOUT_BRIDGE_IN_PROCESS if bridge_in_process else PER_ROLLOUT
+    if needs is None:
+        needs = per_rollout(bridge_in_process=bridge_in_process)
+    per = max(max(needs.values(), default=1), 1)
+    where = " and ".join(name for name, count in needs.items() if count == per) or "each process"
     reserve = min(RESERVE, limit.soft // 4)
     fits = max(1, (limit.soft - reserve) // per)
     if in_flight <= fits:
@@ -107,7 +140,7 @@ def fit_in_flight(
     needed = in_flight * per + reserve
     hard = "unlimited" if limit.hard is None else str(limit.hard)
     return fits, (
-        f"{in_flight} rollouts in flight need about {needed} open files per process "
+        f"{in_flight} rollouts in flight need about {needed} open files in {where} "
         f"({per} per rollout + {reserve}), above the open-file limit of {limit.soft} "
         f"(hard limit {hard}); running {fits} rollouts at a time "
         "(raise the hard limit, `ulimit -Hn`, to run more)"

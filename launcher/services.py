@@ -40,9 +40,10 @@ from launcher.dispatch import RolloutTransport, resolve_concurrency
 from launcher.dispatch_io import BridgeEndpoint, RolloutClientTransport
 from launcher.early_checks import early_checks
 from launcher.errors import LocalEvalError
-from launcher.fdbudget import fit_in_flight, raise_descriptor_limit
+from launcher.fdbudget import fit_in_flight, per_rollout, raise_descriptor_limit
 from launcher.prepare import Prepared
 from launcher.process import LONG_STOP_GRACE_S, STOP_GRACE_S, TunnelOwner
+from launcher.resultwait import batched_wait_wanted
 from launcher.rollout_child import (
     LogFn,
     RolloutServer,
@@ -229,9 +230,10 @@ async def _start(
         ctx.ui.warning(capped, "CONCURRENCY_CAPPED")
     from bridge.spare import in_process_requested
 
-    concurrency, fd_capped = fit_in_flight(
-        concurrency, descriptors, bridge_in_process=in_process_requested()
+    needs = per_rollout(
+        batched_wait=batched_wait_wanted(server.health), bridge_in_process=in_process_requested()
     )
+    concurrency, fd_capped = fit_in_flight(concurrency, descriptors, needs=needs)
     if fd_capped is not None:
         ctx.log("WARNING", "dispatch", fd_capped, {"open_file_limit": descriptors.soft})
         ctx.ui.warning(fd_capped, "CONCURRENCY_CAPPED")

@@ -1,6 +1,6 @@
 """The HTTP shell: a small raw ASGI app over :class:`~rollout_server.service.RolloutService`.
 
-It deliberately uses no web framework. Four routes do not need one, and going without avoids
+It deliberately uses no web framework. A few routes do not need one, and going without avoids
 quart-trio's keep-alive POST hang (docs/hazards.md #1: the whole body is always read here before a
 handler runs), Quart's response/body timeouts that would cut long-polls (#5) and handler
 cancellation on disconnect (#7). It is also several times cheaper per request.
@@ -30,6 +30,8 @@ from .protocol import (
     parse_cancel_request,
     parse_rollout_init_request,
 )
+from .resultwait import CAPABILITY, WAIT_ROUTE, WAITER_HEADER, ResultWaits, valid_waiter
+from .resultwait import MAX_BODY_BYTES as WAIT_MAX_BODY_BYTES
 from .service import AdmissionRefused, LeaseMismatch, RolloutService, UnknownRollout
 
 if TYPE_CHECKING:
@@ -44,6 +46,7 @@ DEFAULT_MAX_BODY_BYTES: Final = 64 * 1024 * 1024
 _encode = msgspec.json.Encoder().encode
 _decode = msgspec.json.Decoder().decode
 _LEASE_HEADER_BYTES: Final = LEASE_HEADER.lower().encode("latin-1")
+_WAITER_HEADER_BYTES: Final = WAITER_HEADER.encode("latin-1")
 
 
 def _json_error(kind: str, msg: str, error: str) -> RequestValidationError:
@@ -71,6 +74,7 @@ class RolloutApp:
         if api_key is not None and not api_key.strip():
             raise ValueError("api_key must be a non-blank string (or None for no authentication)")
         self.service = service
+        self.waits = ResultWaits(service)
         self._expected_auth = ("Bearer " + api_key).encode() if api_key is not None else None
         self.max_body_bytes = max_body_bytes
         self.manage_service = manage_service
@@ -140,6 +144,7 @@ class RolloutApp:
                 ),
             ]
             payload = self.service.health()
+            payload["rollbridge_capabilities"] = [CAPABILITY]
             try:
                 body = _encode(payload)
             except (TypeError, ValueError, OverflowError):
@@ -165,6 +170,12 @@ class RolloutApp:
                 return
             await self._probe(scope, receive, send)
             return
+        if path == WAIT_ROUTE:
+            if method != "POST":
+                await _not_allowed(send, "POST")
+                return
+            await self._wait_results(scope, receive, send)
+            return
         parts = path.split("/")
         if len(parts) == 4 and parts[1] == "rollout" and parts[3] == "result" and parts[2]:
             if method != "GET":
@@ -174,9 +185,11 @@ class RolloutApp:
             return
         await _respond(send, 404, {"detail": "Not Found"})
 
-    async def _read_json(self, scope: HTTPScope, receive: ASGIReceiveCallable) -> Any:
+    async def _read_json(
+        self, scope: HTTPScope, receive: ASGIReceiveCallable, limit: int | None = None
+    ) -> Any:
         """The decoded JSON body (``None`` when empty). Reads the whole body first."""
-        body = await read_body(scope, receive, self.max_body_bytes)
+        body = await read_body(scope, receive, self.max_body_bytes if limit is None else limit)
         content_type = header(scope, b"content-type")
         if content_type is not None:
             media = content_type.split(b";", 1)[0].strip().lower()
@@ -228,6 +241,12 @@ class RolloutApp:
         ok, body = await self._body_or_error(scope, receive, send)
         if not ok:
             return
+        raw_waiter = header(scope, _WAITER_HEADER_BYTES)
+        waiter = raw_waiter.decode("latin-1") if raw_waiter is not None else None
+        if waiter is not None and not valid_waiter(waiter):
+            detail = f"{WAITER_HEADER} must be 16 to 128 characters of A-Z a-z 0-9 _ -"
+            await _respond(send, 422, {"detail": detail})
+            return
         try:
             request = parse_rollout_init_request(body)
             accepted = self.service.admit(request)
@@ -238,6 +257,8 @@ class RolloutApp:
             extra = [(k.encode(), v.encode()) for k, v in exc.headers.items()]
             await _respond(send, exc.status, {"detail": exc.detail}, extra)
             return
+        if waiter is not None:
+            self.waits.watch_admitted(waiter, request.rollout_id)
         await _respond(send, 202, accepted)
 
     async def _cancel(
@@ -268,6 +289,23 @@ class RolloutApp:
             return
         status, payload = await answer_probe(self.service.backend, body)
         await _respond(send, status, payload)
+
+    async def _wait_results(
+        self, scope: HTTPScope, receive: ASGIReceiveCallable, send: ASGISendCallable
+    ) -> None:
+        """The batched result wait (:mod:`rollout_server.resultwait`); bad input is 422."""
+        limit = min(self.max_body_bytes, WAIT_MAX_BODY_BYTES)
+        try:
+            body = await self._read_json(scope, receive, limit)
+        except BodyTooLarge:
+            detail = f"request body is larger than {limit} bytes"
+            await _respond(send, 413, {"detail": detail}, close=True)
+            return
+        except RequestValidationError:
+            await _respond(send, 422, {"detail": "the body must be a JSON object"})
+            return
+        status, payload = await self.waits.answer(body)
+        await send_json(send, status, payload)
 
     async def _result(self, rollout_id: str, scope: HTTPScope, send: ASGISendCallable) -> None:
         token = header(scope, _LEASE_HEADER_BYTES)

@@ -190,6 +190,19 @@ class ExecutionOutcome:
             return self.grader
         return self.workflow
 
+    def diagnostics(self) -> dict[str, Any] | None:
+        """What ``diagnostics.json`` holds: the saved result's ``extra_fields``, plus the
+        reported failure's reason (:data:`FAILURE_KEY`) when the two differ (a grader that
+        failed without a sample after a successful workflow), so the reason is never lost."""
+        saved, reported = self.saved(), self.reported()
+        diagnostics = saved.extra_fields
+        if reported is saved or reported.status != RolloutStatus.FAILURE:
+            return diagnostics
+        failure = (reported.extra_fields or {}).get(FAILURE_KEY)
+        if failure is None or (diagnostics is not None and FAILURE_KEY in diagnostics):
+            return diagnostics
+        return {**(diagnostics or {}), FAILURE_KEY: failure}
+
 
 class ExecutionBackend(abc.ABC):
     """Runs rollouts for the server. Subclass and implement :meth:`execute`.

@@ -271,6 +271,7 @@ class RolloutClient:
         )
         self._cancel_timeout_sec = cancel_timeout_sec
         self._server_alive = server_alive
+        self.admission_headers: dict[str, str] = {}  # added to every POST /rollout
 
     @functools.cached_property
     def _http(self) -> httpx.AsyncClient:
@@ -436,7 +437,13 @@ class RolloutClient:
         body = encode_request(request)
         sent_at = trio.current_time()
         try:
-            response = await self._send("POST", "/rollout", _JSON, body, self._admission_timeout)
+            response = await self._send(
+                "POST",
+                "/rollout",
+                {**_JSON, **self.admission_headers},
+                body,
+                self._admission_timeout,
+            )
         except WireError as exc:
             raise _unreachable("POST", "/rollout", exc) from exc
         status = response.status

@@ -16,32 +16,28 @@ private state; kept together, the invariants can be read and tested in one place
 
 from __future__ import annotations
 
-import base64
-import hashlib
 import heapq
 import hmac
 import logging
 import math
 import os
-import secrets
 import uuid
 from collections import deque
 from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import msgspec
 import trio
 
 from .backend import (
-    FAILURE_KEY,
     ExecutionBackend,
     ExecutionOutcome,
     ExecutionRequest,
-    ExecutionResult,
     categorize_exception,
 )
 from .jsonsafe import clean_text, wire_sample
+from .leasetoken import TokenSource, digest
 from .protocol import (
     DEFAULT_POLLING_LEASE_TIMEOUT_SEC,
     DEFAULT_RESULT_RETENTION_SEC,
@@ -63,6 +59,7 @@ if TYPE_CHECKING:
 __all__ = [
     "AdmissionRefused",
     "LeaseMismatch",
+    "ResultListener",
     "RolloutService",
     "UnknownRollout",
     "default_artifact_root",
@@ -100,6 +97,14 @@ class LeaseMismatch(PermissionError):
     """The lease token does not match the entry (403)."""
 
 
+class ResultListener(Protocol):
+    """Told of every result that becomes final, and of the stop (rollout_server.resultwait)."""
+
+    def finalized(self, rollout_id: str, body: bytes) -> None: ...
+
+    def stopping(self) -> None: ...
+
+
 class _Entry:
     __slots__ = (
         "cancel_requested",
@@ -131,50 +136,11 @@ class _Entry:
         self.remove_when_done = False
 
 
-class _TokenSource:
-    """Lease tokens: 32 bytes from the OS CSPRNG each, URL-safe base64 (43 characters).
-
-    The randomness is fetched 64 tokens at a time: one ``getrandom`` call per token cost
-    more than the rest of an admission on this kind of machine.
-    """
-
-    _BATCH = 64
-
-    def __init__(self) -> None:
-        self._pool = b""
-        self._offset = 0
-
-    def next(self) -> str:
-        if self._offset >= len(self._pool):
-            self._pool = secrets.token_bytes(32 * self._BATCH)
-            self._offset = 0
-        chunk = self._pool[self._offset : self._offset + 32]
-        self._offset += 32
-        return base64.urlsafe_b64encode(chunk).rstrip(b"=").decode("ascii")
-
-
-def _digest(token: str) -> bytes:
-    return hashlib.sha256(token.encode("utf-8", "surrogatepass")).digest()
-
-
 def _provisional_disposition(entry: _Entry) -> CancelDisposition:
     """What cancelling ``entry`` reports unless the backend claims the cancel itself."""
     if entry.status == RolloutStatus.QUEUED:
         return CancelDisposition.CANCELLED_QUEUED
     return CancelDisposition.CANCELLED_RUNNING
-
-
-def _diagnostics(saved: ExecutionResult, reported: ExecutionResult) -> dict[str, Any] | None:
-    """What ``diagnostics.json`` holds: the saved result's ``extra_fields``, plus the reported
-    failure's reason (:data:`~rollout_server.backend.FAILURE_KEY`) when the two differ (a grader
-    that failed without a sample after a successful workflow), so the reason is never lost."""
-    diagnostics = saved.extra_fields
-    if reported is saved or reported.status != RolloutStatus.FAILURE:
-        return diagnostics
-    failure = (reported.extra_fields or {}).get(FAILURE_KEY)
-    if failure is None or (diagnostics is not None and FAILURE_KEY in diagnostics):
-        return diagnostics
-    return {**(diagnostics or {}), FAILURE_KEY: failure}
 
 
 def _check_positive(name: str, value: float, *, allow_zero: bool = False) -> float:
@@ -236,12 +202,13 @@ class RolloutService:
         self.sdk_version = sdk_version
         self.http_client = http_client
         self._http_client_factory = http_client_factory
+        self.result_listener: ResultListener | None = None
         self.accepting = False
         self.stopping = False
         self.active = 0
         self._waiting_polls = 0
         self._entries: dict[str, _Entry] = {}
-        self._tokens = _TokenSource()
+        self._tokens = TokenSource()
         self._nursery: trio.Nursery | None = None
         self._lease_heap: list[tuple[float, int, _Entry]] = []
         self._lease_seq = 0
@@ -330,6 +297,8 @@ class RolloutService:
         self.stopping = True
         for entry in self._entries.values():
             self._wake(entry)
+        if self.result_listener is not None:
+            self.result_listener.stopping()
 
     # -- health -------------------------------------------------------------------------
 
@@ -365,7 +334,7 @@ class RolloutService:
             raise AdmissionRefused(409, "rollout_id is already registered")
         token = self._tokens.next()
         deadline = trio.current_time() + self.lease
-        entry = _Entry(request.rollout_id, _digest(token), deadline)
+        entry = _Entry(request.rollout_id, digest(token), deadline)
         self._entries[entry.id] = entry
         self._push_lease(deadline, entry)
         self.active += 1
@@ -386,19 +355,37 @@ class RolloutService:
         entry = self._entries.get(rollout_id)
         if entry is None:
             raise UnknownRollout(rollout_id)
-        if not hmac.compare_digest(entry.token_digest, _digest(token)):
+        if not hmac.compare_digest(entry.token_digest, digest(token)):
             raise LeaseMismatch(rollout_id)
         return entry
 
-    async def poll(self, rollout_id: str, token: str) -> bytes:
-        """One long-poll: the encoded result body. Raises UnknownRollout / LeaseMismatch."""
-        entry = self._authenticated(rollout_id, token)
+    def _arrive(self, entry: _Entry) -> None:
+        # A poll's arrival (§3.3 step 2): renew the lease, or expire it when it has passed.
         if entry.final is None:
             now = trio.current_time()
             if now >= entry.lease_deadline:
                 self._expire(entry)
             else:
                 entry.lease_deadline = now + self.lease
+
+    def attach(self, rollout_id: str, token: str) -> bytes | None:
+        """A poll's arrival without the wait: authenticate, renew (or expire) the lease; the
+        final body, else None. Raises UnknownRollout / LeaseMismatch."""
+        entry = self._authenticated(rollout_id, token)
+        self._arrive(entry)
+        return entry.final
+
+    def renew(self, rollout_id: str) -> None:
+        """Renew (or expire) the lease of a rollout :meth:`attach` authenticated, as a poll's
+        arrival would."""
+        entry = self._entries.get(rollout_id)
+        if entry is not None:
+            self._arrive(entry)
+
+    async def poll(self, rollout_id: str, token: str) -> bytes:
+        """One long-poll: the encoded result body. Raises UnknownRollout / LeaseMismatch."""
+        entry = self._authenticated(rollout_id, token)
+        self._arrive(entry)
         if entry.final is not None:
             return entry.final
         if not self.stopping:
@@ -481,6 +468,8 @@ class RolloutService:
             }
         )
         self._wake(entry)
+        if self.result_listener is not None:
+            self.result_listener.finalized(entry.id, entry.final)
         self._retention_queue.append((trio.current_time() + self.retention, entry))
         if len(self._retention_queue) == 1:
             self._retention_wakeup.set()
@@ -620,7 +609,7 @@ class RolloutService:
         reported = outcome.reported()
         saved = outcome.saved()
         sample = saved.sample
-        diagnostics = _diagnostics(saved, reported)
+        diagnostics = outcome.diagnostics()
         wants_trajectory = sample is not None and sample.trajectory_messages is not None
         if wants_trajectory or diagnostics is not None:
             try:

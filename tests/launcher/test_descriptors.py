@@ -22,6 +22,7 @@ from launcher.fdbudget import (
     exhaustion_in_exception,
     exhaustion_in_text,
     fit_in_flight,
+    per_rollout,
     raise_descriptor_limit,
 )
 from rollout_server.protocol import RolloutInitRequest
@@ -71,12 +72,36 @@ def test_in_flight_is_capped_to_what_the_limit_holds() -> None:
     fits, notice = fit_in_flight(10_000, DescriptorLimit(20_000, 20_000))
     assert fits == (20_000 - RESERVE) // PER_ROLLOUT == 9872
     assert notice is not None and "\n" not in notice
-    assert "10000 rollouts in flight need about 20256 open files" in notice
+    assert (
+        "10000 rollouts in flight need about 20256 open files in the rollout server and the "
+        "bridge (2 per rollout + 256)" in notice
+    )
     assert "limit of 20000 (hard limit 20000); running 9872 rollouts at a time" in notice
     # The bridge inside the supervisor adds its two sockets to the supervisor's one.
     assert fit_in_flight(10_000, DescriptorLimit(20_000, 20_000), bridge_in_process=True)[0] == (
         (20_000 - RESERVE) // 3
     )
+
+
+def test_the_batched_wait_takes_the_long_polls_out_of_the_budget() -> None:
+    assert per_rollout() == {"the supervisor": 1, "the rollout server": 2, "the bridge": 2}
+    assert per_rollout(batched_wait=True) == {
+        "the supervisor": 0,
+        "the rollout server": 1,
+        "the bridge": 2,
+    }
+    assert per_rollout(batched_wait=True, bridge_in_process=True) == {
+        "the supervisor": 2,
+        "the rollout server": 1,
+    }
+    limit = DescriptorLimit(20_000, 20_000)
+    # The bridge still needs two per rollout, so it sets the cap, and the notice names it.
+    fits, notice = fit_in_flight(10_000, limit, needs=per_rollout(batched_wait=True))
+    assert fits == 9872 and notice is not None and "open files in the bridge (2 per" in notice
+    # Once the bridge needs one (HTTP/2 to the provider, say), 10,000 fit under 20,000.
+    needs = per_rollout(batched_wait=True, bridge=1)
+    assert fit_in_flight(10_000, limit, needs=needs) == (10_000, None)
+    assert fit_in_flight(10_000, limit, needs=per_rollout(bridge=1))[0] == 9872
     # A low limit keeps a quarter for the process itself, and still runs one at the least.
     assert fit_in_flight(8, DescriptorLimit(100, 100)) == (8, None)
     fits, notice = fit_in_flight(80, DescriptorLimit(100, 100))
