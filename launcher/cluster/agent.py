@@ -45,6 +45,7 @@ from launcher.cluster.ship import ShipInfo, ensure_env
 from launcher.dispatch import RolloutRefused
 from launcher.dispatch_io import RolloutClientTransport
 from launcher.rollout_child import RolloutServer, ServerLaunch, start_rollout_server
+from rollout_server.harbor.bundle import SHIPPED_BUNDLE_ENV
 from rollout_server.protocol import RolloutInitRequest
 
 __all__ = ["AgentSpec", "NodeAgent", "trial_tar"]
@@ -179,6 +180,7 @@ class NodeAgent:
         assert nursery is not None
         python, entrypoint, rollout_dir = spec.python, spec.entrypoint, spec.rollout_dir
         built: bool | None = None
+        base_env = {k: v for k, v in os.environ.items() if not k.startswith("RAY_")}
         if spec.ship is not None and shipped:
             ref = shipped[0]
 
@@ -195,12 +197,12 @@ class NodeAgent:
                 str(env.rollout_dir),
             )
             built = env.built
+            base_env[SHIPPED_BUNDLE_ENV] = str(env.bundle)
         tls = pinned_client(spec.relay_cert) if spec.relay_cert else None
         handler = relay_to(spec.relay_host, spec.relay_port, tls=tls)
         listeners = await nursery.start(partial(trio.serve_tcp, handler, 0, host="127.0.0.1"))
         self._forward_port = int(listeners[0].socket.getsockname()[1])
         self._root = Path(tempfile.mkdtemp(prefix="rollbridge-agent-"))
-        base_env = {k: v for k, v in os.environ.items() if not k.startswith("RAY_")}
         launch = ServerLaunch(
             python=Path(python),
             entrypoint=Path(entrypoint),
