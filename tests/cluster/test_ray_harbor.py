@@ -13,8 +13,11 @@ Skips, with the reason, without root, Ray, iproute2 or the sandbox test bed.
 from __future__ import annotations
 
 import json
+import os
+import signal
 import subprocess
 import sys
+import time
 import uuid
 from pathlib import Path
 
@@ -26,9 +29,19 @@ from tests.cluster.conftest import ClusterBed
 from tests.cluster.test_ray_testbed import _agent_dirs, _remote_rollouts
 from tests.harbor.conftest import IMAGE, _testbed_problem, make_harbor_workspace
 from tests.harbor.test_reaper import _dead_owner
-from tests.launcher.e2e.helpers import UV, base_env, journal, run_cli, run_dir, wait_for
+from tests.launcher.e2e.helpers import (
+    UV,
+    base_env,
+    journal,
+    run_cli,
+    run_dir,
+    start_cli,
+    wait_for,
+)
 
 pytestmark = [pytest.mark.slow, pytest.mark.netns]
+
+LIFELINE = Path(__file__).parents[2] / "launcher" / "cluster" / "lifeline.py"
 
 ROWS = 4
 ROW = (
@@ -73,6 +86,28 @@ def _workspace(dest: Path) -> Path:
     return ws
 
 
+def _args(testbed: ClusterBed, name: str) -> list[str]:
+    return [
+        "eval", "run", "ws/configs/eval/workflow.toml", "--yes", "--plain", "--name", name,
+        "--ray", testbed.address,
+    ]  # fmt: skip
+
+
+def _env(testbed: ClusterBed, venv: Path) -> dict[str, str]:
+    return base_env(UV_PROJECT_ENVIRONMENT=str(venv), HARBOR_TELEMETRY="0", **testbed.env)
+
+
+def _labelled() -> list[dict[str, str]]:
+    """The labels of every trial container on the (shared) engine."""
+    listed = subprocess.run(
+        ["podman", "ps", "-a", "--filter", f"label={TRIAL_LABEL}", "--format", "json"],
+        capture_output=True,
+        timeout=60,
+        check=True,
+    )
+    return [dict(row.get("Labels") or {}) for row in json.loads(listed.stdout or b"[]")]
+
+
 def _trial_containers(ids: set[str]) -> list[str]:
     """Containers (any state) of this run's trials, found by their trial label."""
     listed = subprocess.run(
@@ -114,12 +149,8 @@ async def test_harbor_workflow_trials_on_both_nodes(
     harbor_venv: Path, testbed: ClusterBed, tmp_path: Path
 ) -> None:
     ws = _workspace(tmp_path / "ws")
-    args = [
-        "eval", "run", "ws/configs/eval/workflow.toml", "--yes", "--plain", "--name", "hb",
-        "--ray", testbed.address,
-    ]  # fmt: skip
-    env = base_env(UV_PROJECT_ENVIRONMENT=str(harbor_venv), HARBOR_TELEMETRY="0", **testbed.env)
-    result = await run_cli(args, cwd=tmp_path, env=env, timeout=900)
+    env = _env(testbed, harbor_venv)
+    result = await run_cli(_args(testbed, "hb"), cwd=tmp_path, env=env, timeout=900)
     run = run_dir(ws, "hb")
     logs = (run / "logs.txt").read_text() if (run / "logs.txt").exists() else ""
     assert result.returncode == 0, result.stdout + result.stderr + logs[-6000:]
@@ -203,3 +234,79 @@ def test_each_nodes_reaping_spares_the_other_nodes_live_trials(
         owner_on_n2.wait()
         if planted:
             subprocess.run(["podman", "rm", "-f", "-t", "0", *planted], timeout=60, check=False)
+
+
+def test_the_lifeline_removes_the_containers_of_the_server_it_stopped(
+    sandbox_bed: None, tmp_path: Path
+) -> None:
+    """A server killed before its shutdown finished leaves its trials' containers; the lifeline
+    that stopped it removes those (and no other owner's)."""
+    server = subprocess.Popen(["sleep", "300"], start_new_session=True)
+    other = subprocess.Popen(["sleep", "300"])
+    planted: list[str] = []
+    try:
+        mine = _plant([], owner_token(server.pid))
+        theirs = _plant([], owner_token(other.pid))
+        planted += [mine, theirs]
+        root = tmp_path / "agent-root"
+        root.mkdir()
+        read, write = os.pipe()
+        starter = subprocess.Popen(
+            [sys.executable, str(LIFELINE), str(server.pid), "1", str(root)], stdin=read
+        )
+        os.close(read)
+        assert starter.wait(timeout=30) == 0
+        assert _exists(mine)
+        os.close(write)  # the agent is gone
+        assert server.wait(timeout=30) == -signal.SIGTERM
+        deadline = time.monotonic() + 60
+        while _exists(mine) and time.monotonic() < deadline:
+            time.sleep(0.5)
+        assert not _exists(mine)
+        assert _exists(theirs)
+        assert not root.exists()
+    finally:
+        for proc in (server, other):
+            proc.kill()
+            proc.wait()
+        subprocess.run(["podman", "rm", "-f", "-t", "0", *planted], timeout=60, check=False)
+
+
+async def test_ctrl_c_mid_trial_leaves_nothing_on_either_node_and_resume_finishes(
+    harbor_venv: Path, testbed: ClusterBed, tmp_path: Path
+) -> None:
+    ws = _workspace(tmp_path / "ws")
+    env = _env(testbed, harbor_venv)
+    n2_pids = set(testbed.netns_pids())
+    owners: set[str] = set()
+
+    def node2_trial_running() -> bool:
+        servers = [p for p in _servers(ws) if "lifeline" not in " ".join(p.cmdline())]
+        owners.update(owner_token(p.pid) for p in servers)
+        on_n2 = {owner_token(p.pid) for p in servers if p.pid in set(testbed.netns_pids())}
+        return any(labels.get(OWNER_LABEL) in on_n2 for labels in _labelled())
+
+    cli = await start_cli(_args(testbed, "hc"), cwd=tmp_path, env=env, logdir=tmp_path / "cli")
+    try:
+        await wait_for(node2_trial_running, timeout=300, interval=0.5)
+        cli.signal(signal.SIGINT)
+        result = await cli.wait(timeout=240)
+    finally:
+        if cli.process.returncode is None:
+            cli.kill9()
+    assert result.returncode == 130, result.stdout + result.stderr
+    assert owners - {owner_token(pid) for pid in n2_pids}
+    # No trial container of either node's server survives (node 2's server was stopped with
+    # a short grace: its lifeline removes what its shutdown did not).
+    await wait_for(
+        lambda: not [c for c in _labelled() if c.get(OWNER_LABEL) in owners],
+        timeout=120,
+        interval=1.0,
+    )
+    await wait_for(lambda: not _servers(ws), timeout=90, interval=0.5)
+    again = await run_cli(_args(testbed, "hc"), cwd=tmp_path, env=env, timeout=900)
+    assert again.returncode == 0, again.stdout + again.stderr
+    records = journal(run_dir(ws, "hc"))
+    assert sorted(r["row_index"] for r in records) == list(range(ROWS)), records
+    assert {(r["status"], r.get("reward")) for r in records} == {("success", 1.0)}
+    await wait_for(lambda: not _servers(ws), timeout=90, interval=0.5)
