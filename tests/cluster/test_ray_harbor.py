@@ -80,15 +80,16 @@ def _workspace(dest: Path) -> Path:
     ``rollouts/harbor_hello`` alone; the tasks stay where both nodes see them)."""
     ws = make_harbor_workspace(dest)
     (ws / "data" / "hello.jsonl").write_text("".join(ROW.format(n=n) for n in range(ROWS)))
-    config = ws / "configs" / "eval" / "workflow.toml"
-    text = config.read_text().replace('HARBOR_CONCURRENCY = "2"', 'HARBOR_CONCURRENCY = "1"')
-    config.write_text(text.replace("[env]\n", f'[env]\nHARBOR_EXAMPLE_DIR = "{ws}"\n', 1))
+    for name in ("workflow", "oracle"):
+        config = ws / "configs" / "eval" / f"{name}.toml"
+        text = config.read_text().replace('HARBOR_CONCURRENCY = "2"', 'HARBOR_CONCURRENCY = "1"')
+        config.write_text(text.replace("[env]\n", f'[env]\nHARBOR_EXAMPLE_DIR = "{ws}"\n', 1))
     return ws
 
 
-def _args(testbed: ClusterBed, name: str) -> list[str]:
+def _args(testbed: ClusterBed, name: str, config: str = "workflow") -> list[str]:
     return [
-        "eval", "run", "ws/configs/eval/workflow.toml", "--yes", "--plain", "--name", name,
+        "eval", "run", f"ws/configs/eval/{config}.toml", "--yes", "--plain", "--name", name,
         "--ray", testbed.address,
     ]  # fmt: skip
 
@@ -181,6 +182,28 @@ async def test_harbor_workflow_trials_on_both_nodes(
     assert not _trial_containers(ids)
     await wait_for(lambda: not _servers(ws), timeout=90, interval=0.5)
     await wait_for(lambda: not _agent_dirs(ws), timeout=30, interval=0.5)
+
+
+async def test_harbor_oracle_trials_on_both_nodes(
+    harbor_venv: Path, testbed: ClusterBed, tmp_path: Path
+) -> None:
+    """A host-side agent: each replica's trials run through its own Harbor worker."""
+    ws = _workspace(tmp_path / "ws")
+    env = _env(testbed, harbor_venv)
+    args = _args(testbed, "ho", "oracle")
+    result = await run_cli(args, cwd=tmp_path, env=env, timeout=900)
+    assert result.returncode == 0, result.stdout + result.stderr
+    run = run_dir(ws, "ho")
+    records = journal(run)
+    assert sorted(r["row_index"] for r in records) == list(range(ROWS)), records
+    assert [(r["status"], r.get("reward")) for r in records] == [("success", 1.0)] * ROWS
+    ids = {str(r["rollout_id"]) for r in records}
+    remote = _remote_rollouts(run)
+    assert remote and remote < ids, (remote, ids)
+    for rollout_id in remote:
+        assert (run / "rollout_trials" / rollout_id / "harbor" / "result.json").is_file()
+    assert not _trial_containers(ids)
+    await wait_for(lambda: not _servers(ws), timeout=90, interval=0.5)
 
 
 def _plant(prefix: list[str], owner: str) -> str:
