@@ -83,13 +83,13 @@ def trial_tar(trial: Path) -> bytes:
     return buffer.getvalue()
 
 
-def _spawn_lifeline(pgid: int, grace_s: float, root: Path) -> subprocess.Popen[bytes]:
-    """Start the lifeline on ``pgid`` and ``root``; its first process exits once the watchdog
-    forked."""
-    process = subprocess.Popen(
-        [sys.executable, str(_LIFELINE), str(pgid), str(grace_s), str(root)],
-        stdin=subprocess.PIPE,
-    )
+def _spawn_lifeline(
+    pgid: int, grace_s: float, root: Path, containers: bool
+) -> subprocess.Popen[bytes]:
+    """Start the lifeline on ``pgid`` and ``root`` (and, with ``containers``, the containers the
+    server owns); its first process exits once the watchdog forked."""
+    argv = [sys.executable, str(_LIFELINE), str(pgid), str(grace_s), str(root)]
+    process = subprocess.Popen([*argv, "containers"] if containers else argv, stdin=subprocess.PIPE)
     process.wait()
     return process
 
@@ -223,7 +223,11 @@ class NodeAgent:
         self._server = server
         self._transport = RolloutClientTransport(server.client, server)
         self._lifeline = await trio.to_thread.run_sync(
-            _spawn_lifeline, server.child.pid, spec.stop_grace_s, self._root
+            _spawn_lifeline,
+            server.child.pid,
+            spec.stop_grace_s,
+            self._root,
+            server.health.backend == "harbor",
         )
         capacity = await server.probe_capacity()
         return {

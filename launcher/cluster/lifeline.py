@@ -10,9 +10,10 @@ removes the agent's node-local directory ``root`` (the server's artifact root).
 
 A Harbor replica's containers carry their rollout server's owner label (``pid:start time``,
 :mod:`rollout_server.harbor.containers`); a server killed before its shutdown finished leaves
-them running. So once the group is gone the watchdog also removes, with each container engine
-found on PATH, every container labelled with the server as owner, sweeping again for a short
-while (a trial's Harbor, stopped by its own watchdog, may still be starting one).
+them running. So for a Harbor server (a fourth argument, ``containers``) the watchdog also
+removes, once the group is gone, with each container engine found on PATH, every container
+labelled with the server as owner, sweeping again for a short while (a trial's Harbor, stopped
+by its own watchdog, may still be starting one).
 """
 
 from __future__ import annotations
@@ -86,9 +87,10 @@ def _sweep(owner: str) -> None:
 
 def main(argv: list[str]) -> int:
     """Watch stdin; on end of file stop process group ``argv[0]`` within grace ``argv[1]``,
-    then remove directory ``argv[2]``."""
+    then remove directory ``argv[2]`` (and with ``argv[3] == "containers"`` the group leader's
+    containers)."""
     pgid, grace, root = int(argv[0]), float(argv[1]), argv[2]
-    owner = _owner(pgid)
+    owner = _owner(pgid) if argv[3:4] == ["containers"] else None
     if os.fork():
         return 0
     os.setsid()

@@ -275,7 +275,8 @@ def test_the_lifeline_removes_the_containers_of_the_server_it_stopped(
         root.mkdir()
         read, write = os.pipe()
         starter = subprocess.Popen(
-            [sys.executable, str(LIFELINE), str(server.pid), "1", str(root)], stdin=read
+            [sys.executable, str(LIFELINE), str(server.pid), "1", str(root), "containers"],
+            stdin=read,
         )
         os.close(read)
         assert starter.wait(timeout=30) == 0
