@@ -45,6 +45,7 @@ from launcher.cluster.ship import ShipInfo, ensure_env
 from launcher.dispatch import RolloutRefused
 from launcher.dispatch_io import RolloutClientTransport
 from launcher.rollout_child import RolloutServer, ServerLaunch, start_rollout_server
+from rollout_server.harbor.bundle import SHIPPED_BUNDLE_ENV
 from rollout_server.protocol import RolloutInitRequest
 
 __all__ = ["AgentSpec", "NodeAgent", "trial_tar"]
@@ -82,13 +83,13 @@ def trial_tar(trial: Path) -> bytes:
     return buffer.getvalue()
 
 
-def _spawn_lifeline(pgid: int, grace_s: float, root: Path) -> subprocess.Popen[bytes]:
-    """Start the lifeline on ``pgid`` and ``root``; its first process exits once the watchdog
-    forked."""
-    process = subprocess.Popen(
-        [sys.executable, str(_LIFELINE), str(pgid), str(grace_s), str(root)],
-        stdin=subprocess.PIPE,
-    )
+def _spawn_lifeline(
+    pgid: int, grace_s: float, root: Path, containers: bool
+) -> subprocess.Popen[bytes]:
+    """Start the lifeline on ``pgid`` and ``root`` (and, with ``containers``, the containers the
+    server owns); its first process exits once the watchdog forked."""
+    argv = [sys.executable, str(_LIFELINE), str(pgid), str(grace_s), str(root)]
+    process = subprocess.Popen([*argv, "containers"] if containers else argv, stdin=subprocess.PIPE)
     process.wait()
     return process
 
@@ -179,6 +180,7 @@ class NodeAgent:
         assert nursery is not None
         python, entrypoint, rollout_dir = spec.python, spec.entrypoint, spec.rollout_dir
         built: bool | None = None
+        base_env = {k: v for k, v in os.environ.items() if not k.startswith("RAY_")}
         if spec.ship is not None and shipped:
             ref = shipped[0]
 
@@ -195,12 +197,12 @@ class NodeAgent:
                 str(env.rollout_dir),
             )
             built = env.built
+            base_env[SHIPPED_BUNDLE_ENV] = str(env.bundle)
         tls = pinned_client(spec.relay_cert) if spec.relay_cert else None
         handler = relay_to(spec.relay_host, spec.relay_port, tls=tls)
         listeners = await nursery.start(partial(trio.serve_tcp, handler, 0, host="127.0.0.1"))
         self._forward_port = int(listeners[0].socket.getsockname()[1])
         self._root = Path(tempfile.mkdtemp(prefix="rollbridge-agent-"))
-        base_env = {k: v for k, v in os.environ.items() if not k.startswith("RAY_")}
         launch = ServerLaunch(
             python=Path(python),
             entrypoint=Path(entrypoint),
@@ -221,7 +223,11 @@ class NodeAgent:
         self._server = server
         self._transport = RolloutClientTransport(server.client, server)
         self._lifeline = await trio.to_thread.run_sync(
-            _spawn_lifeline, server.child.pid, spec.stop_grace_s, self._root
+            _spawn_lifeline,
+            server.child.pid,
+            spec.stop_grace_s,
+            self._root,
+            server.health.backend == "harbor",
         )
         capacity = await server.probe_capacity()
         return {

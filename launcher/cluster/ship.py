@@ -25,6 +25,7 @@ reuses it); a directory without ``ready.json`` is a crashed build and is made ag
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import hashlib
 import io
@@ -93,6 +94,9 @@ class NodeEnv:
     entrypoint: Path
     built: bool
     """Whether this call built it (False: an earlier run's environment, reused)."""
+    bundle: Path
+    """The unpacked bundle, with this node's uv: a complete sandbox bundle for a Harbor replica
+    (:data:`rollout_server.harbor.bundle.SHIPPED_BUNDLE_ENV`)."""
 
 
 def pack(
@@ -225,7 +229,25 @@ def _ready(directory: Path, info: ShipInfo) -> NodeEnv | None:
     entrypoint = rollout_dir / info.entrypoint
     if not python.exists() or not entrypoint.is_file():
         return None
-    return NodeEnv(python, rollout_dir, entrypoint, built=False)
+    _link_uv(python.parent)
+    return NodeEnv(python, rollout_dir, entrypoint, built=False, bundle=directory / "bundle")
+
+
+def _link_uv(bin_dir: Path) -> None:
+    """``uv`` beside the venv's interpreter and in the unpacked bundle: this node's uv, for
+    what a Harbor replica does with it (:func:`rollout_server.harbor.bundle.find_uv` looks beside
+    the interpreter; a sandbox image installs the bundle with the bundle's ``uv``). Best effort,
+    and done again when an environment is reused."""
+    bundle_uv = bin_dir.parent.parent / "bundle" / "uv"
+    with contextlib.suppress(OSError, ShipError):
+        if not (bin_dir / "uv").is_file():
+            (bin_dir / "uv").unlink(missing_ok=True)
+            (bin_dir / "uv").symlink_to(_uv())
+        if not bundle_uv.is_file():
+            # A copy, not a link: it goes into the image's build context.
+            scratch = bundle_uv.with_name(f".uv.{os.getpid()}")
+            shutil.copy2(_uv(), scratch)
+            os.replace(scratch, bundle_uv)
 
 
 def _uv() -> str:
@@ -290,6 +312,7 @@ def _build(info: ShipInfo, data: bytes, directory: Path) -> NodeEnv:
         ],
         "uv pip install of the rollout's bundle",
     )  # fmt: skip
+    _link_uv(python.parent)
     probe = (
         "import importlib.util, sys; "
         "print(importlib.util.find_spec(sys.argv[1]).submodule_search_locations[0])"
@@ -303,4 +326,4 @@ def _build(info: ShipInfo, data: bytes, directory: Path) -> NodeEnv:
     scratch = directory / f".{READY}.tmp"
     scratch.write_text(json.dumps(facts) + "\n")
     os.replace(scratch, directory / READY)
-    return NodeEnv(python, rollout_dir, entrypoint, built=True)
+    return NodeEnv(python, rollout_dir, entrypoint, built=True, bundle=bundle)

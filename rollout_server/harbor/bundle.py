@@ -52,12 +52,14 @@ from .wheelhouse import (
 __all__ = [
     "FORMAT",
     "PACKAGE_DIR_NAME",
+    "SHIPPED_BUNDLE_ENV",
     "WHEELHOUSE_ENV",
     "Bundle",
     "BundleError",
     "build_bundle",
     "default_cache_root",
     "find_uv",
+    "shipped_bundle",
 ]
 
 #: Bumped whenever the layout or the recipe of a bundle changes (old bundles then miss).
@@ -67,6 +69,9 @@ PACKAGE_DIR_NAME = "rollbridge_rollout"
 MANIFEST = "manifest.json"
 #: A directory with rollbridge's own wheel (the supervisor's, launcher.selfwheel.SHIPPED_ENV).
 WHEELHOUSE_ENV = "ROLLBRIDGE_WHEELHOUSE"
+#: A complete bundle this server's own environment was installed from (a Ray node agent sets it:
+#: launcher/cluster/ship.py); the sandbox then gets exactly that bundle instead of a repack.
+SHIPPED_BUNDLE_ENV = "ROLLBRIDGE_SHIPPED_BUNDLE"
 #: Installed only as a tool in a venv; dropped unless something requires them.
 _TOOLS = frozenset({"pip", "setuptools", "wheel"})
 _NAME = re.compile(r"^\s*([A-Za-z0-9][A-Za-z0-9._-]*)")
@@ -314,6 +319,23 @@ def _cached(directory: Path, digest: str) -> Bundle | None:
     if not (directory / "uv").is_file():
         return None
     return Bundle(digest, directory, requirement, package)
+
+
+def shipped_bundle() -> Bundle | None:
+    """The bundle ``$SHIPPED_BUNDLE_ENV`` names, when it is complete (None otherwise).
+
+    A replica on another Ray node runs from a venv installed from the head's bundle: that venv
+    holds the rollout's files as an installed package, and bundling it again would pack them
+    twice. The shipped bundle is the head's own, so the sandbox image is the head's too."""
+    named = os.environ.get(SHIPPED_BUNDLE_ENV)
+    if not named:
+        return None
+    directory = Path(named)
+    try:
+        digest = json.loads((directory / MANIFEST).read_bytes()).get("digest")
+    except (OSError, ValueError, AttributeError):
+        return None
+    return _cached(directory, digest) if isinstance(digest, str) else None
 
 
 def _build(plan: _Plan, uv: str, scratch: Path, log: Callable[[str], None]) -> None:

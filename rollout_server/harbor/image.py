@@ -61,10 +61,18 @@ class SandboxImage:
     python_version: str
 
 
-def trial_dockerfile(image: SandboxImage) -> str:
+def trial_dockerfile(image: SandboxImage, trial: str = "") -> str:
     """The one-stage Dockerfile a trial's ``environment/`` gets instead of the task's: ``FROM`` the
-    sandbox image, relabelled so sweeps of sandbox images (``io.rollbridge.sandbox=1``) skip it."""
-    return f'FROM {image.tag}\nLABEL {SANDBOX_LABEL}="trial" {SANDBOX_LABEL}.base="{image.tag}"\n'
+    sandbox image, relabelled so sweeps of sandbox images (``io.rollbridge.sandbox=1``) skip it.
+
+    The trial's name is a label too, so no two trials' builds share a cached layer: with one,
+    a trial whose build hit the cache lost its image when another trial's teardown removed
+    the last name of that layer ("getting source imageReference ... cannot specify 64-byte
+    hexadecimal strings"), seen with trials of two servers (Ray replicas) on one engine."""
+    labels = f'{SANDBOX_LABEL}="trial" {SANDBOX_LABEL}.base="{image.tag}"'
+    if trial:
+        labels += f' {SANDBOX_LABEL}.trial="{trial}"'
+    return f"FROM {image.tag}\nLABEL {labels}\n"
 
 
 def _tree_files(root: Path) -> list[str]:

@@ -23,7 +23,7 @@ from urllib.parse import urlsplit
 
 import trio
 
-from .bundle import Bundle, BundleError, build_bundle
+from .bundle import Bundle, BundleError, build_bundle, shipped_bundle
 from .image import SandboxImage, ensure_image
 from .probe import AGENT_PATH, decide_route
 from .route import Candidate, ProbeReport, SandboxRoute
@@ -108,6 +108,12 @@ class Placement:
             )
         async with self._lock:
             try:
+                if self._bundle is None:
+                    self._bundle = shipped_bundle()
+                    if self._bundle is not None:
+                        logger.info(
+                            "bundle: %s shipped with this replica", self._bundle.digest[:12]
+                        )
                 if self._bundle is None:
                     self._bundle = await trio.to_thread.run_sync(
                         lambda: build_bundle(

@@ -210,7 +210,8 @@ def stage_workflow(
     """Make the staged task a workflow-mode trial: its Dockerfile a one-line ``FROM`` the
     sandbox image (Harbor builds the trial's own tag of it), its label and grading staged.
     Returns the harness agent's kwargs and whether the trial has something to verify with."""
-    (task_dir / "environment" / "Dockerfile").write_text(trial_dockerfile(image))
+    dockerfile = trial_dockerfile(image, trial=f"trial-{request.id}")
+    (task_dir / "environment" / "Dockerfile").write_text(dockerfile)
     verify = stage_grading(
         task_dir,
         spec,

@@ -41,6 +41,8 @@ def _needs() -> str | None:
         return "needs root (network namespaces)"
     if shutil.which("ip") is None:
         return "needs iproute2 (ip netns)"
+    if shutil.which("nsenter") is None:
+        return "needs nsenter (util-linux)"
     return None
 
 

@@ -13,6 +13,7 @@ import base64
 import hashlib
 import io
 import json
+import os
 import subprocess
 import sys
 import tarfile
@@ -25,6 +26,7 @@ import pytest
 import trio
 
 from launcher.cluster.ship import NodeEnv, ShipError, ShipInfo, ensure_env
+from rollout_server.harbor.bundle import SHIPPED_BUNDLE_ENV, shipped_bundle
 
 MM = f"{sys.version_info[0]}.{sys.version_info[1]}"
 MAIN = 'print("hello from", __file__)\n'
@@ -70,7 +72,13 @@ def _shipped(tag: str, *, with_wheel: bool = True) -> tuple[ShipInfo, bytes]:
     )
     buffer = io.BytesIO()
     with tarfile.open(fileobj=buffer, mode="w") as tar:
-        entries = {"manifest.json": json.dumps({"python": MM}).encode()}
+        manifest = {
+            "python": MM,
+            "digest": hashlib.sha256(tag.encode()).hexdigest(),
+            "requirement": name,
+            "package_dir_name": "rollbridge_rollout",
+        }
+        entries = {"manifest.json": json.dumps(manifest).encode()}
         if with_wheel:
             entries[f"wheels/{filename}"] = wheel
         for path, data in entries.items():
@@ -131,6 +139,28 @@ async def test_builds_offline_once_per_digest_then_reuses(tmp_path: Path) -> Non
         again = await _ensure(info, fetch, tmp_path)
     assert not again.built and fetch.calls == 1, "a ready environment was fetched again"
     assert (again.python, again.entrypoint) == (env.python, env.entrypoint)
+
+
+async def test_the_environment_carries_a_complete_sandbox_bundle(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """What a Harbor replica bakes into its sandbox image: the shipped bundle with this node's
+    uv (and uv beside the venv's interpreter, for what the server builds itself)."""
+    info, data = _shipped("sandbox")
+    with trio.fail_after(120):
+        env = await _ensure(info, _Fetch(data), tmp_path)
+        assert env.bundle == tmp_path / info.digest / "bundle"
+        assert os.access(env.bundle / "uv", os.X_OK) and (env.python.parent / "uv").is_file()
+        monkeypatch.setenv(SHIPPED_BUNDLE_ENV, str(env.bundle))
+        found = shipped_bundle()
+        assert found is not None
+        assert (found.digest, found.requirement) == (info.digest, info.requirement)
+        # An environment built before its bundle had uv gets it when reused.
+        (env.bundle / "uv").unlink()
+        again = await _ensure(info, _Fetch(data), tmp_path)
+    assert not again.built and (again.bundle / "uv").is_file()
+    monkeypatch.setenv(SHIPPED_BUNDLE_ENV, str(tmp_path / "nowhere"))
+    assert shipped_bundle() is None
 
 
 async def test_another_digest_gets_its_own_environment(tmp_path: Path) -> None:

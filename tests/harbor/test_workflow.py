@@ -153,7 +153,10 @@ def test_a_trial_is_staged_with_the_label_only_in_its_tests(tmp_path: Path) -> N
     task = staged.task_dir
     assert json.loads((task / "tests" / "label.json").read_text())["label"] == label
     assert "rollout_server.sandbox grade" in (task / "tests" / "test.sh").read_text()
-    assert (task / "environment" / "Dockerfile").read_text() == trial_dockerfile(sandbox.image)
+    dockerfile = (task / "environment" / "Dockerfile").read_text()
+    assert dockerfile == trial_dockerfile(sandbox.image, trial="trial-r1")
+    # Each trial's own: two trials' builds never share a cached layer one teardown can remove.
+    assert 'io.rollbridge.sandbox.trial="trial-r1"' in dockerfile
     overlay = json.loads(staged.overlay.read_text())["services"]["main"]
     assert overlay["network_mode"] == SLIRP_NETWORK_MODE
     config = json.loads(staged.config.read_text())

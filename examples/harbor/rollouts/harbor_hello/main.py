@@ -33,7 +33,11 @@ from rollout_server import (
 )
 from rollout_server.harbor import HarborBackend
 
-WORKSPACE = Path(__file__).resolve().parents[2]
+#: Where ``tasks/`` and ``workflow_tasks/`` are: ``$HARBOR_EXAMPLE_DIR`` when set, else the example
+#: directory this file is in. On another Ray node the rollout runs from a shipped copy of its own
+#: directory alone (docs/scale-out.md), so a ``--ray`` run points this at the example on storage
+#: every node shares.
+WORKSPACE = Path(os.environ.get("HARBOR_EXAMPLE_DIR") or Path(__file__).resolve().parents[2])
 
 
 def _openai_streamed_reply(messages: list[dict[str, Any]]) -> tuple[str, int]:
