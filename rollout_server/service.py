@@ -342,9 +342,15 @@ class RolloutService:
             payload = {"status": "ok"}
         payload["instance_id"] = self.instance_id
         payload["process_id"] = self.process_id
+        try:
+            background = max(0, int(self.backend.background_tasks()))
+        except Exception:
+            logger.exception("backend background_tasks() failed")
+            background = 0
         payload["lifecycle"] = {
             "accepting_rollouts": self.accepting,
-            "active_rollouts": self.active,
+            # A server whose backend still tears answered rollouts down is not idle yet.
+            "active_rollouts": self.active + background,
         }
         return payload
 

@@ -49,6 +49,7 @@ from .staging import (
     write_private,
 )
 from .taskimage import TaskImages, use_task_image
+from .teardown import DEFER_DOWN_ENV, Teardowns
 from .timings import TrialClock
 from .workflow import HARNESS_AGENT, WorkflowSpec, stage_workflow
 
@@ -66,6 +67,9 @@ _SECRET_NAME = re.compile(r"KEY|SECRET|TOKEN|PASSWORD|CREDENTIAL|AUTH", re.IGNOR
 _HARNESS_GRACE_S = 60.0
 #: Harbor and LiteLLM phone home unless told not to; a trial must only talk to this machine.
 _QUIET_ENV = {"HARBOR_TELEMETRY": "0", "LITELLM_LOCAL_MODEL_COST_MAP": "True"}
+#: How long a stopping server waits for its background teardowns (each podman call is bounded
+#: by 60 s; whatever is left is removed by the owner sweep below, or reaped by label later).
+_TEARDOWN_WAIT_S = 120.0
 
 
 def _is_task_dir(path: Path) -> bool:
@@ -105,6 +109,9 @@ class HarborBackend(ExecutionBackend):
     (:mod:`.forkserver`), instead of starting an interpreter per trial. ``fast_exec`` (default
     on; ``ROLLBRIDGE_HARBOR_FAST_EXEC=0``): on podman, Harbor's ``exec`` calls go straight to
     ``podman exec`` instead of through podman-compose (:mod:`.fastexec`).
+    ``overlap_teardown`` (default on where ``fast_exec`` is; ``ROLLBRIDGE_HARBOR_OVERLAP=0``):
+    a trial's containers are removed in the background after its result is answered and its
+    slot freed, at most ``concurrency`` teardowns at a time (:mod:`.teardown`).
     """
 
     def __init__(
@@ -136,6 +143,7 @@ class HarborBackend(ExecutionBackend):
         prebuild_images: bool | None = None,
         harbor_worker: bool | None = None,
         fast_exec: bool | None = None,
+        overlap_teardown: bool | None = None,
     ) -> None:
         if mode not in ("template", "dataset"):
             raise ValueError("mode must be 'template' or 'dataset'")
@@ -192,6 +200,14 @@ class HarborBackend(ExecutionBackend):
         if fast_exec is None:
             fast_exec = os.environ.get("ROLLBRIDGE_HARBOR_FAST_EXEC", "1") != "0"
         self._fast_exec = fast_exec and environment_type == "podman"
+        if overlap_teardown is None:
+            overlap_teardown = os.environ.get("ROLLBRIDGE_HARBOR_OVERLAP", "1") != "0"
+        # The compose shim (fast_exec) is what hands Harbor's final `down` over.
+        self._teardowns = (
+            Teardowns(environment_type, concurrency)
+            if overlap_teardown and self._fast_exec
+            else None
+        )
         self._shim_dir: Path | None = None
         self._worker: HarborWorker | None = None
         if prebuild_images is None:
@@ -256,6 +272,7 @@ class HarborBackend(ExecutionBackend):
             "in_flight": self._queued + self._running,
             "running": self._running,
             "queued": self._queued,
+            "tearing_down": self.background_tasks(),
             "max_queue_depth": self.max_queue_depth,
             "chat_endpoint": self._chat_endpoint(),
         }
@@ -282,6 +299,10 @@ class HarborBackend(ExecutionBackend):
     def has_capacity(self) -> bool:
         """False once ``max_queue_depth`` rollouts wait for a trial slot."""
         return self._queued < self.max_queue_depth
+
+    def background_tasks(self) -> int:
+        """Trials whose result is answered and whose containers are still being removed."""
+        return self._teardowns.in_flight if self._teardowns is not None else 0
 
     def _task_for(self, request: ExecutionRequest) -> Path:
         if self.template_task is not None:
@@ -399,6 +420,9 @@ class HarborBackend(ExecutionBackend):
             )
         self._queued += 1
         try:
+            if self._teardowns is not None:
+                # The same rollout id again: its previous containers must be gone first.
+                await self._teardowns.wait_for(f"trial-{request.id}")
             await self._slots.acquire()
         finally:
             self._queued -= 1
@@ -438,6 +462,7 @@ class HarborBackend(ExecutionBackend):
         trial_dir = self.trials_root / "trials" / trial_name
         log_path = staged.log
         secrets = self._secrets(bearer)
+        handed_off = False
         try:
             if self.engine is not None:
                 await containers.sweep_trial(self.engine, trial_name)
@@ -449,6 +474,8 @@ class HarborBackend(ExecutionBackend):
                 trial=trial_name,
                 wiring=sandbox.wiring if sandbox is not None else None,
             )
+            if self._teardowns is not None:
+                env[DEFER_DOWN_ENV] = "1"
             returncode = await run_trial_process(
                 harbor,
                 staged.config,
@@ -483,10 +510,18 @@ class HarborBackend(ExecutionBackend):
                 keep = True
             await trio.to_thread.run_sync(retire_trial_dir, trial_dir, keep, secrets)
             clock.mark("retired")
+            if self._teardowns is not None:
+                # Answered now; the containers and the staging dir go in the background.
+                await self._teardowns.hand_off(trial_name, staged.staging, clock)
+                handed_off = True
             return outcome
         finally:
             with trio.CancelScope(shield=True):
-                await trio.to_thread.run_sync(shutil.rmtree, staged.staging, True)
+                if not handed_off:
+                    if self._teardowns is not None and self.engine is not None:
+                        # Harbor left its final `down` to the backend.
+                        await containers.sweep_trial(self.engine, trial_name, volumes=True)
+                    await trio.to_thread.run_sync(shutil.rmtree, staged.staging, True)
                 clock.mark("done")
                 clock.flush()
 
@@ -522,8 +557,11 @@ class HarborBackend(ExecutionBackend):
         return self._worker
 
     async def shutdown(self) -> None:
-        """Stop the Harbor worker; remove any container this server still owns (every trial
-        has been cancelled)."""
+        """Wait for the background teardowns, stop the Harbor worker, remove any container this
+        server still owns (every trial has been cancelled)."""
+        if self._teardowns is not None:
+            with trio.move_on_after(_TEARDOWN_WAIT_S):
+                await self._teardowns.aclose()
         if self._worker is not None:
             await self._worker.aclose()
         if self.engine is None or not shutil.which(self.engine):

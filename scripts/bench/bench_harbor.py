@@ -15,6 +15,8 @@ backend's own marks (``ROLLBRIDGE_HARBOR_TIMINGS``):
 - ``agent``, ``verifier``: Harbor's phases; ``teardown``: verifier end to the trial's end;
 - ``exit``: the trial's end to its process's exit (ours only);
 - ``archive``: outcome, scrubbed archive and trial-dir retirement (ours only);
+- ``bg-down``: the background teardown after the result was answered (ours, when the backend
+  overlaps teardowns; ``ROLLBRIDGE_HARBOR_OVERLAP=0`` turns that off);
 - ``pre``: staging and the pre-trial sweep (ours only).
 
 ``--variants`` adds rollbridge variants to the same invocation (before/after comparisons): each
@@ -47,7 +49,7 @@ HARBOR_VENV = Path.home() / ".cache" / "rollbridge" / "harbor-venv"
 UV = Path(sys.executable).parent / "uv"
 PROMPT = "Create the file /app/answer.txt containing the single word hello."
 PHASES = ("interp", "pre", "image", "up", "ready", "agent", "verifier", "teardown", "exit")
-PHASES += ("archive",)
+PHASES += ("archive", "bg-down")
 TARGET_RATIO = 0.5
 
 
@@ -188,6 +190,7 @@ def _phases(
         put("interp", marks.get("swept"), started)
         put("exit", finished, marks.get("exited"))
         put("archive", marks.get("exited"), marks.get("retired"))
+        put("bg-down", marks.get("down_started"), marks.get("down_done"))
     elif spawned is not None:
         put("interp", spawned, started)
     # No build event: the trial started from a prebuilt image (no image phase of its own).
@@ -220,7 +223,8 @@ def run_ours(
     if timings.exists():
         for line in timings.read_text().splitlines():
             doc = json.loads(line)
-            marks[doc["trial"]] = doc["marks"]
+            # A trial torn down in the background writes a second, fuller line.
+            marks.setdefault(doc["trial"], {}).update(doc["marks"])
     events = podman_events(start, time.time())
     side = Side(tag, concurrency, wall, [])
     slots = [m["slot"] for m in marks.values() if "slot" in m]
