@@ -337,19 +337,15 @@ class RolloutService:
         """The ``/health`` body: backend fields, then identity and lifecycle."""
         try:
             payload = dict(self.backend.health())
-        except Exception:
-            logger.exception("backend health() failed")
-            payload = {"status": "ok"}
-        payload["instance_id"] = self.instance_id
-        payload["process_id"] = self.process_id
-        try:
+            # A server whose backend still tears answered rollouts down is not idle yet.
             background = max(0, int(self.backend.background_tasks()))
         except Exception:
-            logger.exception("backend background_tasks() failed")
-            background = 0
+            logger.exception("backend health() failed")
+            payload, background = {"status": "ok"}, 0
+        payload["instance_id"] = self.instance_id
+        payload["process_id"] = self.process_id
         payload["lifecycle"] = {
             "accepting_rollouts": self.accepting,
-            # A server whose backend still tears answered rollouts down is not idle yet.
             "active_rollouts": self.active + background,
         }
         return payload

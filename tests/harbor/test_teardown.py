@@ -1,19 +1,30 @@
-"""Background teardowns (``rollout_server/harbor/teardown.py``) against a stand-in engine, so
-these run without the sandbox test bed: a finished trial's containers, networks, images, named
-volumes and staging dir are removed after the hand-off, at most ``limit`` trials at a time, and
-closing waits for all of them."""
+"""Background teardowns (``rollout_server/harbor/teardown.py``).
+
+Against a stand-in engine (no test bed needed): a finished trial's containers, networks, images,
+named volumes and staging dir are removed after the hand-off, at most ``limit`` trials at a time,
+and closing waits for all of them. With the sandbox test bed: a real oracle trial's result is
+answered while its container still exists, ``/health`` counts the teardown, and the backend's
+stop waits for it and leaves no container behind.
+"""
 
 from __future__ import annotations
 
 import json
+import subprocess
 from pathlib import Path
 
 import pytest
 import trio
 import trio.testing
 
+from rollout_server.backend import ExecutionRequest
+from rollout_server.harbor import HarborBackend
+from rollout_server.harbor.containers import TRIAL_LABEL
 from rollout_server.harbor.teardown import Teardowns
 from rollout_server.harbor.timings import TrialClock
+from rollout_server.protocol import RolloutStatus
+from rollout_server.service import RolloutService
+from tests.harbor.conftest import EXAMPLE
 
 # rm of a trial blocks until its gate file exists: the test decides when a teardown can end.
 FAKE_ENGINE = """#!/bin/sh
@@ -92,9 +103,7 @@ async def test_teardowns_are_bounded_and_closing_waits_for_every_one(
     assert not any("other_data" in c and "rm" in c for c in calls)
 
 
-async def test_the_same_trial_waits_for_its_previous_teardown(
-    engine: Path, tmp_path: Path
-) -> None:
+async def test_the_same_trial_waits_for_its_previous_teardown(engine: Path, tmp_path: Path) -> None:
     teardowns = Teardowns(str(engine), limit=4)
     waited: list[bool] = []
     with trio.fail_after(60):
@@ -112,3 +121,57 @@ async def test_the_same_trial_waits_for_its_previous_teardown(
         assert waited == [True]
         await teardowns.wait_for("trial-b")  # nothing of it in flight: returns at once
         await teardowns.aclose()
+
+
+def _trial_containers(trial: str) -> list[str]:
+    """Names of the containers labelled with ``trial`` (blocking: nothing else runs meanwhile)."""
+    listed = subprocess.run(
+        ["podman", "ps", "-a", "--filter", f"label={TRIAL_LABEL}={trial}", "--format", "json"],
+        capture_output=True,
+        timeout=60,
+        check=True,
+    )
+    return [row["Names"][0] for row in json.loads(listed.stdout or b"[]")]
+
+
+@pytest.mark.timeout(300)
+async def test_a_trial_is_answered_before_its_teardown_and_stop_waits_for_it(
+    testbed: None, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("HARBOR_TELEMETRY", "0")
+    monkeypatch.setenv("LITELLM_LOCAL_MODEL_COST_MAP", "True")
+    monkeypatch.delenv("ROLLBRIDGE_HARBOR_OVERLAP", raising=False)
+    backend = HarborBackend(
+        EXAMPLE / "tasks" / "hello",
+        agent="oracle",
+        concurrency=1,
+        trials_root=tmp_path / "root",
+    )
+    service = RolloutService(backend)
+    rollout_dir = tmp_path / "rollouts" / "overlap1"
+    request = ExecutionRequest(
+        id="overlap1",
+        prompt=[{"role": "user", "content": "Write hello to /app/answer.txt"}],
+        rollout_dir=rollout_dir,
+    )
+    staging = tmp_path / "root" / "staging" / "overlap1"
+    try:
+        with trio.fail_after(240):
+            outcome = await backend.execute(request)
+            # No checkpoint since execute returned: the teardown handed off has not run yet.
+            # The rollout is answered (reward, scrubbed archive) while its container exists.
+            assert outcome.reported().status == RolloutStatus.SUCCESS
+            assert outcome.reported().sample is not None
+            assert (rollout_dir / "harbor" / "result.json").is_file()
+            assert backend.health()["tearing_down"] == 1
+            assert service.health()["lifecycle"]["active_rollouts"] == 1
+            assert _trial_containers("trial-overlap1") != []
+            assert staging.is_dir()  # the reaper's mark stays until the teardown ended
+            await backend.shutdown()
+    finally:
+        with trio.CancelScope(shield=True):
+            await backend.shutdown()
+    assert backend.health()["tearing_down"] == 0
+    assert service.health()["lifecycle"]["active_rollouts"] == 0
+    assert _trial_containers("trial-overlap1") == []
+    assert not staging.exists()
