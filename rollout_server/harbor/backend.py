@@ -215,6 +215,9 @@ class HarborBackend(ExecutionBackend):
         self._task_images = (
             TaskImages(self.engine) if prebuild_images and self.engine is not None else None
         )
+        # ROLLBRIDGE_HARBOR_WARM=0 also keeps the worker and the task image for the first trial.
+        self._warm_up_early = os.environ.get("ROLLBRIDGE_HARBOR_WARM", "1") != "0"
+        self._warming = False
         if reap_orphans:
             engine = self.engine if self.engine and shutil.which(self.engine) else None
             reap_dead_owners(engine, self.trials_root)
@@ -264,7 +267,11 @@ class HarborBackend(ExecutionBackend):
         return endpoint
 
     def health(self) -> dict[str, Any]:
-        """The reference's Harbor ``/health`` fields; host-side agents need no public URL."""
+        """The reference's Harbor ``/health`` fields; host-side agents need no public URL.
+
+        The first call inside trio (the supervisor asks before it dispatches) also starts, in
+        the background, what the first trials would otherwise wait for (:meth:`_warm_up`)."""
+        self._start_warm_up()
         return {
             "status": "ok",
             "backend": "harbor",
@@ -295,6 +302,31 @@ class HarborBackend(ExecutionBackend):
             return None
         environment = self._probe_task() / "environment"
         return await self._placement.answer(request, self.workflow_spec.project_dir, environment)
+
+    def _start_warm_up(self) -> None:
+        if self._warming or not self._warm_up_early:
+            return
+        try:
+            trio.lowlevel.current_task()
+        except RuntimeError:
+            return  # not called by a server (no trio run): nothing to start
+        self._warming = True
+        trio.lowlevel.spawn_system_task(self._warm_up)
+
+    async def _warm_up(self) -> None:
+        """Start the Harbor worker and build the template task's image before the first row
+        arrives; a trial that comes meanwhile waits for the same start (the worker's lock, the
+        image's lock), and anything that fails here is tried again, and reported, by it."""
+        try:
+            harbor = find_harbor(self.harbor_command)
+            worker = self._harbor_worker(harbor)
+            if worker is not None:
+                await worker.start()
+            template = self.template_task if self.workflow_spec is None else None
+            if self._task_images is not None and template is not None:
+                await self._task_images.image_for(template)
+        except Exception as exc:
+            logger.debug("harbor: early start-up left to the first trial (%s)", exc)
 
     def has_capacity(self) -> bool:
         """False once ``max_queue_depth`` rollouts wait for a trial slot."""

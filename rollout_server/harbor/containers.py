@@ -9,6 +9,7 @@ compose networks and built images, and on request its compose volumes; the start
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import subprocess
@@ -189,10 +190,18 @@ async def sweep_trial(engine: str, trial_name: str, *, volumes: bool = False) ->
         found = _parse_ps(await _run(_ps_argv(engine, f"{TRIAL_LABEL}={trial_name}")))
         if found:
             await _run(_rm_argv(engine, [c.id for c in found]))
-        list_networks, list_images = _list_argvs(engine)
-        networks, images = await _run(list_networks), await _run(list_images)
-        named = await _run(_volumes_argv(engine)) if volumes else b""
-        for argv in _leftover_argvs(engine, [trial_name], networks, images, named):
+        argvs = [*_list_argvs(engine), *([_volumes_argv(engine)] if volumes else [])]
+        listed = [b""] * 3
+
+        async def list_one(index: int, argv: list[str]) -> None:
+            # Inside a nursery an OSError would arrive wrapped in a group: nothing listed.
+            with contextlib.suppress(OSError):
+                listed[index] = await _run(argv)
+
+        async with trio.open_nursery() as nursery:
+            for index, argv in enumerate(argvs):
+                nursery.start_soon(list_one, index, argv)
+        for argv in _leftover_argvs(engine, [trial_name], *listed):
             await _run(argv)
     except OSError:
         return []
