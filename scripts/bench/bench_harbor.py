@@ -32,6 +32,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import resource
 import shutil
 import statistics
 import subprocess
@@ -80,6 +81,9 @@ class Side:
     rewards: list[float | None]
     trials: list[dict[str, float]] = field(default_factory=list)
     job_interp: float | None = None
+    #: CPU time (user + system) of the side's process tree, as far as it waits for its children
+    #: (podman's conmon and the containers' own processes are not counted on either side).
+    cpu: float | None = None
     #: Ours: CLI start to the first trial's slot, and the last trial's end to the CLI's exit.
     lead_in: float | None = None
     lead_out: float | None = None
@@ -133,6 +137,11 @@ required = []
 """
     )
     return path
+
+
+def _children_cpu() -> float:
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
 
 
 def podman_events(since: float, until: float) -> list[dict[str, Any]]:
@@ -214,9 +223,9 @@ def run_ours(
     argv = [sys.executable, "-m", "launcher", "eval", "run", str(config), "--yes", "--plain"]
     argv += ["-o", str(out), "--name", tag]
     child = dict(env, ROLLBRIDGE_HARBOR_TIMINGS=str(timings), **extra)
-    start = time.time()
+    start, cpu = time.time(), _children_cpu()
     done = subprocess.run(argv, cwd=ws, env=child, capture_output=True, timeout=3600, check=False)
-    wall = time.time() - start
+    wall, cpu = time.time() - start, _children_cpu() - cpu
     if done.returncode != 0:
         raise SystemExit(f"rollbridge eval run failed ({tag}):\n{done.stdout.decode()[-3000:]}")
     marks = {}
@@ -226,7 +235,7 @@ def run_ours(
             # A trial torn down in the background writes a second, fuller line.
             marks.setdefault(doc["trial"], {}).update(doc["marks"])
     events = podman_events(start, time.time())
-    side = Side(tag, concurrency, wall, [])
+    side = Side(tag, concurrency, wall, [], cpu=cpu)
     slots = [m["slot"] for m in marks.values() if "slot" in m]
     ends = [m["done"] for m in marks.values() if "done" in m]
     if slots and ends:
@@ -248,13 +257,13 @@ def run_harbor(root: Path, concurrency: int, trials: int, tag: str) -> Side:
     argv = [str(harbor), "run", "-p", str(task), "-a", "oracle", "-e", "podman"]
     argv += ["-k", str(trials), "-n", str(concurrency), "-o", str(jobs), "--job-name", tag, "-q"]
     env = _env(PATH=f"{harbor.parent}{os.pathsep}{os.environ.get('PATH', '')}")
-    start = time.time()
+    start, cpu = time.time(), _children_cpu()
     done = subprocess.run(argv, env=env, capture_output=True, timeout=3600, check=False)
-    wall = time.time() - start
+    wall, cpu = time.time() - start, _children_cpu() - cpu
     if done.returncode != 0:
         raise SystemExit(f"harbor run failed ({tag}):\n{done.stdout.decode()[-3000:]}")
     events = podman_events(start, time.time())
-    side = Side(tag, concurrency, wall, [])
+    side = Side(tag, concurrency, wall, [], cpu=cpu)
     results = [json.loads(p.read_text()) for p in sorted((jobs / tag).glob("*/result.json"))]
     starts = [s for s in (_ts(r.get("started_at")) for r in results) if s is not None]
     side.job_interp = min(starts) - start if starts else None
@@ -284,7 +293,8 @@ def report(sides: list[Side], trials: int) -> None:
         base = min(s.wall for s in harbor) if harbor else None
         for side in group:
             ok = sum(1 for r in side.rewards if r == 1.0)
-            line = f"c={c} {side.label:<22} wall {side.wall:6.1f} s  reward 1.0: {ok}/{trials}"
+            line = f"c={c} {side.label:<22} wall {side.wall:6.1f} s  cpu {side.cpu or 0:5.1f} s"
+            line += f"  reward 1.0: {ok}/{trials}"
             if base is not None and not side.label.startswith("harbor"):
                 ratio = side.wall / base
                 verdict = ""
