@@ -2,8 +2,9 @@
 
 The same task directory (``examples/harbor/tasks/hello``), the oracle agent, podman, N trials
 (default 8) at each concurrency (default 1, 2 and 4), the two sides interleaved in one
-invocation (the order alternates each repetition). Prints, per concurrency, each side's wall,
-the ratio ours/Harbor's against the target (<= 0.5 at concurrency 4), and a per-trial phase
+invocation (the order alternates each repetition). Prints, per concurrency, each side's wall
+and the CPU time of its process tree (steadier than the wall on a shared machine), the ratio
+ours/Harbor's against the target (<= 0.5 at concurrency 4), and a per-trial phase
 breakdown (medians) from Harbor's ``result.json`` timestamps, podman's event log and the
 backend's own marks (``ROLLBRIDGE_HARBOR_TIMINGS``):
 
