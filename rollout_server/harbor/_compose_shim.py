@@ -10,8 +10,11 @@ a Python program that parses every compose file again on each call: most of a se
 [--privileged] SERVICE CMD...``) this runs what podman-compose would run,
 ``podman exec --interactive [--privileged] [--user U] [--workdir D] [--tty] [--env K=V]...
 P_SERVICE_1 CMD...`` (podman-compose's own argument order; the service's compose ``environment``
-is already the container's), once ``podman container exists P_SERVICE_1``; and ``cp``, which
-podman-compose does not have, fails at once as it would (Harbor then streams a tar).
+is already the container's), once ``podman container exists P_SERVICE_1``. ``cp``, which
+podman-compose does not have: an upload (``cp HOST_PATH SERVICE:PATH``) becomes
+``podman cp HOST_PATH P_SERVICE_1:PATH``, what ``docker compose cp`` does and what Harbor uses
+wherever compose has ``cp`` (``ROLLBRIDGE_HARBOR_FAST_CP=0`` turns that off); any other ``cp``
+fails at once as podman-compose's would, and Harbor then streams a tar through two ``exec``s.
 
 When the rollout server has taken a trial's teardown over (``ROLLBRIDGE_HARBOR_DEFER_DOWN=1``,
 see ``teardown.py``), two ``down`` calls are answered here too. The trial's final
@@ -113,10 +116,30 @@ def _down_done_here(args: list[str]) -> bool:
     return False
 
 
+def _cp_argv(args: list[str]) -> tuple[list[str], str] | None:
+    """``podman cp`` argv for an upload (``cp HOST_PATH SERVICE:PATH``) and its container, or
+    None for any other ``cp``."""
+    project, at = _globals(args)
+    rest = args[at + 1 :]
+    if project is None or args[at : at + 1] != ["cp"] or len(rest) != 2:
+        return None
+    source, target = rest
+    service, colon, path = target.partition(":")
+    if not colon or not service or not path.startswith("/") or not os.path.isabs(source):
+        return None
+    if service.strip("abcdefghijklmnopqrstuvwxyz0123456789_-."):
+        return None
+    container = f"{project}_{service}_1"
+    return ["podman", "cp", source, f"{container}:{path}"], container
+
+
 def main(args: list[str]) -> int:
     """Run ``args`` as podman-compose would."""
     _, at = _globals(args)
     if args[at : at + 1] == ["cp"]:
+        upload = _cp_argv(args) if os.environ.get("ROLLBRIDGE_HARBOR_FAST_CP") != "0" else None
+        if upload is not None and _container_exists(upload[1]):
+            os.execvp(upload[0][0], upload[0])
         sys.stderr.write("podman-compose: error: argument command: invalid choice: 'cp'\n")
         return 2
     if _down_done_here(args):

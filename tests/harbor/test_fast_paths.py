@@ -200,3 +200,31 @@ def test_a_trials_downs_are_left_to_the_server_only_when_it_took_the_teardown_ov
     # Any other down (Harbor's delete=False, a keep_containers stop) is never answered here.
     assert _compose(handed, "down").startswith("real ")
     assert _compose(handed, "down", "--rmi", "local").startswith("real ")
+
+
+def test_an_upload_becomes_podman_cp_into_the_services_container(tmp_path: Path) -> None:
+    assert shim._cp_argv([*GLOBALS, "cp", "/host/solution/.", "main:/solution"]) == (
+        ["podman", "cp", "/host/solution/.", "trial-x__env_main_1:/solution"],
+        "trial-x__env_main_1",
+    )
+    for args in (
+        [*GLOBALS, "cp", "main:/logs/agent", "/host/agent"],  # a download
+        [*GLOBALS, "cp", "relative/x", "main:/y"],
+        [*GLOBALS, "cp", "/host/x", "main:relative"],
+        [*GLOBALS, "cp", "-a", "/host/x", "main:/y"],
+        [*GLOBALS, "cp", "/host/x", "ma$in:/y"],
+        ["-f", "a.yaml", "cp", "/host/x", "main:/y"],  # no project name
+    ):
+        assert shim._cp_argv(args) is None, args
+    env = _shim_env(tmp_path)
+    upload = ["podman-compose", *GLOBALS, "cp", "/host/solution/.", "main:/solution"]
+    assert subprocess.run(upload, env=env, timeout=30).returncode == 0
+    assert (tmp_path / "podman.log").read_text().splitlines() == [
+        "podman container exists trial-x__env_main_1",
+        "podman cp /host/solution/. trial-x__env_main_1:/solution",
+    ]
+    # Turned off: it fails as podman-compose's would (Harbor then streams a tar).
+    off = subprocess.run(
+        upload, env=dict(env, ROLLBRIDGE_HARBOR_FAST_CP="0"), capture_output=True, timeout=30
+    )
+    assert off.returncode == 2 and b"invalid choice: 'cp'" in off.stderr
