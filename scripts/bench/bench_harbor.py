@@ -50,8 +50,8 @@ EXAMPLE = REPO / "examples" / "harbor"
 HARBOR_VENV = Path.home() / ".cache" / "rollbridge" / "harbor-venv"
 UV = Path(sys.executable).parent / "uv"
 PROMPT = "Create the file /app/answer.txt containing the single word hello."
-PHASES = ("interp", "pre", "image", "up", "ready", "agent", "verifier", "teardown", "exit")
-PHASES += ("archive", "bg-down")
+PHASES: tuple[str, ...] = ("interp", "pre", "image", "up", "ready", "agent", "verifier")
+PHASES += ("teardown", "exit", "archive", "bg-down")
 TARGET_RATIO = 0.5
 
 
@@ -229,7 +229,7 @@ def run_ours(
     wall, cpu = time.time() - start, _children_cpu() - cpu
     if done.returncode != 0:
         raise SystemExit(f"rollbridge eval run failed ({tag}):\n{done.stdout.decode()[-3000:]}")
-    marks = {}
+    marks: dict[str, dict[str, float]] = {}
     if timings.exists():
         for line in timings.read_text().splitlines():
             doc = json.loads(line)
@@ -355,12 +355,12 @@ def main() -> None:
                     order.append(("harbor", None))
                 if rep % 2:
                     order.reverse()
-                for name, extra in order:
+                for name, extra_env in order:
                     tag = f"{name}-c{c}-r{rep}"
                     side = (
                         run_harbor(root, c, args.trials, tag)
-                        if extra is None
-                        else run_ours(ws, env, c, tag, extra)
+                        if extra_env is None
+                        else run_ours(ws, env, c, tag, extra_env)
                     )
                     print(f"{tag}: {side.wall:.1f} s", flush=True)
                     sides.append(side)
