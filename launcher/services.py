@@ -11,8 +11,10 @@ started, is stopped with the rest). Then it decides whether the bridge needs a p
 sizes the worker pool and starts the tunnel. It yields typed handles
 (:class:`Services`), or ``None`` when a Ctrl-C arrived during start-up.
 
-On exit, whatever happened, the stop order is: rollout server (its process group: 5 s grace,
-or 330 s after an interrupt or halt unless a second Ctrl-C hurries it), tunnel, bridge, then the
+On exit, whatever happened, the stop order is: rollout server (after a run that finished, once
+its ``/health`` counts no active rollouts, so a backend's background teardown is not cut short;
+then its process group: 5 s grace, or 330 s after an interrupt or halt unless a second Ctrl-C
+hurries it), tunnel, bridge, then the
 environment is restored. Foreign errors (bridge, tunnel, preflight) become
 :class:`LocalEvalError` with their one-line message here, so the supervisor sees only ours.
 
@@ -33,6 +35,7 @@ from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+import httpx
 import trio
 
 from launcher.daemon.live_usage import publish_live_usage
@@ -62,6 +65,7 @@ from launcher.secrets import (
 )
 from launcher.signals import Interrupts
 from launcher.ui import CLI_VERSION, UI
+from rollout_server.client import RolloutClientError
 from tunnel.errors import TunnelError
 from tunnel.plan import TunnelDecision, choose_tunnel
 
@@ -485,10 +489,30 @@ async def _start_tunnel(ctx: RunContext, nursery: trio.Nursery, port: int) -> Tu
     return handle
 
 
+#: How long a finished run lets its rollout server end the work it does after the last answer.
+_SETTLE_S = 120.0
+
+
+async def _settle(server: RolloutServer, hurry: trio.Event) -> None:
+    """Return once the server's ``/health`` counts no active rollouts (a sandbox backend counts
+    its teardowns of answered rollouts there), it does not answer, or ``hurry`` is set."""
+    with trio.move_on_after(_SETTLE_S):
+        while not hurry.is_set():
+            try:
+                health = await server.client.health()
+            except (RolloutClientError, httpx.HTTPError):
+                return
+            if not health.active_rollouts:
+                return
+            await trio.sleep(0.1)
+
+
 async def _shutdown(ctx: RunContext, started: _Started) -> None:
     """Stop the rollout server, then the tunnel (the bridge stops with the nursery)."""
     if started.server is not None:
         grace = LONG_STOP_GRACE_S if ctx.long_stop() else STOP_GRACE_S
+        if not ctx.long_stop() and not started.server.stopping:
+            await _settle(started.server, ctx.interrupts.hurry)
         await started.server.stop(grace, hurry=ctx.interrupts.hurry)
     if started.tunnel is not None:
         started.tunnel.stop()

@@ -220,6 +220,12 @@ class ExecutionBackend(abc.ABC):
         """False makes admission answer 429 with ``Retry-After``."""
         return True
 
+    def background_tasks(self) -> int:
+        """Work the backend still does for rollouts whose result is already answered (a
+        sandbox's teardown); ``/health`` counts it in ``lifecycle.active_rollouts``, and
+        :meth:`shutdown` must wait for it."""
+        return 0
+
     def rollout_status(self, rollout_id: str) -> dict[str, Any] | None:
         """The backend's own view of a rollout, if it tracks one (``{"status": ...}``)."""
         return None

@@ -306,14 +306,16 @@ class RolloutService:
         """The ``/health`` body: backend fields, then identity and lifecycle."""
         try:
             payload = dict(self.backend.health())
+            # A server whose backend still tears answered rollouts down is not idle yet.
+            background = max(0, int(self.backend.background_tasks()))
         except Exception:
             logger.exception("backend health() failed")
-            payload = {"status": "ok"}
+            payload, background = {"status": "ok"}, 0
         payload["instance_id"] = self.instance_id
         payload["process_id"] = self.process_id
         payload["lifecycle"] = {
             "accepting_rollouts": self.accepting,
-            "active_rollouts": self.active,
+            "active_rollouts": self.active + background,
         }
         return payload
 

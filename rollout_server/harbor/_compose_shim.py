@@ -10,9 +10,19 @@ a Python program that parses every compose file again on each call: most of a se
 [--privileged] SERVICE CMD...``) this runs what podman-compose would run,
 ``podman exec --interactive [--privileged] [--user U] [--workdir D] [--tty] [--env K=V]...
 P_SERVICE_1 CMD...`` (podman-compose's own argument order; the service's compose ``environment``
-is already the container's), once ``podman container exists P_SERVICE_1``; and ``cp``, which
-podman-compose does not have, fails at once as it would (Harbor then streams a tar). Anything
-else goes to the real podman-compose with the same arguments.
+is already the container's), once ``podman container exists P_SERVICE_1``. ``cp``, which
+podman-compose does not have: an upload (``cp HOST_PATH SERVICE:PATH``) becomes
+``podman cp HOST_PATH P_SERVICE_1:PATH``, what ``docker compose cp`` does and what Harbor uses
+wherever compose has ``cp`` (``ROLLBRIDGE_HARBOR_FAST_CP=0`` turns that off); any other ``cp``
+fails at once as podman-compose's would, and Harbor then streams a tar through two ``exec``s.
+
+When the rollout server has taken a trial's teardown over (``ROLLBRIDGE_HARBOR_DEFER_DOWN=1``,
+see ``teardown.py``), two ``down`` calls are answered here too. The trial's final
+``down --rmi local --volumes --remove-orphans`` succeeds at once: the server removes the
+project's containers, networks, images and volumes itself after the trial. Harbor's
+``down --remove-orphans`` before ``up`` has nothing to remove in a fresh trial (the server swept
+the trial by label just before): when no container carries the project's compose label, it
+succeeds at once. Anything else goes to the real podman-compose with the same arguments.
 """
 
 from __future__ import annotations
@@ -22,6 +32,8 @@ import sys
 
 #: The real podman-compose (filled in when the backend installs this file).
 REAL = ""
+_PROJECT_LABEL = "io.podman.compose.project"
+_FINAL_DOWN = {"--rmi", "local", "--volumes", "--remove-orphans"}
 
 
 def _globals(args: list[str]) -> tuple[str | None, int]:
@@ -88,12 +100,50 @@ def _exec_argv(args: list[str]) -> tuple[list[str], str] | None:
     return [*argv, container, *command], container
 
 
+def _down_done_here(args: list[str]) -> bool:
+    """Whether ``args`` is a ``down`` this shim answers itself (see the module docstring)."""
+    project, at = _globals(args)
+    if project is None or args[at : at + 1] != ["down"]:
+        return False
+    if os.environ.get("ROLLBRIDGE_HARBOR_DEFER_DOWN") != "1":
+        return False
+    options = args[at + 1 :]
+    if len(options) == len(_FINAL_DOWN) and set(options) == _FINAL_DOWN:
+        return True
+    if options == ["--remove-orphans"]:
+        listed = _podman_output(["ps", "-a", "-q", "--filter", f"label={_PROJECT_LABEL}={project}"])
+        return listed is not None and not listed.strip()
+    return False
+
+
+def _cp_argv(args: list[str]) -> tuple[list[str], str] | None:
+    """``podman cp`` argv for an upload (``cp HOST_PATH SERVICE:PATH``) and its container, or
+    None for any other ``cp``."""
+    project, at = _globals(args)
+    rest = args[at + 1 :]
+    if project is None or args[at : at + 1] != ["cp"] or len(rest) != 2:
+        return None
+    source, target = rest
+    service, colon, path = target.partition(":")
+    if not colon or not service or not path.startswith("/") or not os.path.isabs(source):
+        return None
+    if service.strip("abcdefghijklmnopqrstuvwxyz0123456789_-."):
+        return None
+    container = f"{project}_{service}_1"
+    return ["podman", "cp", source, f"{container}:{path}"], container
+
+
 def main(args: list[str]) -> int:
     """Run ``args`` as podman-compose would."""
     _, at = _globals(args)
     if args[at : at + 1] == ["cp"]:
+        upload = _cp_argv(args) if os.environ.get("ROLLBRIDGE_HARBOR_FAST_CP") != "0" else None
+        if upload is not None and _container_exists(upload[1]):
+            os.execvp(upload[0][0], upload[0])
         sys.stderr.write("podman-compose: error: argument command: invalid choice: 'cp'\n")
         return 2
+    if _down_done_here(args):
+        return 0
     fast = _exec_argv(args)
     if fast is not None and _container_exists(fast[1]):
         os.execvp(fast[0][0], fast[0])
@@ -101,20 +151,42 @@ def main(args: list[str]) -> int:
     return 1  # not reached
 
 
-def _container_exists(name: str) -> bool:
-    """Whether podman knows ``name`` (else podman-compose resolves the container itself)."""
+def _spawn_podman(args: list[str], out: int | None) -> int:
+    """Start ``podman <args>`` (stdin and stderr on /dev/null, stdout to ``out`` or /dev/null);
+    its pid."""
     pid = os.fork()
     if pid == 0:
         null = os.open(os.devnull, os.O_RDWR)
         os.dup2(null, 0)
-        os.dup2(null, 1)
+        os.dup2(out if out is not None else null, 1)
         os.dup2(null, 2)
         try:
-            os.execvp("podman", ["podman", "container", "exists", name])
+            os.execvp("podman", ["podman", *args])
         finally:
             os._exit(127)
+    return pid
+
+
+def _exit_code(pid: int) -> int:
     _, status = os.waitpid(pid, 0)
-    return os.waitstatus_to_exitcode(status) == 0
+    return os.waitstatus_to_exitcode(status)
+
+
+def _podman_output(args: list[str]) -> bytes | None:
+    """``podman <args>``'s output, or None when it failed."""
+    read, write = os.pipe()
+    try:
+        pid = _spawn_podman(args, write)
+    finally:
+        os.close(write)
+    with os.fdopen(read, "rb") as pipe:
+        output = pipe.read()
+    return output if _exit_code(pid) == 0 else None
+
+
+def _container_exists(name: str) -> bool:
+    """Whether podman knows ``name`` (else podman-compose resolves the container itself)."""
+    return _exit_code(_spawn_podman(["container", "exists", name], None)) == 0
 
 
 if __name__ == "__main__":

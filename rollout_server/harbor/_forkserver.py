@@ -9,6 +9,10 @@ the CLI would, so each trial is still a process of its own: its own session (the
 it with SIGINT to its group, SIGKILL after the grace), its own log file on stdout and stderr,
 its own environment; a crash takes down one trial, never the server or the other trials.
 
+Before serving, it also does what every trial would repeat (``_warm``; ``ROLLBRIDGE_HARBOR_WARM=0``
+turns that off): builds the CLI's click command, resolves Harbor's podman runtime and asks podman
+for its daemon's OS once (a ``podman info`` per trial otherwise, half a second here).
+
 Protocol, one JSON document per line. The server writes ``{"ready": true}`` once imported.
 The owner writes ``{"id", "argv", "env", "cwd", "log"}``; the server answers
 ``{"id", "pid"}`` once the child runs (or ``{"id", "error"}``) and ``{"id", "exit"}`` when it
@@ -34,6 +38,7 @@ import signal
 import sys
 import time
 import traceback
+from typing import Any
 
 _POLL_S = 0.2
 _PRELOAD = (
@@ -43,11 +48,47 @@ _PRELOAD = (
     "harbor.environments.factory",
     "harbor.agents.factory",
 )
+#: Imported by every trial on its way, after the CLI's own imports (``_warm``).
+_PRELOAD_MORE = (
+    "harbor.environments.docker.docker",
+    "harbor.environments.podman",
+    "harbor.trial.single_step",
+    "dirhash",
+)
 _PR_SET_PDEATHSIG = 1
 
 
 #: The pipe to the owner, moved off fd 1 at start so that nothing Harbor prints reaches it.
 _OUT = 1
+#: Harbor's CLI as a click command, built once here (typer builds it on every call otherwise).
+_COMMAND: Any = None
+
+
+def _warm() -> None:
+    """Work every trial's Harbor process would repeat, done once before forking: the rest of
+    its imports, the CLI's command, the podman runtime (Harbor caches it per process) and the
+    podman daemon's OS (Harbor asks in every environment start; it cannot change meanwhile)."""
+    global _COMMAND
+    for module in _PRELOAD_MORE:
+        with contextlib.suppress(Exception):
+            __import__(module)
+    with contextlib.suppress(Exception):
+        app = importlib.import_module("harbor.cli.main").app
+        _COMMAND = importlib.import_module("typer.main").get_command(app)
+    with contextlib.suppress(Exception):
+        docker = importlib.import_module("harbor.environments.docker.docker").DockerEnvironment
+        podman = importlib.import_module("harbor.environments.podman").PodmanEnvironment
+        podman.runtime()
+        detect = docker.__dict__.get("_detect_daemon_os")
+        if isinstance(detect, classmethod):
+            podman_os = detect.__func__(podman)
+
+            def daemon_os(cls: type) -> object:
+                if issubclass(cls, podman):
+                    return podman_os
+                return detect.__func__(cls)
+
+            docker._detect_daemon_os = classmethod(daemon_os)
 
 
 def _send(document: dict[str, object]) -> None:
@@ -87,7 +128,7 @@ def _child(request: dict[str, object]) -> None:
         argv = request["argv"]
         assert isinstance(argv, list)
         sys.argv = ["harbor", *(str(a) for a in argv)]
-        app = importlib.import_module("harbor.cli.main").app
+        app: Any = _COMMAND or importlib.import_module("harbor.cli.main").app
         try:
             app(prog_name="harbor")
             code = 0
@@ -143,6 +184,8 @@ def main(argv: list[str]) -> int:
     for module in _PRELOAD:
         with contextlib.suppress(Exception):
             __import__(module)
+    if os.environ.get("ROLLBRIDGE_HARBOR_WARM", "1") != "0":
+        _warm()
     sys.stdout.flush()
     sys.stderr.flush()
     _send({"ready": True})

@@ -49,6 +49,7 @@ from .staging import (
     write_private,
 )
 from .taskimage import TaskImages, use_task_image
+from .teardown import DEFER_DOWN_ENV, Teardowns
 from .timings import TrialClock
 from .workflow import HARNESS_AGENT, WorkflowSpec, stage_workflow
 
@@ -66,6 +67,9 @@ _SECRET_NAME = re.compile(r"KEY|SECRET|TOKEN|PASSWORD|CREDENTIAL|AUTH", re.IGNOR
 _HARNESS_GRACE_S = 60.0
 #: Harbor and LiteLLM phone home unless told not to; a trial must only talk to this machine.
 _QUIET_ENV = {"HARBOR_TELEMETRY": "0", "LITELLM_LOCAL_MODEL_COST_MAP": "True"}
+#: How long a stopping server waits for its background teardowns (each podman call is bounded
+#: by 60 s; whatever is left is removed by the owner sweep below, or reaped by label later).
+_TEARDOWN_WAIT_S = 120.0
 
 
 def _is_task_dir(path: Path) -> bool:
@@ -105,6 +109,9 @@ class HarborBackend(ExecutionBackend):
     (:mod:`.forkserver`), instead of starting an interpreter per trial. ``fast_exec`` (default
     on; ``ROLLBRIDGE_HARBOR_FAST_EXEC=0``): on podman, Harbor's ``exec`` calls go straight to
     ``podman exec`` instead of through podman-compose (:mod:`.fastexec`).
+    ``overlap_teardown`` (default on where ``fast_exec`` is; ``ROLLBRIDGE_HARBOR_OVERLAP=0``):
+    a trial's containers are removed in the background after its result is answered and its
+    slot freed, at most ``concurrency`` teardowns at a time (:mod:`.teardown`).
     """
 
     def __init__(
@@ -136,6 +143,7 @@ class HarborBackend(ExecutionBackend):
         prebuild_images: bool | None = None,
         harbor_worker: bool | None = None,
         fast_exec: bool | None = None,
+        overlap_teardown: bool | None = None,
     ) -> None:
         if mode not in ("template", "dataset"):
             raise ValueError("mode must be 'template' or 'dataset'")
@@ -192,6 +200,14 @@ class HarborBackend(ExecutionBackend):
         if fast_exec is None:
             fast_exec = os.environ.get("ROLLBRIDGE_HARBOR_FAST_EXEC", "1") != "0"
         self._fast_exec = fast_exec and environment_type == "podman"
+        if overlap_teardown is None:
+            overlap_teardown = os.environ.get("ROLLBRIDGE_HARBOR_OVERLAP", "1") != "0"
+        # The compose shim (fast_exec) is what hands Harbor's final `down` over.
+        self._teardowns = (
+            Teardowns(environment_type, concurrency)
+            if overlap_teardown and self._fast_exec
+            else None
+        )
         self._shim_dir: Path | None = None
         self._worker: HarborWorker | None = None
         if prebuild_images is None:
@@ -199,6 +215,9 @@ class HarborBackend(ExecutionBackend):
         self._task_images = (
             TaskImages(self.engine) if prebuild_images and self.engine is not None else None
         )
+        # ROLLBRIDGE_HARBOR_WARM=0 also keeps the worker and the task image for the first trial.
+        self._warm_up_early = os.environ.get("ROLLBRIDGE_HARBOR_WARM", "1") != "0"
+        self._warming = False
         if reap_orphans:
             engine = self.engine if self.engine and shutil.which(self.engine) else None
             reap_dead_owners(engine, self.trials_root)
@@ -248,7 +267,11 @@ class HarborBackend(ExecutionBackend):
         return endpoint
 
     def health(self) -> dict[str, Any]:
-        """The reference's Harbor ``/health`` fields; host-side agents need no public URL."""
+        """The reference's Harbor ``/health`` fields; host-side agents need no public URL.
+
+        The first call inside trio (the supervisor asks before it dispatches) also starts, in
+        the background, what the first trials would otherwise wait for (:meth:`_warm_up`)."""
+        self._start_warm_up()
         return {
             "status": "ok",
             "backend": "harbor",
@@ -256,6 +279,7 @@ class HarborBackend(ExecutionBackend):
             "in_flight": self._queued + self._running,
             "running": self._running,
             "queued": self._queued,
+            "tearing_down": self.background_tasks(),
             "max_queue_depth": self.max_queue_depth,
             "chat_endpoint": self._chat_endpoint(),
         }
@@ -279,9 +303,38 @@ class HarborBackend(ExecutionBackend):
         environment = self._probe_task() / "environment"
         return await self._placement.answer(request, self.workflow_spec.project_dir, environment)
 
+    def _start_warm_up(self) -> None:
+        if self._warming or not self._warm_up_early:
+            return
+        try:
+            trio.lowlevel.current_task()
+        except RuntimeError:
+            return  # not called by a server (no trio run): nothing to start
+        self._warming = True
+        trio.lowlevel.spawn_system_task(self._warm_up)
+
+    async def _warm_up(self) -> None:
+        """Start the Harbor worker and build the template task's image before the first row
+        arrives; a trial that comes meanwhile waits for the same start (the worker's lock, the
+        image's lock), and anything that fails here is tried again, and reported, by it."""
+        try:
+            harbor = find_harbor(self.harbor_command)
+            worker = self._harbor_worker(harbor)
+            if worker is not None:
+                await worker.start()
+            template = self.template_task if self.workflow_spec is None else None
+            if self._task_images is not None and template is not None:
+                await self._task_images.image_for(template)
+        except Exception as exc:
+            logger.debug("harbor: early start-up left to the first trial (%s)", exc)
+
     def has_capacity(self) -> bool:
         """False once ``max_queue_depth`` rollouts wait for a trial slot."""
         return self._queued < self.max_queue_depth
+
+    def background_tasks(self) -> int:
+        """Trials whose result is answered and whose containers are still being removed."""
+        return self._teardowns.in_flight if self._teardowns is not None else 0
 
     def _task_for(self, request: ExecutionRequest) -> Path:
         if self.template_task is not None:
@@ -399,6 +452,9 @@ class HarborBackend(ExecutionBackend):
             )
         self._queued += 1
         try:
+            if self._teardowns is not None:
+                # The same rollout id again: its previous containers must be gone first.
+                await self._teardowns.wait_for(f"trial-{request.id}")
             await self._slots.acquire()
         finally:
             self._queued -= 1
@@ -438,6 +494,7 @@ class HarborBackend(ExecutionBackend):
         trial_dir = self.trials_root / "trials" / trial_name
         log_path = staged.log
         secrets = self._secrets(bearer)
+        handed_off = False
         try:
             if self.engine is not None:
                 await containers.sweep_trial(self.engine, trial_name)
@@ -449,6 +506,8 @@ class HarborBackend(ExecutionBackend):
                 trial=trial_name,
                 wiring=sandbox.wiring if sandbox is not None else None,
             )
+            if self._teardowns is not None:
+                env[DEFER_DOWN_ENV] = "1"
             returncode = await run_trial_process(
                 harbor,
                 staged.config,
@@ -483,10 +542,18 @@ class HarborBackend(ExecutionBackend):
                 keep = True
             await trio.to_thread.run_sync(retire_trial_dir, trial_dir, keep, secrets)
             clock.mark("retired")
+            if self._teardowns is not None:
+                # Answered now; the containers and the staging dir go in the background.
+                await self._teardowns.hand_off(trial_name, staged.staging, clock)
+                handed_off = True
             return outcome
         finally:
             with trio.CancelScope(shield=True):
-                await trio.to_thread.run_sync(shutil.rmtree, staged.staging, True)
+                if not handed_off:
+                    if self._teardowns is not None and self.engine is not None:
+                        # Harbor left its final `down` to the backend.
+                        await containers.sweep_trial(self.engine, trial_name, volumes=True)
+                    await trio.to_thread.run_sync(shutil.rmtree, staged.staging, True)
                 clock.mark("done")
                 clock.flush()
 
@@ -522,8 +589,11 @@ class HarborBackend(ExecutionBackend):
         return self._worker
 
     async def shutdown(self) -> None:
-        """Stop the Harbor worker; remove any container this server still owns (every trial
-        has been cancelled)."""
+        """Wait for the background teardowns, stop the Harbor worker, remove any container this
+        server still owns (every trial has been cancelled)."""
+        if self._teardowns is not None:
+            with trio.move_on_after(_TEARDOWN_WAIT_S):
+                await self._teardowns.aclose()
         if self._worker is not None:
             await self._worker.aclose()
         if self.engine is None or not shutil.which(self.engine):

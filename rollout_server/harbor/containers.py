@@ -2,12 +2,14 @@
 
 Every trial's compose overlay labels its containers with :data:`TRIAL_LABEL` (the trial name) and
 :data:`OWNER_LABEL` (the rollout server's pid and kernel start time, so a reused pid is not
-mistaken for the owner). A sweep removes one trial's containers, compose networks and built
-images; the start-up reap (:mod:`.reaper`) does the same for every trial whose owner is gone.
+mistaken for the owner). A sweep removes one trial's containers (with their anonymous volumes),
+compose networks and built images, and on request its compose volumes; the start-up reap
+(:mod:`.reaper`) does the same for every trial whose owner is gone.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import subprocess
@@ -114,7 +116,7 @@ def _ps_argv(engine: str, label: str) -> list[str]:
 
 
 def _rm_argv(engine: str, ids: Sequence[str]) -> list[str]:
-    return [engine, "rm", "-f", "-t", "0", *ids]
+    return [engine, "rm", "-f", "-v", "-t", "0", *ids]
 
 
 def project_prefix(trial_name: str) -> str:
@@ -131,15 +133,25 @@ def _list_argvs(engine: str) -> tuple[list[str], list[str]]:
     )
 
 
+def _volumes_argv(engine: str) -> list[str]:
+    return [engine, "volume", "ls", "--format", "{{.Name}}"]
+
+
 def _leftover_argvs(
-    engine: str, trial_names: Sequence[str], networks: bytes, images: bytes
+    engine: str,
+    trial_names: Sequence[str],
+    networks: bytes,
+    images: bytes,
+    volumes: bytes = b"",
 ) -> list[list[str]]:
-    """Commands removing what compose made for the trials besides containers: their networks
-    and the images they built (``down --rmi local`` never ran when Harbor was killed), found by
-    their compose project's name, whatever phase the trial died in."""
+    """Commands removing what compose made for the trials besides containers: their networks,
+    the images they built and their named volumes (``down --rmi local --volumes`` never ran when
+    Harbor was killed, or was left to the backend), found by their compose project's name,
+    whatever phase the trial died in."""
     prefixes = tuple(project_prefix(name) for name in trial_names)
     if not prefixes:
         return []
+    vols = [v for v in volumes.decode(errors="replace").split() if v.startswith(prefixes)]
     nets = [n for n in networks.decode(errors="replace").split() if n.startswith(prefixes)]
     # By name, never by id: an image that also carries another tag (a base image) only loses
     # the trial's tag.
@@ -151,6 +163,8 @@ def _leftover_argvs(
     argvs = [[engine, "network", "rm", "-f", *nets]] if nets else []
     if tags:
         argvs.append([engine, "rmi", "-f", *tags])
+    if vols:
+        argvs.append([engine, "volume", "rm", "-f", *vols])
     return argvs
 
 
@@ -166,8 +180,9 @@ async def remove(engine: str, ids: Sequence[str]) -> None:
     await _run(_rm_argv(engine, ids))
 
 
-async def sweep_trial(engine: str, trial_name: str) -> list[str]:
-    """Remove every container labelled with ``trial_name``, and its compose networks and images.
+async def sweep_trial(engine: str, trial_name: str, *, volumes: bool = False) -> list[str]:
+    """Remove every container labelled with ``trial_name``, and its compose networks and images
+    (and, with ``volumes``, its compose project's named volumes, as ``down --volumes`` does).
 
     Returns the names of the containers removed. Best effort: a missing engine removes nothing.
     """
@@ -175,9 +190,18 @@ async def sweep_trial(engine: str, trial_name: str) -> list[str]:
         found = _parse_ps(await _run(_ps_argv(engine, f"{TRIAL_LABEL}={trial_name}")))
         if found:
             await _run(_rm_argv(engine, [c.id for c in found]))
-        list_networks, list_images = _list_argvs(engine)
-        networks, images = await _run(list_networks), await _run(list_images)
-        for argv in _leftover_argvs(engine, [trial_name], networks, images):
+        argvs = [*_list_argvs(engine), *([_volumes_argv(engine)] if volumes else [])]
+        listed = [b""] * 3
+
+        async def list_one(index: int, argv: list[str]) -> None:
+            # Inside a nursery an OSError would arrive wrapped in a group: nothing listed.
+            with contextlib.suppress(OSError):
+                listed[index] = await _run(argv)
+
+        async with trio.open_nursery() as nursery:
+            for index, argv in enumerate(argvs):
+                nursery.start_soon(list_one, index, argv)
+        for argv in _leftover_argvs(engine, [trial_name], *listed):
             await _run(argv)
     except OSError:
         return []
@@ -210,5 +234,6 @@ def remove_trials(engine: str, containers: Sequence[str], trial_names: Sequence[
         _run_blocking(_rm_argv(engine, containers))
     list_networks, list_images = _list_argvs(engine)
     networks, images = _run_blocking(list_networks), _run_blocking(list_images)
-    for argv in _leftover_argvs(engine, trial_names, networks, images):
+    volumes = _run_blocking(_volumes_argv(engine))
+    for argv in _leftover_argvs(engine, trial_names, networks, images, volumes):
         _run_blocking(argv)

@@ -127,6 +127,11 @@ class HarborWorker:
                 trial.started.set()
                 trial.ended.set()
 
+    async def start(self) -> None:
+        """Start the worker now (else the first :meth:`run` does); raises
+        :class:`WorkerUnavailable` when it cannot."""
+        await self._ensure()
+
     async def run(self, argv: list[str], env: dict[str, str], cwd: Path, log: Path) -> int | None:
         """Run ``harbor <argv>`` as a process of the worker's; its exit code (None if unknown).
 

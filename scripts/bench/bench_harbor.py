@@ -2,8 +2,9 @@
 
 The same task directory (``examples/harbor/tasks/hello``), the oracle agent, podman, N trials
 (default 8) at each concurrency (default 1, 2 and 4), the two sides interleaved in one
-invocation (the order alternates each repetition). Prints, per concurrency, each side's wall,
-the ratio ours/Harbor's against the target (<= 0.5 at concurrency 4), and a per-trial phase
+invocation (the order alternates each repetition). Prints, per concurrency, each side's wall
+and the CPU time of its process tree (steadier than the wall on a shared machine), the ratio
+ours/Harbor's against the target (<= 0.5 at concurrency 4), and a per-trial phase
 breakdown (medians) from Harbor's ``result.json`` timestamps, podman's event log and the
 backend's own marks (``ROLLBRIDGE_HARBOR_TIMINGS``):
 
@@ -15,6 +16,8 @@ backend's own marks (``ROLLBRIDGE_HARBOR_TIMINGS``):
 - ``agent``, ``verifier``: Harbor's phases; ``teardown``: verifier end to the trial's end;
 - ``exit``: the trial's end to its process's exit (ours only);
 - ``archive``: outcome, scrubbed archive and trial-dir retirement (ours only);
+- ``bg-down``: the background teardown after the result was answered (ours, when the backend
+  overlaps teardowns; ``ROLLBRIDGE_HARBOR_OVERLAP=0`` turns that off);
 - ``pre``: staging and the pre-trial sweep (ours only).
 
 ``--variants`` adds rollbridge variants to the same invocation (before/after comparisons): each
@@ -30,6 +33,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import resource
 import shutil
 import statistics
 import subprocess
@@ -46,8 +50,8 @@ EXAMPLE = REPO / "examples" / "harbor"
 HARBOR_VENV = Path.home() / ".cache" / "rollbridge" / "harbor-venv"
 UV = Path(sys.executable).parent / "uv"
 PROMPT = "Create the file /app/answer.txt containing the single word hello."
-PHASES = ("interp", "pre", "image", "up", "ready", "agent", "verifier", "teardown", "exit")
-PHASES += ("archive",)
+PHASES: tuple[str, ...] = ("interp", "pre", "image", "up", "ready", "agent", "verifier")
+PHASES += ("teardown", "exit", "archive", "bg-down")
 TARGET_RATIO = 0.5
 
 
@@ -78,6 +82,9 @@ class Side:
     rewards: list[float | None]
     trials: list[dict[str, float]] = field(default_factory=list)
     job_interp: float | None = None
+    #: CPU time (user + system) of the side's process tree, as far as it waits for its children
+    #: (podman's conmon and the containers' own processes are not counted on either side).
+    cpu: float | None = None
     #: Ours: CLI start to the first trial's slot, and the last trial's end to the CLI's exit.
     lead_in: float | None = None
     lead_out: float | None = None
@@ -131,6 +138,11 @@ required = []
 """
     )
     return path
+
+
+def _children_cpu() -> float:
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
 
 
 def podman_events(since: float, until: float) -> list[dict[str, Any]]:
@@ -188,6 +200,7 @@ def _phases(
         put("interp", marks.get("swept"), started)
         put("exit", finished, marks.get("exited"))
         put("archive", marks.get("exited"), marks.get("retired"))
+        put("bg-down", marks.get("down_started"), marks.get("down_done"))
     elif spawned is not None:
         put("interp", spawned, started)
     # No build event: the trial started from a prebuilt image (no image phase of its own).
@@ -211,18 +224,19 @@ def run_ours(
     argv = [sys.executable, "-m", "launcher", "eval", "run", str(config), "--yes", "--plain"]
     argv += ["-o", str(out), "--name", tag]
     child = dict(env, ROLLBRIDGE_HARBOR_TIMINGS=str(timings), **extra)
-    start = time.time()
+    start, cpu = time.time(), _children_cpu()
     done = subprocess.run(argv, cwd=ws, env=child, capture_output=True, timeout=3600, check=False)
-    wall = time.time() - start
+    wall, cpu = time.time() - start, _children_cpu() - cpu
     if done.returncode != 0:
         raise SystemExit(f"rollbridge eval run failed ({tag}):\n{done.stdout.decode()[-3000:]}")
-    marks = {}
+    marks: dict[str, dict[str, float]] = {}
     if timings.exists():
         for line in timings.read_text().splitlines():
             doc = json.loads(line)
-            marks[doc["trial"]] = doc["marks"]
+            # A trial torn down in the background writes a second, fuller line.
+            marks.setdefault(doc["trial"], {}).update(doc["marks"])
     events = podman_events(start, time.time())
-    side = Side(tag, concurrency, wall, [])
+    side = Side(tag, concurrency, wall, [], cpu=cpu)
     slots = [m["slot"] for m in marks.values() if "slot" in m]
     ends = [m["done"] for m in marks.values() if "done" in m]
     if slots and ends:
@@ -244,13 +258,13 @@ def run_harbor(root: Path, concurrency: int, trials: int, tag: str) -> Side:
     argv = [str(harbor), "run", "-p", str(task), "-a", "oracle", "-e", "podman"]
     argv += ["-k", str(trials), "-n", str(concurrency), "-o", str(jobs), "--job-name", tag, "-q"]
     env = _env(PATH=f"{harbor.parent}{os.pathsep}{os.environ.get('PATH', '')}")
-    start = time.time()
+    start, cpu = time.time(), _children_cpu()
     done = subprocess.run(argv, env=env, capture_output=True, timeout=3600, check=False)
-    wall = time.time() - start
+    wall, cpu = time.time() - start, _children_cpu() - cpu
     if done.returncode != 0:
         raise SystemExit(f"harbor run failed ({tag}):\n{done.stdout.decode()[-3000:]}")
     events = podman_events(start, time.time())
-    side = Side(tag, concurrency, wall, [])
+    side = Side(tag, concurrency, wall, [], cpu=cpu)
     results = [json.loads(p.read_text()) for p in sorted((jobs / tag).glob("*/result.json"))]
     starts = [s for s in (_ts(r.get("started_at")) for r in results) if s is not None]
     side.job_interp = min(starts) - start if starts else None
@@ -280,7 +294,8 @@ def report(sides: list[Side], trials: int) -> None:
         base = min(s.wall for s in harbor) if harbor else None
         for side in group:
             ok = sum(1 for r in side.rewards if r == 1.0)
-            line = f"c={c} {side.label:<22} wall {side.wall:6.1f} s  reward 1.0: {ok}/{trials}"
+            line = f"c={c} {side.label:<22} wall {side.wall:6.1f} s  cpu {side.cpu or 0:5.1f} s"
+            line += f"  reward 1.0: {ok}/{trials}"
             if base is not None and not side.label.startswith("harbor"):
                 ratio = side.wall / base
                 verdict = ""
@@ -340,12 +355,12 @@ def main() -> None:
                     order.append(("harbor", None))
                 if rep % 2:
                     order.reverse()
-                for name, extra in order:
+                for name, extra_env in order:
                     tag = f"{name}-c{c}-r{rep}"
                     side = (
                         run_harbor(root, c, args.trials, tag)
-                        if extra is None
-                        else run_ours(ws, env, c, tag, extra)
+                        if extra_env is None
+                        else run_ours(ws, env, c, tag, extra_env)
                     )
                     print(f"{tag}: {side.wall:.1f} s", flush=True)
                     sides.append(side)

@@ -33,6 +33,7 @@ def test_health_reports_the_reference_fields(agent: str, public: bool) -> None:
         "in_flight": 0,
         "running": 0,
         "queued": 0,
+        "tearing_down": 0,
         "max_queue_depth": 1024,
         "chat_endpoint": {"environment": "podman", "requires_public_url": public},
     }

@@ -142,3 +142,89 @@ def test_tasks_harbor_must_build_itself_are_not_prebuilt(tmp_path: Path) -> None
     before = (dotted / "task.toml").read_text()
     assert not use_task_image(dotted, "rollbridge-task/d:1")
     assert (dotted / "task.toml").read_text() == before
+
+
+FAKE_PODMAN = """#!/bin/sh
+echo "podman $*" >> "$PODMAN_LOG"
+[ "$1" = ps ] && [ -n "$PODMAN_PS" ] && echo "$PODMAN_PS"
+exit 0
+"""
+
+
+def _shim_env(tmp_path: Path, **extra: str) -> dict[str, str]:
+    """PATH with the installed shim first, then a fake podman (logging its calls) and a fake
+    real podman-compose (echoing its arguments)."""
+    bin_dir = tmp_path / "harbor-bin"
+    bin_dir.mkdir(exist_ok=True)
+    real = bin_dir / "podman-compose"
+    real.write_text('#!/bin/sh\necho "real $*"\n')
+    real.chmod(0o755)
+    podman = bin_dir / "podman"
+    podman.write_text(FAKE_PODMAN)
+    podman.chmod(0o755)
+    directory = install_compose_shim(tmp_path / "root", bin_dir)
+    assert directory is not None
+    path = os.pathsep.join([str(directory), str(bin_dir), os.environ["PATH"]])
+    return dict(os.environ, PATH=path, PODMAN_LOG=str(tmp_path / "podman.log"), **extra)
+
+
+def _compose(env: dict[str, str], *args: str) -> str:
+    done = subprocess.run(["podman-compose", *GLOBALS, *args], env=env, capture_output=True)
+    assert done.returncode == 0, done.stderr
+    return done.stdout.decode().strip()
+
+
+FINAL_DOWN = ("down", "--rmi", "local", "--volumes", "--remove-orphans")
+
+
+def test_a_trials_downs_are_left_to_the_server_only_when_it_took_the_teardown_over(
+    tmp_path: Path,
+) -> None:
+    env = _shim_env(tmp_path)
+    # Not handed over: both go to the real podman-compose, podman is not asked.
+    assert _compose(env, *FINAL_DOWN) == f"real {' '.join(GLOBALS)} {' '.join(FINAL_DOWN)}"
+    assert _compose(env, "down", "--remove-orphans").startswith("real ")
+    assert not (tmp_path / "podman.log").exists()
+    handed = dict(env, ROLLBRIDGE_HARBOR_DEFER_DOWN="1")
+    # The final down succeeds at once: the server removes the project afterwards.
+    assert _compose(handed, *FINAL_DOWN) == ""
+    assert not (tmp_path / "podman.log").exists()
+    # The down before `up` in a fresh project: one look for its containers, nothing to do.
+    assert _compose(handed, "down", "--remove-orphans") == ""
+    assert (tmp_path / "podman.log").read_text() == (
+        "podman ps -a -q --filter label=io.podman.compose.project=trial-x__env\n"
+    )
+    # Something of the project is there: the real podman-compose removes it.
+    stale = dict(handed, PODMAN_PS="0123abcd")
+    assert _compose(stale, "down", "--remove-orphans").startswith("real ")
+    # Any other down (Harbor's delete=False, a keep_containers stop) is never answered here.
+    assert _compose(handed, "down").startswith("real ")
+    assert _compose(handed, "down", "--rmi", "local").startswith("real ")
+
+
+def test_an_upload_becomes_podman_cp_into_the_services_container(tmp_path: Path) -> None:
+    assert shim._cp_argv([*GLOBALS, "cp", "/host/solution/.", "main:/solution"]) == (
+        ["podman", "cp", "/host/solution/.", "trial-x__env_main_1:/solution"],
+        "trial-x__env_main_1",
+    )
+    for args in (
+        [*GLOBALS, "cp", "main:/logs/agent", "/host/agent"],  # a download
+        [*GLOBALS, "cp", "relative/x", "main:/y"],
+        [*GLOBALS, "cp", "/host/x", "main:relative"],
+        [*GLOBALS, "cp", "-a", "/host/x", "main:/y"],
+        [*GLOBALS, "cp", "/host/x", "ma$in:/y"],
+        ["-f", "a.yaml", "cp", "/host/x", "main:/y"],  # no project name
+    ):
+        assert shim._cp_argv(args) is None, args
+    env = _shim_env(tmp_path)
+    upload = ["podman-compose", *GLOBALS, "cp", "/host/solution/.", "main:/solution"]
+    assert subprocess.run(upload, env=env, timeout=30).returncode == 0
+    assert (tmp_path / "podman.log").read_text().splitlines() == [
+        "podman container exists trial-x__env_main_1",
+        "podman cp /host/solution/. trial-x__env_main_1:/solution",
+    ]
+    # Turned off: it fails as podman-compose's would (Harbor then streams a tar).
+    off = subprocess.run(
+        upload, env=dict(env, ROLLBRIDGE_HARBOR_FAST_CP="0"), capture_output=True, timeout=30
+    )
+    assert off.returncode == 2 and b"invalid choice: 'cp'" in off.stderr
