@@ -119,7 +119,10 @@ async def test_a_low_hard_limit_caps_in_flight_with_a_notice(
     )
     output = result.stdout + result.stderr
     assert result.returncode == 0, output
-    assert "1000 rollouts in flight need about 2128 open files in the bridge " in output
+    assert (
+        "1000 rollouts in flight need about 2128 open files in the rollout server and the bridge "
+        in output
+    )
     assert "open-file limit of 512 (hard limit 512); running 192 rollouts at a time" in output
     # Every row ran in a rollout server whose soft limit had been raised to the hard one.
     records = _journal(workspace, "capped")
