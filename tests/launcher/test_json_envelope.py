@@ -32,5 +32,7 @@ def test_eval_run_and_every_other_command_share_one_envelope() -> None:
 
 
 def test_no_command_answers_under_resource() -> None:
-    sources = [p for p in (REPO / "launcher").rglob("*.py")]
+    # config_schema.py describes the eval config, whose [ray] section has a `resource` key (the
+    # Ray resource that picks the nodes): a field of the config, not an answer's envelope.
+    sources = [p for p in (REPO / "launcher").rglob("*.py") if p.name != "config_schema.py"]
     assert [p.name for p in sources if '"resource":' in p.read_text()] == []
