@@ -73,8 +73,6 @@ class AgentLink:
         self._collecting = False
         self._failed: str | None = None
         self._token: trio.lowlevel.TrioToken | None = None
-        self.calls = {"submit": 0, "collect": 0}
-        """Calls made so far (the benchmark's and the tests' view of the batching)."""
 
     def submit(self, rollout_id: str, request_json: bytes, admission_timeout_s: float) -> Pending:
         """Queue one item for the next ``submit`` call (from a trio task)."""
@@ -105,14 +103,12 @@ class AgentLink:
         batch, self._outgoing = self._outgoing, []
         if not batch or self._failed is not None:
             return
-        self.calls["submit"] += 1
         self._call(self._submitted, "submit", batch)
         if not self._collecting:
             self._collect()
 
     def _collect(self) -> None:
         self._collecting = True
-        self.calls["collect"] += 1
         self._call(self._collected, "collect", MAX_COLLECT, MAX_COLLECT_BYTES)
 
     def _call(self, then: Callable[[Any, Future[Any]], None], method: str, *args: Any) -> None:
