@@ -263,16 +263,22 @@ class NodeAgent:
         if self._answered is not None:
             self._answered.set()
 
-    async def collect(self, max_items: int, max_bytes: int) -> list[tuple[str, tuple[Any, ...]]]:
-        """Wait for at least one answer, then return ``(rollout id, answer)`` for every answer
-        finished so far, at most ``max_items`` and about ``max_bytes`` of trial tars (one answer
-        always)."""
-        return await self._guest.call(self._collect, max_items, max_bytes)
+    async def collect(
+        self, max_items: int, max_bytes: int, linger_s: float
+    ) -> list[tuple[str, tuple[Any, ...]]]:
+        """Wait for an answer and ``linger_s`` more (for the answers finishing with it), then
+        return ``(rollout id, answer)`` for every answer finished, at most ``max_items`` and
+        about ``max_bytes`` of trial tars (one answer always)."""
+        return await self._guest.call(self._collect, max_items, max_bytes, linger_s)
 
-    async def _collect(self, max_items: int, max_bytes: int) -> list[tuple[str, tuple[Any, ...]]]:
+    async def _collect(
+        self, max_items: int, max_bytes: int, linger_s: float
+    ) -> list[tuple[str, tuple[Any, ...]]]:
         while not self._answers:
             self._answered = trio.Event()
             await self._answered.wait()
+        if len(self._answers) < max_items:
+            await trio.sleep(linger_s)
         batch: list[tuple[str, tuple[Any, ...]]] = []
         size = 0
         while self._answers and len(batch) < max_items:

@@ -1,11 +1,13 @@
 """Batched actor calls to one node agent (docs/scale-out.md "Cost of the replica path").
 
 A Ray actor call costs the driver about 0.7 ms of CPU whatever it carries, so a replica's items
-do not make a call each. The items admitted to a replica in one trio scheduling batch go to its
-agent in one ``submit`` call, sent by a ``run_sync_soon`` callback (so a lone item waits for no
-timer). While the replica has items, one ``collect`` call is outstanding: the agent answers it
-with every answer finished since the previous one (bounded by count and bytes), and the next one
-is sent at once. A failed ``submit`` or ``collect`` (the actor died, its node left) fails every
+do not make a call each. The items admitted to a replica within :data:`WINDOW_S` of the first
+go to its agent in one ``submit`` call (the first item waits out the window, a few ms against a
+rollout's tens of ms at least). While the replica has items, one ``collect`` call is
+outstanding: the agent answers it once an answer is in and :data:`WINDOW_S` has passed, with
+every answer finished by then (bounded by count and bytes), and the next one is sent at once.
+Items finish in bursts (a collect's answers free their slots together), so the windows gather
+several items per call exactly when calls are many. A failed ``submit`` or ``collect`` (the actor died, its node left) fails every
 item waiting on the replica; the item's handle then loses the replica, as a failed per-item call
 did before.
 
@@ -30,6 +32,8 @@ MAX_SUBMIT = 64
 #: Answers per ``collect`` call, and their trial tars' bytes (at least one answer is returned).
 MAX_COLLECT = 256
 MAX_COLLECT_BYTES = 16 * 1024 * 1024
+#: How long a batch stays open for more items, or a collect for more answers.
+WINDOW_S = 0.005
 
 
 class CallFailed(Exception):
@@ -74,8 +78,10 @@ class AgentLink:
         self._failed: str | None = None
         self._token: trio.lowlevel.TrioToken | None = None
 
-    def submit(self, rollout_id: str, request_json: bytes, admission_timeout_s: float) -> Pending:
-        """Queue one item for the next ``submit`` call (from a trio task)."""
+    async def submit(
+        self, rollout_id: str, request_json: bytes, admission_timeout_s: float
+    ) -> Pending:
+        """Send one item with the others admitted within the window."""
         pending = Pending()
         if self._failed is not None:
             pending.fail(self._failed)
@@ -83,10 +89,12 @@ class AgentLink:
         if self._token is None:
             self._token = trio.lowlevel.current_trio_token()
         self._pending[rollout_id] = pending
-        if not self._outgoing:
-            self._token.run_sync_soon(self._flush)
         self._outgoing.append((request_json, admission_timeout_s))
         if len(self._outgoing) >= MAX_SUBMIT:
+            self._flush()
+        elif len(self._outgoing) == 1:
+            with trio.CancelScope(shield=True):  # the batch is sent whatever befalls this item
+                await trio.sleep(WINDOW_S)
             self._flush()
         return pending
 
@@ -109,7 +117,7 @@ class AgentLink:
 
     def _collect(self) -> None:
         self._collecting = True
-        self._call(self._collected, "collect", MAX_COLLECT, MAX_COLLECT_BYTES)
+        self._call(self._collected, "collect", MAX_COLLECT, MAX_COLLECT_BYTES, WINDOW_S)
 
     def _call(self, then: Callable[[Any, Future[Any]], None], method: str, *args: Any) -> None:
         try:

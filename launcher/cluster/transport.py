@@ -253,7 +253,7 @@ class RayTransport:
             return _LocalHandle(inner, lambda: self.release(replica, rollout_id))
         request_json = msgspec.json.encode(request)
         if replica.link is not None:
-            answer = replica.link.submit(rollout_id, request_json, admission_timeout_s)
+            answer = await replica.link.submit(rollout_id, request_json, admission_timeout_s)
             return _RemoteHandle(self, replica, rollout_id, answer)
         ref = replica.actor.run_item.remote(request_json, admission_timeout_s)
         return _RemoteHandle(self, replica, rollout_id, ref)

@@ -1,14 +1,14 @@
 """Dispatch across a two-node Ray cluster against a one-machine run of the same work.
 
 Run (root: it starts ``scripts/ray-testbed``): ``.venv/bin/python scripts/bench/bench_ray.py``
-(about 3 minutes on 2 cores; it waits for the test bed's lock, as ``tests/cluster`` do). Each case runs the same invocation twice in the same benchmark,
+(about 6 minutes on 2 cores; it waits for the test bed's lock, as ``tests/cluster`` do). Each case runs the same invocation twice in the same benchmark,
 once on this machine alone and once with ``--ray`` on the test bed (the head on this machine,
 node 2 in a network namespace: both on the same 2 cores, so this measures the overhead of the
 replica path, not a speed-up), through ``bench_eval.run_eval`` (the real CLI, the fake
 provider ``tests/fakes/lean_upstream.py``, the unbounded echo rollout):
 
 1. 1000 rows at 0 ms upstream, 50 in flight: supervisor + bridge CPU per work item during
-   dispatch, ``--ray`` over local (target <= 1.2x), with a node agent's items in batched actor
+   dispatch (the median of ``BENCH_ROUNDS``, default 3, interleaved rounds), ``--ray`` over local (target <= 1.2x), with a node agent's items in batched actor
    calls (the default) and with one actor call per item (``ROLLBRIDGE_RAY_BATCH=0``, the
    baseline). The node agent's and its server's CPU are not the supervisor's and are not
    counted.
@@ -23,6 +23,7 @@ from __future__ import annotations
 import fcntl
 import os
 import shutil
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -35,6 +36,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_eval import REPO, dataset, run_eval, serve_upstream, setup, target
 
 TESTBED = REPO / "scripts" / "ray-testbed"
+ROUNDS = int(os.environ.get("BENCH_ROUNDS", "3"))
 LOCK = "/tmp/rollbridge-ray-testbed.lock"  # as tests/cluster/conftest.py: one test bed at a time
 
 
@@ -76,13 +78,20 @@ async def main(directory: Path) -> None:
         await run_eval(ws, warm, "warmup-ray", upstream, 50, extra=ray)
 
         await upstream.set_delay(0.0)
-        local = await run_eval(ws, config, "fast-local", upstream, 50)
-        os.environ["ROLLBRIDGE_RAY_BATCH"] = "0"
-        per_item = await run_eval(ws, config, "fast-ray-per-item", upstream, 50, extra=ray)
-        del os.environ["ROLLBRIDGE_RAY_BATCH"]
-        spread = await run_eval(ws, config, "fast-ray", upstream, 50, extra=ray)
-        print("1) 1000 rows, 0 ms upstream, 50 in flight")
         key = "dispatch_cpu_ms_per_item"
+        runs: dict[str, list[float]] = {"local": [], "per-item": [], "batched": []}
+        for n in range(ROUNDS):  # interleaved, so the host's drift hits all three alike
+            run = await run_eval(ws, config, f"fast-local-{n}", upstream, 50)
+            runs["local"].append(run[key])
+            os.environ["ROLLBRIDGE_RAY_BATCH"] = "0"
+            run = await run_eval(ws, config, f"fast-ray-per-item-{n}", upstream, 50, extra=ray)
+            runs["per-item"].append(run[key])
+            del os.environ["ROLLBRIDGE_RAY_BATCH"]
+            run = await run_eval(ws, config, f"fast-ray-{n}", upstream, 50, extra=ray)
+            runs["batched"].append(run[key])
+            print(f"   round {n + 1}: " + ", ".join(f"{k} {v[-1]:.3f} ms" for k, v in runs.items()))
+        local, per_item, spread = ({key: statistics.median(v)} for v in runs.values())
+        print(f"1) 1000 rows, 0 ms upstream, 50 in flight (median of {ROUNDS} rounds)")
         _line("supervisor CPU per item, dispatch, one call per item", local, per_item, key, "ms")
         _line("supervisor CPU per item, dispatch, batched calls", local, spread, key, "ms")
         target(

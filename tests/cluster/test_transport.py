@@ -102,7 +102,7 @@ class FakeAgent:
             ref.fut.set_result(None)
         return ref
 
-    def _collect(self, max_items: int, _max_bytes: int) -> _Ref:
+    def _collect(self, max_items: int, _max_bytes: int, _linger_s: float) -> _Ref:
         ref = self._call("collect")
         if not ref.fut.done():
             assert self.collector is None, "one collect at a time"
