@@ -1,17 +1,17 @@
 """Dispatch across a two-node Ray cluster against a one-machine run of the same work.
 
 Run (root: it starts ``scripts/ray-testbed``): ``.venv/bin/python scripts/bench/bench_ray.py``
-(about 6 minutes on 2 cores; it waits for the test bed's lock, as ``tests/cluster`` do). Each case runs the same invocation twice in the same benchmark,
-once on this machine alone and once with ``--ray`` on the test bed (the head on this machine,
-node 2 in a network namespace: both on the same 2 cores, so this measures the overhead of the
-replica path, not a speed-up), through ``bench_eval.run_eval`` (the real CLI, the fake
-provider ``tests/fakes/lean_upstream.py``, the unbounded echo rollout):
+(about 6 minutes on 2 cores; it waits for the test bed's lock, as ``tests/cluster`` do). Each
+case runs the same invocation on this machine alone and with ``--ray`` on the test bed (the head
+on this machine, node 2 in a network namespace: both on the same 2 cores, so this measures the
+overhead of the replica path, not a speed-up), through ``bench_eval.run_eval`` (the real CLI,
+the fake provider ``tests/fakes/lean_upstream.py``, the unbounded echo rollout):
 
 1. 1000 rows at 0 ms upstream, 50 in flight: supervisor + bridge CPU per work item during
-   dispatch (the median of ``BENCH_ROUNDS``, default 3, interleaved rounds), ``--ray`` over local (target <= 1.2x), with a node agent's items in batched actor
+   dispatch, ``--ray`` over local (target <= 1.2x), with a node agent's items in batched actor
    calls (the default) and with one actor call per item (``ROLLBRIDGE_RAY_BATCH=0``, the
-   baseline). The node agent's and its server's CPU are not the supervisor's and are not
-   counted.
+   baseline): the medians of ``BENCH_ROUNDS`` (default 3) interleaved rounds. The node agent's
+   and its server's CPU are not the supervisor's and are not counted.
 2. 1000 rows at a 1 s upstream, 200 in flight (each node's replica gets about half): dispatch
    wall (first dispatch -> last result), ``--ray`` over local (target <= 1.2x).
 
