@@ -65,8 +65,17 @@ def _line(what: str, local: dict[str, Any], ray: dict[str, Any], key: str, unit:
     )
 
 
+def _remote(ws: Path, name: str) -> int:
+    """How many of run ``name``'s rollouts ran on node 2."""
+    log = (ws / ".osmosis" / "evals" / name / "logs.txt").read_text()
+    return log.count("rollout finished on replica")
+
+
 async def main(directory: Path) -> None:
     ws = setup()
+    # The workspace lives under the repo's ignored .bench/: its own git repository, so the
+    # rollout's files are shipped to node 2 (the bundle lists a checkout's files through git).
+    await trio.run_process(["git", "init", "-q", str(ws)])
     config = dataset(ws, 1000)
     warm = dataset(ws, 200)
     address = _read_env(directory)["RB_ADDRESS"]
@@ -86,10 +95,16 @@ async def main(directory: Path) -> None:
             os.environ["ROLLBRIDGE_RAY_BATCH"] = "0"
             run = await run_eval(ws, config, f"fast-ray-per-item-{n}", upstream, 50, extra=ray)
             runs["per-item"].append(run[key])
+            remote = [_remote(ws, f"fast-ray-per-item-{n}")]
             del os.environ["ROLLBRIDGE_RAY_BATCH"]
             run = await run_eval(ws, config, f"fast-ray-{n}", upstream, 50, extra=ray)
             runs["batched"].append(run[key])
-            print(f"   round {n + 1}: " + ", ".join(f"{k} {v[-1]:.3f} ms" for k, v in runs.items()))
+            remote.append(_remote(ws, f"fast-ray-{n}"))
+            print(
+                f"   round {n + 1}: "
+                + ", ".join(f"{k} {v[-1]:.3f} ms" for k, v in runs.items())
+                + f" (on node 2: per-item {remote[0]}, batched {remote[1]} items)"
+            )
         local, per_item, spread = ({key: statistics.median(v)} for v in runs.values())
         print(f"1) 1000 rows, 0 ms upstream, 50 in flight (median of {ROUNDS} rounds)")
         _line("supervisor CPU per item, dispatch, one call per item", local, per_item, key, "ms")
@@ -104,7 +119,7 @@ async def main(directory: Path) -> None:
         await upstream.set_delay(1.0)
         local = await run_eval(ws, config, "latency-local", upstream, 200)
         spread = await run_eval(ws, config, "latency-ray", upstream, 200, extra=ray)
-        print("2) 1000 rows, 1 s upstream, 200 in flight")
+        print(f"2) 1000 rows, 1 s upstream, 200 in flight ({_remote(ws, 'latency-ray')} on node 2)")
         _line("dispatch wall", local, spread, "dispatch_wall_s", "s")
         target(
             "latency-bound dispatch wall, --ray / local",
