@@ -12,7 +12,10 @@ then stops the server. The agent:
   ours), with its artifact root on this node;
 - runs items: admits on loopback, long-polls to the terminal result, and returns the result
   with a tar of the rollout's trial directory, which the supervisor unpacks into the run
-  directory before it journals the result.
+  directory before it journals the result. Items come in batches (``submit``) and their answers
+  go back in batches (``collect``, a long-poll answered with every answer finished since the
+  previous one), so the supervisor makes far fewer actor calls than it runs items
+  (:mod:`launcher.cluster.batch`); ``run_item`` runs one item per call.
 
 Ray runs async actors on an asyncio loop; the agent's logic is trio in guest mode on that loop
 (``trio.lowlevel.start_guest_run``), so it reuses the rollout client and the server start-up of
@@ -165,6 +168,8 @@ class NodeAgent:
         self._root: Path | None = None
         self._lifeline: subprocess.Popen[bytes] | None = None
         self._tail: deque[str] = deque(maxlen=_TAIL_LINES)
+        self._answers: deque[tuple[str, tuple[Any, ...]]] = deque()
+        self._answered: trio.Event | None = None
 
     async def start(self, spec_json: bytes, shipped: list[Any] | None = None) -> dict[str, Any]:
         """Start the relay, the rollout server and its lifeline; return this replica's facts.
@@ -244,9 +249,61 @@ class NodeAgent:
         ``("refused", status, message, kind)``."""
         return await self._guest.call(self._run_item, request_json, admission_timeout_s)
 
+    async def submit(self, items: list[tuple[bytes, float]]) -> None:
+        """Start each ``(request json, admission timeout)``; their answers (as :meth:`run_item`
+        returns, or ``("error", text)`` when running one raised) wait for :meth:`collect`."""
+        await self._guest.call(self._submit, items)
+
+    async def _submit(self, items: list[tuple[bytes, float]]) -> None:
+        assert self._guest.nursery is not None
+        for request_json, admission_timeout_s in items:
+            request = msgspec.json.decode(request_json, type=RolloutInitRequest)
+            self._guest.nursery.start_soon(self._run_queued, request, admission_timeout_s)
+
+    async def _run_queued(self, request: RolloutInitRequest, admission_timeout_s: float) -> None:
+        try:
+            answer = await self._run_request(request, admission_timeout_s)
+        except Exception as exc:
+            answer = ("error", f"{type(exc).__name__}: {exc}")
+        self._answers.append((request.rollout_id, answer))
+        if self._answered is not None:
+            self._answered.set()
+
+    async def collect(
+        self, max_items: int, max_bytes: int, linger_s: float
+    ) -> list[tuple[str, tuple[Any, ...]]]:
+        """Wait for an answer and ``linger_s`` more (for the answers finishing with it), then
+        return ``(rollout id, answer)`` for every answer finished, at most ``max_items`` and
+        about ``max_bytes`` of trial tars (one answer always)."""
+        return await self._guest.call(self._collect, max_items, max_bytes, linger_s)
+
+    async def _collect(
+        self, max_items: int, max_bytes: int, linger_s: float
+    ) -> list[tuple[str, tuple[Any, ...]]]:
+        while not self._answers:
+            self._answered = trio.Event()
+            await self._answered.wait()
+        if len(self._answers) < max_items:
+            await trio.sleep(linger_s)
+        batch: list[tuple[str, tuple[Any, ...]]] = []
+        size = 0
+        while self._answers and len(batch) < max_items:
+            answer = self._answers[0][1]
+            weight = len(answer[2]) if answer[0] == "result" else 0
+            if batch and size + weight > max_bytes:
+                break
+            batch.append(self._answers.popleft())
+            size += weight
+        return batch
+
     async def _run_item(self, request_json: bytes, admission_timeout_s: float) -> tuple[Any, ...]:
-        assert self._transport is not None and self._root is not None
         request = msgspec.json.decode(request_json, type=RolloutInitRequest)
+        return await self._run_request(request, admission_timeout_s)
+
+    async def _run_request(
+        self, request: RolloutInitRequest, admission_timeout_s: float
+    ) -> tuple[Any, ...]:
+        assert self._transport is not None and self._root is not None
         request = msgspec.structs.replace(
             request,
             chat_completions_url=_loopback(request.chat_completions_url, self._forward_port),

@@ -7,11 +7,16 @@ admission waits. A remote item's result comes back with its trial directory, whi
 into the run directory before the result is returned (so it is on disk before the journal
 record). When a replica is lost (its actor died, its node left), every item it had in flight
 raises :class:`~launcher.dispatch.RolloutLost` and goes back to the queue under a new id.
+
+A node agent's items travel in batched actor calls (:mod:`launcher.cluster.batch`);
+``ROLLBRIDGE_RAY_BATCH=0`` makes one ``run_item`` call per item instead (the benchmark's
+baseline).
 """
 
 from __future__ import annotations
 
 import io
+import os
 import shutil
 import tarfile
 from collections.abc import Callable
@@ -22,6 +27,7 @@ from typing import Any
 import msgspec
 import trio
 
+from launcher.cluster.batch import AgentLink, Pending
 from launcher.cluster.refs import await_ref
 from launcher.dispatch import RolloutHandle, RolloutRefused, RolloutTransport
 from launcher.requeue import RolloutLost
@@ -47,6 +53,8 @@ class Replica:
     in_flight: int = 0
     finished: int = 0
     rollouts: set[str] = field(default_factory=set)
+    link: AgentLink | None = None
+    """The batched calls to ``actor`` (None: local, or one call per item)."""
 
     @property
     def free(self) -> int:
@@ -82,11 +90,13 @@ class _LocalHandle:
 class _RemoteHandle:
     """A rollout on a node agent; :meth:`wait` may be called again (the cancel settle)."""
 
-    def __init__(self, transport: RayTransport, replica: Replica, rollout_id: str, ref: Any):
+    def __init__(
+        self, transport: RayTransport, replica: Replica, rollout_id: str, answer: Pending | Any
+    ):
         self._transport = transport
         self._replica = replica
         self._rollout_id = rollout_id
-        self._ref = ref  # kept referenced until handled
+        self._answer = answer  # a batched item's Pending, or the ObjectRef of a run_item call
         self._outcome: RolloutResultResponse | BaseException | None = None
 
     async def wait(self) -> RolloutResultResponse:
@@ -98,7 +108,12 @@ class _RemoteHandle:
 
     async def _settle(self) -> RolloutResultResponse | BaseException:
         try:
-            answer = await await_ref(self._ref)
+            if isinstance(self._answer, Pending):
+                answer = await self._answer.wait()
+            else:
+                answer = await await_ref(self._answer)
+            if answer[0] == "error":  # the agent's item failed (a batched item's task error)
+                raise RuntimeError(answer[1])
         except Exception as exc:  # RayActorError, ActorUnavailableError, a task error ...
             self._transport.lose(self._replica, f"{type(exc).__name__}: {exc}")
             return RolloutLost(f"replica {self._replica.name} lost: {type(exc).__name__}")
@@ -130,8 +145,10 @@ class RayTransport:
         trials_dir: Path,
         log: LogFn,
         kill: Callable[[Replica], None],
+        batch: bool | None = None,
     ) -> None:
         self._local = local
+        self._batch = os.environ.get("ROLLBRIDGE_RAY_BATCH") != "0" if batch is None else batch
         self.replicas: list[Replica] = [local_replica]
         self.trials_dir = trials_dir
         self.log = log
@@ -143,6 +160,8 @@ class RayTransport:
 
     def add(self, replica: Replica) -> None:
         """A new healthy replica takes work from now on."""
+        if self._batch and replica.actor is not None and replica.link is None:
+            replica.link = AgentLink(replica.actor)
         self.replicas.append(replica)
         self.log(
             "INFO",
@@ -160,6 +179,8 @@ class RayTransport:
             return
         replica.state = "lost"
         self.log("WARNING", "cluster", "replica lost", {"replica": replica.name, "cause": cause})
+        if replica.link is not None:
+            replica.link.fail(f"replica lost: {cause}")
         self._kill(replica)
         self._wake()
         self.on_change()
@@ -230,7 +251,11 @@ class RayTransport:
                 self.release(replica, rollout_id)
                 raise
             return _LocalHandle(inner, lambda: self.release(replica, rollout_id))
-        ref = replica.actor.run_item.remote(msgspec.json.encode(request), admission_timeout_s)
+        request_json = msgspec.json.encode(request)
+        if replica.link is not None:
+            answer = await replica.link.submit(rollout_id, request_json, admission_timeout_s)
+            return _RemoteHandle(self, replica, rollout_id, answer)
+        ref = replica.actor.run_item.remote(request_json, admission_timeout_s)
         return _RemoteHandle(self, replica, rollout_id, ref)
 
     async def cancel(self, rollout_id: str) -> None:

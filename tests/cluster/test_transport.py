@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import io
 import tarfile
+from collections import Counter
 from concurrent.futures import Future
 from pathlib import Path
 from typing import Any
@@ -17,7 +18,8 @@ import trio.testing
 
 from launcher.cluster.agent import _loopback, trial_tar
 from launcher.cluster.transport import RayTransport, Replica, unpack_trial
-from launcher.dispatch import Dispatcher, ItemLimits
+from launcher.dispatch import Dispatcher, ItemLimits, RolloutRefused
+from launcher.requeue import RolloutLost
 from rollout_server.protocol import RolloutInitRequest, RolloutResultResponse, RolloutSample
 from tests.launcher.test_dispatch import (
     FixedEndpoint,
@@ -37,63 +39,138 @@ class _Ref:
         return self.fut
 
 
-class FakeAgent:
-    """Answers each item after ``delay`` with a success and a one-file trial tar; or, once
-    ``die()`` was called, fails every call in flight and every later one (an ActorDiedError)."""
+class _Method:
+    def __init__(self, call: Any) -> None:
+        self.remote = call
 
-    def __init__(self, nursery: trio.Nursery, delay: float = 1.0) -> None:
+
+def _tar() -> bytes:
+    buffer = io.BytesIO()
+    with tarfile.open(fileobj=buffer, mode="w") as tar:
+        data = b'{"remote": true}'
+        info = tarfile.TarInfo("trajectory.json")
+        info.size = len(data)
+        tar.addfile(info, io.BytesIO(data))
+    return buffer.getvalue()
+
+
+class FakeAgent:
+    """A node agent, called one item per call (``run_item``) or in batches (``submit`` and the
+    ``collect`` long-poll). Each item is answered after ``delay`` with a success and a one-file
+    trial tar, or at once with ``refuse(request)``'s refusal when that is not None; ``cancel``
+    ends an item's wait (answered as cancelled). Once ``die()`` was called, every call in flight
+    and every later one fails (an ActorDiedError); ``hang()`` leaves every call unanswered (a cut
+    link)."""
+
+    def __init__(self, nursery: trio.Nursery, delay: float = 1.0, refuse: Any = None) -> None:
         self.nursery = nursery
         self.delay = delay
-        self.dead = False
-        self.pending: list[_Ref] = []
+        self.refuse = refuse
+        self.dead = self.hung = False
+        self.calls: Counter[str] = Counter()
+        self.pending: list[_Ref] = []  # unanswered calls
+        self.answers: list[tuple[str, tuple[Any, ...]]] = []
+        self.collector: _Ref | None = None
+        self.scopes: dict[str, trio.CancelScope] = {}
         self.seen: list[str] = []
+        self.cancelled: list[str] = []
         self.in_flight = self.peak = 0
-        self.run_item = self
-        self.cancel = self
+        self.run_item = _Method(self._run_item)
+        self.submit = _Method(self._submit)
+        self.collect = _Method(self._collect)
+        self.cancel = _Method(self._cancel)
 
-    def remote(self, request_json: bytes, _timeout: float = 0.0) -> _Ref:
+    def _call(self, name: str) -> _Ref:
+        self.calls[name] += 1
         ref = _Ref()
-        if isinstance(request_json, str):  # cancel.remote(rollout_id)
-            ref.fut.set_result(None)
-            return ref
-        request = msgspec.json.decode(request_json, type=RolloutInitRequest)
-        self.seen.append(request.rollout_id)
         if self.dead:
             ref.fut.set_exception(RuntimeError("ActorDiedError: the actor died"))
-            return ref
-        self.pending.append(ref)
-        self.in_flight += 1
-        self.peak = max(self.peak, self.in_flight)
-        self.nursery.start_soon(self._answer, ref, request)
         return ref
 
-    async def _answer(self, ref: _Ref, request: RolloutInitRequest) -> None:
-        await trio.sleep(self.delay)
-        self.in_flight -= 1
-        if ref.fut.done():
+    def _run_item(self, request_json: bytes, _timeout: float) -> _Ref:
+        ref = self._call("run_item")
+        if not ref.fut.done():
+            self.pending.append(ref)
+            self._start(request_json, lambda _rid, answer: ref.fut.set_result(answer))
+        return ref
+
+    def _submit(self, batch: list[tuple[bytes, float]]) -> _Ref:
+        ref = self._call("submit")
+        if not ref.fut.done():
+            for request_json, _timeout in batch:
+                self._start(request_json, self._deliver)
+            ref.fut.set_result(None)
+        return ref
+
+    def _collect(self, max_items: int, _max_bytes: int, _linger_s: float) -> _Ref:
+        ref = self._call("collect")
+        if not ref.fut.done():
+            assert self.collector is None, "one collect at a time"
+            self.pending.append(ref)
+            self.collector = ref
+            self._deliver(None, None)
+        return ref
+
+    def _deliver(self, rollout_id: str | None, answer: tuple[Any, ...] | None) -> None:
+        if rollout_id is not None and answer is not None:
+            self.answers.append((rollout_id, answer))
+        if self.collector is not None and self.answers and not self.hung:
+            batch, self.answers = self.answers, []
+            self.collector.fut.set_result(batch)
+            self.collector = None
+
+    def _cancel(self, rollout_id: str) -> _Ref:
+        ref = self._call("cancel")
+        if not ref.fut.done():
+            self.cancelled.append(rollout_id)
+            if rollout_id in self.scopes:
+                self.scopes[rollout_id].cancel()
+            ref.fut.set_result(None)
+        return ref
+
+    def _start(self, request_json: bytes, deliver: Any) -> None:
+        request = msgspec.json.decode(request_json, type=RolloutInitRequest)
+        self.seen.append(request.rollout_id)
+        refusal = self.refuse(request) if self.refuse else None
+        if refusal is not None:
+            deliver(request.rollout_id, refusal)
             return
+        self.nursery.start_soon(self._answer, request, deliver)
+
+    async def _answer(self, request: RolloutInitRequest, deliver: Any) -> None:
+        self.in_flight += 1
+        self.peak = max(self.peak, self.in_flight)
+        with trio.CancelScope() as scope:
+            self.scopes[request.rollout_id] = scope
+            await trio.sleep(self.delay)
+        self.in_flight -= 1
+        if self.dead or self.hung:
+            return
+        status = "cancelled" if scope.cancelled_caught else "success"
         result = RolloutResultResponse(
             rollout_id=request.rollout_id,
-            status="success",  # type: ignore[arg-type]
-            sample=RolloutSample(reward=1.0),
+            status=status,  # type: ignore[arg-type]
+            sample=RolloutSample(reward=1.0) if status == "success" else None,
         )
-        buffer = io.BytesIO()
-        with tarfile.open(fileobj=buffer, mode="w") as tar:
-            data = b'{"remote": true}'
-            info = tarfile.TarInfo("trajectory.json")
-            info.size = len(data)
-            tar.addfile(info, io.BytesIO(data))
-        ref.fut.set_result(("result", msgspec.json.encode(result), buffer.getvalue()))
+        deliver(request.rollout_id, ("result", msgspec.json.encode(result), _tar()))
 
     def die(self) -> None:
         self.dead = True
+        self.collector = None
         for ref in self.pending:
             if not ref.fut.done():
                 ref.fut.set_exception(RuntimeError("ActorDiedError: the node died"))
 
+    def hang(self) -> None:
+        self.hung = True
+
 
 def _transport(
-    local: ScriptedTransport, local_capacity: int, trials: Path, killed: list[str]
+    local: ScriptedTransport,
+    local_capacity: int,
+    trials: Path,
+    killed: list[str],
+    batch: bool = True,
 ) -> RayTransport:
     return RayTransport(
         local,
@@ -101,6 +178,7 @@ def _transport(
         trials,
         lambda *a: None,
         lambda replica: killed.append(replica.name),
+        batch=batch,
     )
 
 
@@ -117,12 +195,24 @@ def _dispatcher(items: list[Any], transport: RayTransport, concurrency: int) -> 
     )
 
 
+def _request(rollout_id: str) -> RolloutInitRequest:
+    return RolloutInitRequest(
+        rollout_id=rollout_id,
+        chat_completions_url="http://127.0.0.1:1/v1",
+        initial_messages=[],
+    )
+
+
+BATCHED = pytest.mark.parametrize("batch", [True, False], ids=["batched", "per-item"])
+
+
+@BATCHED
 async def test_items_go_where_most_capacity_is_free_and_trials_come_back(
-    autojump_clock: trio.testing.MockClock, tmp_path: Path
+    autojump_clock: trio.testing.MockClock, tmp_path: Path, batch: bool
 ) -> None:
     local = ScriptedTransport(_success)
     killed: list[str] = []
-    transport = _transport(local, 1, tmp_path, killed)
+    transport = _transport(local, 1, tmp_path, killed, batch)
     async with trio.open_nursery() as nursery:
         agent = FakeAgent(nursery)
         transport.add(Replica("node2", "n2", 3, actor=agent))
@@ -139,12 +229,13 @@ async def test_items_go_where_most_capacity_is_free_and_trials_come_back(
     assert not killed
 
 
+@BATCHED
 async def test_a_lost_replica_s_items_are_requeued_under_new_ids(
-    autojump_clock: trio.testing.MockClock, tmp_path: Path
+    autojump_clock: trio.testing.MockClock, tmp_path: Path, batch: bool
 ) -> None:
     local = ScriptedTransport(_success, delay=1.0)
     killed: list[str] = []
-    transport = _transport(local, 2, tmp_path, killed)
+    transport = _transport(local, 2, tmp_path, killed, batch)
     async with trio.open_nursery() as nursery:
         agent = FakeAgent(nursery, delay=10.0)
         replica = Replica("node2", "n2", 2, actor=agent)
@@ -190,3 +281,81 @@ def test_unpack_trial_round_trips_and_refuses_escapes(tmp_path: Path) -> None:
 def test_chat_url_is_rewritten_to_the_node_s_loopback_relay() -> None:
     url = "http://10.203.0.1:4321/v1/rollouts/abc/chat/completions"
     assert _loopback(url, 5555) == "http://127.0.0.1:5555/v1/rollouts/abc/chat/completions"
+
+
+async def test_a_replica_s_items_share_actor_calls(
+    autojump_clock: trio.testing.MockClock, tmp_path: Path
+) -> None:
+    local = ScriptedTransport(_success)
+    transport = _transport(local, 0, tmp_path, [])
+    async with trio.open_nursery() as nursery:
+        agent = FakeAgent(nursery)
+        transport.add(Replica("node2", "n2", 20, actor=agent))
+        dispatcher = _dispatcher([_item(r) for r in range(20)], transport, concurrency=20)
+        report = await dispatcher.run()
+    assert report.recorded == 20 and len(agent.seen) == 20 and not local.requests
+    # Admitted together, finished together: a few calls carry all twenty items.
+    assert agent.calls["submit"] + agent.calls["collect"] <= 6
+    assert "run_item" not in agent.calls
+
+
+@BATCHED
+async def test_a_refusal_comes_back_as_refused_and_frees_the_slot(
+    autojump_clock: trio.testing.MockClock, tmp_path: Path, batch: bool
+) -> None:
+    local = ScriptedTransport(_success)
+    transport = _transport(local, 0, tmp_path, [], batch)
+    with trio.fail_after(10):
+        async with trio.open_nursery() as nursery:
+            agent = FakeAgent(nursery, refuse=lambda _r: ("refused", 429, "busy", "capacity"))
+            replica = Replica("node2", "n2", 2, actor=agent)
+            transport.add(replica)
+            handle = await transport.admit(_request("r1"), 5.0)
+            with pytest.raises(RolloutRefused) as refused:
+                await handle.wait()
+    assert refused.value.status_code == 429 and refused.value.kind == "capacity"
+    assert replica.state == "healthy" and replica.in_flight == 0
+
+
+@BATCHED
+async def test_cancel_reaches_the_agent_and_the_item_settles_as_cancelled(
+    autojump_clock: trio.testing.MockClock, tmp_path: Path, batch: bool
+) -> None:
+    local = ScriptedTransport(_success)
+    transport = _transport(local, 0, tmp_path, [], batch)
+    with trio.fail_after(10):
+        async with trio.open_nursery() as nursery:
+            agent = FakeAgent(nursery, delay=1000.0)
+            replica = Replica("node2", "n2", 2, actor=agent)
+            transport.add(replica)
+            handle = await transport.admit(_request("r1"), 5.0)
+            await trio.sleep(1.0)
+            await transport.cancel("r1")
+            result = await handle.wait()
+    assert agent.cancelled == ["r1"] and result.status == "cancelled"
+    assert replica.in_flight == 0 and replica.state == "healthy"
+
+
+@BATCHED
+async def test_a_replica_lost_by_its_pings_fails_its_items_though_its_calls_hang(
+    autojump_clock: trio.testing.MockClock, tmp_path: Path, batch: bool
+) -> None:
+    local = ScriptedTransport(_success)
+    killed: list[str] = []
+    transport = _transport(local, 0, tmp_path, killed, batch)
+    with trio.fail_after(10):
+        async with trio.open_nursery() as nursery:
+            agent = FakeAgent(nursery, delay=1000.0)
+            replica = Replica("node2", "n2", 2, actor=agent)
+            transport.add(replica)
+            handles = [await transport.admit(_request(f"r{i}"), 5.0) for i in range(2)]
+            await trio.sleep(1.0)
+            agent.hang()  # the link is cut: no call answers, none fails
+            transport.lose(replica, "no answer to pings")
+            if not batch:  # one call per item: the kill is what fails them
+                agent.die()
+            for handle in handles:
+                with pytest.raises(RolloutLost):
+                    await handle.wait()
+            nursery.cancel_scope.cancel()
+    assert killed == ["node2"] and replica.in_flight == 0 and replica.state == "lost"
