@@ -55,6 +55,10 @@ def _json_error(kind: str, msg: str, error: str) -> RequestValidationError:
     )
 
 
+#: What :meth:`_json_or_refusal` returns once it has answered the request itself.
+_REFUSED: Any = object()
+
+
 class RolloutApp:
     """ASGI application serving the rollout protocol for ``service``.
 
@@ -185,6 +189,25 @@ class RolloutApp:
             return
         await _respond(send, 404, {"detail": "Not Found"})
 
+    async def _json_or_refusal(
+        self,
+        scope: HTTPScope,
+        receive: ASGIReceiveCallable,
+        send: ASGISendCallable,
+        limit: int,
+        invalid: int,
+    ) -> Any:
+        """The JSON body of one of our own routes, or :data:`_REFUSED` once the request has been
+        answered: 413 (and closed) over ``limit`` bytes, ``invalid`` when it is not JSON."""
+        try:
+            return await self._read_json(scope, receive, limit)
+        except BodyTooLarge:
+            detail = f"request body is larger than {limit} bytes"
+            await _respond(send, 413, {"detail": detail}, close=True)
+        except RequestValidationError:
+            await _respond(send, invalid, {"detail": "the body must be a JSON object"})
+        return _REFUSED
+
     async def _read_json(
         self, scope: HTTPScope, receive: ASGIReceiveCallable, limit: int | None = None
     ) -> Any:
@@ -278,14 +301,8 @@ class RolloutApp:
         self, scope: HTTPScope, receive: ASGIReceiveCallable, send: ASGISendCallable
     ) -> None:
         """The optional sandbox probe (:mod:`rollout_server.probe_route`); bad input is 400."""
-        try:
-            body = await self._read_json(scope, receive)
-        except BodyTooLarge:
-            detail = f"request body is larger than {self.max_body_bytes} bytes"
-            await _respond(send, 413, {"detail": detail}, close=True)
-            return
-        except RequestValidationError:
-            await _respond(send, 400, {"detail": "the body must be a JSON object"})
+        body = await self._json_or_refusal(scope, receive, send, self.max_body_bytes, 400)
+        if body is _REFUSED:
             return
         status, payload = await answer_probe(self.service.backend, body)
         await _respond(send, status, payload)
@@ -295,14 +312,8 @@ class RolloutApp:
     ) -> None:
         """The batched result wait (:mod:`rollout_server.resultwait`); bad input is 422."""
         limit = min(self.max_body_bytes, WAIT_MAX_BODY_BYTES)
-        try:
-            body = await self._read_json(scope, receive, limit)
-        except BodyTooLarge:
-            detail = f"request body is larger than {limit} bytes"
-            await _respond(send, 413, {"detail": detail}, close=True)
-            return
-        except RequestValidationError:
-            await _respond(send, 422, {"detail": "the body must be a JSON object"})
+        body = await self._json_or_refusal(scope, receive, send, limit, 422)
+        if body is _REFUSED:
             return
         status, payload = await self.waits.answer(body)
         await send_json(send, status, payload)

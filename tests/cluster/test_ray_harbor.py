@@ -27,10 +27,14 @@ import pytest
 from rollout_server.harbor.containers import OWNER_LABEL, TRIAL_LABEL, owner_token
 from tests.cluster.conftest import ClusterBed
 from tests.cluster.test_ray_testbed import _agent_dirs, _remote_rollouts
-from tests.harbor.conftest import IMAGE, _testbed_problem, make_harbor_workspace
+from tests.harbor.conftest import (
+    IMAGE,
+    _testbed_problem,
+    make_harbor_workspace,
+    synced_harbor_venv,
+)
 from tests.harbor.test_reaper import _dead_owner
 from tests.launcher.e2e.helpers import (
-    UV,
     base_env,
     journal,
     run_cli,
@@ -61,17 +65,7 @@ def sandbox_bed() -> None:
 @pytest.fixture(scope="module")
 def harbor_venv(sandbox_bed: None, tmp_path_factory: pytest.TempPathFactory) -> Path:
     """One synced environment of the Harbor example's rollout."""
-    root = tmp_path_factory.mktemp("harbor-rollout")
-    ws = make_harbor_workspace(root / "ws")
-    venv = root / "venv"
-    subprocess.run(
-        [str(UV), "sync", "--project", str(ws / "rollouts" / "harbor_hello")],
-        env=base_env(UV_PROJECT_ENVIRONMENT=str(venv)),
-        check=True,
-        capture_output=True,
-        timeout=300,
-    )
-    return venv
+    return synced_harbor_venv(tmp_path_factory.mktemp("harbor-rollout"))
 
 
 def _workspace(dest: Path) -> Path:

@@ -63,6 +63,21 @@ def testbed() -> None:
         pytest.skip(problem)
 
 
+def synced_harbor_venv(root: Path) -> Path:
+    """A copy of the Harbor example under ``root/ws`` and its rollout's environment synced into
+    ``root/venv`` (returned)."""
+    ws = make_harbor_workspace(root / "ws")
+    venv = root / "venv"
+    subprocess.run(
+        [str(UV), "sync", "--project", str(ws / "rollouts" / "harbor_hello")],
+        env=base_env(UV_PROJECT_ENVIRONMENT=str(venv)),
+        check=True,
+        capture_output=True,
+        timeout=300,
+    )
+    return venv
+
+
 def make_harbor_workspace(dest: Path) -> Path:
     """Copy ``examples/harbor`` to ``dest`` with an absolute path source to this repository."""
     shutil.copytree(
@@ -77,16 +92,7 @@ def make_harbor_workspace(dest: Path) -> Path:
 @pytest.fixture(scope="session")
 def harbor_env(testbed: None, tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
     """The CLI environment, with one synced rollout environment for the session."""
-    root = tmp_path_factory.mktemp("harbor-rollout")
-    ws = make_harbor_workspace(root / "ws")
-    venv = root / "venv"
-    subprocess.run(
-        [str(UV), "sync", "--project", str(ws / "rollouts" / "harbor_hello")],
-        env=base_env(UV_PROJECT_ENVIRONMENT=str(venv)),
-        check=True,
-        capture_output=True,
-        timeout=300,
-    )
+    venv = synced_harbor_venv(tmp_path_factory.mktemp("harbor-rollout"))
     return base_env(UV_PROJECT_ENVIRONMENT=str(venv), HARBOR_TELEMETRY="0")
 
 
