@@ -4,10 +4,12 @@ start is ``failed`` with the CLI's error, a cancelled one says which stage."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 from pathlib import Path
 
+import psutil
 import pytest
 import trio
 
@@ -37,6 +39,16 @@ async def test_a_killed_run_child_is_interrupted_with_its_cause(
             assert "error" not in doc
             listed = (await client.get("/v1/runs", params={"state": "interrupted"})).json()
             assert [r["name"] for r in listed["runs"]] == ["killed"]
+    # The killed run's rollout server is an orphan by design until the run is resumed (which
+    # reaps it); this test does not resume, so it stops the orphan itself.
+    _stop_processes_of(workspace)
+
+
+def _stop_processes_of(workspace: Path) -> None:
+    for proc in psutil.process_iter(["cmdline"]):
+        if any(str(workspace) in part for part in proc.info["cmdline"] or ()):
+            with contextlib.suppress(psutil.Error):
+                proc.kill()
 
 
 async def test_a_run_that_failed_to_start_is_failed_with_the_error(
