@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from bridge.apis import MODES, ApiOptions
+from launcher.config_tables import optional_table
 from launcher.errors import ValidationError
 
 BRIDGE_KEYS = ("hosted_tools", "responses", "messages")
@@ -23,17 +24,9 @@ BRIDGE_KEYS = ("hosted_tools", "responses", "messages")
 
 def bridge_options(data: dict[str, Any], path: Path) -> ApiOptions | None:
     """The ``[bridge]`` section of a parsed eval TOML, checked; None when it is absent."""
-    section = data.get("bridge")
+    section = optional_table(data, "bridge", BRIDGE_KEYS, path)
     if section is None:
         return None
-    if not isinstance(section, dict):
-        raise ValidationError(f"[bridge] must be a table in {path}")
-    unknown = sorted(set(section) - set(BRIDGE_KEYS))
-    if unknown:
-        raise ValidationError(
-            f"Unrecognized key(s) in [bridge] of {path}: {', '.join(unknown)} "
-            f"(known: {', '.join(BRIDGE_KEYS)})"
-        )
     tools = section.get("hosted_tools", [])
     if not isinstance(tools, list) or not all(isinstance(t, str) and t for t in tools):
         raise ValidationError(f"bridge.hosted_tools must be a list of tool types in {path}")

@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from launcher.config_tables import optional_table
 from launcher.errors import ValidationError
 
 __all__ = [
@@ -91,17 +92,9 @@ def check_min_replicas(value: Any, what: str) -> int:
 
 def ray_section(data: dict[str, Any], path: Path) -> RayConfig | None:
     """The ``[ray]`` section of a parsed eval TOML, checked; None when it is absent."""
-    section = data.get("ray")
+    section = optional_table(data, "ray", RAY_KEYS, path)
     if section is None:
         return None
-    if not isinstance(section, dict):
-        raise ValidationError(f"[ray] must be a table in {path}")
-    unknown = sorted(set(section) - set(RAY_KEYS))
-    if unknown:
-        raise ValidationError(
-            f"Unrecognized key(s) in [ray] of {path}: {', '.join(unknown)} "
-            f"(known: {', '.join(RAY_KEYS)})"
-        )
     address = section.get("address")
     if address is not None:
         if not isinstance(address, str):

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import signal
 import subprocess
 import sys
 import tempfile
@@ -34,6 +33,7 @@ from bench_rollout_server import (
     _drive_ours,
     _free_port,
     _quantile,
+    _stop,
     _wait_healthy,
 )
 
@@ -60,12 +60,7 @@ async def _round(script: Path, args: argparse.Namespace) -> tuple[float, float, 
             server_ms = (_cpu_seconds(process.pid) - server_before) / args.rollouts * 1000
             _, _, serial = await _drive_ours(url, "s-", args.serial_rollouts, 1)
         finally:
-            process.send_signal(signal.SIGTERM)
-            with trio.move_on_after(30):
-                await process.wait()
-            if process.returncode is None:
-                process.kill()
-                await process.wait()
+            await _stop(process)
     return args.rollouts / elapsed, client_ms, server_ms, _quantile(serial.full, 0.5) * 1000
 
 

@@ -310,6 +310,16 @@ async def _drive_reference(
     return load, Serial(figures["full"], figures["after_admission"], cpu_used / count * 1000)
 
 
+async def _stop(process: trio.Process) -> None:
+    """SIGTERM the server, then SIGKILL it if it has not exited within 30 s."""
+    process.send_signal(signal.SIGTERM)
+    with trio.move_on_after(30):
+        await process.wait()
+    if process.returncode is None:
+        process.kill()
+        await process.wait()
+
+
 async def _wait_healthy(url: str, process: trio.Process) -> None:
     async with RolloutClient(url) as client:
         with trio.fail_after(60):
@@ -379,12 +389,7 @@ async def _measure(
             _, light, _ = await _drive_ours(url, "light-", args.light_rollouts, 10, sleep=0.2)
             ours.light.append(light)
         finally:
-            process.send_signal(signal.SIGTERM)
-            with trio.move_on_after(30):
-                await process.wait()
-            if process.returncode is None:
-                process.kill()
-                await process.wait()
+            await _stop(process)
     print(
         f"  round {round_index + 1} {name}: "
         + ", ".join(

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.launcher.e2e.helpers import REPO, UV, base_env, make_workspace
+from tests.launcher.e2e.helpers import REPO, make_workspace, synced_venv
 
 TESTBED = REPO / "scripts" / "ray-testbed"
 N2_IP = "10.203.0.2"
@@ -128,15 +128,7 @@ def slow_env(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """One synced rollout environment for the cluster tests."""
     root = tmp_path_factory.mktemp("cluster-rollout")
     ws = make_workspace(root / "ws")
-    venv = root / "venv"
-    subprocess.run(
-        [str(UV), "sync", "--project", str(ws / "rollouts" / "echo")],
-        env=base_env(UV_PROJECT_ENVIRONMENT=str(venv)),
-        check=True,
-        capture_output=True,
-        timeout=300,
-    )
-    return venv
+    return synced_venv(ws / "rollouts" / "echo", root / "venv")
 
 
 def slow_workspace(dest: Path, delay_s: float) -> Path:

@@ -18,7 +18,7 @@ import psutil
 import pytest
 
 from rollout_server.harbor.containers import OWNER_LABEL, owner_alive
-from tests.launcher.e2e.helpers import REPO, UV, base_env
+from tests.launcher.e2e.helpers import REPO, base_env, synced_venv
 
 EXAMPLE = REPO / "examples" / "harbor"
 IMAGE = "local/bookworm-harbor"
@@ -67,15 +67,7 @@ def synced_harbor_venv(root: Path) -> Path:
     """A copy of the Harbor example under ``root/ws`` and its rollout's environment synced into
     ``root/venv`` (returned)."""
     ws = make_harbor_workspace(root / "ws")
-    venv = root / "venv"
-    subprocess.run(
-        [str(UV), "sync", "--project", str(ws / "rollouts" / "harbor_hello")],
-        env=base_env(UV_PROJECT_ENVIRONMENT=str(venv)),
-        check=True,
-        capture_output=True,
-        timeout=300,
-    )
-    return venv
+    return synced_venv(ws / "rollouts" / "harbor_hello", root / "venv")
 
 
 def make_harbor_workspace(dest: Path) -> Path:

@@ -10,13 +10,12 @@ All tests except the one that checks a real first sync share one rollout environ
 
 from __future__ import annotations
 
-import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-from tests.launcher.e2e.helpers import UV, base_env, make_workspace, processes_in_group
+from tests.launcher.e2e.helpers import base_env, make_workspace, processes_in_group, synced_venv
 
 
 @pytest.fixture(scope="session")
@@ -24,15 +23,7 @@ def shared_env(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """One synced rollout environment for the whole session."""
     root = tmp_path_factory.mktemp("shared-rollout")
     ws = make_workspace(root / "ws")
-    venv = root / "venv"
-    subprocess.run(
-        [str(UV), "sync", "--project", str(ws / "rollouts" / "echo")],
-        env=base_env(UV_PROJECT_ENVIRONMENT=str(venv)),
-        check=True,
-        capture_output=True,
-        timeout=300,
-    )
-    return venv
+    return synced_venv(ws / "rollouts" / "echo", root / "venv")
 
 
 @pytest.fixture

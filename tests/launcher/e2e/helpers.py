@@ -53,6 +53,19 @@ def base_env(**extra: str) -> dict[str, str]:
     return env
 
 
+def synced_venv(project: Path, venv: Path) -> Path:
+    """``uv sync`` of the rollout ``project`` into ``venv`` (returned): one environment a
+    session's tests share instead of each syncing its own."""
+    subprocess.run(
+        [str(UV), "sync", "--project", str(project)],
+        env=base_env(UV_PROJECT_ENVIRONMENT=str(venv)),
+        check=True,
+        capture_output=True,
+        timeout=300,
+    )
+    return venv
+
+
 @dataclass
 class CLIResult:
     """A finished CLI run."""
