@@ -12,7 +12,7 @@ import trio
 
 from launcher.dispatch import LogFn, RolloutRefused
 from launcher.report import describe
-from launcher.resultwait import ResultWaiter, batched_wait_wanted
+from launcher.resultwait import ResultWaiter
 from launcher.rollout_child import RolloutServer
 from launcher.rundir.calls import call_totals
 from launcher.rundir.journal import ErrorInfo, TerminalRecord
@@ -140,15 +140,15 @@ class RolloutClientTransport:
     names a dead server as the cause.
 
     Results come through the server's batched wait (:mod:`launcher.resultwait`: two
-    connections at most, whatever the rollouts in flight) when its ``/health`` offers it, else
-    through one long-poll per rollout.
+    connections at most, whatever the rollouts in flight) when the run chose it for this
+    server (``server.batched_wait``), else through one long-poll per rollout.
     """
 
     def __init__(self, client: RolloutClient, server: RolloutServer) -> None:
         self._client = client
         self._server = server
         self.results: ResultWaiter | None = None
-        if batched_wait_wanted(server.health):
+        if server.batched_wait:
             # One waiter per client: its admissions register their rollouts with it.
             self.results = _WAITERS.get(client)
             if self.results is None:

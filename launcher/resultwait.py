@@ -58,17 +58,26 @@ from rollout_server.net.wireerrors import (
 )
 from rollout_server.protocol import HealthReport, RolloutResultResponse
 
-__all__ = ["BATCHED_ENV", "CAPABILITY", "WAIT_ROUTE", "ResultWaiter", "batched_wait_wanted"]
+__all__ = [
+    "BATCHED_ENV",
+    "CAPABILITY",
+    "WAIT_ROUTE",
+    "ResultWaiter",
+    "batched_wait_offered",
+    "batched_wait_wanted",
+]
 
 #: The route and capability of rollout_server.resultwait (not imported: the launcher may only
 #: use the client, protocol and net modules of rollout_server); a test keeps them equal.
 WAIT_ROUTE: Final = "/v1/rollbridge/wait-results"
 CAPABILITY: Final = "wait-results"
 WAITER_HEADER: Final = "x-rollbridge-waiter"
-#: ``ROLLBRIDGE_BATCHED_WAIT=1`` waits through the batched wait where the server offers it.
-#: Off by default: it holds fewer sockets and less memory, but end to end (3,000 in flight at
-#: 5 s, three pairs) the median item took 12.7-15.0 s against 7.6-9.5 s with the per-id poll,
-#: a cause not yet found (docs/performance.md, "The batched wait, measured").
+#: ``ROLLBRIDGE_BATCHED_WAIT``: ``1`` waits through the batched wait wherever the server offers
+#: it, ``0`` never; unset (or any other value), only when the run needs it, that is when the
+#: rollouts in flight it asks for do not fit the open-file limit with one long-poll per rollout
+#: (:func:`batched_wait_wanted`'s ``needed``; launcher.services decides it). Not the default
+#: otherwise: it holds fewer sockets and less memory, but its end-to-end effect on a run's wall
+#: is not settled (docs/performance.md, "The batched wait, measured").
 BATCHED_ENV: Final = "ROLLBRIDGE_BATCHED_WAIT"
 _MAX_IDS: Final = 4096
 _MAX_RESULTS: Final = 1024
@@ -89,12 +98,20 @@ class _Answer(msgspec.Struct):
 _decode_answer = msgspec.json.Decoder(_Answer).decode
 
 
-def batched_wait_wanted(health: HealthReport) -> bool:
-    """Whether to wait through the batched wait: the server's ``/health`` answer lists it, and
-    :data:`BATCHED_ENV` asks for it."""
+def batched_wait_offered(health: HealthReport) -> bool:
+    """Whether the server's ``/health`` answer lists the batched wait."""
     capabilities = health.body.get("rollbridge_capabilities")
-    offered = isinstance(capabilities, list) and CAPABILITY in capabilities
-    return offered and os.environ.get(BATCHED_ENV) == "1"
+    return isinstance(capabilities, list) and CAPABILITY in capabilities
+
+
+def batched_wait_wanted(health: HealthReport, *, needed: bool = False) -> bool:
+    """Whether to wait through the batched wait: the server offers it, and :data:`BATCHED_ENV`
+    asks for it (``1``), or leaves the choice to the run (unset) and ``needed`` says the
+    per-id long-polls would not fit the open-file limit."""
+    if not batched_wait_offered(health):
+        return False
+    choice = os.environ.get(BATCHED_ENV)
+    return choice == "1" or (choice != "0" and needed)
 
 
 class _Box:

@@ -150,6 +150,9 @@ class RolloutServer:
     client: RolloutClient
     """The run's client of this server (health, capacity, dispatch); :meth:`stop` closes it."""
     stopping: bool = False
+    batched_wait: bool = False
+    """Whether the run waits for this server's results through its batched wait
+    (launcher.resultwait; decided once, before dispatch, by the run's services)."""
 
     @property
     def sdk_version(self) -> str | None:

@@ -234,9 +234,29 @@ async def _start(
         ctx.ui.warning(capped, "CONCURRENCY_CAPPED")
     from bridge.spare import in_process_requested
 
-    needs = per_rollout(
-        batched_wait=batched_wait_wanted(server.health), bridge_in_process=in_process_requested()
+    in_process = in_process_requested()
+    # One long-poll per rollout, unless that does not fit the open-file limit and the server's
+    # batched wait (where it offers it) fits more (or the batched wait is asked for).
+    per_id_fits, _ = fit_in_flight(
+        concurrency, descriptors, needs=per_rollout(bridge_in_process=in_process)
     )
+    batched_fits, _ = fit_in_flight(
+        concurrency,
+        descriptors,
+        needs=per_rollout(batched_wait=True, bridge_in_process=in_process),
+    )
+    needed = per_id_fits < concurrency and batched_fits > per_id_fits
+    server.batched_wait = batched_wait_wanted(server.health, needed=needed)
+    if server.batched_wait and needed:
+        ctx.log(
+            "INFO",
+            "dispatch",
+            f"{concurrency} rollouts in flight: waiting for results through the rollout "
+            f"server's batched wait (one long-poll per rollout would need more than the "
+            f"open-file limit of {descriptors.soft})",
+            {"open_file_limit": descriptors.soft},
+        )
+    needs = per_rollout(batched_wait=server.batched_wait, bridge_in_process=in_process)
     concurrency, fd_capped = fit_in_flight(concurrency, descriptors, needs=needs)
     if fd_capped is not None:
         ctx.log("WARNING", "dispatch", fd_capped, {"open_file_limit": descriptors.soft})

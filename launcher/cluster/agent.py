@@ -47,6 +47,7 @@ from launcher.cluster.relay import pinned_client, relay_to
 from launcher.cluster.ship import ShipInfo, ensure_env
 from launcher.dispatch import RolloutRefused
 from launcher.dispatch_io import RolloutClientTransport
+from launcher.resultwait import batched_wait_wanted
 from launcher.rollout_child import RolloutServer, ServerLaunch, start_rollout_server
 from rollout_server.harbor.bundle import SHIPPED_BUNDLE_ENV
 from rollout_server.protocol import RolloutInitRequest
@@ -226,6 +227,7 @@ class NodeAgent:
             redact=str,
         )
         self._server = server
+        server.batched_wait = batched_wait_wanted(server.health)  # as asked: each node its own
         self._transport = RolloutClientTransport(server.client, server)
         self._lifeline = await trio.to_thread.run_sync(
             _spawn_lifeline,

@@ -40,6 +40,7 @@ class _Server:
     health: HealthReport
     base_url: str
     child: _Child
+    batched_wait: bool
 
 
 def _connections_to(port: int) -> int:
@@ -80,7 +81,7 @@ async def _dispatch_while_gated(
     if not batched:
         body = {k: v for k, v in health.body.items() if k != "rollbridge_capabilities"}
         health = cast(Any, HealthReport.parse(body))
-    server = _Server(health, running.url, _Child())
+    server = _Server(health, running.url, _Child(), batched_wait_wanted(health))
     transport = RolloutClientTransport(client, cast(RolloutServer, server))
     assert (transport.results is not None) is batched
     sink = ListSink()
@@ -219,15 +220,20 @@ async def test_a_server_that_dies_mid_wait_fails_every_caller(tmp_path: Path) ->
     assert len(errors) == 3
 
 
-def test_the_batched_wait_is_used_only_when_asked_for_and_offered(
+def test_the_batched_wait_is_used_when_offered_and_asked_for_or_needed(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     offered = cast(Any, HealthReport.parse({"rollbridge_capabilities": ["wait-results"]}))
+    absent = cast(Any, HealthReport.parse({"status": "ok"}))
+    malformed = cast(Any, HealthReport.parse({"rollbridge_capabilities": 1}))
     monkeypatch.delenv(BATCHED_ENV, raising=False)
-    assert not batched_wait_wanted(offered)  # off unless asked for
+    assert not batched_wait_wanted(offered)  # unset: only when the run needs it
+    assert batched_wait_wanted(offered, needed=True)
+    assert not batched_wait_wanted(absent, needed=True)
     monkeypatch.setenv(BATCHED_ENV, "1")
     assert batched_wait_wanted(offered)
-    assert not batched_wait_wanted(cast(Any, HealthReport.parse({"status": "ok"})))
-    assert not batched_wait_wanted(cast(Any, HealthReport.parse({"rollbridge_capabilities": 1})))
+    assert not batched_wait_wanted(absent)
+    assert not batched_wait_wanted(malformed)
     monkeypatch.setenv(BATCHED_ENV, "0")
     assert not batched_wait_wanted(offered)
+    assert not batched_wait_wanted(offered, needed=True)  # never, even where it would fit

@@ -151,3 +151,49 @@ async def test_a_rollout_server_out_of_descriptors_halts_the_run(
     assert all(r["status"] == "success" for r in records), records
     assert not {2, 3} & {r["row_index"] for r in records}
     assert len(records) < 10
+
+
+async def test_the_batched_wait_is_chosen_when_per_rollout_polls_do_not_fit(
+    workspace: Path, env: dict[str, str], tmp_path: Path
+) -> None:
+    """With the bridge in the supervisor's process, a rollout in flight holds three of its
+    descriptors with per-rollout long-polls (the poll, the call in, the call out) and two with
+    the rollout server's batched wait: at a limit that holds neither for 1000, the run waits
+    through the batched wait, says why, and caps at what two per rollout allow."""
+    _hard_at_least(512)
+    _setup(workspace, ["a", "b", "c", "d", "e", "f"])
+    result = await _run_limited(
+        [*_ARGS, "--name", "batched", "--yes", "--max-in-flight", "1000"],
+        cwd=tmp_path,
+        env={**env, "ROLLBRIDGE_BRIDGE_IN_PROCESS": "1"},
+        soft=128,
+        hard=512,
+    )
+    output = result.stdout + result.stderr
+    assert result.returncode == 0, output
+    logs = (run_dir(workspace, "batched") / "logs.txt").read_text()
+    assert "waiting for results through the rollout server's batched wait" in logs, logs
+    # (512 - 128 reserved) / 2 per rollout in the supervisor, not / 3.
+    assert "1000 rollouts in flight need about 2128 open files in the supervisor " in output
+    assert "running 192 rollouts at a time" in output
+    records = _journal(workspace, "batched")
+    assert sorted(r["row_index"] for r in records) == list(range(6))
+    assert {r["status"] for r in records} == {"success"}, records
+
+
+async def test_the_batched_wait_is_not_chosen_where_it_would_not_fit_more(
+    workspace: Path, env: dict[str, str], tmp_path: Path
+) -> None:
+    """The bridge's own process holds two per rollout either way: per-rollout polls stay."""
+    _hard_at_least(512)
+    _setup(workspace, ["a", "b"])
+    result = await _run_limited(
+        [*_ARGS, "--name", "polls", "--yes", "--max-in-flight", "1000"],
+        cwd=tmp_path,
+        env={k: v for k, v in env.items() if k != "ROLLBRIDGE_BATCHED_WAIT"},
+        soft=128,
+        hard=512,
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+    logs = (run_dir(workspace, "polls") / "logs.txt").read_text()
+    assert "batched wait" not in logs
