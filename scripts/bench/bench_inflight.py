@@ -7,12 +7,16 @@ run's outcome (finished, its rows by status, the exit code), wall against the id
 rollouts in flight it actually ran (the supervisor caps them to what the open-file limit
 holds, ``launcher.fdbudget``), peak RSS and CPU per item of every process (the supervisor, its
 bridge process, the rollout server, the fake provider), and one ``target`` line each for
-issue 29's bounds (<= 1.3x ideal, supervisor RSS <= 300 MB, 0 errors). Uses
+issue 29's bounds (<= 1.3x ideal, supervisor RSS <= 300 MB, 0 errors). Then (``--reference
+run``, the default) the reference's own CLI (osmosis-ai 0.3.8, ``reference_eval.py``) runs the
+same rows at the same in-flight against the same provider, stopped after
+``--reference-timeout`` seconds (default 900), and what it did is printed: finished, failed or
+stopped, its rows by outcome, wall and CPU per row. Uses
 ``bench_eval.py``'s workspace set-up, lean fake provider and CLI runner; its own work
 directory is ``.bench/inflight``.
 
 Run: .venv/bin/python scripts/bench/bench_inflight.py [--rows 10000] [--in-flight 10000]
-[--latency 30] [--py-spy DIR]
+[--latency 30] [--py-spy DIR] [--reference run|skip] [--reference-timeout 900]
 """
 
 from __future__ import annotations
@@ -32,6 +36,7 @@ import trio
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import bench_eval
 from bench_eval import REPO, dataset, run_eval, serve_upstream, setup, target
+from reference_eval import ReferenceUnavailable, run_reference_eval
 
 from launcher.fdbudget import raise_descriptor_limit
 
@@ -123,7 +128,46 @@ if os.environ.get("BENCH_SERVER_GC"):
 """
 
 
-async def main(rows: int, in_flight: int, latency: float, server_gc: str | None) -> None:
+async def reference(upstream_v1: str, rows: int, in_flight: int, timeout_s: float) -> None:
+    """The reference's CLI on the same work, and what it did."""
+    print(f"reference (osmosis-ai 0.3.8): {rows} rows, --max-in-flight {in_flight}, same provider")
+    try:
+        ref = await run_reference_eval(
+            upstream_v1,
+            rows,
+            in_flight,
+            work=bench_eval.BENCH / "reference",
+            warm_up=False,
+            timeout_s=timeout_s,
+            check=False,
+        )
+    except ReferenceUnavailable as exc:
+        print(f"   reference not run: {exc}")
+        return
+    if ref.timed_out:
+        outcome = f"stopped after {timeout_s:g} s (not finished)"
+    elif ref.exit_code == 0 and ref.rewarded == rows:
+        outcome = "finished"
+    else:
+        outcome = f"FAILED (exit code {ref.exit_code})"
+    print(
+        f"   {outcome}: {ref.succeeded} success ({ref.rewarded} with reward 1.0), {ref.failed} "
+        f"failed, {ref.skipped} skipped of {rows}; wall {ref.wall_s:.1f} s, CPU "
+        f"{ref.cpu_ms_per_row:.2f} ms per row; run directory {ref.run_dir}"
+    )
+    tail = (ref.run_dir.parent / f"{ref.name}.out").read_text(errors="replace").splitlines()[-2:]
+    for line in tail:
+        print(f"   output: {line[:300]}")
+
+
+async def main(
+    rows: int,
+    in_flight: int,
+    latency: float,
+    server_gc: str | None,
+    run_reference: bool = False,
+    reference_timeout: float = 900.0,
+) -> None:
     bench_eval.BENCH = REPO / ".bench" / "inflight"
     bench_eval.ENTRY = ENTRY_GC + bench_eval.ENTRY
     ws = setup()
@@ -169,6 +213,8 @@ async def main(rows: int, in_flight: int, latency: float, server_gc: str | None)
             f"   target rows not journaled as success (<= 0): measured {errors}, "
             f"{'met' if errors == 0 else 'not met'}"
         )
+        if run_reference:
+            await reference(upstream.v1, rows, in_flight, reference_timeout)
         nursery.cancel_scope.cancel()
 
 
@@ -186,6 +232,8 @@ if __name__ == "__main__":
         dest="server_gc",
         help="collector thresholds for the rollout server, e.g. 20000,20,20 (an experiment)",
     )
+    parser.add_argument("--reference", choices=("run", "skip"), default="run")
+    parser.add_argument("--reference-timeout", type=float, default=900.0, dest="reference_timeout")
     args = parser.parse_args()
     if args.py_spy is not None:
         args.py_spy.mkdir(parents=True, exist_ok=True)
@@ -195,5 +243,13 @@ if __name__ == "__main__":
         f"load average at start: {os.getloadavg()}; open-file limit {limit.soft} "
         f"(hard {limit.hard})"
     )
-    trio.run(main, args.rows, args.in_flight, args.latency, args.server_gc)
+    trio.run(
+        main,
+        args.rows,
+        args.in_flight,
+        args.latency,
+        args.server_gc,
+        args.reference == "run",
+        args.reference_timeout,
+    )
     print(f"load average at end: {os.getloadavg()}")

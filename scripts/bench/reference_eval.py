@@ -34,6 +34,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
+import math
 import os
 import subprocess
 import sys
@@ -115,6 +116,8 @@ class ReferenceRun:
     """Chat calls the upstream received during the run, preflight included (None without a
     counter)."""
     run_dir: Path
+    timed_out: bool = False
+    """The run was stopped at its ``timeout_s`` (its counts are what it journaled by then)."""
 
     @property
     def rows_per_s(self) -> float:
@@ -233,6 +236,8 @@ async def _run_once(
     work: Path,
     label: str,
     count_upstream_calls: Callable[[], int] | None,
+    timeout_s: float | None = None,
+    check: bool = True,
 ) -> ReferenceRun:
     config, dataset = await trio.to_thread.run_sync(write_inputs, setup.workspace, rows, in_flight)
     name = _fresh_name(rows, label)
@@ -284,11 +289,14 @@ async def _run_once(
                 exited = time.time()
                 cancel.cancel()
 
-            async with trio.open_nursery() as nursery:
-                nursery.start_soon(wait_exit, nursery.cancel_scope)
-                while True:
-                    _tree_cpu(root, seen)
-                    await trio.sleep(0.05)
+            with trio.move_on_after(math.inf if timeout_s is None else timeout_s) as limit:
+                async with trio.open_nursery() as nursery:
+                    nursery.start_soon(wait_exit, nursery.cancel_scope)
+                    while True:
+                        _tree_cpu(root, seen)
+                        await trio.sleep(0.05)
+            if limit.cancelled_caught:
+                exited = time.time()
         finally:
             if proc.returncode is None:
                 with trio.CancelScope(shield=True):
@@ -315,8 +323,10 @@ async def _run_once(
         cli_cpu_s=seen.get(proc.pid, 0.0),
         upstream_calls=calls,
         run_dir=run_dir,
+        timed_out=limit.cancelled_caught,
     )
-    await trio.to_thread.run_sync(verify_run, run, out_path)
+    if check:
+        await trio.to_thread.run_sync(verify_run, run, out_path)
     return run
 
 
@@ -348,6 +358,8 @@ async def run_reference_eval(
     work: Path,
     count_upstream_calls: Callable[[], int] | None = None,
     warm_up: bool = True,
+    timeout_s: float | None = None,
+    check: bool = True,
 ) -> ReferenceRun:
     """Run ``osmosis eval run`` (osmosis-ai 0.3.8) on ``rows`` echo rows, ``in_flight`` at once.
 
@@ -357,7 +369,8 @@ async def run_reference_eval(
     checked against the upstream's own count. With ``warm_up`` a 200-row run precedes the measured one. Builds the cached
     reference first if needed (:func:`ensure_reference`; raises :class:`ReferenceUnavailable`
     when it cannot); raises :class:`ReferenceRunFailed` unless every row succeeded with
-    reward 1.0.
+    reward 1.0 (with ``check``; without it the run is returned as it ended). ``timeout_s``
+    stops the measured run (its whole process tree) after that long: ``timed_out`` says so.
     """
     setup = await trio.to_thread.run_sync(ensure_reference)
     work = await trio.to_thread.run_sync(work.resolve)
@@ -365,7 +378,17 @@ async def run_reference_eval(
         await _run_once(
             setup, upstream_v1, WARM_UP_ROWS, in_flight, work, "warmup", count_upstream_calls
         )
-    return await _run_once(setup, upstream_v1, rows, in_flight, work, "run", count_upstream_calls)
+    return await _run_once(
+        setup,
+        upstream_v1,
+        rows,
+        in_flight,
+        work,
+        "run",
+        count_upstream_calls,
+        timeout_s=timeout_s,
+        check=check,
+    )
 
 
 def _secs(value: float | None) -> str:
