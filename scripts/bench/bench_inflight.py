@@ -150,10 +150,12 @@ async def reference(upstream_v1: str, rows: int, in_flight: int, timeout_s: floa
         outcome = "finished"
     else:
         outcome = f"FAILED (exit code {ref.exit_code})"
+    done = ref.succeeded + ref.failed + ref.skipped
     print(
         f"   {outcome}: {ref.succeeded} success ({ref.rewarded} with reward 1.0), {ref.failed} "
-        f"failed, {ref.skipped} skipped of {rows}; wall {ref.wall_s:.1f} s, CPU "
-        f"{ref.cpu_ms_per_row:.2f} ms per row; run directory {ref.run_dir}"
+        f"failed, {ref.skipped} skipped of {rows}; wall {ref.wall_s:.1f} s "
+        f"({done / ref.wall_s:.1f} rows/s), CPU of its process tree {ref.cpu_s:.0f} s "
+        f"({ref.cpu_s / max(done, 1) * 1000:.1f} ms per row done); run directory {ref.run_dir}"
     )
     tail = (ref.run_dir.parent / f"{ref.name}.out").read_text(errors="replace").splitlines()[-2:]
     for line in tail:
