@@ -2,6 +2,8 @@
 
 Non-streaming calls go through the lean pool (:mod:`rollout_server.net.wire`); streamed ones
 through httpx (:mod:`bridge.upstreams.streamed`), which is imported at the first streamed call.
+With HTTP/2 on (``[bridge] upstream_http2``), both go through :mod:`bridge.upstreams.h2pool`
+instead: many calls share each connection, one socket per call fewer in the bridge.
 """
 
 from __future__ import annotations
@@ -30,6 +32,8 @@ from rollout_server.net.wire import (
 
 if TYPE_CHECKING:
     import httpx
+
+    from bridge.upstreams.h2pool import H2Clients
 
 # The bridge sets no deadline of its own on a model call; these match the OpenAI SDK's
 # defaults that LiteLLM would apply (10 minutes), so a wedged provider still ends eventually.
@@ -69,14 +73,22 @@ def new_client() -> httpx.AsyncClient:
 
 class LazyClient:
     """The bridge's clients of the direct path: the lean pool at once, httpx's at the first
-    streamed call (a bridge whose calls are not streamed never imports httpx).
+    streamed call (a bridge whose calls are not streamed never imports httpx). With ``http2``
+    the direct path's calls go over HTTP/2 instead (:attr:`h2`).
 
-    :meth:`aclose` closes both.
+    :meth:`aclose` closes them all.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, *, http2: bool = False) -> None:
         self.wire = _new_pool()
         self._http: httpx.AsyncClient | None = None
+        self.h2: H2Clients | None = None
+        if http2:
+            import httpx
+
+            from bridge.upstreams.h2pool import H2Clients
+
+            self.h2 = H2Clients(httpx.Timeout(_READ_TIMEOUT, connect=_CONNECT_TIMEOUT))
 
     def http(self) -> httpx.AsyncClient:
         """The httpx client, made at the first call."""
@@ -85,11 +97,15 @@ class LazyClient:
         return self._http
 
     async def aclose(self) -> None:
-        """Close the pool, and the httpx client if it was made."""
-        if self._http is not None:
-            await self._http.aclose()  # its transport closes the pool
-        else:
-            await self.wire.aclose()
+        """Close the pool, the httpx client if it was made, and the HTTP/2 clients."""
+        try:
+            if self._http is not None:
+                await self._http.aclose()  # its transport closes the pool
+            else:
+                await self.wire.aclose()
+        finally:
+            if self.h2 is not None:
+                await self.h2.aclose()
 
 
 def _payload(route: DirectRoute, prepared: PreparedRequest, stream: bool) -> bytes:
@@ -139,8 +155,9 @@ class DirectUpstream:
     def __init__(self, model: str, client: LazyClient | httpx.AsyncClient) -> None:
         self.model = model
         self._http: Callable[[], httpx.AsyncClient]
+        self._h2: H2Clients | None = None
         if isinstance(client, LazyClient):
-            self._wire, self._http = client.wire, client.http
+            self._wire, self._http, self._h2 = client.wire, client.http, client.h2
         else:
             from bridge.upstreams.streamed import BridgeClient
 
@@ -177,6 +194,9 @@ class DirectUpstream:
     ) -> dict[str, Any]:
         """One non-streaming call; ``record`` gets the usage the moment the answer is parsed."""
         route = resolve_direct(self.model)
+        if self._h2 is not None:
+            content = _payload(route, prepared, False)
+            return await self._h2.complete(route.url, route.headers, content, record)
         origin = self._wire_origin(route.url)
         headers = self._wire_headers(route.headers)
         try:
@@ -209,7 +229,10 @@ class DirectUpstream:
         from bridge.upstreams.streamed import stream_chunks
 
         content = _payload(route, prepared, True)
-        chunks = stream_chunks(self._http(), route.url, route.headers, content)
+        if self._h2 is not None:
+            chunks = self._h2.stream(route.url, route.headers, content)
+        else:
+            chunks = stream_chunks(self._http(), route.url, route.headers, content)
         async with aclosing(chunks):
             async for chunk in chunks:
                 yield chunk

@@ -11,8 +11,13 @@ issue 29's bounds (<= 1.3x ideal, supervisor RSS <= 300 MB, 0 errors). Uses
 ``bench_eval.py``'s workspace set-up, lean fake provider and CLI runner; its own work
 directory is ``.bench/inflight``.
 
+``--http2 on`` (or ``auto``) writes ``[bridge] upstream_http2`` into both runs' config: the
+bridge calls the fake provider over h2c, 100 streams per connection (the fake advertises what
+real providers do), one socket per rollout in the bridge instead of two. The batched result
+wait is ``ROLLBRIDGE_BATCHED_WAIT=1`` in the environment, passed through.
+
 Run: .venv/bin/python scripts/bench/bench_inflight.py [--rows 10000] [--in-flight 10000]
-[--latency 30] [--py-spy DIR]
+[--latency 30] [--http2 off|on|auto] [--py-spy DIR]
 """
 
 from __future__ import annotations
@@ -87,7 +92,13 @@ def notices(ws: Path, name: str) -> list[str]:
     path = ws / ".osmosis" / "evals" / name / "logs.txt"
     if not path.exists():
         return []
-    keep = ("open-file limit", "halting dispatch", "file descriptors", "Too many open files")
+    keep = (
+        "open-file limit",
+        "halting dispatch",
+        "file descriptors",
+        "Too many open files",
+        "HTTP/2",
+    )
     return [line[:400] for line in path.read_text().splitlines() if any(k in line for k in keep)]
 
 
@@ -123,11 +134,21 @@ if os.environ.get("BENCH_SERVER_GC"):
 """
 
 
-async def main(rows: int, in_flight: int, latency: float, server_gc: str | None) -> None:
+async def main(
+    rows: int, in_flight: int, latency: float, server_gc: str | None, http2: str
+) -> None:
     bench_eval.BENCH = REPO / ".bench" / "inflight"
     bench_eval.ENTRY = ENTRY_GC + bench_eval.ENTRY
     ws = setup()
     configs = {n: dataset(ws, n) for n in {1, rows}}
+    if http2 != "off":
+        for config in configs.values():
+            with open(ws / config, "a") as fh:
+                fh.write(f'\n[bridge]\nupstream_http2 = "{http2}"\n')
+    print(
+        f"upstream_http2 = {http2!r}, "
+        f"ROLLBRIDGE_BATCHED_WAIT={os.environ.get('ROLLBRIDGE_BATCHED_WAIT', '')!r}"
+    )
     async with trio.open_nursery() as nursery:
         upstream = await nursery.start(serve_upstream)
         await upstream.set_delay(0.0)
@@ -152,6 +173,11 @@ async def main(rows: int, in_flight: int, latency: float, server_gc: str | None)
         )
         for line in notices(ws, name):
             print(f"   log: {line}")
+        seen = await upstream.counters()
+        print(
+            f"   fake provider: {seen['connections']:.0f} connections accepted in all, "
+            f"{seen['h2_connections']:.0f} of them HTTP/2"
+        )
         for role in ("supervisor", "bridge", "rollout server", "fake provider"):
             print(
                 f"   {role:15} peak RSS {peaks.get(role, 0):7.1f} MB, CPU "
@@ -186,6 +212,12 @@ if __name__ == "__main__":
         dest="server_gc",
         help="collector thresholds for the rollout server, e.g. 20000,20,20 (an experiment)",
     )
+    parser.add_argument(
+        "--http2",
+        choices=("off", "on", "auto"),
+        default="off",
+        help="[bridge] upstream_http2 in the runs' config (default off)",
+    )
     args = parser.parse_args()
     if args.py_spy is not None:
         args.py_spy.mkdir(parents=True, exist_ok=True)
@@ -195,5 +227,5 @@ if __name__ == "__main__":
         f"load average at start: {os.getloadavg()}; open-file limit {limit.soft} "
         f"(hard {limit.hard})"
     )
-    trio.run(main, args.rows, args.in_flight, args.latency, args.server_gc)
+    trio.run(main, args.rows, args.in_flight, args.latency, args.server_gc, args.http2)
     print(f"load average at end: {os.getloadavg()}")

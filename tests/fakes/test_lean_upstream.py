@@ -163,6 +163,7 @@ async def test_delay_is_applied_and_counted(lean: LeanUpstream) -> None:
             "completed": 1,
             "in_flight": 0,
             "connections": 2,
+            "h2_connections": 0,
             "delay": 0.5,
         }
         await lean.set_delay(0)
