@@ -57,12 +57,23 @@ _DELIVERY_GRACE: Final = 30.0
 
 
 class _Slot:
-    __slots__ = ("client", "in_flight", "streams")
+    __slots__ = ("client", "idle_since", "in_flight", "learned", "streams")
 
-    def __init__(self, client: httpx.AsyncClient) -> None:
+    def __init__(self, client: httpx.AsyncClient, streams: int) -> None:
         self.client = client
         self.in_flight = 0
-        self.streams = STREAMS_PER_CONNECTION
+        self.streams = streams
+        self.learned = False
+        self.idle_since = 0.0
+
+    def learn(self) -> None:
+        """Take the server's stream limit at the first answer (a server's SETTINGS frame comes
+        before any answer of its; none on a connection that fell back to HTTP/1.1)."""
+        if not self.learned:
+            self.learned = True
+            server = _server_streams(self.client)
+            if server is not None:
+                self.streams = max(1, min(self.streams, server))
 
 
 def _server_streams(client: httpx.AsyncClient) -> int | None:
@@ -114,24 +125,39 @@ class H2Clients:
         return skip_empty_cookies(client)
 
     @contextlib.asynccontextmanager
-    async def lease(self, tls: bool) -> AsyncIterator[httpx.AsyncClient]:
+    async def lease(self, tls: bool) -> AsyncIterator[_Slot]:
         """A client with a stream free for one call, held until the block ends."""
         if self._closed:
             raise UpstreamError(502, "the bridge is stopping")
         slots = self._slots[tls]
         slot = next((s for s in slots if s.in_flight < s.streams), None)
         if slot is None:
-            slot = _Slot(self._new_client(tls))
+            # The server's limit learned on the first connection holds for the next ones
+            # (one provider per bridge), so a new client is not handed more calls than it has
+            # streams for before its own first answer.
+            streams = slots[0].streams if slots else STREAMS_PER_CONNECTION
+            slot = _Slot(self._new_client(tls), streams)
             slots.append(slot)
         slot.in_flight += 1
         try:
-            yield slot.client
+            yield slot
         finally:
             slot.in_flight -= 1
-            if slot.streams == STREAMS_PER_CONNECTION:
-                server = _server_streams(slot.client)
-                if server is not None and server < slot.streams:
-                    slot.streams = server
+            if slot.in_flight == 0:
+                slot.idle_since = trio.current_time()
+            await self._drop_idle(slots)
+
+    async def _drop_idle(self, slots: list[_Slot]) -> None:
+        # First fit leaves the last clients idle once the calls in flight fall: close the last
+        # one when it has been idle longer than a connection is kept alive (its connection
+        # would expire unused, a socket held meanwhile).
+        last = slots[-1] if len(slots) > 1 else None
+        if last is None or last.in_flight:
+            return
+        if trio.current_time() - last.idle_since > _KEEPALIVE_EXPIRY:
+            slots.pop()
+            with trio.CancelScope(shield=True):
+                await last.client.aclose()
 
     def _hinted(self, error: UpstreamError, url: httpx.URL) -> UpstreamError:
         """``error``, its message saying what h2c needs when ``url`` is an ``http://`` origin
@@ -163,7 +189,8 @@ class H2Clients:
         """One non-streaming call (the lean path's contract, :mod:`bridge.upstreams.direct`):
         its JSON object; ``record`` gets the usage the moment the answer is parsed."""
         target = _url(url)
-        async with self.lease(target.scheme == "https") as client:
+        async with self.lease(target.scheme == "https") as slot:
+            client = slot.client
             request = client.build_request("POST", target, content=content, headers=headers)
             try:
                 # Cancellable while the provider works: a rollout that goes away stops the call.
@@ -171,6 +198,7 @@ class H2Clients:
             except httpx.TransportError as exc:
                 raise self._hinted(_transport_error(exc), target) from exc
             self._answered(target)
+            slot.learn()
             try:
                 try:
                     raw = await response.aread()
@@ -196,12 +224,13 @@ class H2Clients:
         """Stream raw chunks as the provider sends them (a whole completion if it did not
         stream), the stream's slot held until the last chunk."""
         target = _url(url)
-        async with self.lease(target.scheme == "https") as client:
-            chunks = stream_chunks(client, url, headers, content)
+        async with self.lease(target.scheme == "https") as slot:
+            chunks = stream_chunks(slot.client, url, headers, content)
             async with aclosing(chunks):
                 try:
                     async for chunk in chunks:
                         self._answered(target)
+                        slot.learn()
                         yield chunk
                 except UpstreamError as exc:
                     if isinstance(exc.__cause__, httpx.TransportError):

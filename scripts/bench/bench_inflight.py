@@ -134,6 +134,12 @@ if os.environ.get("BENCH_SERVER_GC"):
 """
 
 
+def with_http2(config: Path, mode: str) -> None:
+    """Add ``[bridge] upstream_http2 = mode`` to an eval config."""
+    with open(config, "a") as fh:
+        fh.write(f'\n[bridge]\nupstream_http2 = "{mode}"\n')
+
+
 async def main(
     rows: int, in_flight: int, latency: float, server_gc: str | None, http2: str
 ) -> None:
@@ -143,8 +149,7 @@ async def main(
     configs = {n: dataset(ws, n) for n in {1, rows}}
     if http2 != "off":
         for config in configs.values():
-            with open(ws / config, "a") as fh:
-                fh.write(f'\n[bridge]\nupstream_http2 = "{http2}"\n')
+            with_http2(ws / config, http2)
     print(
         f"upstream_http2 = {http2!r}, "
         f"ROLLBRIDGE_BATCHED_WAIT={os.environ.get('ROLLBRIDGE_BATCHED_WAIT', '')!r}"

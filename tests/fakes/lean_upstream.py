@@ -15,8 +15,8 @@ stdout, and serves until it is killed (or, with ``--until-stdin-closes``, until 
 input reaches its end, so that it cannot outlive a parent that dies without stopping it).
 
 Routes: ``POST .../chat/completions``, ``GET .../models``, and the control route
-``/_control``: ``GET`` answers ``{"completed", "in_flight", "connections", "h2_connections",
-"delay"}``
+``/_control``: ``GET`` answers ``{"completed", "in_flight", "in_flight_peak", "connections",
+"h2_connections", "delay"}``
 (chat calls answered, chat calls being answered, connections accepted, the delay) and
 ``POST`` with ``{"delay": <seconds>}`` sets the delay every chat call waits (a trio sleep)
 before its answer. Anything else is a 404. There is no fault injection: tests that need it
@@ -81,12 +81,21 @@ class _Gone(Exception):
 class State:
     """What the control route reads and sets."""
 
-    __slots__ = ("completed", "connections", "delay", "h2_connections", "h2_streams", "in_flight")
+    __slots__ = (
+        "completed",
+        "connections",
+        "delay",
+        "h2_connections",
+        "h2_streams",
+        "in_flight",
+        "in_flight_peak",
+    )
 
     def __init__(self, h2_streams: int = 100) -> None:
         self.delay = 0.0
         self.completed = 0
         self.in_flight = 0
+        self.in_flight_peak = 0
         self.connections = 0
         self.h2_connections = 0
         self.h2_streams = h2_streams
@@ -96,6 +105,7 @@ class State:
         return {
             "completed": self.completed,
             "in_flight": self.in_flight,
+            "in_flight_peak": self.in_flight_peak,
             "connections": self.connections,
             "h2_connections": self.h2_connections,
             "delay": self.delay,
@@ -208,6 +218,7 @@ async def _chat(state: State, body: bytes, out: _Writer) -> None:
         await out.whole(400, error("body must be a JSON object"))
         return
     state.in_flight += 1
+    state.in_flight_peak = max(state.in_flight_peak, state.in_flight)
     try:
         if state.delay:
             await trio.sleep(state.delay)
