@@ -246,6 +246,8 @@ async def run_bridge(
         client = LazyClient(http2=config.upstream_http2)
         try:
             async with trio.open_nursery() as nursery:
+                if client.h2wire is not None:  # HTTP/2 to the provider: its readers run here
+                    await nursery.start(client.h2wire.serve)
                 bridge = Bridge(
                     make_upstream(config.model, client, via_litellm=config.via_litellm),
                     token=config.token,
