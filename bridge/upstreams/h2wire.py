@@ -51,8 +51,40 @@ __all__ = ["H2Response", "H2Wire"]
 #: Streams assumed per connection until the server's SETTINGS say (what providers advertise).
 _ASSUMED_STREAMS: Final = 100
 _MAX_RECV: Final = 2**16
-_ATTEMPTS: Final = 3
-"""Sends of one call the server refused unprocessed (GOAWAY, REFUSED_STREAM) before failing."""
+_ATTEMPTS: Final = 10
+"""Sends of one call the server refused unprocessed (GOAWAY, REFUSED_STREAM) before failing:
+such a call did nothing, so sending it again is free; the bound only stops a server that
+refuses everything. (A burst onto connections each closed after a few requests halves the
+refused calls per round.)"""
+
+
+_GOAWAY: Final = 0x7
+
+
+def _take_goaways(buffer: bytearray) -> tuple[bytes, list[bytes]]:
+    """The whole frames at the start of ``buffer`` (taken out of it), without their GOAWAY
+    frames, and the payloads of those.
+
+    ``h2`` turns a received GOAWAY into a closed connection and refuses every frame after it,
+    so the answers still coming on the streams the server kept (those up to its last stream
+    id: a graceful close, e.g. a server that closes a connection every 1,000 requests) would
+    be lost. The reader handles GOAWAY itself instead.
+    """
+    pos, end, start = 0, len(buffer), 0
+    kept: list[bytes] = []
+    goaways: list[bytes] = []
+    while end - pos >= 9:
+        total = 9 + int.from_bytes(buffer[pos : pos + 3], "big")
+        if end - pos < total:
+            break
+        if buffer[pos + 3] == _GOAWAY:
+            kept.append(bytes(buffer[start:pos]))
+            goaways.append(bytes(buffer[pos + 9 : pos + total]))
+            start = pos + total
+        pos += total
+    kept.append(bytes(buffer[start:pos]))
+    del buffer[:pos]
+    return b"".join(kept), goaways
 
 
 class _Unprocessed(Exception):
@@ -194,7 +226,7 @@ class H2Wire:
         self._tls: ssl.SSLContext | None = None
 
     def answered(self, origin: Origin) -> bool:
-        """Whether ``origin`` has answered a call over HTTP/2."""
+        """Whether ``origin`` has spoken HTTP/2 (sent its SETTINGS) on a connection of ours."""
         return origin.key in self._answered
 
     @property
@@ -278,6 +310,7 @@ class H2Wire:
                 conn.reserved -= 1
                 await trio.lowlevel.checkpoint()
                 continue
+            self._answered.add(origin.key)  # its SETTINGS came: it speaks HTTP/2
             return conn
 
     async def _drop_idle(self, conns: list[_Conn]) -> None:
@@ -374,7 +407,6 @@ class H2Wire:
                     await stream.changed.wait()
                     continue
                 raise ReadTimeout("timed out reading the answer", before_answer=True)
-            self._answered.add(origin.key)
         except BaseException:
             if not stream.ended:
                 await _reset(conn, sid)
@@ -403,6 +435,7 @@ class H2Wire:
         """The reader of ``conn``: feeds ``h2`` and wakes the stream each event is for."""
         socket = conn.socket
         assert socket is not None
+        buffer = bytearray()
         try:
             while True:
                 try:
@@ -411,14 +444,18 @@ class H2Wire:
                     raise ReadFailed(detail(exc), before_answer=True) from exc
                 if not data:
                     raise ReadFailed("the provider closed the connection", before_answer=True)
+                buffer += data
+                frames, goaways = _take_goaways(buffer)
                 try:
-                    events = conn.h2.receive_data(data)
+                    events = conn.h2.receive_data(frames)
                 except h2.exceptions.ProtocolError as exc:
                     raise ReadFailed(
                         f"HTTP/2 protocol error: {detail(exc)}", before_answer=True
                     ) from exc
                 for event in events:
                     self._on_event(conn, event)
+                for payload in goaways:
+                    self._goaway(conn, payload)
                 await conn.flush()
                 if conn.closing and not conn.streams:
                     return
@@ -479,13 +516,17 @@ class H2Wire:
             conn.window_changed()
         elif isinstance(event, h2.events.WindowUpdated):
             conn.window_changed()
-        elif isinstance(event, h2.events.ConnectionTerminated):
-            conn.closing = True
-            last = event.last_stream_id or 0
-            for sid in [sid for sid in conn.streams if sid > last]:
-                stream = conn.streams.pop(sid)
-                stream.error = _Unprocessed()
-                stream.wake()
+
+    @staticmethod
+    def _goaway(conn: _Conn, payload: bytes) -> None:
+        """The server is closing ``conn``: no new stream on it; the streams above its last
+        stream id were not processed and go out again elsewhere; the others finish."""
+        conn.closing = True
+        last = int.from_bytes(payload[:4], "big") & 0x7FFFFFFF
+        for sid in [sid for sid in conn.streams if sid > last]:
+            stream = conn.streams.pop(sid)
+            stream.error = _Unprocessed()
+            stream.wake()
 
     @staticmethod
     def _stream_closed(conn: _Conn) -> None:

@@ -146,6 +146,40 @@ async def test_many_concurrent_calls_share_few_connections(
     assert counters["h2_connections"] == calls // streams
 
 
+async def test_a_provider_closing_connections_gracefully_loses_no_call(
+    start_bridge: StartBridge,
+    nursery: trio.Nursery,
+    monkeypatch: pytest.MonkeyPatch,
+    client: httpx.AsyncClient,
+) -> None:
+    # GOAWAY after 10 requests per connection (20 streams each) (hypercorn and nginx: after 1,000), with calls
+    # in flight on it: those it kept are answered on it, the others go out again elsewhere.
+    # Retries are off: no call may fail and be retried by the bridge's retry policy instead.
+    with trio.fail_after(60):
+        lean: LeanUpstream = await nursery.start(
+            partial(run_lean_upstream, h2_streams=20, h2_goaway_after=10)
+        )
+    monkeypatch.setenv("OPENAI_BASE_URL", lean.v1)
+    monkeypatch.setenv("OPENAI_API_KEY", "sk-provider-key-for-tests-000000")
+    handle = await start_bridge(upstream_http2=True, retry=RetryPolicy(max_attempts=1))
+    await lean.set_delay(0.5)
+    calls = 100
+    answers: list[int] = []
+
+    async def one(i: int) -> None:
+        reply = await client.post(url(handle, f"r{i}"), json=_chat(f"n{i}"), headers=AUTH)
+        answers.append(reply.status_code)
+
+    with trio.fail_after(60):
+        async with trio.open_nursery() as calls_nursery:
+            for i in range(calls):
+                calls_nursery.start_soon(one, i)
+        counters = await lean.counters()
+    assert answers == [200] * calls
+    assert counters["completed"] == calls
+    assert counters["h2_connections"] >= calls // 10
+
+
 async def test_http1_only_provider_fails_in_one_clear_line(
     start_bridge: StartBridge,
     nursery: trio.Nursery,

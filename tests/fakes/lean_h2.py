@@ -132,6 +132,19 @@ async def _respond(conn: _Connection, answer: Answer, sid: int) -> None:
             del conn.answering[sid]
 
 
+async def _poll(conn: _Connection) -> bytes | None:
+    """After a GOAWAY: what the client sent next (b"" when nothing came for a moment), or
+    None once every request kept has been answered (or the client went away)."""
+    while conn.answering or conn.requests:
+        with trio.move_on_after(0.05):
+            try:
+                data = await conn.stream.receive_some(_MAX_RECV)
+            except _DROPPED:
+                return None
+            return data or None
+    return None
+
+
 def _request_head(headers: list[tuple[bytes, bytes]]) -> tuple[bytes, bytes]:
     method = path = b""
     for name, value in headers:
@@ -142,28 +155,57 @@ def _request_head(headers: list[tuple[bytes, bytes]]) -> tuple[bytes, bytes]:
     return method, path
 
 
+async def _goaway(conn: _Connection, last: int) -> None:
+    # Written by hand: h2 closes its own state when it sends one, and could then not answer
+    # the streams it keeps (as a server closing gracefully does).
+    frame = b"\x00\x00\x08\x07\x00\x00\x00\x00\x00" + last.to_bytes(4, "big") + bytes(4)
+    await conn.flush()
+    async with conn._send_lock:
+        try:
+            await conn.stream.send_all(frame)
+        except _DROPPED:
+            raise _Gone from None
+
+
 async def serve_h2(
-    stream: trio.SocketStream, received: bytes, answer: Answer, *, max_streams: int
+    stream: trio.SocketStream,
+    received: bytes,
+    answer: Answer,
+    *,
+    max_streams: int,
+    goaway_after: int = 0,
 ) -> None:
     """Serve one h2c connection whose first bytes, ``received``, began with :data:`PREFACE`,
-    until the client closes it."""
+    until the client closes it. ``goaway_after``: close it gracefully after that many requests,
+    as hypercorn and nginx do after 1,000 (a GOAWAY naming the last request kept; the requests
+    after it are left unanswered, the others answered, then the connection closed)."""
     conn = _Connection(stream, max_streams)
     conn.h2.initiate_connection()
+    requests = 0
+    last: int | None = None
     async with trio.open_nursery() as nursery:
         try:
             data = received
-            while data:
+            while data is not None:
                 for event in conn.h2.receive_data(data):
                     if isinstance(event, h2.events.RequestReceived):
                         sid = event.stream_id
+                        if last is not None and sid > last:
+                            continue
+                        requests += 1
+                        if requests == goaway_after:
+                            last = sid
+                            await _goaway(conn, sid)
                         conn.requests[sid] = (*_request_head(event.headers), bytearray())  # type: ignore[arg-type]
                     elif isinstance(event, h2.events.DataReceived):
-                        conn.requests[event.stream_id][2].extend(event.data)
+                        if event.stream_id in conn.requests:
+                            conn.requests[event.stream_id][2].extend(event.data)
                         conn.h2.acknowledge_received_data(
                             event.flow_controlled_length, event.stream_id
                         )
                     elif isinstance(event, h2.events.StreamEnded):
-                        nursery.start_soon(_respond, conn, answer, event.stream_id)
+                        if event.stream_id in conn.requests:
+                            nursery.start_soon(_respond, conn, answer, event.stream_id)
                     elif isinstance(event, h2.events.StreamReset):
                         conn.requests.pop(event.stream_id, None)
                         scope = conn.answering.get(event.stream_id)
@@ -176,8 +218,12 @@ async def serve_h2(
                     elif isinstance(event, h2.events.ConnectionTerminated):
                         return
                 await conn.flush()
+                if last is not None:
+                    # Gracefully closing: done once the requests kept are answered.
+                    data = await _poll(conn)
+                    continue
                 try:
-                    data = await stream.receive_some(_MAX_RECV)
+                    data = await stream.receive_some(_MAX_RECV) or None
                 except _DROPPED:
                     return
         except (h2.exceptions.ProtocolError, _Gone):

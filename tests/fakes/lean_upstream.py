@@ -86,12 +86,13 @@ class State:
         "connections",
         "delay",
         "h2_connections",
+        "h2_goaway_after",
         "h2_streams",
         "in_flight",
         "in_flight_peak",
     )
 
-    def __init__(self, h2_streams: int = 100) -> None:
+    def __init__(self, h2_streams: int = 100, h2_goaway_after: int = 0) -> None:
         self.delay = 0.0
         self.completed = 0
         self.in_flight = 0
@@ -99,6 +100,8 @@ class State:
         self.connections = 0
         self.h2_connections = 0
         self.h2_streams = h2_streams
+        self.h2_goaway_after = h2_goaway_after
+        """Requests per HTTP/2 connection before a graceful close (GOAWAY); 0: never."""
         """Streams advertised per HTTP/2 connection; 0 refuses HTTP/2."""
 
     def counters(self) -> dict[str, float]:
@@ -287,7 +290,13 @@ async def _connection(state: State, stream: trio.SocketStream) -> None:
 
 async def _h2_connection(state: State, stream: trio.SocketStream, buffer: bytearray) -> None:
     state.h2_connections += 1
-    await serve_h2(stream, bytes(buffer), partial(_answer, state), max_streams=state.h2_streams)
+    await serve_h2(
+        stream,
+        bytes(buffer),
+        partial(_answer, state),
+        max_streams=state.h2_streams,
+        goaway_after=state.h2_goaway_after,
+    )
 
 
 async def _h11_request(state: State, stream: trio.SocketStream, buffer: bytearray) -> bytearray:
@@ -349,9 +358,9 @@ async def _until_stdin_closes() -> None:
             pass
 
 
-async def _main(until_stdin_closes: bool, h2_streams: int) -> None:
+async def _main(until_stdin_closes: bool, h2_streams: int, h2_goaway_after: int) -> None:
     async with trio.open_nursery() as nursery:
-        port = await nursery.start(serve, State(h2_streams))
+        port = await nursery.start(serve, State(h2_streams, h2_goaway_after))
         sys.stdout.write(f"{port}\n")
         sys.stdout.flush()
         if until_stdin_closes:
@@ -396,16 +405,19 @@ class LeanUpstream:
 async def run_lean_upstream(
     *,
     h2_streams: int = 100,
+    h2_goaway_after: int = 0,
     task_status: trio.TaskStatus[LeanUpstream] = trio.TASK_STATUS_IGNORED,
 ) -> None:
     """Start a lean upstream process and report its :class:`LeanUpstream` (for
     ``nursery.start``); kill the process when cancelled. Raises if the process ends first.
-    ``h2_streams``: streams per HTTP/2 connection it advertises, 0 to refuse HTTP/2."""
+    ``h2_streams``: streams per HTTP/2 connection it advertises, 0 to refuse HTTP/2;
+    ``h2_goaway_after``: requests per HTTP/2 connection before it closes it gracefully."""
     # The client side only: the server process never imports httpx.
     from rollout_server.net.h1client import H1Pool
 
     argv = [sys.executable, "-m", "tests.fakes.lean_upstream", "--until-stdin-closes"]
     argv += ["--no-h2"] if h2_streams <= 0 else ["--h2-max-streams", str(h2_streams)]
+    argv += ["--h2-goaway-after", str(h2_goaway_after)] if h2_goaway_after else []
     process = await trio.lowlevel.open_process(
         argv, cwd=str(REPO), stdin=subprocess.PIPE, stdout=subprocess.PIPE
     )
@@ -449,10 +461,17 @@ if __name__ == "__main__":
         help="concurrent streams advertised per HTTP/2 connection (default 100)",
     )
     parser.add_argument(
+        "--h2-goaway-after",
+        type=int,
+        default=0,
+        help="close each HTTP/2 connection gracefully (GOAWAY) after that many requests",
+    )
+    parser.add_argument(
         "--no-h2", action="store_true", help="refuse HTTP/2, as an HTTP/1.1-only server does"
     )
     options = parser.parse_args()
     try:
-        trio.run(_main, options.until_stdin_closes, 0 if options.no_h2 else options.h2_max_streams)
+        streams = 0 if options.no_h2 else options.h2_max_streams
+        trio.run(_main, options.until_stdin_closes, streams, options.h2_goaway_after)
     except KeyboardInterrupt:
         sys.exit(130)
