@@ -87,6 +87,20 @@ def _take_goaways(buffer: bytearray) -> tuple[bytes, list[bytes]]:
     return b"".join(kept), goaways
 
 
+#: Header checks off: ours are lower-case bytes built by the direct path, and the answers' are
+#: read for the status, content-type and retry-after only; the checks were a fifth of this
+#: client's CPU per call.
+_CONFIG: Final = h2.config.H2Configuration(
+    client_side=True,
+    header_encoding=None,
+    validate_outbound_headers=False,
+    normalize_outbound_headers=False,
+    split_outbound_cookies=False,
+    validate_inbound_headers=False,
+    normalize_inbound_headers=False,
+)
+
+
 class _Unprocessed(Exception):
     """The server did not process the stream: the call may go out again as it is."""
 
@@ -124,8 +138,7 @@ class _Conn:
     )
 
     def __init__(self) -> None:
-        config = h2.config.H2Configuration(client_side=True, header_encoding=None)
-        self.h2 = h2.connection.H2Connection(config)
+        self.h2 = h2.connection.H2Connection(_CONFIG)
         self.h2.local_settings = h2.settings.Settings(
             client=True, initial_values={h2.settings.SettingCodes.ENABLE_PUSH: 0}
         )
@@ -387,7 +400,6 @@ class H2Wire:
             (b":authority", origin.host_header),
             (b":path", origin.target),
             *headers,
-            (b"content-length", b"%d" % len(body)),
         ]
         stream = _Stream()
         conn.reserved -= 1
