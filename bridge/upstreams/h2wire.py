@@ -18,6 +18,11 @@ statuses and retries. Calls the server refused unprocessed (streams above a GOAW
 stream id, ``REFUSED_STREAM``) go out again on another connection. ``https://`` offers ``h2``
 and ``http/1.1`` by ALPN; an origin that picks HTTP/1.1 is remembered and :meth:`request`
 answers None for it, the caller then using the HTTP/1.1 pool.
+
+Why one module of this size: one protocol client whose parts share their state (the
+connection's ``h2`` state machine, its send lock and flow-control window, its streams): the
+pool that picks connections, the connection's reader, and the exchange; split, each would
+reach into the others' private fields.
 """
 
 from __future__ import annotations
@@ -304,15 +309,16 @@ class H2Wire:
                 await self._connect(conn, origin)
             else:
                 conn.reserved += 1
-            try:
-                with trio.move_on_after(self.connect_timeout) as waited:
-                    await conn.connected.wait()
-                    await conn.ready.wait()
-                if waited.cancelled_caught:
-                    raise ConnectTimeout("timed out connecting", before_answer=True)
-            except BaseException:
-                conn.reserved -= 1
-                raise
+            if not conn.ready.is_set():  # opening: wait for the server's SETTINGS
+                try:
+                    with trio.move_on_after(self.connect_timeout) as waited:
+                        await conn.connected.wait()
+                        await conn.ready.wait()
+                    if waited.cancelled_caught:
+                        raise ConnectTimeout("timed out connecting", before_answer=True)
+                except BaseException:
+                    conn.reserved -= 1
+                    raise
             if conn.error is not None:
                 conn.reserved -= 1
                 if origin.key in self._http1:
