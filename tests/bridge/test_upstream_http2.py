@@ -211,3 +211,21 @@ async def test_off_by_default_keeps_http1(
         counters = await h2c.counters()
     assert reply.status_code == 200
     assert counters["h2_connections"] == 0
+
+
+async def test_the_setting_crosses_to_the_bridges_own_process(
+    nursery: trio.Nursery, h2c: LeanUpstream, client: httpx.AsyncClient
+) -> None:
+    from bridge.process import BridgeProcessHandle, run_bridge_process
+    from bridge.server import BridgeConfig
+    from tests.bridge.conftest import TOKEN
+
+    config = BridgeConfig(model="openai/test-model", token=TOKEN, upstream_http2=True)
+    with trio.fail_after(60):
+        handle: BridgeProcessHandle = await nursery.start(
+            partial(run_bridge_process, config, redact_values=(TOKEN,))
+        )
+        reply = await client.post(url(handle), json=_chat("over there"), headers=AUTH)
+        counters = await h2c.counters()
+    assert reply.status_code == 200, reply.text
+    assert counters["h2_connections"] == 1
