@@ -126,7 +126,7 @@ async def test_many_concurrent_calls_share_few_connections(
     with trio.fail_after(30):  # one call first: its answer tells the bridge the server's limit
         first = await client.post(url(h2_bridge), json=_chat("first"), headers=AUTH)
     assert first.status_code == 200
-    await h2c.set_delay(2)
+    await h2c.set_delay(5)  # long enough for all the calls to be held at once, even under load
     answers: list[int] = []
 
     async def one(i: int) -> None:
@@ -225,7 +225,8 @@ async def test_the_setting_crosses_to_the_bridges_own_process(
         handle: BridgeProcessHandle = await nursery.start(
             partial(run_bridge_process, config, redact_values=(TOKEN,))
         )
-        reply = await client.post(url(handle), json=_chat("over there"), headers=AUTH)
+        chat = handle.rollout_url("r1") + "/chat/completions"
+        reply = await client.post(chat, json=_chat("over there"), headers=AUTH)
         counters = await h2c.counters()
     assert reply.status_code == 200, reply.text
     assert counters["h2_connections"] == 1

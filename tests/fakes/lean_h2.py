@@ -69,7 +69,7 @@ Answer = Callable[[bytes, bytes, bytes, H2Answer], Awaitable[None]]
 
 
 class _Connection:
-    def __init__(self, stream: trio.SocketStream, max_streams: int) -> None:
+    def __init__(self, stream: trio.abc.Stream, max_streams: int) -> None:
         self.stream = stream
         config = h2.config.H2Configuration(client_side=False, header_encoding=None)
         self.h2 = h2.connection.H2Connection(config)
@@ -141,7 +141,7 @@ async def _poll(conn: _Connection) -> bytes | None:
                 data = await conn.stream.receive_some(_MAX_RECV)
             except _DROPPED:
                 return None
-            return data or None
+            return bytes(data) or None
     return None
 
 
@@ -168,7 +168,7 @@ async def _goaway(conn: _Connection, last: int) -> None:
 
 
 async def serve_h2(
-    stream: trio.SocketStream,
+    stream: trio.abc.Stream,
     received: bytes,
     answer: Answer,
     *,
@@ -185,7 +185,7 @@ async def serve_h2(
     last: int | None = None
     async with trio.open_nursery() as nursery:
         try:
-            data = received
+            data: bytes | None = received
             while data is not None:
                 for event in conn.h2.receive_data(data):
                     if isinstance(event, h2.events.RequestReceived):
@@ -196,7 +196,7 @@ async def serve_h2(
                         if requests == goaway_after:
                             last = sid
                             await _goaway(conn, sid)
-                        conn.requests[sid] = (*_request_head(event.headers), bytearray())  # type: ignore[arg-type]
+                        conn.requests[sid] = (*_request_head(event.headers), bytearray())
                     elif isinstance(event, h2.events.DataReceived):
                         if event.stream_id in conn.requests:
                             conn.requests[event.stream_id][2].extend(event.data)
@@ -223,7 +223,7 @@ async def serve_h2(
                     data = await _poll(conn)
                     continue
                 try:
-                    data = await stream.receive_some(_MAX_RECV) or None
+                    data = bytes(await stream.receive_some(_MAX_RECV)) or None
                 except _DROPPED:
                     return
         except (h2.exceptions.ProtocolError, _Gone):
