@@ -106,6 +106,10 @@ _CONFIG: Final = h2.config.H2Configuration(
 )
 
 
+class _GivenUp(ConnectFailed):
+    """The call opening a connection went away before it was up: its waiters open another."""
+
+
 class _Unprocessed(Exception):
     """The server did not process the stream: the call may go out again as it is."""
 
@@ -323,6 +327,8 @@ class H2Wire:
                 conn.reserved -= 1
                 if origin.key in self._http1:
                     return None
+                if isinstance(conn.error, _GivenUp):
+                    continue
                 raise conn.error
             if conn.closing or conn.reserved + len(conn.streams) > conn.capacity:
                 # The server allows fewer streams than assumed, or is going away: choose again.
@@ -369,7 +375,7 @@ class H2Wire:
         except BaseException as exc:
             # Its other waiters wake to the failure (a cancelled opener's too).
             error = exc if isinstance(exc, WireError) else None
-            conn.error = error or ConnectFailed("connecting was given up", before_answer=True)
+            conn.error = error or _GivenUp("connecting was given up", before_answer=True)
             conn.closing = True
             conn.connected.set()
             conn.ready.set()
@@ -409,10 +415,12 @@ class H2Wire:
         ]
         stream = _Stream()
         conn.reserved -= 1
-        sid = conn.h2.get_next_available_stream_id()
         try:
+            sid = conn.h2.get_next_available_stream_id()
             conn.h2.send_headers(sid, head, end_stream=not body)
-        except h2.exceptions.ProtocolError as exc:
+        except (h2.exceptions.ProtocolError, h2.exceptions.NoAvailableStreamIDError) as exc:
+            # Stream ids used up, or the server lowered its stream limit: another connection.
+            conn.closing = conn.closing or isinstance(exc, h2.exceptions.NoAvailableStreamIDError)
             raise _Unprocessed from exc
         conn.streams[sid] = stream
         try:

@@ -230,3 +230,24 @@ async def test_the_setting_crosses_to_the_bridges_own_process(
         counters = await h2c.counters()
     assert reply.status_code == 200, reply.text
     assert counters["h2_connections"] == 1
+
+
+async def test_a_rollout_that_goes_away_resets_its_stream(
+    h2_bridge: BridgeHandle, h2c: LeanUpstream, client: httpx.AsyncClient
+) -> None:
+    await h2c.set_delay(30)
+    with trio.fail_after(30):
+        with trio.move_on_after(1):  # the rollout gives up while the provider works
+            await client.post(url(h2_bridge), json=_chat("never mind"), headers=AUTH)
+        # The bridge cancels the call: RST_STREAM, and the provider stops holding it.
+        counters = await h2c.counters()
+        while counters["in_flight"]:
+            await trio.sleep(0.05)
+            counters = await h2c.counters()
+        await h2c.set_delay(0)
+        reply = await client.post(url(h2_bridge), json=_chat("after"), headers=AUTH)
+        counters = await h2c.counters()
+    assert reply.status_code == 200  # the connection carries on
+    assert counters["in_flight_peak"] == 1
+    assert counters["completed"] == 1
+    assert counters["h2_connections"] == 1
