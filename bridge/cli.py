@@ -74,6 +74,12 @@ def bridge() -> None:
     show_default=True,
     help="How Messages calls reach an anthropic/… model (native: Anthropic's /v1/messages).",
 )
+@click.option(
+    "--upstream-http2",
+    is_flag=True,
+    help="Call the provider over HTTP/2 (ALPN h2 for https, h2c for http): many calls per "
+    "connection.",
+)
 def serve(
     model: str,
     host: str,
@@ -85,6 +91,7 @@ def serve(
     hosted_tools: tuple[str, ...],
     responses: str,
     messages: str,
+    upstream_http2: bool,
 ) -> None:
     """Serve an OpenAI-compatible endpoint for MODEL until Ctrl-C.
 
@@ -120,6 +127,7 @@ def serve(
         log=log,
         plain_chat_route=True,
         apis=ApiOptions(hosted_tools, responses, messages),
+        upstream_http2=upstream_http2,
     )
 
     async def main() -> None:

@@ -60,6 +60,9 @@ class BridgeConfig:
     """Daemon mode: also serve ``POST /v1/chat/completions`` (usage id from a header)."""
     via_litellm: bool = False
     """Send every call through LiteLLM even when a direct path exists (diagnostics, benchmarks)."""
+    upstream_http2: bool = False
+    """Call the provider over HTTP/2 on the direct path (``[bridge] upstream_http2``,
+    :mod:`bridge.upstreams.h2pool`): ALPN ``h2`` for https, h2c for http."""
     heartbeat_interval: float = 15.0
     """Seconds between ``: ping`` comments while a streamed answer is silent."""
     keepalive_grace: float = 90.0
@@ -240,9 +243,11 @@ async def run_bridge(
         from bridge.upstreams.direct import LazyClient
         from rollout_server.net.leanserve import LeanConfig, serve_lean
 
-        client = LazyClient()
+        client = LazyClient(http2=config.upstream_http2)
         try:
             async with trio.open_nursery() as nursery:
+                if client.h2wire is not None:  # HTTP/2 to the provider: its readers run here
+                    await nursery.start(client.h2wire.serve)
                 bridge = Bridge(
                     make_upstream(config.model, client, via_litellm=config.via_litellm),
                     token=config.token,

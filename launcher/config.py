@@ -18,7 +18,7 @@ from urllib.parse import urlsplit, urlunsplit
 
 from bridge.apis import ApiOptions
 from bridge.upstreams.routing import OFFICIAL_OPENAI_BASE, OFFLINE_MODEL
-from launcher.config_bridge import bridge_options
+from launcher.config_bridge import bridge_options, upstream_http2
 from launcher.config_ray import RayConfig, ray_section
 from launcher.errors import ValidationError
 
@@ -86,6 +86,8 @@ class EvalConfig:
     secrets_required: tuple[str, ...] = ()
     bridge: ApiOptions | None = None
     """The ``[bridge]`` section (:mod:`launcher.config_bridge`); None when absent."""
+    upstream_http2: str = "off"
+    """``[bridge] upstream_http2``: ``off`` | ``on`` | ``auto`` (:mod:`launcher.config_bridge`)."""
     ray: RayConfig | None = None
     """The ``[ray]`` section (:mod:`launcher.config_ray`); None when absent."""
 
@@ -299,6 +301,7 @@ def load_eval_config(path: Path) -> EvalConfig:
         env=dict(env),
         secrets_required=tuple(required),
         bridge=bridge_options(data, path),
+        upstream_http2=upstream_http2(data, path),
         ray=ray_section(data, path),
     )
 

@@ -9,7 +9,10 @@ rollout server and 2 in the bridge with per-id long-polls, and 0, 1 and 2 with t
 wait; on top of what any process holds anyway (its imports, logs, pipes, the journal, the
 pooled admission connections). :func:`per_rollout` says it per process and
 :func:`fit_in_flight` budgets for the process that needs the most, so a change to one hop
-(HTTP/2 between our processes) only changes its count there.
+only changes its count there: with HTTP/2 to the provider (``[bridge] upstream_http2``,
+:mod:`bridge.upstreams.h2pool`) the bridge's calls out share connections, about one per
+hundred calls (within the reserve up to ~10,000 in flight), so the bridge counts 1 per rollout
+(:data:`BRIDGE_PER_ROLLOUT_H2`); :func:`choose_http2` turns it on for ``"auto"``.
 
 Before dispatch the supervisor raises its soft ``RLIMIT_NOFILE`` as far as the hard limit
 allows (:func:`raise_descriptor_limit`, before it spawns the bridge and the rollout server,
@@ -27,9 +30,11 @@ from dataclasses import dataclass
 
 __all__ = [
     "BRIDGE_PER_ROLLOUT",
+    "BRIDGE_PER_ROLLOUT_H2",
     "PER_ROLLOUT",
     "RESERVE",
     "DescriptorLimit",
+    "choose_http2",
     "exhaustion_in_exception",
     "exhaustion_in_text",
     "exhaustion_reason",
@@ -43,6 +48,9 @@ __all__ = [
 PER_ROLLOUT = 2
 #: The bridge's per rollout in flight: the rollout's model call in, the provider call out.
 BRIDGE_PER_ROLLOUT = 2
+#: The same over HTTP/2 to the provider: the call in; the calls out share a connection per
+#: hundred or so (bridge.upstreams.h2pool), counted in the reserve.
+BRIDGE_PER_ROLLOUT_H2 = 1
 #: Descriptors kept free in every process for what does not grow with the rollouts in flight:
 #: stdio, logs, pipes to children, the journal and the files of the results being written,
 #: the pooled admission connections (64 at most, ``launcher.dispatch``), the event loop's own.
@@ -144,6 +152,27 @@ def fit_in_flight(
         f"({per} per rollout + {reserve}), above the open-file limit of {limit.soft} "
         f"(hard limit {hard}); running {fits} rollouts at a time "
         "(raise the hard limit, `ulimit -Hn`, to run more)"
+    )
+
+
+def choose_http2(mode: str, asked: int | None, limit: DescriptorLimit) -> tuple[bool, str | None]:
+    """Whether the bridge calls the provider over HTTP/2 for ``[bridge] upstream_http2 =
+    mode`` (``off``, ``on``, ``auto``) when ``asked`` rollouts in flight were asked for (None:
+    not said), and the one-line notice when ``auto`` turned it on: ``auto`` turns it on when
+    the bridge, at one HTTP/1.1 connection per provider call, would not hold ``asked``."""
+    if mode != "auto":
+        return mode == "on", None
+    if asked is None or limit.soft is None:
+        return False, None
+    reserve = min(RESERVE, limit.soft // 4)
+    needed = asked * BRIDGE_PER_ROLLOUT + reserve
+    if needed <= limit.soft:
+        return False, None
+    return True, (
+        f"{asked} rollouts in flight need about {needed} open files in the bridge with one "
+        f"HTTP/1.1 connection per provider call ({BRIDGE_PER_ROLLOUT} per rollout + {reserve}), "
+        f"above the open-file limit of {limit.soft}; calling the provider over HTTP/2 "
+        '([bridge] upstream_http2 = "auto"), one open file per rollout in the bridge'
     )
 
 

@@ -43,7 +43,14 @@ from launcher.dispatch import RolloutTransport, resolve_concurrency
 from launcher.dispatch_io import BridgeEndpoint, RolloutClientTransport
 from launcher.early_checks import early_checks
 from launcher.errors import LocalEvalError
-from launcher.fdbudget import fit_in_flight, per_rollout, raise_descriptor_limit
+from launcher.fdbudget import (
+    BRIDGE_PER_ROLLOUT,
+    BRIDGE_PER_ROLLOUT_H2,
+    choose_http2,
+    fit_in_flight,
+    per_rollout,
+    raise_descriptor_limit,
+)
 from launcher.prepare import Prepared
 from launcher.process import LONG_STOP_GRACE_S, STOP_GRACE_S, TunnelOwner
 from launcher.resultwait import batched_wait_wanted
@@ -193,6 +200,11 @@ async def _start(
     # Before the children start: they inherit it (the CLI raised it already, before the
     # bridge's spare process; a daemon's run gets it here).
     descriptors = raise_descriptor_limit()
+    asked = resolve_concurrency(p.options.max_in_flight, p.spec.batch_size, None)
+    http2, http2_notice = choose_http2(p.config.upstream_http2, asked, descriptors)
+    if http2_notice is not None:
+        ctx.log("INFO", "listener", http2_notice, {"open_file_limit": descriptors.soft})
+        ctx.ui.warning(http2_notice, "UPSTREAM_HTTP2")
     secrets, providers = await trio.to_thread.run_sync(
         partial(_resolve_secrets, ctx), abandon_on_cancel=True
     )
@@ -209,7 +221,7 @@ async def _start(
     async with trio.open_nursery() as startup:
         model_checked = trio.Event()
         startup.start_soon(_preflight, ctx, model_checked)
-        startup.start_soon(_start_bridge, ctx, nursery, token, started)
+        startup.start_soon(_start_bridge, ctx, nursery, token, started, http2)
         wheelhouse = await _sync(ctx)
         started.server = await _start_server(ctx, nursery, secrets, wheelhouse)
         await model_checked.wait()
@@ -235,15 +247,18 @@ async def _start(
     from bridge.spare import in_process_requested
 
     in_process = in_process_requested()
+    bridge_count = BRIDGE_PER_ROLLOUT_H2 if http2 else BRIDGE_PER_ROLLOUT
     # One long-poll per rollout, unless that does not fit the open-file limit and the server's
     # batched wait (where it offers it) fits more (or the batched wait is asked for).
     per_id_fits, _ = fit_in_flight(
-        concurrency, descriptors, needs=per_rollout(bridge_in_process=in_process)
+        concurrency,
+        descriptors,
+        needs=per_rollout(bridge_in_process=in_process, bridge=bridge_count),
     )
     batched_fits, _ = fit_in_flight(
         concurrency,
         descriptors,
-        needs=per_rollout(batched_wait=True, bridge_in_process=in_process),
+        needs=per_rollout(batched_wait=True, bridge_in_process=in_process, bridge=bridge_count),
     )
     needed = per_id_fits < concurrency and batched_fits > per_id_fits
     server.batched_wait = batched_wait_wanted(server.health, needed=needed)
@@ -256,7 +271,9 @@ async def _start(
             f"open-file limit of {descriptors.soft})",
             {"open_file_limit": descriptors.soft},
         )
-    needs = per_rollout(batched_wait=server.batched_wait, bridge_in_process=in_process)
+    needs = per_rollout(
+        batched_wait=server.batched_wait, bridge_in_process=in_process, bridge=bridge_count
+    )
     concurrency, fd_capped = fit_in_flight(concurrency, descriptors, needs=needs)
     if fd_capped is not None:
         ctx.log("WARNING", "dispatch", fd_capped, {"open_file_limit": descriptors.soft})
@@ -428,9 +445,10 @@ async def _start_server(
 
 
 async def _start_bridge(
-    ctx: RunContext, nursery: trio.Nursery, token: str, started: _Started
+    ctx: RunContext, nursery: trio.Nursery, token: str, started: _Started, http2: bool
 ) -> None:
-    """Start the bridge as a service of ``nursery``.
+    """Start the bridge as a service of ``nursery`` (``http2``: calling the provider over
+    HTTP/2, ``launcher.fdbudget.choose_http2``).
 
     Keepalive starts on when the flags already force a public URL; the health report may
     switch it on later (automatic tunnel)."""
@@ -453,6 +471,7 @@ async def _start_bridge(
         log=bridge_log,
         keep_calls=True,  # the in-process bridge's records go to calls.jsonl with the results
         apis=p.config.bridge,
+        upstream_http2=http2,
     )
     try:
         if in_process_requested():

@@ -2,6 +2,8 @@
 
 Non-streaming calls go through the lean pool (:mod:`rollout_server.net.wire`); streamed ones
 through httpx (:mod:`bridge.upstreams.streamed`), which is imported at the first streamed call.
+With HTTP/2 on (``[bridge] upstream_http2``), both go through :mod:`bridge.upstreams.h2pool`
+instead: many calls share each connection, one socket per call fewer in the bridge.
 """
 
 from __future__ import annotations
@@ -30,6 +32,9 @@ from rollout_server.net.wire import (
 
 if TYPE_CHECKING:
     import httpx
+
+    from bridge.upstreams.h2pool import H2Clients
+    from bridge.upstreams.h2wire import H2Response, H2Wire
 
 # The bridge sets no deadline of its own on a model call; these match the OpenAI SDK's
 # defaults that LiteLLM would apply (10 minutes), so a wedged provider still ends eventually.
@@ -69,14 +74,29 @@ def new_client() -> httpx.AsyncClient:
 
 class LazyClient:
     """The bridge's clients of the direct path: the lean pool at once, httpx's at the first
-    streamed call (a bridge whose calls are not streamed never imports httpx).
+    streamed call (a bridge whose calls are not streamed never imports httpx). With ``http2``
+    the direct path's calls go over HTTP/2 instead (:attr:`h2`).
 
-    :meth:`aclose` closes both.
+    :meth:`aclose` closes them all.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, *, http2: bool = False) -> None:
         self.wire = _new_pool()
         self._http: httpx.AsyncClient | None = None
+        self.h2: H2Clients | None = None
+        self.h2wire: H2Wire | None = None
+        if http2:
+            import httpx
+
+            from bridge.upstreams.h2pool import H2Clients
+            from bridge.upstreams.h2wire import H2Wire
+
+            self.h2 = H2Clients(httpx.Timeout(_READ_TIMEOUT, connect=_CONNECT_TIMEOUT))
+            self.h2wire = H2Wire(
+                connect_timeout=_CONNECT_TIMEOUT,
+                timeout=_READ_TIMEOUT,
+                keepalive_expiry=_KEEPALIVE_EXPIRY,
+            )
 
     def http(self) -> httpx.AsyncClient:
         """The httpx client, made at the first call."""
@@ -85,11 +105,17 @@ class LazyClient:
         return self._http
 
     async def aclose(self) -> None:
-        """Close the pool, and the httpx client if it was made."""
-        if self._http is not None:
-            await self._http.aclose()  # its transport closes the pool
-        else:
-            await self.wire.aclose()
+        """Close the pool, the httpx client if it was made, and the HTTP/2 clients."""
+        try:
+            if self._http is not None:
+                await self._http.aclose()  # its transport closes the pool
+            else:
+                await self.wire.aclose()
+        finally:
+            if self.h2 is not None:
+                await self.h2.aclose()
+            if self.h2wire is not None:
+                await self.h2wire.aclose()
 
 
 def _payload(route: DirectRoute, prepared: PreparedRequest, stream: bool) -> bytes:
@@ -116,7 +142,21 @@ def _wire_error(exc: WireError) -> UpstreamError:
     return UpstreamError(502, message, kind="APIConnectionError")
 
 
-def _wire_answer(response: WireResponse, raw: bytes) -> dict[str, Any]:
+def _h2c_hint(error: UpstreamError, origin: Origin, h2wire: H2Wire | None) -> UpstreamError:
+    """``error``, saying what h2c needs when HTTP/2 went to an ``http://`` origin that never
+    answered over it (status, kind and retry decision unchanged)."""
+    if h2wire is None or origin.scheme != "http" or h2wire.answered(origin):
+        return error
+    message = (
+        f"{error.message} (HTTP/2 without TLS, h2c, to {origin.key}: a provider that speaks "
+        'only HTTP/1.1 closes such connections; set upstream_http2 = "off" in [bridge])'
+    )
+    if isinstance(error, ProviderFault):
+        return ProviderFault(error.status, message, kind=error.kind, retry_after=error.retry_after)
+    return UpstreamError(error.status, message, kind=error.kind)
+
+
+def _wire_answer(response: WireResponse | H2Response, raw: bytes) -> dict[str, Any]:
     """The JSON object of a lean-client answer whose body is ``raw``; raises for any other."""
     text = raw.decode("utf-8", "replace")
     if not 200 <= response.status < 300:
@@ -139,8 +179,11 @@ class DirectUpstream:
     def __init__(self, model: str, client: LazyClient | httpx.AsyncClient) -> None:
         self.model = model
         self._http: Callable[[], httpx.AsyncClient]
+        self._h2: H2Clients | None = None
+        self._h2wire: H2Wire | None = None
         if isinstance(client, LazyClient):
-            self._wire, self._http = client.wire, client.http
+            self._wire, self._http, self._h2 = client.wire, client.http, client.h2
+            self._h2wire = client.h2wire
         else:
             from bridge.upstreams.streamed import BridgeClient
 
@@ -150,11 +193,21 @@ class DirectUpstream:
             self._http = lambda: client
         self._origin: tuple[str, Origin] | None = None
         self._headers: tuple[dict[str, str], CheckedHeaders] | None = None
+        self._h2_fields: tuple[dict[str, str], list[tuple[bytes, bytes]]] | None = None
 
     def _wire_origin(self, url: str) -> Origin:
         if self._origin is None or self._origin[0] != url:
             self._origin = (url, Origin.parse(url))
         return self._origin[1]
+
+    def _h2_headers(self, headers: dict[str, str]) -> list[tuple[bytes, bytes]]:
+        # HTTP/2 field names are lower case; no accept-encoding: answers come unencoded.
+        if self._h2_fields is None or self._h2_fields[0] != headers:
+            encoded = [
+                (k.lower().encode("latin-1"), v.encode("latin-1")) for k, v in headers.items()
+            ]
+            self._h2_fields = (headers, [*encoded, (b"user-agent", b"rollbridge")])
+        return self._h2_fields[1]
 
     def _wire_headers(self, headers: dict[str, str]) -> CheckedHeaders:
         # The route is resolved per call (the environment may change); its headers are
@@ -178,12 +231,18 @@ class DirectUpstream:
         """One non-streaming call; ``record`` gets the usage the moment the answer is parsed."""
         route = resolve_direct(self.model)
         origin = self._wire_origin(route.url)
-        headers = self._wire_headers(route.headers)
+        content = _payload(route, prepared, False)
+        response: WireResponse | H2Response | None = None
         try:
             # Cancellable while the provider works: a rollout that goes away stops the call.
-            response = await self._wire.request(origin, headers, _payload(route, prepared, False))
+            if self._h2wire is not None:
+                fields = self._h2_headers(route.headers)
+                response = await self._h2wire.request(origin, fields, content)
+            if response is None:  # HTTP/1.1: not asked for, or all the provider speaks
+                headers = self._wire_headers(route.headers)
+                response = await self._wire.request(origin, headers, content)
         except WireError as exc:
-            raise _wire_error(exc) from exc
+            raise _h2c_hint(_wire_error(exc), origin, self._h2wire) from exc
         try:
             try:
                 raw = await response.read()
@@ -209,7 +268,10 @@ class DirectUpstream:
         from bridge.upstreams.streamed import stream_chunks
 
         content = _payload(route, prepared, True)
-        chunks = stream_chunks(self._http(), route.url, route.headers, content)
+        if self._h2 is not None:
+            chunks = self._h2.stream(route.url, route.headers, content)
+        else:
+            chunks = stream_chunks(self._http(), route.url, route.headers, content)
         async with aclosing(chunks):
             async for chunk in chunks:
                 yield chunk

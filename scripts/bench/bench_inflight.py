@@ -15,8 +15,17 @@ stopped, its rows by outcome, wall and CPU per row. Uses
 ``bench_eval.py``'s workspace set-up, lean fake provider and CLI runner; its own work
 directory is ``.bench/inflight``.
 
+``--http2 auto`` (the default) or ``on`` writes ``[bridge] upstream_http2`` into both runs'
+config: with ``auto`` the run itself calls the fake provider over h2c (100 streams per
+connection, what real providers advertise) when the in-flight asked for does not fit two
+sockets per call in the bridge, one socket per rollout instead of two; ``off`` keeps
+HTTP/1.1 (and the cap). Likewise the run chooses the rollout server's batched result wait when
+one long-poll per rollout does not fit (``ROLLBRIDGE_BATCHED_WAIT=1``/``0`` in the environment
+force it on/off).
+
 Run: .venv/bin/python scripts/bench/bench_inflight.py [--rows 10000] [--in-flight 10000]
-[--latency 30] [--py-spy DIR] [--reference run|skip] [--reference-timeout 900]
+[--latency 30] [--http2 off|on|auto] [--py-spy DIR] [--reference run|skip]
+[--reference-timeout 900]
 """
 
 from __future__ import annotations
@@ -92,7 +101,13 @@ def notices(ws: Path, name: str) -> list[str]:
     path = ws / ".osmosis" / "evals" / name / "logs.txt"
     if not path.exists():
         return []
-    keep = ("open-file limit", "halting dispatch", "file descriptors", "Too many open files")
+    keep = (
+        "open-file limit",
+        "halting dispatch",
+        "file descriptors",
+        "Too many open files",
+        "HTTP/2",
+    )
     return [line[:400] for line in path.read_text().splitlines() if any(k in line for k in keep)]
 
 
@@ -126,6 +141,12 @@ import os
 if os.environ.get("BENCH_SERVER_GC"):
     gc.set_threshold(*(int(v) for v in os.environ["BENCH_SERVER_GC"].split(",")))
 """
+
+
+def with_http2(config: Path, mode: str) -> None:
+    """Add ``[bridge] upstream_http2 = mode`` to an eval config."""
+    with open(config, "a") as fh:
+        fh.write(f'\n[bridge]\nupstream_http2 = "{mode}"\n')
 
 
 async def reference(upstream_v1: str, rows: int, in_flight: int, timeout_s: float) -> None:
@@ -169,11 +190,19 @@ async def main(
     server_gc: str | None,
     run_reference: bool = False,
     reference_timeout: float = 900.0,
+    http2: str = "auto",
 ) -> None:
     bench_eval.BENCH = REPO / ".bench" / "inflight"
     bench_eval.ENTRY = ENTRY_GC + bench_eval.ENTRY
     ws = setup()
     configs = {n: dataset(ws, n) for n in {1, rows}}
+    if http2 != "off":
+        for config in configs.values():
+            with_http2(ws / config, http2)
+    print(
+        f"upstream_http2 = {http2!r}, "
+        f"ROLLBRIDGE_BATCHED_WAIT={os.environ.get('ROLLBRIDGE_BATCHED_WAIT', '')!r}"
+    )
     async with trio.open_nursery() as nursery:
         upstream = await nursery.start(serve_upstream)
         await upstream.set_delay(0.0)
@@ -198,6 +227,11 @@ async def main(
         )
         for line in notices(ws, name):
             print(f"   log: {line}")
+        seen = await upstream.counters()
+        print(
+            f"   fake provider: {seen['connections']:.0f} connections accepted in all, "
+            f"{seen['h2_connections']:.0f} of them HTTP/2"
+        )
         for role in ("supervisor", "bridge", "rollout server", "fake provider"):
             print(
                 f"   {role:15} peak RSS {peaks.get(role, 0):7.1f} MB, CPU "
@@ -236,6 +270,12 @@ if __name__ == "__main__":
     )
     parser.add_argument("--reference", choices=("run", "skip"), default="run")
     parser.add_argument("--reference-timeout", type=float, default=900.0, dest="reference_timeout")
+    parser.add_argument(
+        "--http2",
+        choices=("off", "on", "auto"),
+        default="auto",
+        help="[bridge] upstream_http2 in the runs' config (default auto)",
+    )
     args = parser.parse_args()
     if args.py_spy is not None:
         args.py_spy.mkdir(parents=True, exist_ok=True)
@@ -253,5 +293,6 @@ if __name__ == "__main__":
         args.server_gc,
         args.reference == "run",
         args.reference_timeout,
+        args.http2,
     )
     print(f"load average at end: {os.getloadavg()}")

@@ -15,13 +15,20 @@ stdout, and serves until it is killed (or, with ``--until-stdin-closes``, until 
 input reaches its end, so that it cannot outlive a parent that dies without stopping it).
 
 Routes: ``POST .../chat/completions``, ``GET .../models``, and the control route
-``/_control``: ``GET`` answers ``{"completed", "in_flight", "connections", "delay"}``
+``/_control``: ``GET`` answers ``{"completed", "in_flight", "in_flight_peak", "connections",
+"h2_connections", "delay"}``
 (chat calls answered, chat calls being answered, connections accepted, the delay) and
 ``POST`` with ``{"delay": <seconds>}`` sets the delay every chat call waits (a trio sleep)
 before its answer. Anything else is a 404. There is no fault injection: tests that need it
 use :mod:`tests.fakes.upstream`.
 
-Each connection is one task that reads a request, answers it and reads the next. Plain
+HTTP/2 (h2c with prior knowledge, :mod:`tests.fakes.lean_h2`): a connection that opens with
+the HTTP/2 preface is served by ``h2``, many held calls at once, up to ``--h2-max-streams``
+(100 by default, about what real providers advertise) per connection; ``--no-h2`` refuses it
+as an HTTP/1.1-only server does (a 400). ``connections`` counts both kinds, ``h2_connections``
+the HTTP/2 ones.
+
+Each HTTP/1.1 connection is one task that reads a request, answers it and reads the next. Plain
 requests are read by :func:`tests.fakes.plainparse.parse_request` and answered with
 hand-written bytes (one ``send_all`` per answer, or per SSE chunk); a request it declines goes,
 with the bytes read so far, to h11 for that request. Each process runs one server.
@@ -47,6 +54,7 @@ import msgspec
 import trio
 
 from tests.fakes.echo_reply import completion, encode, error, events, reply_text, usage
+from tests.fakes.lean_h2 import PREFACE, serve_h2
 from tests.fakes.plainparse import NEED_DATA, Request, parse_request
 
 if TYPE_CHECKING:
@@ -73,19 +81,36 @@ class _Gone(Exception):
 class State:
     """What the control route reads and sets."""
 
-    __slots__ = ("completed", "connections", "delay", "in_flight")
+    __slots__ = (
+        "completed",
+        "connections",
+        "delay",
+        "h2_connections",
+        "h2_goaway_after",
+        "h2_streams",
+        "in_flight",
+        "in_flight_peak",
+    )
 
-    def __init__(self) -> None:
+    def __init__(self, h2_streams: int = 100, h2_goaway_after: int = 0) -> None:
         self.delay = 0.0
         self.completed = 0
         self.in_flight = 0
+        self.in_flight_peak = 0
         self.connections = 0
+        self.h2_connections = 0
+        self.h2_streams = h2_streams
+        self.h2_goaway_after = h2_goaway_after
+        """Requests per HTTP/2 connection before a graceful close (GOAWAY); 0: never."""
+        """Streams advertised per HTTP/2 connection; 0 refuses HTTP/2."""
 
     def counters(self) -> dict[str, float]:
         return {
             "completed": self.completed,
             "in_flight": self.in_flight,
+            "in_flight_peak": self.in_flight_peak,
             "connections": self.connections,
+            "h2_connections": self.h2_connections,
             "delay": self.delay,
         }
 
@@ -196,6 +221,7 @@ async def _chat(state: State, body: bytes, out: _Writer) -> None:
         await out.whole(400, error("body must be a JSON object"))
         return
     state.in_flight += 1
+    state.in_flight_peak = max(state.in_flight_peak, state.in_flight)
     try:
         if state.delay:
             await trio.sleep(state.delay)
@@ -235,6 +261,9 @@ async def _connection(state: State, stream: trio.SocketStream) -> None:
                     return
                 buffer += data
                 parsed = parse_request(buffer, HEAD_LIMIT)
+            if state.h2_streams and buffer.startswith(PREFACE):
+                await _h2_connection(state, stream, buffer)
+                return
             if type(parsed) is not Request:
                 buffer = await _h11_request(state, stream, buffer)
                 continue
@@ -257,6 +286,17 @@ async def _connection(state: State, stream: trio.SocketStream) -> None:
         return
     finally:
         await trio.aclose_forcefully(stream)
+
+
+async def _h2_connection(state: State, stream: trio.SocketStream, buffer: bytearray) -> None:
+    state.h2_connections += 1
+    await serve_h2(
+        stream,
+        bytes(buffer),
+        partial(_answer, state),
+        max_streams=state.h2_streams,
+        goaway_after=state.h2_goaway_after,
+    )
 
 
 async def _h11_request(state: State, stream: trio.SocketStream, buffer: bytearray) -> bytearray:
@@ -318,9 +358,9 @@ async def _until_stdin_closes() -> None:
             pass
 
 
-async def _main(until_stdin_closes: bool) -> None:
+async def _main(until_stdin_closes: bool, h2_streams: int, h2_goaway_after: int) -> None:
     async with trio.open_nursery() as nursery:
-        port = await nursery.start(serve, State())
+        port = await nursery.start(serve, State(h2_streams, h2_goaway_after))
         sys.stdout.write(f"{port}\n")
         sys.stdout.flush()
         if until_stdin_closes:
@@ -363,14 +403,21 @@ class LeanUpstream:
 
 
 async def run_lean_upstream(
-    *, task_status: trio.TaskStatus[LeanUpstream] = trio.TASK_STATUS_IGNORED
+    *,
+    h2_streams: int = 100,
+    h2_goaway_after: int = 0,
+    task_status: trio.TaskStatus[LeanUpstream] = trio.TASK_STATUS_IGNORED,
 ) -> None:
     """Start a lean upstream process and report its :class:`LeanUpstream` (for
-    ``nursery.start``); kill the process when cancelled. Raises if the process ends first."""
+    ``nursery.start``); kill the process when cancelled. Raises if the process ends first.
+    ``h2_streams``: streams per HTTP/2 connection it advertises, 0 to refuse HTTP/2;
+    ``h2_goaway_after``: requests per HTTP/2 connection before it closes it gracefully."""
     # The client side only: the server process never imports httpx.
     from rollout_server.net.h1client import H1Pool
 
     argv = [sys.executable, "-m", "tests.fakes.lean_upstream", "--until-stdin-closes"]
+    argv += ["--no-h2"] if h2_streams <= 0 else ["--h2-max-streams", str(h2_streams)]
+    argv += ["--h2-goaway-after", str(h2_goaway_after)] if h2_goaway_after else []
     process = await trio.lowlevel.open_process(
         argv, cwd=str(REPO), stdin=subprocess.PIPE, stdout=subprocess.PIPE
     )
@@ -407,8 +454,24 @@ if __name__ == "__main__":
         action="store_true",
         help="stop when standard input reaches its end (the parent's pipe closed)",
     )
+    parser.add_argument(
+        "--h2-max-streams",
+        type=int,
+        default=100,
+        help="concurrent streams advertised per HTTP/2 connection (default 100)",
+    )
+    parser.add_argument(
+        "--h2-goaway-after",
+        type=int,
+        default=0,
+        help="close each HTTP/2 connection gracefully (GOAWAY) after that many requests",
+    )
+    parser.add_argument(
+        "--no-h2", action="store_true", help="refuse HTTP/2, as an HTTP/1.1-only server does"
+    )
     options = parser.parse_args()
     try:
-        trio.run(_main, options.until_stdin_closes)
+        streams = 0 if options.no_h2 else options.h2_max_streams
+        trio.run(_main, options.until_stdin_closes, streams, options.h2_goaway_after)
     except KeyboardInterrupt:
         sys.exit(130)

@@ -162,7 +162,9 @@ async def test_delay_is_applied_and_counted(lean: LeanUpstream) -> None:
         assert await lean.counters() == {
             "completed": 1,
             "in_flight": 0,
+            "in_flight_peak": 1,
             "connections": 2,
+            "h2_connections": 0,
             "delay": 0.5,
         }
         await lean.set_delay(0)

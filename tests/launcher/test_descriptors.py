@@ -16,9 +16,11 @@ import trio.testing
 
 from launcher.dispatch import RUN_WIDE_FAILURES, RolloutRefused
 from launcher.fdbudget import (
+    BRIDGE_PER_ROLLOUT_H2,
     PER_ROLLOUT,
     RESERVE,
     DescriptorLimit,
+    choose_http2,
     exhaustion_in_exception,
     exhaustion_in_text,
     fit_in_flight,
@@ -107,6 +109,27 @@ def test_the_batched_wait_takes_the_long_polls_out_of_the_budget() -> None:
     fits, notice = fit_in_flight(80, DescriptorLimit(100, 100))
     assert fits == 37 and notice is not None and "(2 per rollout + 25)" in notice
     assert fit_in_flight(8, DescriptorLimit(1, 1))[0] == 1
+
+
+def test_http2_to_the_provider_takes_the_bridge_to_one_per_rollout() -> None:
+    limit = DescriptorLimit(20_000, 20_000)
+    needs = per_rollout(batched_wait=True, bridge=BRIDGE_PER_ROLLOUT_H2)
+    assert needs["the bridge"] == 1
+    assert fit_in_flight(10_000, limit, needs=needs) == (10_000, None)
+    # off and on are what they say, whatever the in-flight asked for.
+    assert choose_http2("off", 10_000, limit) == (False, None)
+    assert choose_http2("on", 1, limit) == (True, None)
+    # auto: on only when two per call in the bridge would not fit, saying so in one line.
+    assert choose_http2("auto", 9_872, limit) == (False, None)
+    assert choose_http2("auto", None, limit) == (False, None)
+    assert choose_http2("auto", 10_000, DescriptorLimit(None, None)) == (False, None)
+    on, notice = choose_http2("auto", 10_000, limit)
+    assert on and notice is not None and "\n" not in notice
+    assert notice.startswith(
+        "10000 rollouts in flight need about 20256 open files in the bridge with one "
+        "HTTP/1.1 connection per provider call (2 per rollout + 256), above the open-file "
+        "limit of 20000; calling the provider over HTTP/2"
+    )
 
 
 def test_an_unlimited_hard_limit_raises_the_soft_one_as_far_as_the_kernel_takes(

@@ -22,7 +22,8 @@ from rollout_server.protocol import ENV_ARTIFACT_ROOT, ENV_PORT
 
 REPO = Path(__file__).resolve().parents[2]
 
-BASE_DEPENDENCIES = {"trio", "hypercorn", "httpx", "msgspec", "httptools", "h11"}
+# h2: hypercorn's own dependency, declared for the bridge's HTTP/2 to the provider (no weight added).
+BASE_DEPENDENCIES = {"trio", "hypercorn", "httpx", "msgspec", "httptools", "h11", "h2"}
 # Never in a rollout environment: the CLI stack and a web framework.
 NOT_INSTALLED = ("quart", "flask", "werkzeug", "litellm", "rich", "click")
 

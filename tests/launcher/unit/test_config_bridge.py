@@ -21,9 +21,23 @@ def test_section_is_read(tmp_path: Path) -> None:
     assert config.bridge == ApiOptions(("web_search",), "native", "auto")
 
 
+@pytest.mark.parametrize("mode", ["off", "on", "auto"])
+def test_upstream_http2_is_read(tmp_path: Path, mode: str) -> None:
+    text = BASE + SECRETS + f'[bridge]\nupstream_http2 = "{mode}"\n'
+    config = load_eval_config(write(tmp_path, text))
+    assert config.upstream_http2 == mode
+    assert config.bridge == ApiOptions()
+
+
+def test_upstream_http2_is_off_when_absent(tmp_path: Path) -> None:
+    assert load_eval_config(write(tmp_path, BASE + SECRETS)).upstream_http2 == "off"
+
+
 @pytest.mark.parametrize(
     ("body", "named"),
     [
+        ('upstream_http2 = "yes"', "bridge.upstream_http2 must be one of off, on, auto"),
+        ("upstream_http2 = true", "bridge.upstream_http2"),
         ('hosted_tools = "web_search"', "bridge.hosted_tools"),
         ('messages = "sometimes"', "bridge.messages"),
         ("store = true", "store"),
