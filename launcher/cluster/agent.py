@@ -11,11 +11,12 @@ then stops the server. The agent:
   local run does (:func:`start_rollout_server`: its own process group, ``/health`` proving it
   ours), with its artifact root on this node;
 - runs items: admits on loopback, long-polls to the terminal result, and returns the result
-  with a tar of the rollout's trial directory, which the supervisor unpacks into the run
-  directory before it journals the result. Items come in batches (``submit``) and their answers
-  go back in batches (``collect``, a long-poll answered with every answer finished since the
-  previous one), so the supervisor makes far fewer actor calls than it runs items
-  (:mod:`launcher.cluster.batch`); ``run_item`` runs one item per call.
+  with the rollout's trial directory packed (:mod:`launcher.cluster.trial`), which the
+  supervisor unpacks into the run directory before it journals the result. Items come in
+  batches (``submit``) and their answers go back in batches (``collect``, a long-poll
+  answered with every answer finished since the previous one), so the supervisor makes far
+  fewer actor calls than it runs items (:mod:`launcher.cluster.batch`); ``run_item`` runs one
+  item per call.
 
 Ray runs async actors on an asyncio loop; the agent's logic is trio in guest mode on that loop
 (``trio.lowlevel.start_guest_run``), so it reuses the rollout client and the server start-up of
@@ -26,12 +27,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import io
 import os
 import shutil
 import subprocess
 import sys
-import tarfile
 import tempfile
 from collections import deque
 from collections.abc import Awaitable, Callable
@@ -45,6 +44,7 @@ import trio
 
 from launcher.cluster.relay import pinned_client, relay_to
 from launcher.cluster.ship import ShipInfo, ensure_env
+from launcher.cluster.trial import pack_trial, packed_size
 from launcher.dispatch import RolloutRefused
 from launcher.dispatch_io import RolloutClientTransport
 from launcher.resultwait import batched_wait_wanted
@@ -52,7 +52,7 @@ from launcher.rollout_child import RolloutServer, ServerLaunch, start_rollout_se
 from rollout_server.harbor.bundle import SHIPPED_BUNDLE_ENV
 from rollout_server.protocol import RolloutInitRequest
 
-__all__ = ["AgentSpec", "NodeAgent", "trial_tar"]
+__all__ = ["AgentSpec", "NodeAgent"]
 
 T = TypeVar("T")
 _LIFELINE = Path(__file__).with_name("lifeline.py")
@@ -75,16 +75,6 @@ class AgentSpec(msgspec.Struct, kw_only=True):
     """The shipped bundle to build the environment from (None: ``python`` and ``rollout_dir``
     as they are, a shared filesystem)."""
     stop_grace_s: float = 5.0
-
-
-def trial_tar(trial: Path) -> bytes:
-    """The trial directory ``trial`` as an uncompressed tar (empty bytes when it is absent)."""
-    if not trial.is_dir():
-        return b""
-    buffer = io.BytesIO()
-    with tarfile.open(fileobj=buffer, mode="w") as tar:
-        tar.add(trial, arcname=".")
-    return buffer.getvalue()
 
 
 def _spawn_lifeline(
@@ -247,7 +237,8 @@ class NodeAgent:
         }
 
     async def run_item(self, request_json: bytes, admission_timeout_s: float) -> tuple[Any, ...]:
-        """Run one rollout to its terminal result: ``("result", result json, trial tar)`` or
+        """Run one rollout to its terminal result: ``("result", result json, packed trial)``
+        (:func:`~launcher.cluster.trial.pack_trial`) or
         ``("refused", status, message, kind)``."""
         return await self._guest.call(self._run_item, request_json, admission_timeout_s)
 
@@ -291,7 +282,7 @@ class NodeAgent:
         size = 0
         while self._answers and len(batch) < max_items:
             answer = self._answers[0][1]
-            weight = len(answer[2]) if answer[0] == "result" else 0
+            weight = packed_size(answer[2]) if answer[0] == "result" else 0
             if batch and size + weight > max_bytes:
                 break
             batch.append(self._answers.popleft())
@@ -316,9 +307,9 @@ class NodeAgent:
             return ("refused", exc.status_code, str(exc), exc.kind)
         result = await handle.wait()
         trial = self._root / "rollout_trials" / request.rollout_id
-        tar = await trio.to_thread.run_sync(trial_tar, trial)
+        packed = await trio.to_thread.run_sync(pack_trial, trial)
         await trio.to_thread.run_sync(partial(shutil.rmtree, trial, ignore_errors=True))
-        return ("result", msgspec.json.encode(result), tar)
+        return ("result", msgspec.json.encode(result), packed)
 
     async def cancel(self, rollout_id: str) -> None:
         """Ask the local server to cancel one rollout."""

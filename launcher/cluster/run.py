@@ -91,11 +91,16 @@ def _draining_nodes() -> set[str]:
         return set()
 
 
-def _alive_nodes(ray: Any, resource: str) -> dict[str, str]:
-    """Alive nodes meant for replicas: node id -> address."""
-    nodes = [n for n in ray.nodes() if n.get("Alive")]
-    tagged = [n for n in nodes if n.get("Resources", {}).get(resource)]
-    return {n["NodeID"]: n["NodeManagerAddress"] for n in (tagged or nodes)}
+def _alive_nodes(nodes: list[dict[str, Any]], resource: str) -> dict[str, str]:
+    """Of Ray's node list, the alive nodes meant for replicas: node id -> address."""
+    alive = [n for n in nodes if n.get("Alive")]
+    tagged = [n for n in alive if n.get("Resources", {}).get(resource)]
+    return {n["NodeID"]: n["NodeManagerAddress"] for n in (tagged or alive)}
+
+
+def _node_list(ray: Any) -> tuple[list[dict[str, Any]], set[str]]:
+    """Ray's node list and the nodes being drained: one worker-thread trip per poll."""
+    return ray.nodes(), _draining_nodes()
 
 
 def _one_line(exc: BaseException) -> str:
@@ -186,11 +191,10 @@ class _Cluster:
         return {n: a for n, a in alive.items() if n != own and n not in have}
 
     async def poll(self) -> dict[str, str]:
-        nodes = await trio.to_thread.run_sync(self.ray.nodes)
+        nodes, draining = await trio.to_thread.run_sync(_node_list, self.ray)
         self.tagged = any(n.get("Resources", {}).get(self.resource) for n in nodes)
         self.peers.update(n["NodeManagerAddress"] for n in nodes if n.get("Alive"))
-        alive = await trio.to_thread.run_sync(_alive_nodes, self.ray, self.resource)
-        draining = await trio.to_thread.run_sync(_draining_nodes)
+        alive = _alive_nodes(nodes, self.resource)
         for replica in self.transport.replicas:
             if replica.actor is None:
                 continue

@@ -4,6 +4,7 @@ Replicas: the supervisor's own rollout server (the local replica, reached as in 
 and one node agent per other node. Each item goes to the healthy replica with the most free
 capacity (its ``/health`` capacity minus what it has in flight); while none has room,
 admission waits. A remote item's result comes back with its trial directory, which is unpacked
+(:mod:`launcher.cluster.trial`: a small one inline, others one at a time on a worker thread)
 into the run directory before the result is returned (so it is on disk before the journal
 record). When a replica is lost (its actor died, its node left), every item it had in flight
 raises :class:`~launcher.dispatch.RolloutLost` and goes back to the queue under a new id.
@@ -15,10 +16,7 @@ baseline).
 
 from __future__ import annotations
 
-import io
 import os
-import shutil
-import tarfile
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -29,11 +27,12 @@ import trio
 
 from launcher.cluster.batch import AgentLink, Pending
 from launcher.cluster.refs import await_ref
+from launcher.cluster.trial import is_small, unpack_trial
 from launcher.dispatch import RolloutHandle, RolloutRefused, RolloutTransport
 from launcher.requeue import RolloutLost
 from rollout_server.protocol import RolloutInitRequest, RolloutResultResponse
 
-__all__ = ["RayTransport", "Replica", "unpack_trial"]
+__all__ = ["RayTransport", "Replica"]
 
 #: ``log(level, step, message, details)``.
 LogFn = Callable[[str, str, str, "dict[str, Any] | None"], None]
@@ -60,19 +59,6 @@ class Replica:
     def free(self) -> int:
         """Slots left (0 when not healthy)."""
         return self.capacity - self.in_flight if self.state == "healthy" else 0
-
-
-def unpack_trial(data: bytes, target: Path) -> None:
-    """Unpack a trial tar into ``target`` (through a temp dir and a rename); refuse members
-    that would land outside it."""
-    if not data:
-        return
-    temp = target.with_name(f".{target.name}.unpack")
-    shutil.rmtree(temp, ignore_errors=True)
-    with tarfile.open(fileobj=io.BytesIO(data), mode="r") as tar:
-        tar.extractall(temp, filter="data")
-    shutil.rmtree(target, ignore_errors=True)
-    temp.rename(target)
 
 
 class _LocalHandle:
@@ -122,9 +108,16 @@ class _RemoteHandle:
         if answer[0] == "refused":
             _, status, message, kind = answer
             return RolloutRefused(status, message, kind=kind)
-        _, payload, tar = answer
+        _, payload, packed = answer
         target = self._transport.trials_dir / self._rollout_id
-        await trio.to_thread.run_sync(unpack_trial, tar, target)
+        if is_small(packed):  # a few system calls: less than a worker thread's round trip
+            unpack_trial(packed, target)
+        else:
+            # One worker thread for every unpack of the run: a collect's answers arrive
+            # together, and a thread each would contend for the GIL (docs/scale-out.md).
+            await trio.to_thread.run_sync(
+                unpack_trial, packed, target, limiter=self._transport.unpacking
+            )
         self._replica.finished += 1
         self._transport.log(
             "INFO",
@@ -155,6 +148,8 @@ class RayTransport:
         self._kill = kill
         self._changed = trio.Event()
         self._by_rollout: dict[str, Replica] = {}
+        self.unpacking = trio.CapacityLimiter(1)
+        """The remote items' trial unpacks, one at a time."""
         self.on_change: Callable[[], None] = lambda: None
         """Called when a replica joins or changes state (the progress view's replica line)."""
 

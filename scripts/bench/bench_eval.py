@@ -63,6 +63,7 @@ import shutil
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from datetime import UTC, datetime
 from functools import partial
 from pathlib import Path
@@ -80,7 +81,9 @@ from reference_eval import ReferenceUnavailable, run_reference_eval  # noqa: E40
 from tests.fakes.lean_upstream import run_lean_upstream  # noqa: E402
 from tests.fakes.upstream import FakeUpstream, run_fake_upstream  # noqa: E402
 
-BENCH = REPO / ".bench" / "eval"
+BENCH = Path(os.environ.get("BENCH_DIR") or REPO / ".bench" / "eval")
+"""Where the workspace (and the runs' directories) go; ``BENCH_DIR`` moves it (a tmpfs, to
+tell a file system's cost apart)."""
 PROFILE_DIR: Path | None = None
 PYSPY_DIR: Path | None = None
 BASELINE_TREE: Path | None = None
@@ -272,7 +275,10 @@ async def run_eval(
     backlog: int | None = None,
     tree: Path | None = None,
     extra: tuple[str, ...] = (),
+    on_sample: Callable[[float, psutil.Process, psutil.Process | None], None] | None = None,
 ) -> dict[str, Any]:
+    """Run one ``eval run`` and measure it; ``on_sample(time, supervisor, bridge)`` is also
+    called at each 50 ms sample (bench_ray's per-thread figures)."""
     env = {k: v for k, v in os.environ.items() if k not in _UNWARM and not k.endswith("_API_KEY")}
     if tree is not None:
         env["PYTHONPATH"] = str(tree)
@@ -335,7 +341,8 @@ async def run_eval(
                 if bridge is not None:
                     with contextlib.suppress(psutil.Error):
                         bridge_times = bridge.cpu_times()
-                        bridge_cpu = bridge_times.user + bridge_times.system
+                        # max: an exited bridge (a zombie until reaped) reads as 0 CPU
+                        bridge_cpu = max(bridge_cpu, bridge_times.user + bridge_times.system)
                 for child in ps.children(recursive=True):
                     if PYSPY_DIR is not None and child.pid not in spied:
                         spied[child.pid] = await _spy_child(child, name)
@@ -350,6 +357,8 @@ async def run_eval(
                     main_cpu,
                 )
                 samples.append((time.time(), cpu, main_cpu, bridge_cpu))
+                if on_sample is not None:
+                    on_sample(samples[-1][0], ps, bridge)
             except psutil.Error:
                 pass
             await trio.sleep(0.05)

@@ -16,10 +16,17 @@ the fake provider ``tests/fakes/lean_upstream.py``, the unbounded echo rollout):
    wall (first dispatch -> last result), ``--ray`` over local (target <= 1.2x).
 
 Each line prints the two figures and their ratio; nothing here is a pass/fail test.
+
+``--threads`` also prints, for each fast run, where the supervisor's CPU during dispatch went:
+by thread (``/proc/<pid>/task/*/schedstat``, grouped by thread name, trio's worker threads as
+one; a thread that ended counts up to
+its last sample, and what no sample saw shows as "unseen"), the bridge's process, and how many connections node 2
+opened to the supervisor's relay (each one a TLS handshake). ``--cpu-only`` skips case 2.
 """
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import os
 import shutil
@@ -30,10 +37,11 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+import psutil
 import trio
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_eval import REPO, dataset, run_eval, serve_upstream, setup, target
+from bench_eval import REPO, dataset, parse_log, run_eval, serve_upstream, setup, target
 
 TESTBED = REPO / "scripts" / "ray-testbed"
 ROUNDS = int(os.environ.get("BENCH_ROUNDS", "3"))
@@ -65,13 +73,72 @@ def _line(what: str, local: dict[str, Any], ray: dict[str, Any], key: str, unit:
     )
 
 
+class ThreadSampler:
+    """Per-thread CPU of the supervisor at each of ``run_eval``'s samples, and the peers of the
+    connections accepted on the head's cluster address (the relay's)."""
+
+    def __init__(self, head_ip: str) -> None:
+        self.head_ip = head_ip
+        self.samples: list[tuple[float, float, dict[int, tuple[str, float]], float]] = []
+        self.peers: set[tuple[str, int]] = set()
+
+    def __call__(self, now: float, ps: psutil.Process, bridge: psutil.Process | None) -> None:
+        threads: dict[int, tuple[str, float]] = {}
+        for task in Path(f"/proc/{ps.pid}/task").iterdir():
+            try:  # schedstat: nanoseconds on the CPU (stat's ticks are 10 ms coarse)
+                ran = int((task / "schedstat").read_text().split()[0]) / 1e9
+                comm = (task / "comm").read_text().strip()
+            except (OSError, ValueError, IndexError):
+                continue
+            threads[int(task.name)] = (comm, ran)
+        total = sum(ps.cpu_times()[:2])
+        bridge_cpu = self.samples[-1][3] if self.samples else 0.0
+        if bridge is not None:
+            with contextlib.suppress(psutil.Error):  # max: an exited bridge reads as 0 CPU
+                bridge_cpu = max(bridge_cpu, sum(bridge.cpu_times()[:2]))
+        with contextlib.suppress(psutil.Error):
+            for conn in ps.net_connections("tcp"):
+                if conn.laddr and conn.laddr.ip == self.head_ip and conn.raddr:
+                    self.peers.add((conn.raddr.ip, conn.raddr.port))
+        self.samples.append((now, total, threads, bridge_cpu))
+
+    def report(self, ws: Path, name: str) -> None:
+        log = parse_log(ws / ".osmosis" / "evals" / name / "logs.txt")
+        items = log["finished"]
+        before = [s for s in self.samples if s[0] <= log["first_dispatch"]] or self.samples[:1]
+        after = [s for s in self.samples if s[0] >= log["last_finish"]] or self.samples[-1:]
+        (t0, total0, threads0, bridge0), (t1, total1, _, bridge1) = before[-1], after[0]
+        last: dict[int, tuple[str, float]] = {}  # each thread's last sample in the bracket
+        for when, _, threads, _ in self.samples:
+            if t0 <= when <= t1:
+                last.update(threads)
+        by_name: dict[str, float] = {}
+        for tid, (comm, cpu) in last.items():
+            # trio names a worker thread after its job ("<function> from <task>"), truncated
+            group = (
+                "trio workers"
+                if comm.startswith("Trio thread") or " from " in comm
+                else comm.rstrip("0123456789")
+            )
+            by_name[group] = by_name.get(group, 0.0) + cpu - threads0.get(tid, (comm, 0.0))[1]
+        ended = (total1 - total0) - sum(by_name.values())
+        parts = sorted(by_name.items(), key=lambda kv: -kv[1])
+        shown = ", ".join(f"{k!r} {v / items * 1000:.3f}" for k, v in parts if v > 0.0)
+        print(
+            f"     {name}: process {(total1 - total0) / items * 1000:.3f} ms/item "
+            f"({shown}, unseen {ended / items * 1000:.3f}); "
+            f"bridge {(bridge1 - bridge0) / items * 1000:.3f} ms/item; "
+            f"relay connections from node 2: {len(self.peers)}"
+        )
+
+
 def _remote(ws: Path, name: str) -> int:
     """How many of run ``name``'s rollouts ran on node 2."""
     log = (ws / ".osmosis" / "evals" / name / "logs.txt").read_text()
     return log.count("rollout finished on replica")
 
 
-async def main(directory: Path) -> None:
+async def main(directory: Path, threads: bool, cpu_only: bool) -> None:
     ws = setup()
     # The workspace lives under the repo's ignored .bench/: its own git repository, so the
     # rollout's files are shipped to node 2 (the bundle lists a checkout's files through git).
@@ -81,6 +148,15 @@ async def main(directory: Path) -> None:
     address = _read_env(directory)["RB_ADDRESS"]
     os.environ.update(_read_env(directory))
     ray = ("--ray", address)
+    head_ip = address.rsplit(":", 1)[0]
+
+    async def fast(name: str, extra: tuple[str, ...] = ()) -> dict[str, Any]:
+        sampler = ThreadSampler(head_ip) if threads else None
+        run = await run_eval(ws, config, name, upstream, 50, extra=extra, on_sample=sampler)
+        if sampler is not None:
+            sampler.report(ws, name)
+        return run
+
     async with trio.open_nursery() as nursery:
         upstream = await nursery.start(serve_upstream)
         await run_eval(ws, warm, "warmup", upstream, 50)
@@ -90,14 +166,14 @@ async def main(directory: Path) -> None:
         key = "dispatch_cpu_ms_per_item"
         runs: dict[str, list[float]] = {"local": [], "per-item": [], "batched": []}
         for n in range(ROUNDS):  # interleaved, so the host's drift hits all three alike
-            run = await run_eval(ws, config, f"fast-local-{n}", upstream, 50)
+            run = await fast(f"fast-local-{n}")
             runs["local"].append(run[key])
             os.environ["ROLLBRIDGE_RAY_BATCH"] = "0"
-            run = await run_eval(ws, config, f"fast-ray-per-item-{n}", upstream, 50, extra=ray)
+            run = await fast(f"fast-ray-per-item-{n}", ray)
             runs["per-item"].append(run[key])
             remote = [_remote(ws, f"fast-ray-per-item-{n}")]
             del os.environ["ROLLBRIDGE_RAY_BATCH"]
-            run = await run_eval(ws, config, f"fast-ray-{n}", upstream, 50, extra=ray)
+            run = await fast(f"fast-ray-{n}", ray)
             runs["batched"].append(run[key])
             remote.append(_remote(ws, f"fast-ray-{n}"))
             print(
@@ -116,6 +192,9 @@ async def main(directory: Path) -> None:
             "x",
         )
 
+        if cpu_only:
+            nursery.cancel_scope.cancel()
+            return
         await upstream.set_delay(1.0)
         local = await run_eval(ws, config, "latency-local", upstream, 200)
         spread = await run_eval(ws, config, "latency-ray", upstream, 200, extra=ray)
@@ -141,7 +220,7 @@ if __name__ == "__main__":
     print(f"load average {os.getloadavg()[0]:.2f}", flush=True)
     try:
         _testbed("up", bed)
-        trio.run(main, bed)
+        trio.run(main, bed, "--threads" in sys.argv, "--cpu-only" in sys.argv)
     finally:
         _testbed("down", bed)
         shutil.rmtree(bed, ignore_errors=True)

@@ -7,6 +7,7 @@ from __future__ import annotations
 import io
 import tarfile
 from collections import Counter
+from collections.abc import Callable
 from concurrent.futures import Future
 from pathlib import Path
 from typing import Any
@@ -16,8 +17,9 @@ import pytest
 import trio
 import trio.testing
 
-from launcher.cluster.agent import _loopback, trial_tar
-from launcher.cluster.transport import RayTransport, Replica, unpack_trial
+from launcher.cluster.agent import _loopback
+from launcher.cluster.transport import RayTransport, Replica
+from launcher.cluster.trial import Packed
 from launcher.dispatch import Dispatcher, ItemLimits, RolloutRefused
 from launcher.requeue import RolloutLost
 from rollout_server.protocol import RolloutInitRequest, RolloutResultResponse, RolloutSample
@@ -44,7 +46,13 @@ class _Method:
         self.remote = call
 
 
-def _tar() -> bytes:
+def _entries() -> Packed:
+    """A one-file trial as an agent packs it (entries: unpacked on the trio thread)."""
+    return [("trajectory.json", 0o644, b'{"remote": true}')]
+
+
+def _tar() -> Packed:
+    """The same trial as a tar (unpacked on a worker thread)."""
     buffer = io.BytesIO()
     with tarfile.open(fileobj=buffer, mode="w") as tar:
         data = b'{"remote": true}'
@@ -57,13 +65,20 @@ def _tar() -> bytes:
 class FakeAgent:
     """A node agent, called one item per call (``run_item``) or in batches (``submit`` and the
     ``collect`` long-poll). Each item is answered after ``delay`` with a success and a one-file
-    trial tar, or at once with ``refuse(request)``'s refusal when that is not None; ``cancel``
+    trial (``pack()``), or at once with ``refuse(request)``'s refusal when that is not None; ``cancel``
     ends an item's wait (answered as cancelled). Once ``die()`` was called, every call in flight
     and every later one fails (an ActorDiedError); ``hang()`` leaves every call unanswered (a cut
     link)."""
 
-    def __init__(self, nursery: trio.Nursery, delay: float = 1.0, refuse: Any = None) -> None:
+    def __init__(
+        self,
+        nursery: trio.Nursery,
+        delay: float = 1.0,
+        refuse: Any = None,
+        pack: Callable[[], Packed] = _entries,
+    ) -> None:
         self.nursery = nursery
+        self.pack = pack
         self.delay = delay
         self.refuse = refuse
         self.dead = self.hung = False
@@ -152,7 +167,7 @@ class FakeAgent:
             status=status,  # type: ignore[arg-type]
             sample=RolloutSample(reward=1.0) if status == "success" else None,
         )
-        deliver(request.rollout_id, ("result", msgspec.json.encode(result), _tar()))
+        deliver(request.rollout_id, ("result", msgspec.json.encode(result), self.pack()))
 
     def die(self) -> None:
         self.dead = True
@@ -230,6 +245,22 @@ async def test_items_go_where_most_capacity_is_free_and_trials_come_back(
 
 
 @BATCHED
+async def test_tar_trials_come_back_through_a_worker_thread(tmp_path: Path, batch: bool) -> None:
+    # Real time: the unpacks run on a worker thread, during which an autojump clock would
+    # jump past the items' deadlines.
+    transport = _transport(ScriptedTransport(_success), 0, tmp_path, [], batch)
+    with trio.fail_after(30):
+        async with trio.open_nursery() as nursery:
+            agent = FakeAgent(nursery, delay=0.01, pack=_tar)
+            transport.add(Replica("node2", "n2", 4, actor=agent))
+            dispatcher = _dispatcher([_item(r) for r in range(6)], transport, concurrency=4)
+            report = await dispatcher.run()
+    assert report.recorded == 6 and len(agent.seen) == 6
+    for rollout_id in agent.seen:
+        assert (tmp_path / rollout_id / "trajectory.json").read_bytes() == b'{"remote": true}'
+
+
+@BATCHED
 async def test_a_lost_replica_s_items_are_requeued_under_new_ids(
     autojump_clock: trio.testing.MockClock, tmp_path: Path, batch: bool
 ) -> None:
@@ -258,24 +289,6 @@ async def test_a_lost_replica_s_items_are_requeued_under_new_ids(
     assert {rid for kind, rid in events if kind == "revoke"} == lost  # the bridge refuses them
     assert killed == ["node2"] and replica.state == "lost" and replica.in_flight == 0
     assert transport.capacity == 2
-
-
-def test_unpack_trial_round_trips_and_refuses_escapes(tmp_path: Path) -> None:
-    source = tmp_path / "src"
-    (source / "artifacts").mkdir(parents=True)
-    (source / "trajectory.json").write_text("{}")
-    (source / "artifacts" / "a.txt").write_text("a")
-    unpack_trial(trial_tar(source), tmp_path / "out")
-    assert (tmp_path / "out" / "artifacts" / "a.txt").read_text() == "a"
-    assert trial_tar(tmp_path / "missing") == b""
-    buffer = io.BytesIO()
-    with tarfile.open(fileobj=buffer, mode="w") as tar:
-        info = tarfile.TarInfo("../escape")
-        info.size = 1
-        tar.addfile(info, io.BytesIO(b"x"))
-    with pytest.raises(tarfile.TarError):
-        unpack_trial(buffer.getvalue(), tmp_path / "bad")
-    assert not (tmp_path / "escape").exists()
 
 
 def test_chat_url_is_rewritten_to_the_node_s_loopback_relay() -> None:

@@ -1,0 +1,152 @@
+"""A remote rollout's trial directory on its way into the run directory (docs/scale-out.md).
+
+The node agent packs the directory with :func:`pack_trial` into its item's answer; the
+supervisor writes it under the run directory with :func:`unpack_trial` before it journals the
+result. A directory of regular files and directories only (a workflow's trial is one) travels
+as a list of ``(relative path, mode, contents)`` entries (contents None: a directory; the
+trial's own mode first, as ``"."``), which costs the supervisor a few system calls per file;
+anything else in it (a symlink, a device) makes it a tar, unpacked with tarfile's ``data``
+filter. A tar costs the supervisor a pure-Python parse on top (about 0.4 ms of CPU more for a
+two-file trial, for every remote item).
+
+A small trial (:func:`is_small`: at most 16 entries and 64 KB) is cheaper to write on the trio
+thread than to hand to a worker thread and back (about 0.1 ms against 0.3 ms of CPU here);
+larger ones go to one worker thread, one at a time. Either way the unpack goes through a
+temporary sibling and a rename, and refuses an entry that would land outside the target.
+"""
+
+from __future__ import annotations
+
+import io
+import os
+import shutil
+import stat
+import tarfile
+from pathlib import Path, PurePosixPath
+
+__all__ = [
+    "Entries",
+    "Packed",
+    "UnsafeEntry",
+    "is_small",
+    "pack_trial",
+    "packed_size",
+    "trial_tar",
+    "unpack_trial",
+]
+
+#: ``(relative POSIX path, mode, contents)``; contents None is a directory.
+Entries = list[tuple[str, int, bytes | None]]
+#: A packed trial: its entries, or a tar (empty bytes: no trial directory).
+Packed = Entries | bytes
+
+
+class UnsafeEntry(ValueError):
+    """An entry of a packed trial that would land outside its directory."""
+
+
+def trial_tar(trial: Path) -> bytes:
+    """The trial directory ``trial`` as an uncompressed tar (empty bytes when it is absent)."""
+    if not trial.is_dir():
+        return b""
+    buffer = io.BytesIO()
+    with tarfile.open(fileobj=buffer, mode="w") as tar:
+        tar.add(trial, arcname=".")
+    return buffer.getvalue()
+
+
+def _entries(trial: Path) -> Entries | None:
+    """The entries of ``trial``, or None when it holds anything but files and directories."""
+    entries: Entries = [(".", stat.S_IMODE(trial.stat().st_mode), None)]
+    for root, dirs, files in os.walk(trial):
+        base = Path(root)
+        for name in [*dirs, *files]:
+            path = base / name
+            info = path.lstat()
+            relative = path.relative_to(trial).as_posix()
+            if stat.S_ISDIR(info.st_mode):
+                entries.append((relative, stat.S_IMODE(info.st_mode), None))
+            elif stat.S_ISREG(info.st_mode):
+                entries.append((relative, stat.S_IMODE(info.st_mode), path.read_bytes()))
+            else:
+                return None
+    return entries
+
+
+def pack_trial(trial: Path) -> Packed:
+    """``trial`` as entries, or as a tar when it holds a symlink or a special file (empty
+    bytes when it is absent)."""
+    if not trial.is_dir():
+        return b""
+    entries = _entries(trial)
+    return trial_tar(trial) if entries is None else entries
+
+
+def packed_size(packed: Packed) -> int:
+    """The bytes a packed trial carries (its files' contents, or the tar's size)."""
+    if isinstance(packed, bytes):
+        return len(packed)
+    return sum(len(data) for _, _, data in packed if data is not None)
+
+
+#: A trial :func:`is_small` at most: entries, and the bytes of their contents.
+SMALL_ENTRIES = 16
+SMALL_BYTES = 64 * 1024
+
+
+def is_small(packed: Packed) -> bool:
+    """Whether ``packed`` is a few small files (no tar): written inline, not on a thread."""
+    return (
+        isinstance(packed, list)
+        and len(packed) <= SMALL_ENTRIES
+        and packed_size(packed) <= SMALL_BYTES
+    )
+
+
+def _relative(name: str) -> PurePosixPath:
+    path = PurePosixPath(name)
+    if not name or path.is_absolute() or ".." in path.parts:
+        raise UnsafeEntry(f"refused trial entry {name!r}")
+    return path
+
+
+def _write_entries(entries: Entries, root: Path) -> None:
+    # No group/other write, no setuid/setgid/sticky bit, the owner's read and write (and a
+    # directory's search) kept, as tarfile's data filter does for files; a directory keeps its
+    # own mode too, so a trial written private (0700/0600, as a local run's) stays private.
+    own = entries[0][1] if entries and entries[0][0] == "." else 0o700  # pack_trial's first
+    root.mkdir((own & 0o755) | 0o700)
+    made = {root}  # one mkdir per directory: creating files and directories is the cost here
+    for name, mode, data in entries:
+        path = root.joinpath(*_relative(name).parts)
+        if data is None:
+            if path not in made:
+                path.mkdir((mode & 0o755) | 0o700, parents=True, exist_ok=True)
+                made.add(path)
+            continue
+        if path.parent not in made:
+            path.parent.mkdir(0o700, parents=True, exist_ok=True)
+            made.add(path.parent)
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, (mode & 0o755) | 0o600)
+        with open(fd, "wb") as fh:
+            fh.write(data)
+
+
+def unpack_trial(packed: Packed, target: Path) -> None:
+    """Write a packed trial as ``target`` (through a temp dir and a rename); refuse entries
+    that would land outside it (:class:`UnsafeEntry`, or tarfile's error for a tar)."""
+    if packed == b"":
+        return
+    temp = target.with_name(f".{target.name}.unpack")
+    shutil.rmtree(temp, ignore_errors=True)
+    if isinstance(packed, bytes):
+        with tarfile.open(fileobj=io.BytesIO(packed), mode="r") as tar:
+            tar.extractall(temp, filter="data")
+    else:
+        try:
+            _write_entries(packed, temp)
+        except BaseException:
+            shutil.rmtree(temp, ignore_errors=True)
+            raise
+    shutil.rmtree(target, ignore_errors=True)
+    temp.rename(target)
