@@ -27,7 +27,10 @@ connection itself when the server did not process them.
 With ``https://`` providers the connection is offered ``h2`` and ``http/1.1`` by ALPN and
 falls back to HTTP/1.1 (one connection per call, as without this module) when the provider
 does not take ``h2``. With ``http://`` there is no negotiation: HTTP/2 with prior knowledge
-(h2c), and a provider that does not speak it fails each call with a message saying so.
+(h2c), and a provider that does not speak it fails each call with a message saying so; the
+direct path (:mod:`bridge.upstreams.direct`) therefore sends a streamed call here only once
+the lean client (:mod:`bridge.upstreams.h2wire`) found the provider speaks h2c, and over
+HTTP/1.1 otherwise.
 """
 
 from __future__ import annotations
