@@ -294,3 +294,33 @@ class DirectUpstream:
             return await self._h2wire.speaks_http2(origin)
         except WireError as exc:
             raise _h2c_hint(_wire_error(exc), origin, self._h2wire) from exc
+
+
+async def h2c_refused(model: str, *, connect_timeout: float = 10.0) -> str | None:
+    """The ``http://`` origin of ``model``'s direct path when it does not speak HTTP/2 without
+    TLS (h2c), asked once on a connection of its own (:meth:`H2Wire.speaks_http2`); None when
+    it does, when the model is not on the direct path or its provider is ``https://`` (ALPN
+    decides there), or when it cannot be reached within ``connect_timeout`` (the preflight says why).
+
+    The run asks before it budgets descriptors: the bridge would fall back to HTTP/1.1 for
+    such a provider, at two open files per call instead of one per rollout."""
+    from bridge.upstreams.h2wire import H2Wire
+    from bridge.upstreams.routing import path_kind
+
+    if path_kind(model) != "direct":
+        return None
+    try:
+        origin = Origin.parse(resolve_direct(model).url)
+    except (UpstreamError, ValueError):
+        return None
+    if origin.scheme != "http":
+        return None
+    wire = H2Wire(connect_timeout=connect_timeout, timeout=connect_timeout, keepalive_expiry=0)
+    async with trio.open_nursery() as nursery:
+        await nursery.start(wire.serve)
+        try:
+            speaks = await wire.speaks_http2(origin)
+        except WireError:
+            speaks = True  # not known; the bridge finds out at its first call
+        nursery.cancel_scope.cancel()
+    return None if speaks else origin.key

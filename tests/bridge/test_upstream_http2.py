@@ -14,6 +14,7 @@ import trio
 
 from bridge import BridgeHandle
 from bridge.retry import RetryPolicy
+from bridge.upstreams.direct import h2c_refused
 from tests.bridge.conftest import AUTH, HI, StartBridge, url
 from tests.fakes.lean_upstream import LeanUpstream, run_lean_upstream
 
@@ -270,6 +271,23 @@ async def test_http1_only_provider_gets_streamed_calls_over_http1(
     assert counters["h2_connections"] == 0
     assert counters["completed"] == 3
     assert len(_h2c_notices(logs)) == 1, logs
+
+
+async def test_a_run_asks_whether_the_provider_speaks_h2c(
+    nursery: trio.Nursery, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Before it budgets descriptors for HTTP/2 (launcher.services), on a connection of its own."""
+    speaks = await _provider(nursery, monkeypatch, 20)
+    with trio.fail_after(30):
+        assert await h2c_refused("openai/test-model") is None
+        refuses = await _provider(nursery, monkeypatch, 0)
+        assert await h2c_refused("openai/test-model") == refuses.base_url
+        assert await h2c_refused("rollbridge/echo") is None  # not the direct path
+        monkeypatch.setenv("OPENAI_BASE_URL", "https://127.0.0.1:1/v1")
+        assert await h2c_refused("openai/test-model") is None  # ALPN decides over https
+        counters = await speaks.counters(), await refuses.counters()
+    assert counters[0]["h2_connections"] == 1
+    assert counters[1]["h2_refused"] == 1
 
 
 async def test_off_by_default_keeps_http1(
