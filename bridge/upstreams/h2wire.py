@@ -265,6 +265,7 @@ class H2Wire:
         self._conns: dict[str, list[_Conn]] = {}
         self._http1: set[str] = set()
         self._answered: set[str] = set()
+        self._asking: dict[str, trio.Lock] = {}
         self._nursery: trio.Nursery | None = None
         self._tls: ssl.SSLContext | None = None
 
@@ -278,13 +279,17 @@ class H2Wire:
         Raises :mod:`~rollout_server.net.wireerrors` types when it cannot be reached."""
         if origin.key in self._answered:
             return True
-        if origin.key in self._http1:
-            return False
-        conn = await self._reserve(origin)
-        if conn is None:
-            return False
-        conn.reserved -= 1
-        return True
+        # One connection asks (first fit would open one per hundred callers at once).
+        async with self._asking.setdefault(origin.key, trio.Lock()):
+            if origin.key in self._answered:
+                return True
+            if origin.key in self._http1:
+                return False
+            conn = await self._reserve(origin)
+            if conn is None:
+                return False
+            conn.reserved -= 1
+            return True
 
     @property
     def connections(self) -> int:

@@ -109,3 +109,22 @@ async def test_an_origin_that_spoke_http2_is_not_taken_for_http1(nursery: trio.N
         assert await wire.speaks_http2(origin)
     assert len(opened) == 2
     assert logs == []
+
+
+async def test_many_asking_at_once_open_one_connection(nursery: trio.Nursery) -> None:
+    async def h2(stream: trio.SocketStream, n: int) -> None:
+        await _h2(stream)
+
+    origin, opened = await _server(nursery, h2)
+    wire = await _wire(nursery, [])
+    answers: list[bool] = []
+
+    async def ask() -> None:
+        answers.append(await wire.speaks_http2(origin))
+
+    with trio.fail_after(20):
+        async with trio.open_nursery() as asking:
+            for _ in range(250):  # more than first fit puts on one connection
+                asking.start_soon(ask)
+    assert answers == [True] * 250
+    assert opened == [0]
