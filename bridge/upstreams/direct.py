@@ -300,7 +300,8 @@ async def h2c_refused(model: str, *, connect_timeout: float = 10.0) -> str | Non
     """The ``http://`` origin of ``model``'s direct path when it does not speak HTTP/2 without
     TLS (h2c), asked once on a connection of its own (:meth:`H2Wire.speaks_http2`); None when
     it does, when the model is not on the direct path or its provider is ``https://`` (ALPN
-    decides there), or when it cannot be reached within ``connect_timeout`` (the preflight says why).
+    decides there), or when it cannot be reached within ``connect_timeout`` (the preflight
+    says why).
 
     The run asks before it budgets descriptors: the bridge would fall back to HTTP/1.1 for
     such a provider, at two open files per call instead of one per rollout."""
