@@ -78,7 +78,7 @@ def bridge() -> None:
     "--upstream-http2",
     is_flag=True,
     help="Call the provider over HTTP/2 (ALPN h2 for https, h2c for http): many calls per "
-    "connection.",
+    "connection; a provider that speaks only HTTP/1.1 is called over HTTP/1.1 (with a warning).",
 )
 def serve(
     model: str,

@@ -265,6 +265,8 @@ async def run_bridge(
                     call_observer=config.call_observer,
                     keep_calls=config.keep_calls,
                 )
+                if client.h2wire is not None:  # an h2c fallback is told in the bridge's log
+                    client.h2wire.log = bridge.log
                 probe = ProbeKey(config.probe_key)
                 app = create_app(
                     bridge,

@@ -86,7 +86,7 @@ class EvalConfig:
     secrets_required: tuple[str, ...] = ()
     bridge: ApiOptions | None = None
     """The ``[bridge]`` section (:mod:`launcher.config_bridge`); None when absent."""
-    upstream_http2: str = "off"
+    upstream_http2: str = "auto"
     """``[bridge] upstream_http2``: ``off`` | ``on`` | ``auto`` (:mod:`launcher.config_bridge`)."""
     ray: RayConfig | None = None
     """The ``[ray]`` section (:mod:`launcher.config_ray`); None when absent."""

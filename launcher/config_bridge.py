@@ -6,7 +6,7 @@ how the bridge calls the provider.
 hosted_tools = ["web_search"]   # provider-run tool types granted (none by default)
 responses = "auto"              # auto | native | translate (openai/… models)
 messages = "auto"               # auto | native | translate (anthropic/… models)
-upstream_http2 = "off"          # off | on | auto (on when the in-flight asked needs it)
+upstream_http2 = "auto"         # auto | on | off (auto: on when the in-flight asked needs it)
 ```
 
 Absent, every default holds (docs/bridge.md, "Three APIs" and "HTTP/2 to the provider").
@@ -47,9 +47,9 @@ def bridge_options(data: dict[str, Any], path: Path) -> ApiOptions | None:
 
 
 def upstream_http2(data: dict[str, Any], path: Path) -> str:
-    """``[bridge] upstream_http2``, checked: one of :data:`HTTP2_MODES` (``"off"`` when absent)."""
+    """``[bridge] upstream_http2``, checked: one of :data:`HTTP2_MODES` (``"auto"`` when absent)."""
     section = optional_table(data, "bridge", BRIDGE_KEYS, path) or {}
-    value = section.get("upstream_http2", "off")
+    value = section.get("upstream_http2", "auto")
     if value not in HTTP2_MODES:
         raise ValidationError(
             f"bridge.upstream_http2 must be one of {', '.join(HTTP2_MODES)} in {path}, "

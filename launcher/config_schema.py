@@ -16,6 +16,7 @@ from typing import Any
 
 from bridge.apis import MODES
 from launcher.config import EXPERIMENT_OPTIONAL, EXPERIMENT_REQUIRED, MAX_N
+from launcher.config_bridge import HTTP2_MODES
 from launcher.config_ray import DEFAULT_RESOURCE, MAX_MIN_REPLICAS
 
 __all__ = ["SCHEMA_ID", "eval_config_schema", "schema_text"]
@@ -100,7 +101,10 @@ def eval_config_schema() -> dict[str, Any]:
         },
         "bridge": {
             "type": "object",
-            "description": "What the Responses and Messages routes may do (docs/bridge.md).",
+            "description": (
+                "What the Responses and Messages routes may do, and how the bridge calls the "
+                "provider (docs/bridge.md)."
+            ),
             "properties": {
                 "hosted_tools": {
                     "type": "array",
@@ -116,6 +120,14 @@ def eval_config_schema() -> dict[str, Any]:
                         ("responses", "openai/… models"),
                         ("messages", "anthropic/… models"),
                     )
+                },
+                "upstream_http2": {
+                    "enum": list(HTTP2_MODES),
+                    "default": "auto",
+                    "description": (
+                        "HTTP/2 to the provider: auto (when the in-flight asked for does not fit "
+                        "the open-file limit over HTTP/1.1), on, or off."
+                    ),
                 },
             },
             "additionalProperties": False,

@@ -155,14 +155,17 @@ def fit_in_flight(
     )
 
 
-def choose_http2(mode: str, asked: int | None, limit: DescriptorLimit) -> tuple[bool, str | None]:
+def choose_http2(
+    mode: str, asked: int | None, limit: DescriptorLimit, *, applies: bool = True
+) -> tuple[bool, str | None]:
     """Whether the bridge calls the provider over HTTP/2 for ``[bridge] upstream_http2 =
     mode`` (``off``, ``on``, ``auto``) when ``asked`` rollouts in flight were asked for (None:
     not said), and the one-line notice when ``auto`` turned it on: ``auto`` turns it on when
-    the bridge, at one HTTP/1.1 connection per provider call, would not hold ``asked``."""
+    the bridge, at one HTTP/1.1 connection per provider call, would not hold ``asked``, and
+    only when it ``applies`` (every provider call of the model would go over HTTP/2)."""
     if mode != "auto":
         return mode == "on", None
-    if asked is None or limit.soft is None:
+    if not applies or asked is None or limit.soft is None:
         return False, None
     reserve = min(RESERVE, limit.soft // 4)
     needed = asked * BRIDGE_PER_ROLLOUT + reserve

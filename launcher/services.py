@@ -46,6 +46,7 @@ from launcher.errors import LocalEvalError
 from launcher.fdbudget import (
     BRIDGE_PER_ROLLOUT,
     BRIDGE_PER_ROLLOUT_H2,
+    DescriptorLimit,
     choose_http2,
     fit_in_flight,
     per_rollout,
@@ -77,6 +78,7 @@ from tunnel.errors import TunnelError
 from tunnel.plan import TunnelDecision, choose_tunnel
 
 if TYPE_CHECKING:
+    from bridge.apis import ApiOptions
     from bridge.server import BridgeService
     from tunnel.cloudflared import TunnelHandle
 
@@ -201,10 +203,6 @@ async def _start(
     # bridge's spare process; a daemon's run gets it here).
     descriptors = raise_descriptor_limit()
     asked = resolve_concurrency(p.options.max_in_flight, p.spec.batch_size, None)
-    http2, http2_notice = choose_http2(p.config.upstream_http2, asked, descriptors)
-    if http2_notice is not None:
-        ctx.log("INFO", "listener", http2_notice, {"open_file_limit": descriptors.soft})
-        ctx.ui.warning(http2_notice, "UPSTREAM_HTTP2")
     secrets, providers = await trio.to_thread.run_sync(
         partial(_resolve_secrets, ctx), abandon_on_cancel=True
     )
@@ -213,6 +211,7 @@ async def _start(
     env_scope.enter_context(scoped_environ({**providers, **secrets}))
     p.redactor.add_known_env(os.environ)
     await early_checks(p)  # before the slow steps
+    http2 = await _choose_http2(ctx, asked, descriptors)
     token = uuid.uuid4().hex
     p.redactor.add(token)
     # The model probe and the bridge's start-up overlap `uv sync` and the rollout server's
@@ -341,6 +340,47 @@ def _resolve_secrets(ctx: RunContext) -> tuple[dict[str, str], dict[str, str]]:
     for value in (*values.values(), *providers.values()):
         p.redactor.add(value)
     return values, providers
+
+
+def _http2_applies(model: str, apis: ApiOptions | None) -> bool:
+    """Whether every provider call of ``model`` goes over HTTP/2 with ``upstream_http2`` on:
+    the direct path's, but for a Responses-only model's and the native Responses pass-through's
+    (HTTP/1.1, docs/bridge.md); LiteLLM's and the echo model's never."""
+    from bridge.apis.native import native_api
+    from bridge.upstreams.responses_only import responses_only
+    from bridge.upstreams.routing import path_kind
+
+    if path_kind(model) != "direct" or responses_only(model):
+        return False
+    return not native_api(model, "responses", apis.responses if apis is not None else "auto")
+
+
+async def _choose_http2(ctx: RunContext, asked: int | None, limit: DescriptorLimit) -> bool:
+    """Whether the bridge calls the provider over HTTP/2 (:func:`choose_http2`), saying so
+    when ``"auto"`` turned it on; ``"auto"`` only where every provider call goes over it, and
+    never to an ``http://`` provider that does not speak h2c, asked here before descriptors are
+    budgeted (the bridge would fall back to HTTP/1.1, two open files per call)."""
+    from bridge.upstreams.direct import h2c_refused
+
+    p = ctx.prepared
+    model, mode = p.config.experiment.model_path, p.config.upstream_http2
+    applies = mode == "auto" and _http2_applies(model, p.config.bridge)
+    http2, notice = choose_http2(mode, asked, limit, applies=applies)
+    if not http2:
+        return False
+    refused = await h2c_refused(model, connect_timeout=5.0)
+    if refused is None:
+        if notice is not None:
+            ctx.log("INFO", "listener", notice, {"open_file_limit": limit.soft})
+            ctx.ui.warning(notice, "UPSTREAM_HTTP2")
+        return True
+    message = (
+        f"{refused} does not speak HTTP/2 without TLS (h2c): the bridge calls it over "
+        "HTTP/1.1, one connection per call ([bridge] upstream_http2)"
+    )
+    ctx.log("WARNING", "listener", message, None)
+    ctx.ui.warning(message, "UPSTREAM_HTTP2")
+    return False
 
 
 async def _preflight(ctx: RunContext, done: trio.Event) -> None:

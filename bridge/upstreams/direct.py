@@ -2,8 +2,11 @@
 
 Non-streaming calls go through the lean pool (:mod:`rollout_server.net.wire`); streamed ones
 through httpx (:mod:`bridge.upstreams.streamed`), which is imported at the first streamed call.
-With HTTP/2 on (``[bridge] upstream_http2``), both go through :mod:`bridge.upstreams.h2pool`
-instead: many calls share each connection, one socket per call fewer in the bridge.
+With HTTP/2 on (``[bridge] upstream_http2``), non-streamed calls go through
+:mod:`bridge.upstreams.h2wire` and streamed ones through :mod:`bridge.upstreams.h2pool` instead:
+many calls share each connection, one socket per call fewer in the bridge. A provider that
+speaks only HTTP/1.1 (ALPN's choice over https; over http, an answer to the HTTP/2 preface
+that is not HTTP/2, found by :mod:`bridge.upstreams.h2wire`) gets both kinds over HTTP/1.1.
 """
 
 from __future__ import annotations
@@ -75,7 +78,7 @@ def new_client() -> httpx.AsyncClient:
 class LazyClient:
     """The bridge's clients of the direct path: the lean pool at once, httpx's at the first
     streamed call (a bridge whose calls are not streamed never imports httpx). With ``http2``
-    the direct path's calls go over HTTP/2 instead (:attr:`h2`).
+    the direct path's calls go over HTTP/2 instead (:attr:`h2wire`, :attr:`h2`).
 
     :meth:`aclose` closes them all.
     """
@@ -143,13 +146,17 @@ def _wire_error(exc: WireError) -> UpstreamError:
 
 
 def _h2c_hint(error: UpstreamError, origin: Origin, h2wire: H2Wire | None) -> UpstreamError:
-    """``error``, saying what h2c needs when HTTP/2 went to an ``http://`` origin that never
-    answered over it (status, kind and retry decision unchanged)."""
+    """``error``, saying what h2c needs when HTTP/2 to an ``http://`` origin that never
+    answered over it timed out (status, kind and retry decision unchanged): a server that
+    answers the preface, or closes, is called over HTTP/1.1 instead (:mod:`.h2wire`), one that
+    holds the connection silently cannot be told from a slow one."""
     if h2wire is None or origin.scheme != "http" or h2wire.answered(origin):
         return error
+    if error.kind != "Timeout":
+        return error
     message = (
-        f"{error.message} (HTTP/2 without TLS, h2c, to {origin.key}: a provider that speaks "
-        'only HTTP/1.1 closes such connections; set upstream_http2 = "off" in [bridge])'
+        f"{error.message} (HTTP/2 without TLS, h2c, to {origin.key}, which never answered "
+        'over HTTP/2: if it speaks only HTTP/1.1, set upstream_http2 = "off" in [bridge])'
     )
     if isinstance(error, ProviderFault):
         return ProviderFault(error.status, message, kind=error.kind, retry_after=error.retry_after)
@@ -268,10 +275,53 @@ class DirectUpstream:
         from bridge.upstreams.streamed import stream_chunks
 
         content = _payload(route, prepared, True)
-        if self._h2 is not None:
+        if self._h2 is not None and await self._streams_over_h2(route.url):
             chunks = self._h2.stream(route.url, route.headers, content)
         else:
             chunks = stream_chunks(self._http(), route.url, route.headers, content)
         async with aclosing(chunks):
             async for chunk in chunks:
                 yield chunk
+
+    async def _streams_over_h2(self, url: str) -> bool:
+        """Whether a streamed call to ``url`` goes over HTTP/2: over http (h2c, no negotiation)
+        only once the provider is known to speak it, which the lean HTTP/2 client finds out
+        (httpx's h2c would fail the call on an HTTP/1.1-only provider instead)."""
+        origin = self._wire_origin(url)
+        if self._h2wire is None or origin.scheme != "http":
+            return True
+        try:
+            return await self._h2wire.speaks_http2(origin)
+        except WireError as exc:
+            raise _h2c_hint(_wire_error(exc), origin, self._h2wire) from exc
+
+
+async def h2c_refused(model: str, *, connect_timeout: float = 10.0) -> str | None:
+    """The ``http://`` origin of ``model``'s direct path when it does not speak HTTP/2 without
+    TLS (h2c), asked once on a connection of its own (:meth:`H2Wire.speaks_http2`); None when
+    it does, when the model is not on the direct path or its provider is ``https://`` (ALPN
+    decides there), or when it cannot be reached within ``connect_timeout`` (the preflight
+    says why).
+
+    The run asks before it budgets descriptors: the bridge would fall back to HTTP/1.1 for
+    such a provider, at two open files per call instead of one per rollout."""
+    from bridge.upstreams.h2wire import H2Wire
+    from bridge.upstreams.routing import path_kind
+
+    if path_kind(model) != "direct":
+        return None
+    try:
+        origin = Origin.parse(resolve_direct(model).url)
+    except (UpstreamError, ValueError):
+        return None
+    if origin.scheme != "http":
+        return None
+    wire = H2Wire(connect_timeout=connect_timeout, timeout=connect_timeout, keepalive_expiry=0)
+    async with trio.open_nursery() as nursery:
+        await nursery.start(wire.serve)
+        try:
+            speaks = await wire.speaks_http2(origin)
+        except WireError:
+            speaks = True  # not known; the bridge finds out at its first call
+        nursery.cancel_scope.cancel()
+    return None if speaks else origin.key

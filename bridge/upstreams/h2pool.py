@@ -27,7 +27,10 @@ connection itself when the server did not process them.
 With ``https://`` providers the connection is offered ``h2`` and ``http/1.1`` by ALPN and
 falls back to HTTP/1.1 (one connection per call, as without this module) when the provider
 does not take ``h2``. With ``http://`` there is no negotiation: HTTP/2 with prior knowledge
-(h2c), and a provider that does not speak it fails each call with a message saying so.
+(h2c), and httpx fails each call to a provider that does not speak it; the direct path
+(:mod:`bridge.upstreams.direct`) therefore sends a streamed call here only once the lean
+client (:mod:`bridge.upstreams.h2wire`) found the provider speaks h2c, and over HTTP/1.1
+otherwise.
 """
 
 from __future__ import annotations
@@ -160,14 +163,15 @@ class H2Clients:
                 await last.client.aclose()
 
     def _hinted(self, error: UpstreamError, url: httpx.URL) -> UpstreamError:
-        """``error``, its message saying what h2c needs when ``url`` is an ``http://`` origin
-        that never answered over HTTP/2 (its status, kind and retry decision unchanged)."""
+        """``error``, its message saying what h2c needs when HTTP/2 to ``url``, an ``http://``
+        origin that never answered over HTTP/2, timed out (its status, kind and retry decision
+        unchanged); as :func:`bridge.upstreams.direct._h2c_hint` says it."""
         origin = f"{url.scheme}://{url.netloc.decode('ascii')}"
-        if url.scheme != "http" or origin in self._h2c_answered:
+        if url.scheme != "http" or origin in self._h2c_answered or error.kind != "Timeout":
             return error
         message = (
-            f"{error.message} (HTTP/2 without TLS, h2c, to {origin}: a provider that speaks "
-            'only HTTP/1.1 closes such connections; set upstream_http2 = "off" in [bridge])'
+            f"{error.message} (HTTP/2 without TLS, h2c, to {origin}, which never answered "
+            'over HTTP/2: if it speaks only HTTP/1.1, set upstream_http2 = "off" in [bridge])'
         )
         if isinstance(error, ProviderFault):
             return ProviderFault(

@@ -19,6 +19,14 @@ stream id, ``REFUSED_STREAM``) go out again on another connection. ``https://`` 
 and ``http/1.1`` by ALPN; an origin that picks HTTP/1.1 is remembered and :meth:`request`
 answers None for it, the caller then using the HTTP/1.1 pool.
 
+``http://`` has no negotiation (HTTP/2 with prior knowledge, h2c). An origin that has never
+sent us its SETTINGS and, on a connection of ours, answers the preface with an HTTP/1.1 status
+line or drops the connection before its SETTINGS does not speak h2c (an HTTP/1.1-only server:
+uvicorn, most local model servers): it is remembered as HTTP/1.1 for the rest of the bridge's
+life, logged once, and :meth:`request` answers None for it as for ALPN's choice. That is safe
+for the call that found it: no stream goes out on a connection before the server's SETTINGS
+arrived, so the server never saw an HTTP/2 request.
+
 Why one module of this size: one protocol client whose parts share their state (the
 connection's ``h2`` state machine, its send lock and flow-control window, its streams): the
 pool that picks connections, the connection's reader, and the exchange; split, each would
@@ -28,7 +36,7 @@ reach into the others' private fields.
 from __future__ import annotations
 
 import ssl
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Final
 
 import h2.config
@@ -108,6 +116,10 @@ _CONFIG: Final = h2.config.H2Configuration(
 
 class _GivenUp(ConnectFailed):
     """The call opening a connection went away before it was up: its waiters open another."""
+
+
+class _NoH2c(ReadFailed):
+    """The server answered the HTTP/2 preface as an HTTP/1.1 server does."""
 
 
 class _Unprocessed(Exception):
@@ -237,19 +249,47 @@ class H2Wire:
     """HTTP/2 connections to providers (see the module's docstring). Run :meth:`serve` (with
     ``nursery.start``) before the first :meth:`request`."""
 
-    def __init__(self, *, connect_timeout: float, timeout: float, keepalive_expiry: float) -> None:
+    def __init__(
+        self,
+        *,
+        connect_timeout: float,
+        timeout: float,
+        keepalive_expiry: float,
+        log: Callable[[str, str], None] | None = None,
+    ) -> None:
         self.connect_timeout = connect_timeout
         self.timeout = timeout
         self.keepalive_expiry = keepalive_expiry
+        self.log = log
+        """``(level, message)`` sink: told once per ``http://`` origin found not to speak h2c."""
         self._conns: dict[str, list[_Conn]] = {}
         self._http1: set[str] = set()
         self._answered: set[str] = set()
+        self._asking: dict[str, trio.Lock] = {}
         self._nursery: trio.Nursery | None = None
         self._tls: ssl.SSLContext | None = None
 
     def answered(self, origin: Origin) -> bool:
         """Whether ``origin`` has spoken HTTP/2 (sent its SETTINGS) on a connection of ours."""
         return origin.key in self._answered
+
+    async def speaks_http2(self, origin: Origin) -> bool:
+        """Whether ``origin`` speaks HTTP/2 (its SETTINGS came on a connection of ours), opening
+        a connection to it to find out the first time; False when it speaks only HTTP/1.1.
+        Raises :mod:`~rollout_server.net.wireerrors` types when it cannot be reached."""
+        if origin.key in self._answered:
+            return True
+        # One connection asks (first fit would open one per hundred callers at once).
+        async with self._asking.setdefault(origin.key, trio.Lock()):
+            if origin.key in self._answered:
+                return True
+            if origin.key in self._http1:
+                return False
+            conn = await self._reserve(origin)
+            if conn is None:
+                return False
+            conn.reserved -= 1
+            return True
 
     @property
     def connections(self) -> int:
@@ -369,7 +409,11 @@ class H2Wire:
                     conn.socket = None
                     raise ConnectFailed("the provider chose HTTP/1.1", before_answer=True)
                 conn.h2.initiate_connection()
-                await conn.flush()
+                try:
+                    await conn.flush()
+                except WireError as exc:
+                    self._check_h2c(conn, origin, exc)
+                    raise
             if deadline.cancelled_caught:
                 raise ConnectTimeout("timed out connecting", before_answer=True)
         except BaseException as exc:
@@ -471,6 +515,9 @@ class H2Wire:
                 if not data:
                     raise ReadFailed("the provider closed the connection", before_answer=True)
                 buffer += data
+                if not conn.ready.is_set() and buffer.startswith(b"HTTP/"):
+                    line = bytes(buffer.split(b"\r\n", 1)[0][:80]).decode("latin-1")
+                    raise _NoH2c(f"the provider answered HTTP/2 with {line!r}", before_answer=True)
                 frames, goaways = _take_goaways(buffer)
                 try:
                     events = conn.h2.receive_data(frames)
@@ -486,6 +533,7 @@ class H2Wire:
                 if conn.closing and not conn.streams:
                     return
         except WireError as exc:
+            self._check_h2c(conn, origin, exc)
             conn.error = conn.error or exc
             conn.fail(exc)
         finally:
@@ -542,6 +590,21 @@ class H2Wire:
             conn.window_changed()
         elif isinstance(event, h2.events.WindowUpdated):
             conn.window_changed()
+
+    def _check_h2c(self, conn: _Conn, origin: Origin, error: WireError) -> None:
+        """Remember ``origin`` as HTTP/1.1 only when ``conn``, open, failed before the server's
+        SETTINGS and the origin never sent us any (see the module's docstring); log it once."""
+        if conn.ready.is_set() or conn.closing or origin.scheme != "http":
+            return
+        if origin.key in self._answered or origin.key in self._http1:
+            return
+        self._http1.add(origin.key)
+        if self.log is not None:
+            self.log(
+                "warning",
+                f"{origin.key} does not speak HTTP/2 without TLS (h2c: {error}); calling it over "
+                "HTTP/1.1 from now on, one connection per call ([bridge] upstream_http2)",
+            )
 
     @staticmethod
     def _goaway(conn: _Conn, payload: bytes) -> None:

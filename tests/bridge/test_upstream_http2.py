@@ -14,6 +14,7 @@ import trio
 
 from bridge import BridgeHandle
 from bridge.retry import RetryPolicy
+from bridge.upstreams.direct import h2c_refused
 from tests.bridge.conftest import AUTH, HI, StartBridge, url
 from tests.fakes.lean_upstream import LeanUpstream, run_lean_upstream
 
@@ -86,7 +87,8 @@ async def test_streamed_call_over_h2c(
         counters = await h2c.counters()
     assert "".join(words).strip() == "echo: one two three"
     assert usage is not None and usage["completion_tokens"] == 4
-    assert counters["h2_connections"] == 1
+    # httpx's, and the lean client's that found first that the provider speaks h2c.
+    assert counters["h2_connections"] == 2
 
 
 @pytest.mark.parametrize(
@@ -180,26 +182,112 @@ async def test_a_provider_closing_connections_gracefully_loses_no_call(
     assert counters["h2_connections"] >= calls // 10
 
 
-async def test_http1_only_provider_fails_in_one_clear_line(
-    start_bridge: StartBridge,
-    nursery: trio.Nursery,
-    monkeypatch: pytest.MonkeyPatch,
-    client: httpx.AsyncClient,
+async def _stream_text(client: httpx.AsyncClient, handle: BridgeHandle, text: str) -> str:
+    body = _chat(text, stream=True, stream_options={"include_usage": True})
+    words: list[str] = []
+    async with client.stream("POST", url(handle), json=body, headers=AUTH) as reply:
+        assert reply.status_code == 200
+        async for line in reply.aiter_lines():
+            if not line.startswith("data: {"):
+                continue
+            chunk = json.loads(line.removeprefix("data: "))
+            assert "error" not in chunk, chunk
+            for choice in chunk.get("choices", []):
+                words.append(choice["delta"].get("content") or "")
+    return "".join(words).strip()
+
+
+@pytest.fixture
+async def http1_only(nursery: trio.Nursery, monkeypatch: pytest.MonkeyPatch) -> LeanUpstream:
+    """The lean fake refusing HTTP/2 (a 400 to the preface), as an HTTP/1.1-only server does."""
+    return await _provider(nursery, monkeypatch, 0)
+
+
+async def _fallback_bridge(start_bridge: StartBridge, logs: list[tuple[str, str]]) -> BridgeHandle:
+    # Retries off: the call that finds the provider speaks only HTTP/1.1 must succeed by
+    # itself, not by the bridge's retry policy sending it again.
+    return await start_bridge(
+        upstream_http2=True,
+        retry=RetryPolicy(max_attempts=1),
+        log=lambda level, message: logs.append((level, message)),
+    )
+
+
+def _h2c_notices(logs: list[tuple[str, str]]) -> list[tuple[str, str]]:
+    return [(level, line) for level, line in logs if "does not speak HTTP/2" in line]
+
+
+async def test_http1_only_provider_gets_non_streamed_calls_over_http1(
+    start_bridge: StartBridge, http1_only: LeanUpstream, client: httpx.AsyncClient
 ) -> None:
-    await _provider(nursery, monkeypatch, 0)  # refuses HTTP/2, as an HTTP/1.1-only server does
-    handle = await start_bridge(upstream_http2=True, retry=RetryPolicy(max_attempts=1))
+    logs: list[tuple[str, str]] = []
+    handle = await _fallback_bridge(start_bridge, logs)
     with trio.fail_after(30):
-        reply = await client.post(url(handle), json=_chat("hi"), headers=AUTH)
-        # A streamed call's answer has begun (the bridge's heartbeat) before the provider is
-        # called: its error comes as the stream's error event.
-        streamed = await client.post(url(handle), json=_chat("hi", stream=True), headers=AUTH)
-    assert reply.status_code == 502, reply.text
-    events = [line for line in streamed.text.splitlines() if line.startswith("data: {")]
-    assert len(events) == 1, streamed.text
-    for error in (reply.json(), json.loads(events[0].removeprefix("data: "))):
-        message = error["error"]["message"]
-        assert "h2c" in message and 'upstream_http2 = "off"' in message
-        assert error["error"]["code"] == 502
+        first = await client.post(url(handle), json=_chat("first"), headers=AUTH)
+        after_first = await http1_only.counters()
+        answers: list[httpx.Response] = []
+
+        async def one(i: int) -> None:
+            reply = await client.post(url(handle, f"r{i}"), json=_chat(f"n{i}"), headers=AUTH)
+            answers.append(reply)
+
+        async with trio.open_nursery() as calls:
+            for i in range(5):
+                calls.start_soon(one, i)
+        streamed = await _stream_text(client, handle, "and streamed")
+        counters = await http1_only.counters()
+    assert first.status_code == 200, first.text
+    assert first.json()["choices"][0]["message"]["content"] == "echo: first"
+    assert sorted(reply.status_code for reply in answers) == [200] * 5
+    assert streamed == "echo: and streamed"
+    # One connection opened with the HTTP/2 preface (the first call's), then HTTP/1.1 only.
+    assert after_first["h2_refused"] == 1
+    assert counters["h2_refused"] == 1
+    assert counters["h2_connections"] == 0
+    assert counters["completed"] == 7
+    notices = _h2c_notices(logs)
+    assert len(notices) == 1, logs
+    level, line = notices[0]
+    assert level == "warning"
+    assert http1_only.base_url in line and "HTTP/1.1" in line
+
+
+async def test_http1_only_provider_gets_streamed_calls_over_http1(
+    start_bridge: StartBridge, http1_only: LeanUpstream, client: httpx.AsyncClient
+) -> None:
+    logs: list[tuple[str, str]] = []
+    handle = await _fallback_bridge(start_bridge, logs)
+    with trio.fail_after(30):
+        first = await _stream_text(client, handle, "one two three")
+        after_first = await http1_only.counters()
+        second = await _stream_text(client, handle, "four five")
+        plain = await client.post(url(handle), json=_chat("plain"), headers=AUTH)
+        counters = await http1_only.counters()
+    assert first == "echo: one two three"
+    assert second == "echo: four five"
+    assert plain.status_code == 200, plain.text
+    assert after_first["h2_refused"] == 1
+    assert counters["h2_refused"] == 1
+    assert counters["h2_connections"] == 0
+    assert counters["completed"] == 3
+    assert len(_h2c_notices(logs)) == 1, logs
+
+
+async def test_a_run_asks_whether_the_provider_speaks_h2c(
+    nursery: trio.Nursery, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Before it budgets descriptors for HTTP/2 (launcher.services), on a connection of its own."""
+    speaks = await _provider(nursery, monkeypatch, 20)
+    with trio.fail_after(30):
+        assert await h2c_refused("openai/test-model") is None
+        refuses = await _provider(nursery, monkeypatch, 0)
+        assert await h2c_refused("openai/test-model") == refuses.base_url
+        assert await h2c_refused("rollbridge/echo") is None  # not the direct path
+        monkeypatch.setenv("OPENAI_BASE_URL", "https://127.0.0.1:1/v1")
+        assert await h2c_refused("openai/test-model") is None  # ALPN decides over https
+        counters = await speaks.counters(), await refuses.counters()
+    assert counters[0]["h2_connections"] == 1
+    assert counters[1]["h2_refused"] == 1
 
 
 async def test_off_by_default_keeps_http1(

@@ -16,7 +16,7 @@ input reaches its end, so that it cannot outlive a parent that dies without stop
 
 Routes: ``POST .../chat/completions``, ``GET .../models``, and the control route
 ``/_control``: ``GET`` answers ``{"completed", "in_flight", "in_flight_peak", "connections",
-"h2_connections", "delay"}``
+"h2_connections", "h2_refused", "delay"}``
 (chat calls answered, chat calls being answered, connections accepted, the delay) and
 ``POST`` with ``{"delay": <seconds>}`` sets the delay every chat call waits (a trio sleep)
 before its answer. Anything else is a 404. There is no fault injection: tests that need it
@@ -26,7 +26,7 @@ HTTP/2 (h2c with prior knowledge, :mod:`tests.fakes.lean_h2`): a connection that
 the HTTP/2 preface is served by ``h2``, many held calls at once, up to ``--h2-max-streams``
 (100 by default, about what real providers advertise) per connection; ``--no-h2`` refuses it
 as an HTTP/1.1-only server does (a 400). ``connections`` counts both kinds, ``h2_connections``
-the HTTP/2 ones.
+the HTTP/2 ones, ``h2_refused`` those that opened with the preface under ``--no-h2``.
 
 Each HTTP/1.1 connection is one task that reads a request, answers it and reads the next. Plain
 requests are read by :func:`tests.fakes.plainparse.parse_request` and answered with
@@ -87,6 +87,7 @@ class State:
         "delay",
         "h2_connections",
         "h2_goaway_after",
+        "h2_refused",
         "h2_streams",
         "in_flight",
         "in_flight_peak",
@@ -99,6 +100,8 @@ class State:
         self.in_flight_peak = 0
         self.connections = 0
         self.h2_connections = 0
+        self.h2_refused = 0
+        """Connections that opened with the HTTP/2 preface while HTTP/2 is refused."""
         self.h2_streams = h2_streams
         self.h2_goaway_after = h2_goaway_after
         """Requests per HTTP/2 connection before a graceful close (GOAWAY); 0: never."""
@@ -111,6 +114,7 @@ class State:
             "in_flight_peak": self.in_flight_peak,
             "connections": self.connections,
             "h2_connections": self.h2_connections,
+            "h2_refused": self.h2_refused,
             "delay": self.delay,
         }
 
@@ -261,9 +265,11 @@ async def _connection(state: State, stream: trio.SocketStream) -> None:
                     return
                 buffer += data
                 parsed = parse_request(buffer, HEAD_LIMIT)
-            if state.h2_streams and buffer.startswith(PREFACE):
-                await _h2_connection(state, stream, buffer)
-                return
+            if buffer.startswith(PREFACE):
+                if state.h2_streams:
+                    await _h2_connection(state, stream, buffer)
+                    return
+                state.h2_refused += 1
             if type(parsed) is not Request:
                 buffer = await _h11_request(state, stream, buffer)
                 continue

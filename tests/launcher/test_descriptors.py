@@ -123,6 +123,8 @@ def test_http2_to_the_provider_takes_the_bridge_to_one_per_rollout() -> None:
     assert choose_http2("auto", 9_872, limit) == (False, None)
     assert choose_http2("auto", None, limit) == (False, None)
     assert choose_http2("auto", 10_000, DescriptorLimit(None, None)) == (False, None)
+    # ...and only where every provider call would go over HTTP/2 (not LiteLLM's, say).
+    assert choose_http2("auto", 10_000, limit, applies=False) == (False, None)
     on, notice = choose_http2("auto", 10_000, limit)
     assert on and notice is not None and "\n" not in notice
     assert notice.startswith(

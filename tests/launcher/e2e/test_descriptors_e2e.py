@@ -7,13 +7,21 @@ from __future__ import annotations
 
 import json
 import subprocess
+from functools import partial
 from pathlib import Path
 from typing import Any
 
 import pytest
 import trio
 
-from tests.launcher.e2e.helpers import CLIResult, cli_argv, run_dir, write_config
+from tests.fakes.lean_upstream import LeanUpstream, run_lean_upstream
+from tests.launcher.e2e.helpers import (
+    CLIResult,
+    cli_argv,
+    fake_model_config,
+    run_dir,
+    write_config,
+)
 
 resource = pytest.importorskip("resource", reason="needs posix resource limits")
 
@@ -197,3 +205,35 @@ async def test_the_batched_wait_is_not_chosen_where_it_would_not_fit_more(
     assert result.returncode == 0, result.stdout + result.stderr
     logs = (run_dir(workspace, "polls") / "logs.txt").read_text()
     assert "batched wait" not in logs
+
+
+async def test_auto_http2_to_an_http1_only_provider_budgets_for_http1(
+    workspace: Path, env: dict[str, str], tmp_path: Path, nursery: trio.Nursery
+) -> None:
+    """``upstream_http2 = "auto"`` (the default) would call the provider over HTTP/2 at this
+    in-flight; the provider speaks only HTTP/1.1, so the run says so and budgets the bridge at
+    two open files per rollout, rather than let the bridge fall back and run out (here the
+    rollout server's capacity caps the in-flight before the budget does)."""
+    _hard_at_least(512)
+    with trio.fail_after(60):
+        lean: LeanUpstream = await nursery.start(partial(run_lean_upstream, h2_streams=0))
+    write_config(workspace, "h1only", fake_model_config(batch_size=2))
+    args = ["eval", "run", "ws/configs/eval/h1only.toml", "--name", "h1only", "--yes"]
+    result = await _run_limited(
+        [*args, "--max-in-flight", "1000"],
+        cwd=tmp_path,
+        env={**env, "OPENAI_BASE_URL": lean.v1, "OPENAI_API_KEY": "sk-fake-h1-key"},
+        soft=128,
+        hard=512,
+    )
+    output = result.stdout + result.stderr
+    assert result.returncode == 0, output
+    assert f"{lean.base_url} does not speak HTTP/2 without TLS (h2c)" in output
+    assert "calling the provider over HTTP/2" not in output
+    counters = await lean.counters()
+    assert counters["h2_refused"] == 1  # the run's question; the bridge itself never asked
+    records = _journal(workspace, "h1only")
+    # Every row's model call answered (the echo dataset's rows that fail or skip by design
+    # do so in grading).
+    assert records and all(r["calls"] == 1 for r in records), records
+    assert not [r for r in records if r.get("error_type") not in (None, "validation_error")]

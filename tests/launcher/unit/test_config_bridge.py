@@ -29,8 +29,8 @@ def test_upstream_http2_is_read(tmp_path: Path, mode: str) -> None:
     assert config.bridge == ApiOptions()
 
 
-def test_upstream_http2_is_off_when_absent(tmp_path: Path) -> None:
-    assert load_eval_config(write(tmp_path, BASE + SECRETS)).upstream_http2 == "off"
+def test_upstream_http2_is_auto_when_absent(tmp_path: Path) -> None:
+    assert load_eval_config(write(tmp_path, BASE + SECRETS)).upstream_http2 == "auto"
 
 
 @pytest.mark.parametrize(
