@@ -47,7 +47,7 @@ all threads and the main thread alone): the per-item cost without start-up.
 just before ours, and prints before -> after;
 ``--profile DIR`` runs each supervisor under cProfile (timed by its main thread's CPU clock),
 writing ``DIR/<name>.prof``; ``--py-spy DIR`` samples each supervisor with
-``py-spy record --native`` into ``DIR/<name>.txt`` (collapsed stacks; py-spy is not a
+``py-spy record`` (not ``--native``) into ``DIR/<name>.txt`` (collapsed stacks; py-spy is not a
 dependency of the project: ``uv pip install py-spy`` into the venv first). Profiled figures are
 inflated: use them to find hot spots, not to measure.
 """
@@ -135,10 +135,27 @@ required = []
 """
 
 
+def _set_aside(path: Path) -> None:
+    """Move an earlier invocation's tree into ``.bench/old/``, kept: delete that directory when
+    done benchmarking, not between measurements.
+
+    On ext4 without a journal (this machine's root file system) the kernel does not reuse an
+    inode freed less than 60 s ago (300 s while its inode-table block is dirty) and checks such
+    free inodes again on every file or directory it creates (``find_inode_bit`` and
+    ``recently_deleted`` in fs/ext4/ialloc.c). A deleted run's tens of thousands of trial files
+    made the next runs' mkdirs and file creations several times dearer (docs/performance.md).
+    """
+    old = path.parent / "old"
+    old.mkdir(parents=True, exist_ok=True)
+    trash = old / f"{path.name}-{time.strftime('%Y%m%dT%H%M%S')}-{os.getpid()}"
+    path.rename(trash)
+    print(f"(the earlier work tree is kept in {old}: delete it when done benchmarking)")
+
+
 def setup() -> Path:
     """A workspace copy with an absolute path source, a bench entrypoint and a warm env."""
     if BENCH.exists():
-        shutil.rmtree(BENCH)
+        _set_aside(BENCH)
     ws = BENCH / "ws"
     shutil.copytree(
         REPO / "examples" / "workspace",
@@ -411,9 +428,11 @@ async def _spy_child(child: psutil.Process, name: str) -> trio.Process | None:
 
 
 async def _py_spy(pid: int, out: Path) -> trio.Process:
-    """``py-spy record --native`` of ``pid`` (all threads, 250 Hz) into ``out``, raw format."""
+    """``py-spy record`` of ``pid`` (all threads, 250 Hz) into ``out``, raw format. Without
+    ``--native``: on this VM native unwinding biases the samples toward syscalls (it showed half
+    the rollout server in mkdir/open while the process's own CPU time said otherwise)."""
     py_spy = str(Path(sys.executable).parent / "py-spy")
-    options = ["--native", "--threads", "--rate", "250", "--format", "raw"]
+    options = ["--threads", "--rate", "250", "--format", "raw"]
     return await trio.lowlevel.open_process(
         [py_spy, "record", "--pid", str(pid), *options, "-o", str(out)],
         stdout=subprocess.DEVNULL,
