@@ -51,7 +51,7 @@ _GC_YOUNG_THRESHOLD = 50_000
 """Allocations between young-generation collections (Python's default is 700). At thousands of
 rollouts in flight a request's objects (parsed bodies, headers, coroutine frames) outlive 700
 allocations of other requests, so the collector walked them before they were freed anyway, and
-promoted them to be walked again: 14-18% of a busy server's CPU (perf, 3,000 in flight). Cyclic
+promoted them to be walked again: 13-22% of a busy server's CPU (perf, 3,000 in flight). Cyclic
 garbage waits at most this many allocations longer."""
 
 KEEP_ALIVE_TIMEOUT_SEC = 2160.0

@@ -47,7 +47,7 @@ all threads and the main thread alone): the per-item cost without start-up.
 just before ours, and prints before -> after;
 ``--profile DIR`` runs each supervisor under cProfile (timed by its main thread's CPU clock),
 writing ``DIR/<name>.prof``; ``--py-spy DIR`` samples each supervisor with
-``py-spy record`` (not ``--native``) into ``DIR/<name>.txt`` (collapsed stacks; py-spy is not a
+``py-spy record --native`` into ``DIR/<name>.txt`` (collapsed stacks; py-spy is not a
 dependency of the project: ``uv pip install py-spy`` into the venv first). Profiled figures are
 inflated: use them to find hot spots, not to measure.
 """
@@ -428,11 +428,9 @@ async def _spy_child(child: psutil.Process, name: str) -> trio.Process | None:
 
 
 async def _py_spy(pid: int, out: Path) -> trio.Process:
-    """``py-spy record`` of ``pid`` (all threads, 250 Hz) into ``out``, raw format. Without
-    ``--native``: on this VM native unwinding biases the samples toward syscalls (it showed half
-    the rollout server in mkdir/open while the process's own CPU time said otherwise)."""
+    """``py-spy record --native`` of ``pid`` (all threads, 250 Hz) into ``out``, raw format."""
     py_spy = str(Path(sys.executable).parent / "py-spy")
-    options = ["--threads", "--rate", "250", "--format", "raw"]
+    options = ["--native", "--threads", "--rate", "250", "--format", "raw"]
     return await trio.lowlevel.open_process(
         [py_spy, "record", "--pid", str(pid), *options, "-o", str(out)],
         stdout=subprocess.DEVNULL,
