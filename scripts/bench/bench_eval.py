@@ -135,10 +135,27 @@ required = []
 """
 
 
+def _set_aside(path: Path) -> None:
+    """Move an earlier invocation's tree into ``.bench/old/``, kept: delete that directory when
+    done benchmarking, not between measurements.
+
+    On ext4 without a journal (this machine's root file system) the kernel does not reuse an
+    inode freed less than 60 s ago (300 s while its inode-table block is dirty) and checks such
+    free inodes again on every file or directory it creates (``find_inode_bit`` and
+    ``recently_deleted`` in fs/ext4/ialloc.c). A deleted run's tens of thousands of trial files
+    made the next runs' mkdirs and file creations several times dearer (docs/performance.md).
+    """
+    old = path.parent / "old"
+    old.mkdir(parents=True, exist_ok=True)
+    trash = old / f"{path.name}-{time.strftime('%Y%m%dT%H%M%S')}-{os.getpid()}"
+    path.rename(trash)
+    print(f"(the earlier work tree is kept in {old}: delete it when done benchmarking)")
+
+
 def setup() -> Path:
     """A workspace copy with an absolute path source, a bench entrypoint and a warm env."""
     if BENCH.exists():
-        shutil.rmtree(BENCH)
+        _set_aside(BENCH)
     ws = BENCH / "ws"
     shutil.copytree(
         REPO / "examples" / "workspace",
