@@ -165,6 +165,7 @@ async def test_delay_is_applied_and_counted(lean: LeanUpstream) -> None:
             "in_flight_peak": 1,
             "connections": 2,
             "h2_connections": 0,
+            "h2_refused": 0,
             "delay": 0.5,
         }
         await lean.set_delay(0)
