@@ -155,6 +155,25 @@ def fit_in_flight(
     )
 
 
+def batched_wait_needed(
+    in_flight: int, limit: DescriptorLimit, *, bridge_in_process: bool, bridge: int
+) -> bool:
+    """Whether ``in_flight`` rollouts do not fit ``limit`` with one long-poll per rollout while
+    the rollout server's batched wait fits more of them (``bridge``: the bridge's descriptors
+    per rollout)."""
+    per_id, _ = fit_in_flight(
+        in_flight,
+        limit,
+        needs=per_rollout(bridge_in_process=bridge_in_process, bridge=bridge),
+    )
+    batched, _ = fit_in_flight(
+        in_flight,
+        limit,
+        needs=per_rollout(batched_wait=True, bridge_in_process=bridge_in_process, bridge=bridge),
+    )
+    return per_id < in_flight and batched > per_id
+
+
 def choose_http2(
     mode: str, asked: int | None, limit: DescriptorLimit, *, applies: bool = True
 ) -> tuple[bool, str | None]:

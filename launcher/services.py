@@ -47,6 +47,7 @@ from launcher.fdbudget import (
     BRIDGE_PER_ROLLOUT,
     BRIDGE_PER_ROLLOUT_H2,
     DescriptorLimit,
+    batched_wait_needed,
     choose_http2,
     fit_in_flight,
     per_rollout,
@@ -249,17 +250,9 @@ async def _start(
     bridge_count = BRIDGE_PER_ROLLOUT_H2 if http2 else BRIDGE_PER_ROLLOUT
     # One long-poll per rollout, unless that does not fit the open-file limit and the server's
     # batched wait (where it offers it) fits more (or the batched wait is asked for).
-    per_id_fits, _ = fit_in_flight(
-        concurrency,
-        descriptors,
-        needs=per_rollout(bridge_in_process=in_process, bridge=bridge_count),
+    needed = batched_wait_needed(
+        concurrency, descriptors, bridge_in_process=in_process, bridge=bridge_count
     )
-    batched_fits, _ = fit_in_flight(
-        concurrency,
-        descriptors,
-        needs=per_rollout(batched_wait=True, bridge_in_process=in_process, bridge=bridge_count),
-    )
-    needed = per_id_fits < concurrency and batched_fits > per_id_fits
     server.batched_wait = batched_wait_wanted(server.health, needed=needed)
     if server.batched_wait and needed:
         ctx.log(

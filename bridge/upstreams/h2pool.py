@@ -36,17 +36,16 @@ otherwise.
 from __future__ import annotations
 
 import contextlib
-from collections.abc import AsyncGenerator, AsyncIterator, Callable
+from collections.abc import AsyncGenerator, AsyncIterator
 from contextlib import aclosing
 from typing import Any, Final
 
 import httpx
 import trio
 
-from bridge.codec import parse_provider_json
 from bridge.errors import UpstreamError
-from bridge.retry import ProviderFault, status_fault
-from bridge.upstreams.streamed import _transport_error, _url, stream_chunks
+from bridge.retry import ProviderFault
+from bridge.upstreams.streamed import _url, stream_chunks
 from rollout_server.net.httpclient import skip_empty_cookies
 
 __all__ = ["STREAMS_PER_CONNECTION", "H2Clients"]
@@ -54,9 +53,6 @@ __all__ = ["STREAMS_PER_CONNECTION", "H2Clients"]
 #: httpcore's own ``SETTINGS_MAX_CONCURRENT_STREAMS``: no connection of its runs more streams.
 STREAMS_PER_CONNECTION: Final = 100
 _KEEPALIVE_EXPIRY: Final = 60.0
-#: How long an answer whose headers arrived may take to finish once the rollout went away
-#: (the lean path's grace, :mod:`bridge.upstreams.direct`).
-_DELIVERY_GRACE: Final = 30.0
 
 
 class _Slot:
@@ -183,45 +179,6 @@ class H2Clients:
         if url.scheme == "http":
             self._h2c_answered.add(f"http://{url.netloc.decode('ascii')}")
 
-    async def complete(
-        self,
-        url: str,
-        headers: dict[str, str],
-        content: bytes,
-        record: Callable[[Any], None],
-    ) -> dict[str, Any]:
-        """One non-streaming call (the lean path's contract, :mod:`bridge.upstreams.direct`):
-        its JSON object; ``record`` gets the usage the moment the answer is parsed."""
-        target = _url(url)
-        async with self.lease(target.scheme == "https") as slot:
-            client = slot.client
-            request = client.build_request("POST", target, content=content, headers=headers)
-            try:
-                # Cancellable while the provider works: a rollout that goes away stops the call.
-                response = await client.send(request, stream=True)
-            except httpx.TransportError as exc:
-                raise self._hinted(_transport_error(exc), target) from exc
-            self._answered(target)
-            slot.learn()
-            try:
-                try:
-                    raw = await response.aread()
-                except trio.Cancelled:
-                    # The answer is arriving, so it is paid for: finish reading it within a
-                    # grace period, count its usage, then let the cancellation go on.
-                    with trio.CancelScope(shield=True) as delivery:
-                        delivery.deadline = trio.current_time() + _DELIVERY_GRACE
-                        with contextlib.suppress(httpx.HTTPError, UpstreamError):
-                            record(_answer(response, await response.aread()).get("usage"))
-                    raise
-            except httpx.TransportError as exc:
-                raise _transport_error(exc, answering=True) from exc
-            finally:
-                await response.aclose()
-        data = _answer(response, raw)
-        record(data.get("usage"))
-        return data
-
     async def stream(
         self, url: str, headers: dict[str, str], content: bytes
     ) -> AsyncGenerator[dict[str, Any], None]:
@@ -249,16 +206,3 @@ class H2Clients:
             group.clear()
         for slot in slots:
             await slot.client.aclose()
-
-
-def _answer(response: httpx.Response, raw: bytes) -> dict[str, Any]:
-    """The JSON object of an answer whose body is ``raw``; raises for any other."""
-    text = raw.decode("utf-8", "replace")
-    status = response.status_code
-    if not 200 <= status < 300:
-        message = text.strip() or f"provider answered HTTP {status}"
-        raise status_fault(status, message, response.headers.get("retry-after"))
-    data = parse_provider_json(text)
-    if not isinstance(data, dict):
-        raise UpstreamError(502, "provider returned a JSON value that is not an object")
-    return data

@@ -141,6 +141,17 @@ class _Stream:
         self.changed.set()
         self.changed = trio.Event()
 
+    async def until(self, done: Callable[[], bool], idle_s: float, *, before_answer: bool) -> None:
+        """Wait until ``done()``: the stream's error if it fails first, :class:`ReadTimeout`
+        when nothing changed for ``idle_s`` seconds."""
+        while not done():
+            if self.error is not None:
+                raise self.error
+            with trio.move_on_after(idle_s):
+                await self.changed.wait()
+                continue
+            raise ReadTimeout("timed out reading the answer", before_answer=before_answer)
+
 
 class _Conn:
     __slots__ = (
@@ -220,13 +231,7 @@ class H2Response:
     async def read(self) -> bytes:
         """The whole body (raises :class:`ReadTimeout` when no byte came within the timeout)."""
         stream = self._stream
-        while not stream.ended:
-            if stream.error is not None:
-                raise stream.error
-            with trio.move_on_after(self._timeout):
-                await stream.changed.wait()
-                continue
-            raise ReadTimeout("timed out reading the answer", before_answer=False)
+        await stream.until(lambda: stream.ended, self._timeout, before_answer=False)
         return bytes(stream.body)
 
     async def aclose(self) -> None:
@@ -470,13 +475,7 @@ class H2Wire:
         try:
             await conn.flush()
             await self._send_body(conn, sid, stream, body)
-            while stream.headers is None:
-                if stream.error is not None:
-                    raise stream.error
-                with trio.move_on_after(self.timeout):
-                    await stream.changed.wait()
-                    continue
-                raise ReadTimeout("timed out reading the answer", before_answer=True)
+            await stream.until(lambda: stream.headers is not None, self.timeout, before_answer=True)
         except BaseException:
             if not stream.ended:
                 await _reset(conn, sid)
