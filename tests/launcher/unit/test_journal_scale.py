@@ -153,3 +153,53 @@ def test_latest_records_know_whether_every_key_is_expected() -> None:
     latest[(-1, 0)] = rec(0)
     assert not latest.within(5, 2)
     assert LatestRecords().within(0, 0)
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_latest_records_match_a_plain_dict_whatever_the_rows(seed: int) -> None:
+    # Dense rows (list tables), sparse and negative ones (dict tables), bulk adds with repeats,
+    # single sets and deletes, checked against a plain dict after every step.
+    rng = random.Random(seed)
+    latest, model = LatestRecords(), {}
+    spread = (50, 5_000, 10**9)[seed % 3]
+    for step in range(300):
+        action = rng.random()
+        if action < 0.3:
+            batch = [
+                rec(
+                    rng.randrange(-2 if seed % 2 else 0, spread),
+                    rng.randrange(3),
+                    rid=f"b{step}x{i}",
+                )
+                for i in range(rng.randrange(1, 40))
+            ]
+            latest.add_all(batch)
+            model.update((r.key, r) for r in batch)
+        elif action < 0.8:
+            r = rec(rng.randrange(0, spread), rng.randrange(3), rid=f"s{step}")
+            latest[r.key] = r
+            model[r.key] = r
+        elif model:
+            key = rng.choice(sorted(model))
+            del latest[key], model[key]
+        assert len(latest) == len(model)
+    assert dict(latest) == model
+    assert sorted(latest.items()) == sorted(model.items())
+    assert sorted(map(id, latest.values())) == sorted(map(id, model.values()))
+    for key in [*model, (spread + 1, 0), (0, 7), ("x", 0)]:
+        assert (key in latest) == (key in model)
+
+
+def test_latest_records_dense_rows_iterate_in_row_order_and_sparse_ones_stay_small() -> None:
+    latest = LatestRecords()
+    latest.add_all([rec(3), rec(1), rec(2), rec(1, rid="again")])
+    assert list(latest) == [(1, 0), (2, 0), (3, 0)] and latest[(1, 0)].rollout_id == "again"
+    assert isinstance(latest._runs[0], list) and len(latest) == 3
+    latest[(10**12, 0)] = rec(5)  # far beyond the rows held: the table becomes a dict
+    assert isinstance(latest._runs[0], dict) and len(latest) == 4
+    assert latest[(10**12, 0)].row_index == 5 and latest[(2, 0)].row_index == 2
+    with pytest.raises(KeyError):
+        del latest[(4, 0)]
+    for key in list(latest):
+        del latest[key]
+    assert len(latest) == 0 and not latest._runs
