@@ -22,6 +22,9 @@ by thread (``/proc/<pid>/task/*/schedstat``, grouped by thread name, trio's work
 one; a thread that ended counts up to
 its last sample, and what no sample saw shows as "unseen"), the bridge's process, and how many connections node 2
 opened to the supervisor's relay (each one a TLS handshake). ``--cpu-only`` skips case 2.
+``BENCH_AGAINST=DIR`` adds to each round of case 1 a batched ``--ray`` run from the source tree
+DIR (before and after in one invocation); ``BENCH_PYSPY=DIR`` samples each measured supervisor
+and its bridge with ``py-spy record --native`` (inflated figures: for finding hot spots).
 """
 
 from __future__ import annotations
