@@ -14,9 +14,9 @@ then stops the server. The agent:
   with the rollout's trial directory packed (:mod:`launcher.cluster.trial`), which the
   supervisor unpacks into the run directory before it journals the result. Items come in
   batches (``submit``) and their answers go back in batches (``collect``, a long-poll
-  answered with every answer finished since the previous one), so the supervisor makes far
-  fewer actor calls than it runs items (:mod:`launcher.cluster.batch`); ``run_item`` runs one
-  item per call.
+  answered with every answer finished since the previous one; ``exchange`` is a submit and
+  the next collect in one call), so the supervisor makes far fewer actor calls than it runs
+  items (:mod:`launcher.cluster.batch`); ``run_item`` runs one item per call.
 
 Ray runs async actors on an asyncio loop; the agent's logic is trio in guest mode on that loop
 (``trio.lowlevel.start_guest_run``), so it reuses the rollout client and the server start-up of
@@ -261,6 +261,18 @@ class NodeAgent:
         self._answers.append((request.rollout_id, answer))
         if self._answered is not None:
             self._answered.set()
+
+    async def exchange(
+        self, items: list[tuple[bytes, float]], max_items: int, max_bytes: int, linger_s: float
+    ) -> list[tuple[str, tuple[Any, ...]]]:
+        """:meth:`submit` ``items``, then :meth:`collect`: one actor call for both."""
+        return await self._guest.call(self._exchange, items, max_items, max_bytes, linger_s)
+
+    async def _exchange(
+        self, items: list[tuple[bytes, float]], max_items: int, max_bytes: int, linger_s: float
+    ) -> list[tuple[str, tuple[Any, ...]]]:
+        await self._submit(items)
+        return await self._collect(max_items, max_bytes, linger_s)
 
     async def collect(
         self, max_items: int, max_bytes: int, linger_s: float

@@ -19,6 +19,7 @@ arguments, never in a ``runtime_env`` (whose ``env_vars`` other clients read in 
 from __future__ import annotations
 
 import dataclasses
+import gc
 import logging
 import os
 from collections.abc import AsyncIterator
@@ -101,6 +102,16 @@ def _alive_nodes(nodes: list[dict[str, Any]], resource: str) -> dict[str, str]:
 def _node_list(ray: Any) -> tuple[list[dict[str, Any]], set[str]]:
     """Ray's node list and the nodes being drained: one worker-thread trip per poll."""
     return ray.nodes(), _draining_nodes()
+
+
+def _freeze_startup_heap() -> None:
+    """Leave what start-up allocated (Ray's modules above all: they about double the objects a
+    full collection walks) out of the collections during dispatch: one full collection now,
+    then ``gc.freeze``. Without it the first full collection after Ray's import falls in
+    dispatch (25 to 60 ms of the main thread, docs/scale-out.md); the bridge's process and the
+    rollout server do the same after their start-up."""
+    gc.collect()
+    gc.freeze()
 
 
 def _one_line(exc: BaseException) -> str:
@@ -343,10 +354,12 @@ async def open_cluster(ctx: RunContext, services: Services) -> AsyncIterator[Ser
                     p.options.max_in_flight, p.spec.batch_size, transport.capacity
                 )
                 minimum = partial(hold_minimum, transport, p.ray.min_replicas, starting)
+                _freeze_startup_heap()
                 yield dataclasses.replace(
                     services, transport=transport, concurrency=concurrency, watch_cluster=minimum
                 )
             finally:
+                gc.unfreeze()
                 ctx.ui.show_replicas(None)
                 with trio.CancelScope(shield=True):
                     await cluster.stop_all()

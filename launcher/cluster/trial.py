@@ -11,12 +11,18 @@ two-file trial, for every remote item).
 
 A small trial (:func:`is_small`: at most 16 entries and 64 KB) is cheaper to write on the trio
 thread than to hand to a worker thread and back (about 0.1 ms against 0.3 ms of CPU here);
-larger ones go to one worker thread, one at a time. Either way the unpack goes through a
-temporary sibling and a rename, and refuses an entry that would land outside the target.
+larger ones go to one worker thread, one at a time. Entries are written straight into the
+target, made with an exclusive ``mkdir`` (rollout ids are new for each attempt, so it does not
+exist), each file and directory created relative to the target's descriptor: for the echo
+trial 2 ``mkdir`` and 2 file creations, nothing else that changes an inode. A target that
+exists already (or a tar) goes through a temporary sibling and a rename that replaces it. An
+unpack that fails removes what it wrote; an entry that would land outside the target is refused
+before anything is written.
 """
 
 from __future__ import annotations
 
+import contextlib
 import io
 import os
 import shutil
@@ -110,43 +116,78 @@ def _relative(name: str) -> PurePosixPath:
     return path
 
 
-def _write_entries(entries: Entries, root: Path) -> None:
+def _mode_of_root(entries: Entries) -> int:
     # No group/other write, no setuid/setgid/sticky bit, the owner's read and write (and a
     # directory's search) kept, as tarfile's data filter does for files; a directory keeps its
     # own mode too, so a trial written private (0700/0600, as a local run's) stays private.
     own = entries[0][1] if entries and entries[0][0] == "." else 0o700  # pack_trial's first
-    root.mkdir((own & 0o755) | 0o700)
-    made = {root}  # one mkdir per directory: creating files and directories is the cost here
-    for name, mode, data in entries:
-        path = root.joinpath(*_relative(name).parts)
+    return (own & 0o755) | 0o700
+
+
+def _write_entries(entries: Entries, root: Path) -> None:
+    """Write ``entries`` into the new directory ``root`` (FileExistsError when it exists)."""
+    relative = [(_relative(name).parts, mode, data) for name, mode, data in entries]
+    os.mkdir(root, _mode_of_root(entries))
+    try:
+        fd = os.open(root, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+        try:
+            _write_at(relative, fd)
+        finally:
+            os.close(fd)
+    except BaseException:
+        shutil.rmtree(root, ignore_errors=True)
+        raise
+
+
+_CREATE = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
+
+
+def _write_at(entries: list[tuple[tuple[str, ...], int, bytes | None]], fd: int) -> None:
+    # Paths relative to the new root's descriptor: no walk from ``/`` per file, no Path objects.
+    made: set[tuple[str, ...]] = {()}  # one mkdir per directory: creating inodes is the cost
+    for parts, mode, data in entries:
         if data is None:
-            if path not in made:
-                path.mkdir((mode & 0o755) | 0o700, parents=True, exist_ok=True)
-                made.add(path)
+            if parts not in made and parts != (".",):
+                _make_dirs(parts, (mode & 0o755) | 0o700, made, fd)
             continue
-        if path.parent not in made:
-            path.parent.mkdir(0o700, parents=True, exist_ok=True)
-            made.add(path.parent)
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, (mode & 0o755) | 0o600)
-        with open(fd, "wb") as fh:
-            fh.write(data)
+        if parts[:-1] not in made:
+            _make_dirs(parts[:-1], 0o700, made, fd)
+        file_fd = os.open("/".join(parts), _CREATE, (mode & 0o755) | 0o600, dir_fd=fd)
+        try:
+            view = memoryview(data)
+            while view:
+                view = view[os.write(file_fd, view) :]
+        finally:
+            os.close(file_fd)
+
+
+def _make_dirs(parts: tuple[str, ...], mode: int, made: set[tuple[str, ...]], fd: int) -> None:
+    for depth in range(1, len(parts) + 1):
+        prefix = parts[:depth]
+        if prefix not in made:
+            with contextlib.suppress(FileExistsError):  # listed later than its contents
+                os.mkdir("/".join(prefix), mode if depth == len(parts) else 0o700, dir_fd=fd)
+            made.add(prefix)
 
 
 def unpack_trial(packed: Packed, target: Path) -> None:
-    """Write a packed trial as ``target`` (through a temp dir and a rename); refuse entries
-    that would land outside it (:class:`UnsafeEntry`, or tarfile's error for a tar)."""
+    """Write a packed trial as ``target`` (see the module docstring); refuse entries that
+    would land outside it (:class:`UnsafeEntry`, or tarfile's error for a tar)."""
     if packed == b"":
         return
+    if not isinstance(packed, bytes):
+        try:
+            _write_entries(packed, target)
+            return
+        except FileExistsError:
+            if not target.is_dir():
+                raise
     temp = target.with_name(f".{target.name}.unpack")
     shutil.rmtree(temp, ignore_errors=True)
     if isinstance(packed, bytes):
         with tarfile.open(fileobj=io.BytesIO(packed), mode="r") as tar:
             tar.extractall(temp, filter="data")
     else:
-        try:
-            _write_entries(packed, temp)
-        except BaseException:
-            shutil.rmtree(temp, ignore_errors=True)
-            raise
+        _write_entries(packed, temp)
     shutil.rmtree(target, ignore_errors=True)
     temp.rename(target)

@@ -22,6 +22,9 @@ by thread (``/proc/<pid>/task/*/schedstat``, grouped by thread name, trio's work
 one; a thread that ended counts up to
 its last sample, and what no sample saw shows as "unseen"), the bridge's process, and how many connections node 2
 opened to the supervisor's relay (each one a TLS handshake). ``--cpu-only`` skips case 2.
+``BENCH_AGAINST=DIR`` adds to each round of case 1 a batched ``--ray`` run from the source tree
+DIR (before and after in one invocation); ``BENCH_PYSPY=DIR`` samples each measured supervisor
+and its bridge with ``py-spy record --native`` (inflated figures: for finding hot spots).
 """
 
 from __future__ import annotations
@@ -41,11 +44,18 @@ import psutil
 import trio
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+import bench_eval
 from bench_eval import REPO, dataset, parse_log, run_eval, serve_upstream, setup, target
 
 TESTBED = REPO / "scripts" / "ray-testbed"
 ROUNDS = int(os.environ.get("BENCH_ROUNDS", "3"))
 LOCK = "/tmp/rollbridge-ray-testbed.lock"  # as tests/cluster/conftest.py: one test bed at a time
+#: ``BENCH_PYSPY=DIR``: sample each measured supervisor (and its bridge) with py-spy into DIR
+#: (as ``bench_eval.py --py-spy``; profiled figures are inflated: for hot spots only).
+PYSPY_DIR = Path(os.environ["BENCH_PYSPY"]).resolve() if os.environ.get("BENCH_PYSPY") else None
+#: ``BENCH_AGAINST=DIR``: each round also runs ``--ray`` batched from the source tree DIR (on
+#: ``PYTHONPATH``, as ``bench_eval.py --against``): before and after in one invocation.
+AGAINST = Path(os.environ["BENCH_AGAINST"]).resolve() if os.environ.get("BENCH_AGAINST") else None
 
 
 def _testbed(command: str, directory: Path) -> None:
@@ -150,9 +160,17 @@ async def main(directory: Path, threads: bool, cpu_only: bool) -> None:
     ray = ("--ray", address)
     head_ip = address.rsplit(":", 1)[0]
 
-    async def fast(name: str, extra: tuple[str, ...] = ()) -> dict[str, Any]:
+    async def fast(
+        name: str, extra: tuple[str, ...] = (), tree: Path | None = None
+    ) -> dict[str, Any]:
         sampler = ThreadSampler(head_ip) if threads else None
-        run = await run_eval(ws, config, name, upstream, 50, extra=extra, on_sample=sampler)
+        bench_eval.PYSPY_DIR = PYSPY_DIR  # the measured runs only, not the warm-ups
+        try:
+            run = await run_eval(
+                ws, config, name, upstream, 50, tree=tree, extra=extra, on_sample=sampler
+            )
+        finally:
+            bench_eval.PYSPY_DIR = None
         if sampler is not None:
             sampler.report(ws, name)
         return run
@@ -165,6 +183,8 @@ async def main(directory: Path, threads: bool, cpu_only: bool) -> None:
         await upstream.set_delay(0.0)
         key = "dispatch_cpu_ms_per_item"
         runs: dict[str, list[float]] = {"local": [], "per-item": [], "batched": []}
+        if AGAINST is not None:
+            runs["batched, before"] = []
         for n in range(ROUNDS):  # interleaved, so the host's drift hits all three alike
             run = await fast(f"fast-local-{n}")
             runs["local"].append(run[key])
@@ -176,15 +196,20 @@ async def main(directory: Path, threads: bool, cpu_only: bool) -> None:
             run = await fast(f"fast-ray-{n}", ray)
             runs["batched"].append(run[key])
             remote.append(_remote(ws, f"fast-ray-{n}"))
+            if AGAINST is not None:
+                run = await fast(f"fast-ray-before-{n}", ray, tree=AGAINST)
+                runs["batched, before"].append(run[key])
             print(
                 f"   round {n + 1}: "
                 + ", ".join(f"{k} {v[-1]:.3f} ms" for k, v in runs.items())
                 + f" (on node 2: per-item {remote[0]}, batched {remote[1]} items)"
             )
-        local, per_item, spread = ({key: statistics.median(v)} for v in runs.values())
+        local, per_item, spread, *before = ({key: statistics.median(v)} for v in runs.values())
         print(f"1) 1000 rows, 0 ms upstream, 50 in flight (median of {ROUNDS} rounds)")
         _line("supervisor CPU per item, dispatch, one call per item", local, per_item, key, "ms")
         _line("supervisor CPU per item, dispatch, batched calls", local, spread, key, "ms")
+        if before:
+            _line("the same, the tree BENCH_AGAINST (before)", local, before[0], key, "ms")
         target(
             "supervisor CPU per item, --ray / local",
             spread["dispatch_cpu_ms_per_item"] / local["dispatch_cpu_ms_per_item"],

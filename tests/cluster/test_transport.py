@@ -5,6 +5,7 @@ Ray's ``ObjectRef.future()`` does. Virtual time."""
 from __future__ import annotations
 
 import io
+import os
 import tarfile
 from collections import Counter
 from collections.abc import Callable
@@ -18,6 +19,7 @@ import trio
 import trio.testing
 
 from launcher.cluster.agent import _loopback
+from launcher.cluster.batch import RIDE_S
 from launcher.cluster.transport import RayTransport, Replica
 from launcher.cluster.trial import Packed
 from launcher.dispatch import Dispatcher, ItemLimits, RolloutRefused
@@ -63,8 +65,8 @@ def _tar() -> Packed:
 
 
 class FakeAgent:
-    """A node agent, called one item per call (``run_item``) or in batches (``submit`` and the
-    ``collect`` long-poll). Each item is answered after ``delay`` with a success and a one-file
+    """A node agent, called one item per call (``run_item``) or in batches (``submit``, the
+    ``collect`` long-poll, and ``exchange``: both in one call). Each item is answered after ``delay`` with a success and a one-file
     trial (``pack()``), or at once with ``refuse(request)``'s refusal when that is not None; ``cancel``
     ends an item's wait (answered as cancelled). Once ``die()`` was called, every call in flight
     and every later one fails (an ActorDiedError); ``hang()`` leaves every call unanswered (a cut
@@ -93,6 +95,7 @@ class FakeAgent:
         self.run_item = _Method(self._run_item)
         self.submit = _Method(self._submit)
         self.collect = _Method(self._collect)
+        self.exchange = _Method(self._exchange)
         self.cancel = _Method(self._cancel)
 
     def _call(self, name: str) -> _Ref:
@@ -118,7 +121,18 @@ class FakeAgent:
         return ref
 
     def _collect(self, max_items: int, _max_bytes: int, _linger_s: float) -> _Ref:
-        ref = self._call("collect")
+        return self._long_poll(self._call("collect"))
+
+    def _exchange(
+        self, batch: list[tuple[bytes, float]], _max_items: int, _max_bytes: int, _linger: float
+    ) -> _Ref:
+        ref = self._call("exchange")
+        if not ref.fut.done():
+            for request_json, _timeout in batch:
+                self._start(request_json, self._deliver)
+        return self._long_poll(ref)
+
+    def _long_poll(self, ref: _Ref) -> _Ref:
         if not ref.fut.done():
             assert self.collector is None, "one collect at a time"
             self.pending.append(ref)
@@ -308,8 +322,39 @@ async def test_a_replica_s_items_share_actor_calls(
         report = await dispatcher.run()
     assert report.recorded == 20 and len(agent.seen) == 20 and not local.requests
     # Admitted together, finished together: a few calls carry all twenty items.
-    assert agent.calls["submit"] + agent.calls["collect"] <= 6
+    assert agent.calls["submit"] + agent.calls["collect"] + agent.calls["exchange"] <= 6
     assert "run_item" not in agent.calls
+
+
+async def test_items_ride_on_the_call_after_an_answer_or_go_after_the_ride_window(
+    autojump_clock: trio.testing.MockClock, tmp_path: Path
+) -> None:
+    transport = _transport(ScriptedTransport(_success), 0, tmp_path, [])
+    async with trio.open_nursery() as nursery:
+        agent = FakeAgent(nursery, delay=1.0)
+        transport.add(Replica("node2", "n2", 5, actor=agent))
+        # Nothing outstanding: the first item goes after the window, with a collect.
+        a = await transport.admit(_request("a"), 10.0)
+        assert dict(agent.calls) == {"exchange": 1}
+        await trio.sleep(0.1)
+        # The collect is outstanding and no answer comes in time: a submit after RIDE_S.
+        started = trio.current_time()
+        b = await transport.admit(_request("b"), 10.0)
+        b_sent = trio.current_time()
+        assert b_sent - started == pytest.approx(RIDE_S)
+        assert dict(agent.calls) == {"exchange": 1, "submit": 1}
+        await a.wait()  # its answer, at 1.0; b is still running: a plain collect follows
+        assert dict(agent.calls) == {"exchange": 1, "submit": 1, "collect": 1}
+        # Admitted 15 ms before b's answer: it rides on the exchange sent then.
+        await trio.sleep(b_sent + 1.0 - 0.015 - trio.current_time())
+        started = trio.current_time()
+        c = await transport.admit(_request("c"), 10.0)
+        assert trio.current_time() - started == pytest.approx(0.015)
+        assert dict(agent.calls) == {"exchange": 2, "submit": 1, "collect": 1}
+        for handle in (b, c):
+            assert (await handle.wait()).status == "success"
+    assert agent.seen == ["a", "b", "c"]
+    assert sorted(os.listdir(tmp_path)) == ["a", "b", "c"]
 
 
 @BATCHED

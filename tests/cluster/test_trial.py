@@ -97,3 +97,15 @@ def test_a_tar_member_outside_the_trial_is_refused(tmp_path: Path) -> None:
     with pytest.raises(tarfile.TarError):
         unpack_trial(buffer.getvalue(), tmp_path / "bad")
     assert not (tmp_path / "escape").exists()
+
+
+def test_a_failed_unpack_leaves_nothing_and_parents_are_made(tmp_path: Path) -> None:
+    # The same file twice: the second creation fails (O_EXCL); what was written is removed.
+    twice = [(".", 0o700, None), ("a.txt", 0o644, b"1"), ("a.txt", 0o644, b"2")]
+    with pytest.raises(FileExistsError):
+        unpack_trial(twice, tmp_path / "bad")
+    assert os.listdir(tmp_path) == []
+    # A file whose directories are not listed (a packer other than pack_trial): made 0700.
+    unpack_trial([("deep/er/b.txt", 0o644, b"b")], tmp_path / "out")
+    assert (tmp_path / "out" / "deep" / "er" / "b.txt").read_bytes() == b"b"
+    assert (tmp_path / "out" / "deep").stat().st_mode & 0o777 == 0o700
