@@ -14,9 +14,12 @@ import os
 import select
 import signal
 import socket
+import ssl
+import subprocess
 import sys
 import threading
 import traceback
+from collections import deque
 from collections.abc import Callable
 from typing import Any
 
@@ -29,6 +32,9 @@ from bridge.usage import CallUsage
 from rollout_server.net.secrets import REDACTED, SecretMatcher
 
 __all__ = ["main"]
+
+#: Connections' fds taken in one read of the socket (each comes with its own line).
+_MAX_FDS = 64
 
 _GC_YOUNG_THRESHOLD = 50_000
 """Allocations between young-generation collections (Python's default is 700): at thousands of
@@ -116,6 +122,15 @@ async def _settled(handle: BridgeHandle, reporter: _Reporter, rollout_id: str, p
     reporter.send(["P", ping])  # after the usage of the calls it cancelled
 
 
+async def _start_tls(handle: BridgeHandle, reporter: _Reporter, host: str, ping: int) -> None:
+    try:
+        pem = await handle.start_tls(host)
+    except (OSError, subprocess.SubprocessError, ssl.SSLError) as exc:
+        reporter.log("warning", f"could not make the run's certificate: {type(exc).__name__}")
+        pem = None
+    reporter.send(["T", ping, pem])
+
+
 async def _follow(
     sock: socket.socket,
     handle: BridgeHandle,
@@ -124,9 +139,32 @@ async def _follow(
     nursery: trio.Nursery,
 ) -> None:
     """Apply the supervisor's messages until EOF."""
+    fds: deque[int] = deque()  # handed-over connections, in the order their "h" lines come
+    try:
+        await _apply(sock, handle, reporter, buffer, nursery, fds)
+    finally:
+        for fd in fds:
+            os.close(fd)
+
+
+async def _apply(
+    sock: socket.socket,
+    handle: BridgeHandle,
+    reporter: _Reporter,
+    buffer: bytearray,
+    nursery: trio.Nursery,
+    fds: deque[int],
+) -> None:
     while True:
         for message in split_lines(buffer):
-            if message[0] == "k":
+            if message[0] == "h":
+                # A connection accepted on the cluster address (its fd came with this line's
+                # first byte, so it is here by now), its peer checked by the supervisor.
+                if fds:
+                    await handle.adopt(socket.socket(fileno=fds.popleft()))
+            elif message[0] == "t":
+                nursery.start_soon(_start_tls, handle, reporter, message[1], message[2])
+            elif message[0] == "k":
                 handle.keepalive = bool(message[1])
             elif message[0] == "x":
                 handle.ledger.discard(message[1])
@@ -138,11 +176,14 @@ async def _follow(
                 nursery.start_soon(_settled, handle, reporter, message[1], message[2])
         await trio.lowlevel.wait_readable(sock)
         try:
-            data = sock.recv(1 << 16)
+            data, received, flags, _ = socket.recv_fds(sock, 1 << 16, _MAX_FDS)
         except (BlockingIOError, InterruptedError):
             continue
         except OSError:
             return
+        fds.extend(received)
+        if flags & socket.MSG_CTRUNC:  # more fds than _MAX_FDS in one read: never in practice
+            reporter.log("warning", "connections handed to the bridge were lost (MSG_CTRUNC)")
         if not data:
             return
         buffer += data

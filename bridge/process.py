@@ -13,7 +13,10 @@ then ``["k", on]`` (keepalive mode), ``["p", n]`` (answered ``["P", n]`` once ev
 sent before it is applied; ``["r", rollout_id, n]``, a revoke, once its calls in flight ended)
 and ``["x", rollout_id]`` (forget a rollout; not urgent, so forgets are batched: written
 together once :data:`_FORGET_BATCH` are pending or :data:`_FORGET_DELAY_S` after the first,
-and may be overtaken by the others). The child sends ``["s", base_url, port]`` once it
+and may be overtaken by the others); on a ``--ray`` run, ``["t", host, n]`` (make the run's
+certificate for the cluster address ``host``: answered ``["T", n, pem]``, ``pem`` null without
+``openssl``) and ``["h"]`` lines, each with one accepted connection's fd attached
+(``SCM_RIGHTS``), which the child serves (:mod:`bridge.tls`). The child sends ``["s", base_url, port]`` once it
 listens, ``["e", kind, message, detail]`` when it cannot go on, ``["l", level, message]`` for
 each (already scrubbed) log line, and one ``["u", ...]`` or ``["f", ...]`` per recorded call
 or provider fault, and one ``["c", record]`` per finished call (its record,
@@ -23,7 +26,7 @@ The ordering guarantee the dispatcher relies on — a rollout's usage is known w
 arrives — holds across the hop: the child writes a call's usage line synchronously, before
 the answer to that call is written (:class:`bridge.usage.UsageObserver`), so it is in the
 socket before the rollout can have seen its answer, let alone reported its result; and every
-read of the mirror (:meth:`_MirrorLedger.pop` and the rest) first drains what the socket holds.
+read of the mirror (:meth:`MirrorLedger.pop` and the rest) first drains what the socket holds.
 
 Lifetime: the child runs in a session of its own (a terminal Ctrl-C reaches only the
 supervisor, which decides when the bridge stops) and stops when its end of the socket reads
@@ -42,212 +45,26 @@ import subprocess
 from collections import deque
 from collections.abc import Callable
 from dataclasses import replace
-from typing import TYPE_CHECKING, Any, Final
+from typing import TYPE_CHECKING, Final
 
 import trio
 
 from bridge.calls import CallBook
+from bridge.channel import Channel, MirrorLedger
 from bridge.errors import BridgeBindError, BridgeProcessError
-from bridge.ipc import config_message, encode_line, split_lines
+from bridge.ipc import config_message
 from bridge.probe import ProbeKey
 from bridge.scrub import ErrorScrubber
 from bridge.server import BridgeConfig, rollout_url
 from bridge.spare import STOP_GRACE_S, BridgeSpare, wait_exit
-from bridge.usage import CallUsage, RolloutUsage, UpstreamPressure, UsageLedger
 
 if TYPE_CHECKING:
     from collections.abc import Iterable
 
-__all__ = ["BridgeProcessHandle", "run_bridge_process"]
+__all__ = ["BridgeProcessHandle", "Channel", "run_bridge_process"]
 
-#: Bytes read from the socket at a time.
-_CHUNK: Final = 1 << 18
 #: Lines of the child's stderr kept for the error that reports its death.
 _TAIL: Final = 20
-#: Forget messages held back to go out in one write, at most this many ...
-_FORGET_BATCH: Final = 64
-#: ... and for at most this long after the first of them (seconds).
-_FORGET_DELAY_S: Final = 0.25
-
-
-class _Channel:
-    """The supervisor's end of the socket: a drain that applies the child's messages,
-    non-blocking sends with a backlog a writer task flushes, and messages that can wait
-    (:meth:`send_later`), which that task writes in batches."""
-
-    def __init__(self, sock: socket.socket, log: Callable[[str, str], None] | None) -> None:
-        self.sock = sock
-        self._log = log
-        self._buffer = bytearray()
-        self._backlog = bytearray()
-        self._backlog_ready = trio.Event()
-        self._later = bytearray()
-        self._later_count = 0
-        self._later_due = 0.0
-        self.eof = False
-        self.started: tuple[str, int] | None = None
-        self.error: tuple[str, str] | None = None
-        self.ledger = _MirrorLedger(self)
-        self.calls = CallBook(before_read=self.drain)
-        self._pings: dict[int, trio.Event] = {}
-        self._ping_ids = 0
-
-    def drain(self) -> None:
-        """Read and apply everything the socket holds now (never blocks)."""
-        while not self.eof:
-            try:
-                data = self.sock.recv(_CHUNK)
-            except (BlockingIOError, InterruptedError):
-                break
-            except OSError:
-                data = b""
-            if not data:
-                self.eof = True
-                for waiter in self._pings.values():
-                    waiter.set()  # nothing more will be answered
-                break
-            self._buffer += data
-            if len(data) < _CHUNK:
-                break
-        if self._buffer:
-            for message in split_lines(self._buffer):
-                self._apply(message)
-
-    def _apply(self, message: list[Any]) -> None:
-        kind = message[0]
-        if kind == "u":
-            _, rollout_id, prompt, completion, total, cached, reasoning, *rest = message
-            cache_write = rest[0] if rest else None  # absent from an older child
-            self.ledger.apply_record(
-                rollout_id, CallUsage(prompt, completion, total, cached, reasoning, cache_write)
-            )
-        elif kind == "c":
-            self.calls.add(message[1])
-        elif kind == "f":
-            self.ledger.apply_fault(message[1], message[2], retried=message[3])
-        elif kind == "l":
-            if self._log is not None:
-                self._log(message[1], message[2])
-        elif kind == "P":
-            waiter = self._pings.pop(message[1], None)
-            if waiter is not None:
-                waiter.set()
-        elif kind == "s":
-            self.started = (message[1], message[2])
-        elif kind == "e":
-            self.error = (message[1], message[2])
-            if self._log is not None and message[3]:
-                self._log("error", message[3])
-
-    def send(self, message: list[Any]) -> None:
-        """Send ``message`` now if the socket takes it, else queue it for :meth:`flush`."""
-        self._send(encode_line(message))
-
-    def send_later(self, message: list[Any]) -> None:
-        """Send ``message`` with others that can wait: once :data:`_FORGET_BATCH` are held,
-        else :data:`_FORGET_DELAY_S` after the first (by :meth:`flush`). Messages sent with
-        :meth:`send` meanwhile may overtake it."""
-        if self.eof:
-            return
-        self._later += encode_line(message)
-        self._later_count += 1
-        if self._later_count >= _FORGET_BATCH:
-            self._send(self._take_later())
-        elif self._later_count == 1:
-            self._later_due = trio.current_time() + _FORGET_DELAY_S
-            self._backlog_ready.set()  # the writer task starts the clock
-
-    def _take_later(self) -> bytes:
-        data = bytes(self._later)
-        self._later.clear()
-        self._later_count = 0
-        return data
-
-    def _send(self, data: bytes) -> None:
-        if self.eof:
-            return
-        if not self._backlog:
-            try:
-                sent = self.sock.send(data)
-            except (BlockingIOError, InterruptedError):
-                sent = 0
-            except OSError:
-                return  # the child is gone; wait_failed reports it
-            data = data[sent:]
-        if data:
-            self._backlog += data
-            self._backlog_ready.set()
-
-    async def flush(self) -> None:
-        """Write queued messages as the socket drains, and the held-back ones when due (runs
-        until cancelled)."""
-        while True:
-            if self._later_count:
-                with trio.move_on_at(self._later_due):
-                    await self._backlog_ready.wait()
-            else:
-                await self._backlog_ready.wait()
-            if self._later_count and (self._backlog or trio.current_time() >= self._later_due):
-                self._send(self._take_later())
-            while self._backlog:
-                await trio.lowlevel.wait_writable(self.sock)
-                try:
-                    sent = self.sock.send(self._backlog)
-                except (BlockingIOError, InterruptedError):
-                    continue
-                except OSError:
-                    self._backlog.clear()
-                    break
-                del self._backlog[:sent]
-            self._backlog_ready = trio.Event()
-
-    async def ping(self, kind: str = "p", *args: Any) -> None:
-        """Return once the child has applied every message sent before this one (forgets held
-        by :meth:`send_later` excepted), or has answered ``[kind, *args, n]`` (a revoke)."""
-        self._ping_ids += 1
-        waiter = self._pings[self._ping_ids] = trio.Event()
-        self.send([kind, *args, self._ping_ids])
-        if self.eof:
-            return
-        await waiter.wait()
-
-    async def follow(self) -> None:
-        """Apply the child's messages as they come, until EOF."""
-        while not self.eof:
-            await trio.lowlevel.wait_readable(self.sock)
-            self.drain()
-
-
-class _MirrorLedger(UsageLedger):
-    """The supervisor's copy of the child's usage ledger: every read drains the socket first,
-    so it holds every call whose answer has left the child; forgetting a rollout tells the child
-    to forget it too (its reasoning memory)."""
-
-    def __init__(self, channel: _Channel) -> None:
-        super().__init__(on_forget=lambda rollout_id: channel.send_later(["x", rollout_id]))
-        self._channel = channel
-
-    def apply_record(self, rollout_id: str, call: CallUsage) -> None:
-        super().record(rollout_id, call)
-
-    def apply_fault(self, rollout_id: str, status: int, *, retried: bool) -> None:
-        super().fault(rollout_id, status, retried=retried)
-
-    def pop(self, rollout_id: str) -> RolloutUsage | None:
-        self._channel.drain()
-        return super().pop(rollout_id)
-
-    def get(self, rollout_id: str) -> RolloutUsage | None:
-        self._channel.drain()
-        return super().get(rollout_id)
-
-    def snapshot(self) -> dict[str, RolloutUsage]:
-        self._channel.drain()
-        return super().snapshot()
-
-    def pressure(self) -> UpstreamPressure:
-        self._channel.drain()
-        return super().pressure()
 
 
 class BridgeProcessHandle:
@@ -259,7 +76,7 @@ class BridgeProcessHandle:
         base_url: str,
         port: int,
         pid: int,
-        channel: _Channel,
+        channel: Channel,
         probe: ProbeKey,
         keepalive: bool,
     ) -> None:
@@ -283,7 +100,7 @@ class BridgeProcessHandle:
         return self._port
 
     @property
-    def ledger(self) -> _MirrorLedger:
+    def ledger(self) -> MirrorLedger:
         """Usage per rollout id, as the child reported it."""
         return self._channel.ledger
 
@@ -311,6 +128,21 @@ class BridgeProcessHandle:
     async def revoke(self, rollout_id: str) -> None:
         """Refuse ``rollout_id``'s calls from now on (bridge.revoke), its calls in flight ended."""
         await self._channel.ping("r", rollout_id)
+
+    async def start_tls(self, host: str) -> str | None:
+        """Have the child make the run's certificate for the cluster address ``host``
+        (:mod:`bridge.tls`; its key stays in the child); the PEM to pin, or None (no
+        ``openssl``: connections handed over are served as plain TCP)."""
+        pem = await self._channel.ask("t", host)
+        return pem if isinstance(pem, str) else None
+
+    async def adopt(self, sock: socket.socket) -> None:
+        """Hand the accepted connection ``sock`` (its peer checked) to the child, which serves
+        it (over TLS after :meth:`start_tls`); this process's copy is closed."""
+        try:
+            await self._channel.send_fd(sock.fileno())
+        finally:
+            sock.close()
 
     def probe_answer(self, nonce: str) -> str:
         """What the bridge answers a sandbox probe of ``nonce`` with (bridge.probe)."""
@@ -357,7 +189,7 @@ async def _pump_stderr(
         done.set()
 
 
-def _exit_reason(code: int, channel: _Channel, tail: deque[str]) -> str:
+def _exit_reason(code: int, channel: Channel, tail: deque[str]) -> str:
     if channel.error is not None:
         return f"the LLM bridge process failed: {channel.error[1]}"
     last = next((line for line in reversed(tail) if line.strip()), "")
@@ -398,7 +230,7 @@ async def run_bridge_process(
     failure: Exception | None = None
     try:
         sock.setblocking(False)
-        channel = _Channel(sock, config.log)
+        channel = Channel(sock, config.log)
         message = config_message(config, redact_values, os.environb)
         channel.send(message)  # what the socket does not take now, the flush task writes
         redact = ErrorScrubber([config.token], extra=config.redact).scrub

@@ -22,6 +22,7 @@ if TYPE_CHECKING:
     from bridge.handler import Bridge
     from bridge.retry import RetryPolicy
     from bridge.revoke import Revocations
+    from bridge.tls import ClusterDoor
     from bridge.usage import RolloutUsage, UpstreamPressure, UsageObserver
 
 
@@ -143,12 +144,21 @@ class BridgeService(Protocol):
 
     async def wait_failed(self) -> str: ...
 
+    async def start_tls(self, host: str) -> str | None: ...
+
+    async def adopt(self, sock: socket.socket) -> None: ...
+
 
 class BridgeHandle:
     """What a running bridge reports to whoever started it."""
 
     def __init__(
-        self, base_url: str, port: int, bridge: Bridge, probe: ProbeKey | None = None
+        self,
+        base_url: str,
+        port: int,
+        bridge: Bridge,
+        probe: ProbeKey | None = None,
+        door: ClusterDoor | None = None,
     ) -> None:
         self.base_url = base_url
         """``http://127.0.0.1:<port>``, no trailing slash."""
@@ -159,6 +169,7 @@ class BridgeHandle:
         """Call records per rollout id (bridge.calls); pop them with the usage."""
         self._bridge = bridge
         self._probe = probe or ProbeKey()
+        self._door = door
 
     def probe_answer(self, nonce: str) -> str:
         """What ``GET /v1/rollbridge/probe/<nonce>`` answers in ``rollbridge_probe``
@@ -198,6 +209,20 @@ class BridgeHandle:
         :class:`bridge.process.BridgeProcessHandle`, returns the reason its child died)."""
         await trio.sleep_forever()
         raise AssertionError("unreachable")
+
+    async def start_tls(self, host: str) -> str | None:
+        """Make the run's certificate for the cluster address ``host`` (:mod:`bridge.tls`):
+        connections given to :meth:`adopt` from then on are served over TLS with it. Its PEM,
+        for the node agents to pin; None when no ``openssl`` is found (plain TCP)."""
+        assert self._door is not None, "a handle made by run_bridge"
+        return await self._door.start_tls(host)
+
+    async def adopt(self, sock: socket.socket) -> None:
+        """Serve the accepted connection ``sock`` (its peer checked by the caller): over TLS
+        after :meth:`start_tls`. The bridge owns it from here (the caller keeps no copy)."""
+        assert self._door is not None, "a handle made by run_bridge"
+        self._door.adopt(sock)
+        await trio.lowlevel.checkpoint()
 
 
 def _bind(host: str, port: int) -> socket.socket:
@@ -239,6 +264,7 @@ async def run_bridge(
         # the CLI) should not pay.
         from bridge.app import create_app
         from bridge.handler import Bridge, Timing
+        from bridge.tls import ClusterDoor
         from bridge.upstreams import make_upstream
         from bridge.upstreams.direct import LazyClient
         from rollout_server.net.leanserve import LeanConfig, serve_lean
@@ -288,7 +314,8 @@ async def run_bridge(
                 await nursery.start(partial(serve_lean, app, lean, sockets=[sock]))
                 base_url, port = _base_url(sock)
                 bridge.log("info", f"LLM bridge listening on {base_url} for model {config.model}")
-                task_status.started(BridgeHandle(base_url, port, bridge, probe))
+                door = ClusterDoor(app, lean, nursery)  # a --ray run's nodes (bridge.tls)
+                task_status.started(BridgeHandle(base_url, port, bridge, probe, door))
         finally:
             with trio.CancelScope(shield=True):
                 await client.aclose()

@@ -1,43 +1,37 @@
-"""Byte relays on the bridge's path across nodes, and their TLS.
+"""The bridge's path across nodes: the node agents' relays and the head's door.
 
-The supervisor serves one on the head's cluster address in front of the bridge's loopback
-listener; each node agent serves one on its own loopback in front of the supervisor's, so a
-rollout on any node keeps a loopback ``chat_completions_url``. Between the two, the hop over
-the cluster network is TLS with a certificate made for the run (:func:`run_certificate`): the
-agents trust that one certificate and nothing else (it reaches them as an actor argument), and
-its key never leaves the head. The relays read nothing: the bridge checks the route and the
-per-run bearer of every request itself.
+Each node agent serves a relay (:func:`relay_to`) on its own loopback to the bridge's door on
+the head's cluster address, so a rollout on any node keeps a loopback ``chat_completions_url``.
+The hop over the cluster network is TLS with a certificate the bridge made for the run
+(:func:`bridge.tls.run_certificate`): the agents trust that one certificate and nothing else
+(:func:`pinned_client`; it reaches them as an actor argument), and its key never leaves the
+bridge's process. The relays read nothing: the bridge checks the route and the per-run bearer
+of every request itself.
 
-The supervisor's relay (:func:`serve_relay`) accepts connections only from the addresses of
-:class:`AllowedPeers`: loopback, the head's own address, and the cluster's alive nodes as the
-replica manager's last poll of the node list saw them. Any other peer is closed as it is
-accepted, before the TLS handshake and before a byte is read.
+The door (:func:`serve_relay` with the bridge's ``adopt`` as handler, launcher.cluster.run)
+accepts connections only from the addresses of :class:`AllowedPeers`: loopback, the head's own
+address, and the cluster's alive nodes as the replica manager's last poll of the node list saw
+them. Any other peer is reset as it is accepted, before the TLS handshake and before a byte is
+read; an allowed one is handed to the bridge, which serves it (TLS included) itself.
 """
 
 from __future__ import annotations
 
 import ipaddress
-import shutil
 import socket
 import ssl
 import struct
-import subprocess
-import tempfile
 from collections.abc import Awaitable, Callable, Iterable
-from dataclasses import dataclass
 from functools import partial
-from pathlib import Path
 
 import trio
 
 __all__ = [
     "AllowedPeers",
     "PeerFilter",
-    "RunCertificate",
     "pinned_client",
     "pump",
     "relay_to",
-    "run_certificate",
     "serve_relay",
 ]
 
@@ -84,39 +78,6 @@ def relay_to(host: str, port: int, *, tls: ssl.SSLContext | None = None) -> Hand
                 nursery.start_soon(pump, upstream, stream, stop)
 
     return handler
-
-
-@dataclass(frozen=True)
-class RunCertificate:
-    """A run's self-signed certificate for ``ip``: the server side, and its PEM to pin."""
-
-    server: ssl.SSLContext
-    pem: str
-
-
-def run_certificate(ip: str) -> RunCertificate | None:
-    """A new one-day self-signed certificate (P-256) for the address ``ip``; None when no
-    ``openssl`` binary is found. The key is read into the context and its file removed."""
-    openssl = shutil.which("openssl")
-    if openssl is None:
-        return None
-    directory = Path(tempfile.mkdtemp(prefix="rollbridge-tls-"))
-    try:
-        key, cert = directory / "key.pem", directory / "cert.pem"
-        subprocess.run(
-            [openssl, "req", "-x509", "-newkey", "ec", "-pkeyopt",
-             "ec_paramgen_curve:prime256v1", "-nodes", "-days", "1", "-subj",
-             "/CN=rollbridge-run", "-addext", f"subjectAltName=IP:{ip}",
-             "-keyout", str(key), "-out", str(cert)],
-            check=True,
-            capture_output=True,
-            timeout=30,
-        )  # fmt: skip
-        server = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
-        server.load_cert_chain(cert, key)
-        return RunCertificate(server, cert.read_text())
-    finally:
-        shutil.rmtree(directory, ignore_errors=True)
 
 
 def pinned_client(pem: str) -> ssl.SSLContext:

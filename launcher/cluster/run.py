@@ -1,8 +1,9 @@
-"""Opening the Ray cluster for one run: driver, bridge relay, replicas (docs/scale-out.md).
+"""Opening the Ray cluster for one run: driver, the bridge's door, replicas (docs/scale-out.md).
 
 :func:`open_cluster` wraps the dispatch of a run whose services (bridge, local rollout server)
 are already up. It joins the cluster as its driver (``--ray ADDRESS``) or starts a local one
-(``--ray local``), serves a relay to the bridge on the head's cluster address, starts a node
+(``--ray local``), opens the bridge's door on the head's cluster address (connections from
+the cluster's nodes, handed to the bridge, which serves them over TLS: bridge.tls), starts a node
 agent on every other alive node (those with a ``rollbridge_host`` resource when any node has
 one; each builds the rollout's environment from the bundle of
 :class:`~launcher.cluster.ship.Shipment`), and yields the services with a
@@ -22,6 +23,7 @@ import dataclasses
 import gc
 import logging
 import os
+import socket
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from functools import partial
@@ -32,7 +34,7 @@ import trio
 
 from launcher.cluster.agent import AgentSpec, NodeAgent
 from launcher.cluster.refs import await_ref
-from launcher.cluster.relay import AllowedPeers, relay_to, run_certificate, serve_relay
+from launcher.cluster.relay import AllowedPeers, serve_relay
 from launcher.cluster.replicas import announcer, hold_minimum, ping_replicas, replica_line
 from launcher.cluster.ship import Shipment
 from launcher.cluster.transport import RayTransport, Replica
@@ -282,12 +284,13 @@ async def open_cluster(ctx: RunContext, services: Services) -> AsyncIterator[Ser
         raise LocalEvalError(f"could not join the Ray cluster at {address}: {exc}") from None
     try:
         async with trio.open_nursery() as nursery:
-            cert = await trio.to_thread.run_sync(run_certificate, head_ip)
-            if cert is None:
-                plain = "no openssl found: the bridge relay across nodes is plain TCP (bearer only)"
+            # The bridge makes the run's certificate (its key stays in the bridge's process)
+            # and serves the connections this door accepts from the cluster's nodes.
+            pem = await services.bridge.start_tls(head_ip)
+            if pem is None:
+                plain = "no openssl found: the bridge across nodes is plain TCP (bearer only)"
                 ctx.log("WARNING", "cluster", plain, None)
                 ctx.ui.warning(plain, "RELAY_WITHOUT_TLS")
-            to_bridge = relay_to("127.0.0.1", services.bridge.port)
             peers = AllowedPeers(head_ip)  # and the alive nodes, from each poll on
 
             def refused(peer: str) -> None:
@@ -295,13 +298,16 @@ async def open_cluster(ctx: RunContext, services: Services) -> AsyncIterator[Ser
                     "WARNING", "cluster", "relay refused a peer not in the cluster", {"peer": peer}
                 )
 
-            tls = cert.server if cert is not None else None
-            relay_port = await nursery.start(serve_relay, to_bridge, head_ip, tls, peers, refused)
+            async def hand_over(stream: trio.abc.Stream) -> None:
+                assert isinstance(stream, trio.SocketStream)
+                await services.bridge.adopt(socket.socket(fileno=stream.socket.detach()))
+
+            relay_port = await nursery.start(serve_relay, hand_over, head_ip, None, peers, refused)
             ctx.log(
                 "INFO",
                 "cluster",
                 "bridge relay listening",
-                {"host": head_ip, "port": relay_port, "tls": bool(cert)},
+                {"host": head_ip, "port": relay_port, "tls": pem is not None},
             )
             default = resolve_concurrency(p.options.max_in_flight, p.spec.batch_size, None)
             capacity = await services.server.probe_capacity() or default
@@ -328,7 +334,7 @@ async def open_cluster(ctx: RunContext, services: Services) -> AsyncIterator[Ser
                 secrets=secrets,
                 relay_host=head_ip,
                 relay_port=relay_port,
-                relay_cert=cert.pem if cert is not None else None,
+                relay_cert=pem,
             )
             python = rollout_python(p.paths.rollout_dir, os.environ)
             uv = find_uv(p.config.experiment.rollout)

@@ -161,7 +161,7 @@ class _Connection:
     def __init__(
         self,
         config: Config,
-        stream: trio.SocketStream,
+        stream: trio.abc.Stream,
         on_idle: Callable[[], Awaitable[None]],
         on_busy: Callable[[], Awaitable[None]],
     ) -> None:
@@ -247,7 +247,7 @@ class _Connection:
 
     # -- reading ----------------------------------------------------------------------------
 
-    def _feed(self, data: bytes) -> None:
+    def _feed(self, data: bytes | bytearray) -> None:
         if not self.in_body:
             self.head_bytes += len(data)
         try:
@@ -563,18 +563,23 @@ class Exchange:
 async def serve_h1(
     app: AppWrapper,
     config: Config,
-    stream: trio.SocketStream,
+    stream: trio.abc.Stream,
     state: Any,
     *,
     on_idle: Callable[[], Awaitable[None]],
     on_busy: Callable[[], Awaitable[None]],
+    sock: trio.socket.SocketType | None = None,
 ) -> None:
     """Serve HTTP/1.1 requests on ``stream`` until the client or the answer ends the connection.
 
     ``on_idle``/``on_busy`` are awaited when the connection starts and stops waiting for a
-    request (the idle timer's ``restart``/``stop``). The caller closes ``stream``.
+    request (the idle timer's ``restart``/``stop``). The caller closes ``stream``. ``sock``:
+    the TCP socket under ``stream`` when it is not a ``trio.SocketStream`` (TLS).
     """
-    socket = stream.socket
+    if sock is None:
+        assert isinstance(stream, trio.SocketStream)
+        sock = stream.socket
+    socket = sock
     client = _socket_addr(socket.family, socket.getpeername())
     server = _socket_addr(socket.family, socket.getsockname())
     await _Connection(config, stream, on_idle, on_busy).serve(app, client, server, state)

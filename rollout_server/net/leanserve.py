@@ -127,13 +127,22 @@ class _AppWrapper:
 
 
 async def serve_connection(
-    app: ASGIFramework, config: LeanConfig, closing: trio.Event, stream: trio.SocketStream
+    app: ASGIFramework,
+    config: LeanConfig,
+    closing: trio.Event,
+    stream: trio.abc.Stream,
+    sock: trio.socket.SocketType | None = None,
 ) -> None:
     """Serve one accepted connection with ``app`` until it ends, then close it.
 
     ``closing`` is the server's shutdown signal: an idle connection closes at once when it is
     set. For accept loops of their own (the daemon's listeners check the peer first).
+    ``sock``: the TCP socket under ``stream`` when ``stream`` is not a ``trio.SocketStream``
+    (a ``trio.SSLStream``: the bridge's cluster door, :mod:`bridge.tls`).
     """
+    if sock is None:
+        assert isinstance(stream, trio.SocketStream)
+        sock = stream.socket
     # A plain TCP stream closes at once: ``stream.aclose()`` is the socket's close() and a
     # checkpoint, and the close() alone is enough in the finally. trio.aclose_forcefully
     # would wrap each in a cancelled scope, whose Cancelled costs ~0.1 ms per connection: a
@@ -144,13 +153,19 @@ async def serve_connection(
         async with trio.open_nursery() as nursery:
             nursery.start_soon(idle.watch)
             await serve_h1(
-                _AppWrapper(app), config, stream, {}, on_idle=idle.enter, on_busy=idle.leave
+                _AppWrapper(app),
+                config,
+                stream,
+                {},
+                on_idle=idle.enter,
+                on_busy=idle.leave,
+                sock=sock,
             )
             nursery.cancel_scope.cancel()
     except OSError:
         pass
     finally:
-        stream.socket.close()
+        sock.close()
 
 
 class IdleWatch:

@@ -86,6 +86,10 @@ BENCH = Path(os.environ.get("BENCH_DIR") or REPO / ".bench" / "eval")
 tell a file system's cost apart)."""
 PROFILE_DIR: Path | None = None
 PYSPY_DIR: Path | None = None
+#: ``(supervisor's cores, everyone else's)``: bench_ray ``--pin`` starts the supervisor (and so
+#: its bridge) on the first set and moves every other child of it (the rollout server, uv) to
+#: the second, as soon as a sample sees it.
+PIN: tuple[set[int], set[int]] | None = None
 BASELINE_TREE: Path | None = None
 """``--against DIR``: a source tree to run as the "before" of cases 1, 2, 3, 5 and 6 in the same run."""
 # The CLI under cProfile timed by the main thread's CPU clock: wall-clock timing would charge
@@ -324,6 +328,8 @@ async def run_eval(
         str(in_flight),
         *extra,
     ]
+    if PIN is not None:
+        argv = ["taskset", "-c", ",".join(map(str, sorted(PIN[0]))), *argv]
     started = time.time()
     proc = await trio.lowlevel.open_process(
         argv, cwd=str(ws), env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
@@ -347,6 +353,7 @@ async def run_eval(
     bridge_cpu = 0.0
     others: dict[int, float] = {}  # the rollout server (and uv): CPU seen last, by pid
     spied: dict[int, trio.Process | None] = {}  # --py-spy: the children sampled too
+    pinned: set[int] = set()  # PIN: the threads moved to PIN[1] already
     async with trio.open_nursery() as nursery:
         nursery.start_soon(wait_exit, nursery.cancel_scope)
         while True:
@@ -361,6 +368,8 @@ async def run_eval(
                         # max: an exited bridge (a zombie until reaped) reads as 0 CPU
                         bridge_cpu = max(bridge_cpu, bridge_times.user + bridge_times.system)
                 for child in ps.children(recursive=True):
+                    if PIN is not None and (bridge is None or child.pid != bridge.pid):
+                        _pin(child, PIN[1], pinned)
                     if PYSPY_DIR is not None and child.pid not in spied:
                         spied[child.pid] = await _spy_child(child, name)
                     if bridge is None or child.pid != bridge.pid:
@@ -436,6 +445,20 @@ async def _py_spy(pid: int, out: Path) -> trio.Process:
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
     )
+
+
+def _pin(process: psutil.Process, cores: set[int], pinned: set[int]) -> None:
+    """Move every thread of ``process`` not moved yet to ``cores`` (a bridge's spare, started
+    by the supervisor's bridge code, stays where it is)."""
+    with contextlib.suppress(psutil.Error, OSError):
+        if "bridge.child" in " ".join(process.cmdline()):
+            return
+        for task in Path(f"/proc/{process.pid}/task").iterdir():
+            tid = int(task.name)
+            if tid not in pinned:
+                with contextlib.suppress(OSError):
+                    os.sched_setaffinity(tid, cores)
+                    pinned.add(tid)
 
 
 def _bridge_child(supervisor: psutil.Process) -> psutil.Process | None:

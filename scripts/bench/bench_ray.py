@@ -21,8 +21,11 @@ Each line prints the two figures and their ratio; nothing here is a pass/fail te
 by thread (``/proc/<pid>/task/*/schedstat``, grouped by thread name, trio's worker threads as
 one; a thread that ended counts up to
 its last sample, and what no sample saw shows as "unseen"), the bridge's process, and how many connections node 2
-opened to the supervisor's relay (each one a TLS handshake). ``--cpu-only`` skips case 2.
-``BENCH_AGAINST=DIR`` adds to each round of case 1 a batched ``--ray`` run from the source tree
+opened to the bridge's door on the head (each one a TLS handshake). ``--cpu-only`` skips case 2.
+``--pin`` gives the supervisor and its bridge the first core and everything else (this process
+with the fake provider, both nodes' Ray processes, the rollout servers) the others, in every
+run alike (2026-12-03: it made ``--ray`` relatively worse, 1.65x against 1.29x unpinned: the
+supervisor's Ray threads then share its one core). ``BENCH_AGAINST=DIR`` adds to each round of case 1 a batched ``--ray`` run from the source tree
 DIR (before and after in one invocation); ``BENCH_PYSPY=DIR`` samples each measured supervisor
 and its bridge with ``py-spy record --native`` (inflated figures: for finding hot spots).
 """
@@ -85,7 +88,7 @@ def _line(what: str, local: dict[str, Any], ray: dict[str, Any], key: str, unit:
 
 class ThreadSampler:
     """Per-thread CPU of the supervisor at each of ``run_eval``'s samples, and the peers of the
-    connections accepted on the head's cluster address (the relay's)."""
+    connections accepted on the head's cluster address (the bridge's door's)."""
 
     def __init__(self, head_ip: str) -> None:
         self.head_ip = head_ip
@@ -106,10 +109,13 @@ class ThreadSampler:
         if bridge is not None:
             with contextlib.suppress(psutil.Error):  # max: an exited bridge reads as 0 CPU
                 bridge_cpu = max(bridge_cpu, sum(bridge.cpu_times()[:2]))
-        with contextlib.suppress(psutil.Error):
-            for conn in ps.net_connections("tcp"):
-                if conn.laddr and conn.laddr.ip == self.head_ip and conn.raddr:
-                    self.peers.add((conn.raddr.ip, conn.raddr.port))
+        for holder in (ps, bridge):  # the bridge serves them since the door hands them over
+            if holder is None:
+                continue
+            with contextlib.suppress(psutil.Error):
+                for conn in holder.net_connections("tcp"):
+                    if conn.laddr and conn.laddr.ip == self.head_ip and conn.raddr:
+                        self.peers.add((conn.raddr.ip, conn.raddr.port))
         self.samples.append((now, total, threads, bridge_cpu))
 
     def report(self, ws: Path, name: str) -> None:
@@ -138,7 +144,7 @@ class ThreadSampler:
             f"     {name}: process {(total1 - total0) / items * 1000:.3f} ms/item "
             f"({shown}, unseen {ended / items * 1000:.3f}); "
             f"bridge {(bridge1 - bridge0) / items * 1000:.3f} ms/item; "
-            f"relay connections from node 2: {len(self.peers)}"
+            f"connections from node 2: {len(self.peers)}"
         )
 
 
@@ -243,6 +249,18 @@ if __name__ == "__main__":
     lock = open(LOCK, "w")  # noqa: SIM115 - held for the benchmark, closed at exit
     fcntl.flock(lock, fcntl.LOCK_EX)
     print(f"load average {os.getloadavg()[0]:.2f}", flush=True)
+    if "--pin" in sys.argv:
+        cores = sorted(os.sched_getaffinity(0))
+        if len(cores) < 2:
+            sys.exit("--pin needs 2 cores")
+        # The supervisor and its bridge get the first core; this process (the fake provider),
+        # the test bed's Ray processes (both nodes) and the rollout servers the others.
+        bench_eval.PIN = ({cores[0]}, set(cores[1:]))
+        for task in Path("/proc/self/task").iterdir():
+            os.sched_setaffinity(int(task.name), bench_eval.PIN[1])
+        print(
+            f"pinned: supervisor and bridge on {bench_eval.PIN[0]}, the rest on {bench_eval.PIN[1]}"
+        )
     try:
         _testbed("up", bed)
         trio.run(main, bed, "--threads" in sys.argv, "--cpu-only" in sys.argv)

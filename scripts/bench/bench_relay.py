@@ -38,7 +38,8 @@ BODY = (
 SUPERVISOR = """
 import sys, trio, json
 sys.path.insert(0, {repo!r})
-from launcher.cluster.relay import AllowedPeers, relay_to, run_certificate, serve_relay
+from bridge.tls import run_certificate
+from launcher.cluster.relay import AllowedPeers, relay_to, serve_relay
 
 async def main():
     cert = run_certificate("127.0.0.1")

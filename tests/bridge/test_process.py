@@ -17,8 +17,9 @@ import pytest
 import trio
 import trio.testing
 
+from bridge.channel import _FORGET_BATCH, Channel
 from bridge.errors import BridgeBindError
-from bridge.process import _FORGET_BATCH, BridgeProcessHandle, _Channel, run_bridge_process
+from bridge.process import BridgeProcessHandle, run_bridge_process
 from bridge.server import BridgeConfig
 from bridge.spare import IN_PROCESS_ENV, BridgeSpare
 from tests.bridge.conftest import AUTH, HI, TOKEN, url
@@ -259,7 +260,7 @@ async def test_forgets_are_batched_and_urgent_messages_are_not() -> None:
     ours.setblocking(False)
     child.setblocking(False)
     with ours, child, trio.fail_after(30):
-        channel = _Channel(ours, None)
+        channel = Channel(ours, None)
         async with trio.open_nursery() as nursery:
             nursery.start_soon(channel.flush)
             assert channel.ledger.pop("r1") is None
@@ -325,7 +326,7 @@ async def test_cache_write_tokens_cross_the_process_boundary() -> None:
     ours, child = socket.socketpair()
     ours.setblocking(False)
     with ours, child, trio.fail_after(10):
-        channel = _Channel(ours, None)
+        channel = Channel(ours, None)
         _Reporter(child).recorded("r", CallUsage(100, 5, 105, 60, None, 30))
         await trio.lowlevel.checkpoint()
         usage = channel.ledger.pop("r")

@@ -10,13 +10,8 @@ from functools import partial
 import pytest
 import trio
 
-from launcher.cluster.relay import (
-    AllowedPeers,
-    pinned_client,
-    relay_to,
-    run_certificate,
-    serve_relay,
-)
+from bridge.tls import run_certificate
+from launcher.cluster.relay import AllowedPeers, pinned_client, relay_to, serve_relay
 
 needs_openssl = pytest.mark.skipif(shutil.which("openssl") is None, reason="needs openssl")
 

@@ -1,0 +1,160 @@
+"""The bridge's door on the cluster address (bridge.tls): connections accepted by the
+supervisor (peer checked by launcher.cluster.relay.PeerFilter) are handed to the bridge, which
+serves them itself over TLS with the run's certificate; a real bridge process and one in this
+process, real sockets on port 0, the official OpenAI client pinned to the certificate.
+"""
+
+from __future__ import annotations
+
+import shutil
+import socket
+import ssl
+from typing import Any
+
+import httpx
+import psutil
+import pytest
+import trio
+
+from bridge.process import run_bridge_process
+from bridge.server import BridgeConfig, BridgeService, run_bridge
+from launcher.cluster.relay import AllowedPeers, pinned_client, serve_relay
+from tests.bridge.conftest import TOKEN
+
+openai = pytest.importorskip("openai")
+
+ECHO = "rollbridge/echo"
+needs_openssl = pytest.mark.skipif(shutil.which("openssl") is None, reason="needs openssl")
+
+
+async def _bridge(nursery: trio.Nursery, in_process: bool) -> BridgeService:
+    config = BridgeConfig(model=ECHO, token=TOKEN)
+    if in_process:
+        handle: BridgeService = await nursery.start(run_bridge, config)
+    else:
+        handle = await nursery.start(
+            lambda task_status: run_bridge_process(
+                config, redact_values=(TOKEN,), task_status=task_status
+            )
+        )
+    return handle
+
+
+async def _door(nursery: trio.Nursery, bridge: BridgeService, refused: list[str]) -> int:
+    """The supervisor's side, as launcher.cluster.run opens it: loopback only here."""
+
+    async def hand_over(stream: trio.abc.Stream) -> None:
+        assert isinstance(stream, trio.SocketStream)
+        await bridge.adopt(socket.socket(fileno=stream.socket.detach()))
+
+    port: int = await nursery.start(
+        serve_relay, hand_over, "127.0.0.1", None, AllowedPeers(), refused.append
+    )
+    return port
+
+
+def _chat(base: str, verify: ssl.SSLContext | bool, token: str = TOKEN) -> Any:
+    http = httpx.Client(verify=verify, timeout=20)
+    client = openai.OpenAI(base_url=base, api_key=token, max_retries=0, http_client=http)
+    try:
+        return client.chat.completions.create(
+            model="m", messages=[{"role": "user", "content": "over the door"}]
+        )
+    finally:
+        http.close()
+
+
+def _open_connections(port: int) -> int:
+    """This process's TCP connections on the door's port (accepted ones)."""
+    return sum(
+        1
+        for conn in psutil.Process().net_connections("tcp")
+        if conn.laddr and conn.laddr.port == port and conn.raddr
+    )
+
+
+@needs_openssl
+@pytest.mark.parametrize("in_process", [False, True], ids=["bridge process", "in process"])
+async def test_the_bridge_serves_handed_connections_over_tls_with_the_run_certificate(
+    in_process: bool,
+) -> None:
+    with trio.fail_after(60):
+        async with trio.open_nursery() as nursery:
+            bridge = await _bridge(nursery, in_process)
+            pem = await bridge.start_tls("127.0.0.1")
+            assert pem is not None and "BEGIN CERTIFICATE" in pem
+            port = await _door(nursery, bridge, [])
+            base = f"https://127.0.0.1:{port}/v1/rollouts/r1"
+            answer = await trio.to_thread.run_sync(_chat, base, pinned_client(pem))
+            assert "over the door" in answer.choices[0].message.content
+            # The bearer is still checked by the bridge itself.
+            with pytest.raises(openai.AuthenticationError):
+                await trio.to_thread.run_sync(_chat, base, pinned_client(pem), "wrong-token")
+            # A client that does not pin the run's certificate gets no answer.
+            with pytest.raises(openai.APIConnectionError):
+                await trio.to_thread.run_sync(_chat, base, True)
+            # Plain HTTP on the TLS door: the handshake fails, the connection closes, the
+            # bridge goes on serving.
+            stream = await trio.open_tcp_stream("127.0.0.1", port)
+            async with stream:
+                await stream.send_all(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n")
+                with pytest.raises(trio.BrokenResourceError):
+                    while await stream.receive_some():
+                        pass
+                    raise trio.BrokenResourceError
+            answer = await trio.to_thread.run_sync(_chat, base, pinned_client(pem))
+            assert answer.choices[0].message.content
+            if not in_process:
+                # The supervisor keeps no copy: no byte of the calls crosses it.
+                assert _open_connections(port) == 0
+            nursery.cancel_scope.cancel()
+
+
+@pytest.mark.parametrize("in_process", [False, True], ids=["bridge process", "in process"])
+async def test_without_start_tls_handed_connections_are_plain_http(in_process: bool) -> None:
+    with trio.fail_after(60):
+        async with trio.open_nursery() as nursery:
+            bridge = await _bridge(nursery, in_process)
+            port = await _door(nursery, bridge, [])
+            async with httpx.AsyncClient(timeout=20) as client:
+                for _ in range(3):  # one connection, kept alive across calls
+                    answer = await client.post(
+                        f"http://127.0.0.1:{port}/v1/rollouts/r1/chat/completions",
+                        headers={"Authorization": f"Bearer {TOKEN}"},
+                        json={"messages": [{"role": "user", "content": "plain"}]},
+                    )
+                    assert answer.status_code == 200, answer.text
+                refused = await client.post(
+                    f"http://127.0.0.1:{port}/v1/rollouts/r1/chat/completions",
+                    json={"messages": [{"role": "user", "content": "plain"}]},
+                )
+                assert refused.status_code == 401
+            nursery.cancel_scope.cancel()
+
+
+async def test_many_connections_handed_at_once_are_each_served() -> None:
+    """Each fd crosses with its own line, in order, even when they come together."""
+    with trio.fail_after(60):
+        async with trio.open_nursery() as nursery:
+            bridge = await _bridge(nursery, False)
+            port = await _door(nursery, bridge, [])
+            statuses: list[int] = []
+
+            async def one(client: httpx.AsyncClient, n: int) -> None:
+                answer = await client.post(
+                    f"http://127.0.0.1:{port}/v1/rollouts/r{n}/chat/completions",
+                    headers={"Authorization": f"Bearer {TOKEN}"},
+                    json={"messages": [{"role": "user", "content": f"n{n}"}]},
+                )
+                statuses.append(answer.status_code)
+                assert f"n{n}" in answer.json()["choices"][0]["message"]["content"]
+
+            limits = httpx.Limits(max_connections=100, max_keepalive_connections=0)
+            async with (
+                httpx.AsyncClient(timeout=30, limits=limits) as client,
+                trio.open_nursery() as calls,
+            ):
+                for n in range(100):
+                    calls.start_soon(one, client, n)
+            assert statuses == [200] * 100
+            nursery.cancel_scope.cancel()
