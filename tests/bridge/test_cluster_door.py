@@ -158,3 +158,53 @@ async def test_many_connections_handed_at_once_are_each_served() -> None:
                     calls.start_soon(one, client, n)
             assert statuses == [200] * 100
             nursery.cancel_scope.cancel()
+
+
+async def _hello(scope: Any, receive: Any, send: Any) -> None:
+    """A one-route ASGI app: 200 ``hello``."""
+    await send(
+        {"type": "http.response.start", "status": 200, "headers": [(b"content-length", b"5")]}
+    )
+    await send({"type": "http.response.body", "body": b"hello"})
+
+
+@needs_openssl
+async def test_an_idle_or_silent_tls_connection_is_closed_at_the_idle_timeout() -> None:
+    from bridge.tls import ClusterDoor
+    from rollout_server.net.leanserve import LeanConfig
+
+    config = LeanConfig()
+    config.keep_alive_timeout = 0.5
+    with trio.fail_after(30):
+        async with trio.open_nursery() as nursery:
+            door = ClusterDoor(_hello, config, nursery)
+            pem = await door.start_tls("127.0.0.1")
+            assert pem is not None
+            listener = (await trio.open_tcp_listeners(0, host="127.0.0.1"))[0]
+            port = listener.socket.getsockname()[1]
+
+            async def accept() -> None:
+                async with listener:
+                    while True:
+                        stream = await listener.accept()
+                        door.adopt(socket.socket(fileno=stream.socket.detach()))
+
+            nursery.start_soon(accept)
+            # A client that never starts the handshake is closed, not kept.
+            silent = await trio.open_tcp_stream("127.0.0.1", port)
+            async with silent:
+                assert await silent.receive_some() == b""
+            # One that was answered and then goes quiet is closed too.
+            tcp = await trio.open_tcp_stream("127.0.0.1", port)
+            client = trio.SSLStream(tcp, pinned_client(pem), server_hostname="127.0.0.1")
+            async with client:
+                await client.send_all(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n")
+                answer = b""
+                while not answer.endswith(b"hello"):
+                    answer += await client.receive_some()
+                assert answer.startswith(b"HTTP/1.1 200")
+                with pytest.raises(trio.BrokenResourceError):  # closed without close_notify
+                    while await client.receive_some():
+                        pass
+                    raise trio.BrokenResourceError
+            nursery.cancel_scope.cancel()
