@@ -33,7 +33,7 @@ if TYPE_CHECKING:
 
     from rollout_server.net.leanserve import LeanConfig
 
-__all__ = ["ClusterDoor", "RunCertificate", "TLSStream", "run_certificate"]
+__all__ = ["ClusterDoor", "RunCertificate", "run_certificate"]
 
 
 @dataclass(frozen=True)
@@ -69,80 +69,6 @@ def run_certificate(ip: str) -> RunCertificate | None:
         shutil.rmtree(directory, ignore_errors=True)
 
 
-class TLSStream(trio.abc.Stream):
-    """The server side of a TLS connection on a non-blocking ``ssl.SSLSocket``.
-
-    Why not ``trio.SSLStream``: it runs the record layer through a ``MemoryBIO`` in Python,
-    several calls and a lock per read or write, and served the cluster's model calls for about
-    as much of the bridge's CPU as the supervisor's relay used to spend relaying them
-    (docs/scale-out.md, "Cost of the replica path"); here each read or write is one call into
-    OpenSSL. TLS 1.3 only (both ends are rollbridge's), so there is no renegotiation: a read
-    only ever waits to read and a write to write, and the two can wait at once.
-    """
-
-    def __init__(self, sock: ssl.SSLSocket) -> None:
-        self.socket = sock
-        self._handshaken = False
-
-    async def _handshake(self) -> None:
-        while True:
-            try:
-                self.socket.do_handshake()
-            except ssl.SSLWantReadError:
-                await trio.lowlevel.wait_readable(self.socket)
-            except ssl.SSLWantWriteError:
-                await trio.lowlevel.wait_writable(self.socket)
-            except (ssl.SSLError, OSError) as exc:
-                raise trio.BrokenResourceError(f"TLS handshake failed: {exc}") from None
-            else:
-                self._handshaken = True
-                return
-
-    async def receive_some(self, max_bytes: int | None = None) -> bytes:
-        await trio.lowlevel.checkpoint_if_cancelled()
-        if not self._handshaken:
-            await self._handshake()
-        while True:
-            try:
-                data = self.socket.recv(max_bytes or 65536)
-            except ssl.SSLWantReadError:
-                await trio.lowlevel.wait_readable(self.socket)
-            except ssl.SSLZeroReturnError:
-                data = b""
-                break
-            except (ssl.SSLError, OSError) as exc:
-                raise trio.BrokenResourceError(str(exc)) from None
-            else:
-                break
-        await trio.lowlevel.cancel_shielded_checkpoint()
-        return data
-
-    async def send_all(self, data: bytes | bytearray | memoryview) -> None:
-        await trio.lowlevel.checkpoint_if_cancelled()
-        if not self._handshaken:
-            await self._handshake()
-        view = memoryview(data)
-        while view:
-            try:
-                view = view[self.socket.send(view) :]
-            except ssl.SSLWantWriteError:
-                await trio.lowlevel.wait_writable(self.socket)
-            except (ssl.SSLError, OSError) as exc:
-                raise trio.BrokenResourceError(str(exc)) from None
-        await trio.lowlevel.cancel_shielded_checkpoint()
-
-    async def wait_send_all_might_not_block(self) -> None:
-        await trio.lowlevel.wait_writable(self.socket)
-
-    async def aclose(self) -> None:
-        """Close without a ``close_notify`` (HTTP/1.1 frames every answer by itself); a task
-        waiting on the socket gets ``ClosedResourceError``."""
-        if self.socket.fileno() >= 0:
-            trio.lowlevel.notify_closing(self.socket)
-            self.socket.close()
-        await trio.lowlevel.checkpoint()
-
-
 class ClusterDoor:
     """Serves the connections handed to the bridge (see the module docstring): over TLS once
     :meth:`start_tls` made the run's certificate, else (no ``openssl``) plain TCP."""
@@ -160,7 +86,6 @@ class ClusterDoor:
         cert = await trio.to_thread.run_sync(run_certificate, host)
         if cert is None:
             return None
-        cert.server.minimum_version = ssl.TLSVersion.TLSv1_3  # see TLSStream
         self._tls = cert.server
         return cert.pem
 
@@ -171,15 +96,13 @@ class ClusterDoor:
     async def _serve(self, sock: socket.socket) -> None:
         from rollout_server.net.leanserve import serve_connection
 
-        if self._tls is None:
-            raw = trio.socket.from_stdlib_socket(sock)
-            await serve_connection(self._app, self._config, self._closing, trio.SocketStream(raw))
-            return
-        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        try:
-            tls = self._tls.wrap_socket(sock, server_side=True, do_handshake_on_connect=False)
-        except OSError:
-            sock.close()
-            return
-        tls.setblocking(False)
-        await serve_connection(self._app, self._config, self._closing, TLSStream(tls), tls)
+        raw = trio.socket.from_stdlib_socket(sock)
+        stream: trio.abc.Stream = trio.SocketStream(raw)
+        if self._tls is not None:
+            # trio's SSLStream, not a hand-written stream on a non-blocking ssl.SSLSocket: that
+            # one measured 20.7 against 31.2 us of server CPU per exchange (commit 538c38f,
+            # scripts/bench/bench_tls_door.py), about 0.003 ms per item in bench_ray: too little.
+            # https_compatible: closing does not wait for a handshake or send close_notify
+            # (an idle close of a peer that never handshakes would wait forever otherwise).
+            stream = trio.SSLStream(stream, self._tls, server_side=True, https_compatible=True)
+        await serve_connection(self._app, self._config, self._closing, stream, raw)

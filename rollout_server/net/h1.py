@@ -568,7 +568,7 @@ async def serve_h1(
     *,
     on_idle: Callable[[], Awaitable[None]],
     on_busy: Callable[[], Awaitable[None]],
-    sock: trio.socket.SocketType | _socket.socket | None = None,
+    sock: trio.socket.SocketType | None = None,
 ) -> None:
     """Serve HTTP/1.1 requests on ``stream`` until the client or the answer ends the connection.
 

@@ -131,14 +131,14 @@ async def serve_connection(
     config: LeanConfig,
     closing: trio.Event,
     stream: trio.abc.Stream,
-    sock: trio.socket.SocketType | socket.socket | None = None,
+    sock: trio.socket.SocketType | None = None,
 ) -> None:
     """Serve one accepted connection with ``app`` until it ends, then close it.
 
     ``closing`` is the server's shutdown signal: an idle connection closes at once when it is
     set. For accept loops of their own (the daemon's listeners check the peer first).
     ``sock``: the TCP socket under ``stream`` when ``stream`` is not a ``trio.SocketStream``
-    (the TLS stream of the bridge's cluster door, :mod:`bridge.tls`).
+    (a ``trio.SSLStream``: the bridge's cluster door, :mod:`bridge.tls`).
     """
     if sock is None:
         assert isinstance(stream, trio.SocketStream)
