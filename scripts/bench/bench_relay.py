@@ -1,5 +1,6 @@
-"""CPU of the supervisor's bridge relay per model call (docs/scale-out.md "Cost of the replica
-path").
+"""CPU of a TLS relay in front of the bridge per model call (docs/scale-out.md "Cost of the
+replica path"): the supervisor's relay until 2026-12-03, when the bridge began serving the
+cluster's connections itself (bridge/tls.py); kept to measure that design against.
 
 Run: ``.venv/bin/python scripts/bench/bench_relay.py [CALLS]`` (default 4000; under a minute).
 The path of a node 2 rollout's model call, on loopback: a lean keep-alive client (the SDK's
