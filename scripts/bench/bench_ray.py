@@ -13,7 +13,8 @@ the fake provider ``tests/fakes/lean_upstream.py``, the unbounded echo rollout):
    baseline): the medians of ``BENCH_ROUNDS`` (default 3) interleaved rounds. The node agent's
    and its server's CPU are not the supervisor's and are not counted.
 2. 1000 rows at a 1 s upstream, 200 in flight (each node's replica gets about half): dispatch
-   wall (first dispatch -> last result), ``--ray`` over local (target <= 1.2x).
+   wall (first dispatch -> last result), ``--ray`` over local (target <= 1.2x); and, for the
+   record, the CPU per item of these two runs (the same work at the same pace).
 
 Each line prints the two figures and their ratio; nothing here is a pass/fail test.
 
@@ -231,6 +232,8 @@ async def main(directory: Path, threads: bool, cpu_only: bool) -> None:
         spread = await run_eval(ws, config, "latency-ray", upstream, 200, extra=ray)
         print(f"2) 1000 rows, 1 s upstream, 200 in flight ({_remote(ws, 'latency-ray')} on node 2)")
         _line("dispatch wall", local, spread, "dispatch_wall_s", "s")
+        # The same work at the same pace (both runs wait on the upstream): CPU per item.
+        _line("supervisor CPU per item, dispatch", local, spread, key, "ms")
         target(
             "latency-bound dispatch wall, --ray / local",
             spread["dispatch_wall_s"] / local["dispatch_wall_s"],
