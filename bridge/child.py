@@ -123,12 +123,13 @@ async def _settled(handle: BridgeHandle, reporter: _Reporter, rollout_id: str, p
 
 
 async def _start_tls(handle: BridgeHandle, reporter: _Reporter, host: str, ping: int) -> None:
+    answer: str | dict[str, str] | None
     try:
-        pem = await handle.start_tls(host)
+        answer = await handle.start_tls(host)
     except (OSError, subprocess.SubprocessError, ssl.SSLError) as exc:
-        reporter.log("warning", f"could not make the run's certificate: {type(exc).__name__}")
-        pem = None
-    reporter.send(["T", ping, pem])
+        # Told as a failure, never as "no openssl": that would fall back to plain TCP.
+        answer = {"error": f"{type(exc).__name__}: {exc}"}
+    reporter.send(["T", ping, answer])
 
 
 async def _follow(

@@ -15,9 +15,9 @@ and ``["x", rollout_id]`` (forget a rollout; not urgent, so forgets are batched:
 together once :data:`_FORGET_BATCH` are pending or :data:`_FORGET_DELAY_S` after the first,
 and may be overtaken by the others); on a ``--ray`` run, ``["t", host, n]`` (make the run's
 certificate for the cluster address ``host``: answered ``["T", n, pem]``, ``pem`` null without
-``openssl``) and ``["h"]`` lines, each with one accepted connection's fd attached
-(``SCM_RIGHTS``), which the child serves (:mod:`bridge.tls`). The child sends ``["s", base_url, port]`` once it
-listens, ``["e", kind, message, detail]`` when it cannot go on, ``["l", level, message]`` for
+``openssl`` and ``{"error": text}`` when it failed) and ``["h"]`` lines, each with one accepted
+connection's fd attached (``SCM_RIGHTS``), which the child serves (:mod:`bridge.tls`). The
+child sends ``["s", base_url, port]`` once it listens, ``["e", kind, message, detail]`` when it cannot go on, ``["l", level, message]`` for
 each (already scrubbed) log line, and one ``["u", ...]`` or ``["f", ...]`` per recorded call
 or provider fault, and one ``["c", record]`` per finished call (its record,
 :mod:`bridge.calls`), sent right after its usage.
@@ -132,8 +132,11 @@ class BridgeProcessHandle:
     async def start_tls(self, host: str) -> str | None:
         """Have the child make the run's certificate for the cluster address ``host``
         (:mod:`bridge.tls`; its key stays in the child); the PEM to pin, or None (no
-        ``openssl``: connections handed over are served as plain TCP)."""
+        ``openssl``: connections handed over are served as plain TCP). Raises
+        :class:`BridgeProcessError` when ``openssl`` is there but fails."""
         pem = await self._channel.ask("t", host)
+        if isinstance(pem, dict):
+            raise BridgeProcessError(f"could not make the run's TLS certificate: {pem['error']}")
         return pem if isinstance(pem, str) else None
 
     async def adopt(self, sock: socket.socket) -> None:

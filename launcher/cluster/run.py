@@ -24,6 +24,8 @@ import gc
 import logging
 import os
 import socket
+import ssl
+import subprocess
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from functools import partial
@@ -32,6 +34,7 @@ from typing import TYPE_CHECKING, Any
 import msgspec
 import trio
 
+from bridge.errors import BridgeProcessError
 from launcher.cluster.agent import AgentSpec, NodeAgent
 from launcher.cluster.refs import await_ref
 from launcher.cluster.relay import AllowedPeers, serve_relay
@@ -286,7 +289,10 @@ async def open_cluster(ctx: RunContext, services: Services) -> AsyncIterator[Ser
         async with trio.open_nursery() as nursery:
             # The bridge makes the run's certificate (its key stays in the bridge's process)
             # and serves the connections this door accepts from the cluster's nodes.
-            pem = await services.bridge.start_tls(head_ip)
+            try:
+                pem = await services.bridge.start_tls(head_ip)
+            except (OSError, subprocess.SubprocessError, ssl.SSLError, BridgeProcessError) as exc:
+                raise LocalEvalError(f"--ray: {exc}".splitlines()[0]) from None
             if pem is None:
                 plain = "no openssl found: the bridge across nodes is plain TCP (bearer only)"
                 ctx.log("WARNING", "cluster", plain, None)

@@ -6,9 +6,12 @@ process, real sockets on port 0, the official OpenAI client pinned to the certif
 
 from __future__ import annotations
 
+import os
 import shutil
 import socket
 import ssl
+import subprocess
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -16,6 +19,7 @@ import psutil
 import pytest
 import trio
 
+from bridge.errors import BridgeProcessError
 from bridge.process import run_bridge_process
 from bridge.server import BridgeConfig, BridgeService, run_bridge
 from launcher.cluster.relay import AllowedPeers, pinned_client, serve_relay
@@ -207,4 +211,23 @@ async def test_an_idle_or_silent_tls_connection_is_closed_at_the_idle_timeout() 
                     while await client.receive_some():
                         pass
                     raise trio.BrokenResourceError
+            nursery.cancel_scope.cancel()
+
+
+@pytest.mark.parametrize("in_process", [False, True], ids=["bridge process", "in process"])
+async def test_a_failing_openssl_is_an_error_never_a_fall_back_to_plain_tcp(
+    in_process: bool, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    fake = tmp_path / "openssl"
+    fake.write_text("#!/bin/sh\necho 'no entropy' >&2\nexit 1\n")
+    fake.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{tmp_path}:{os.environ['PATH']}")
+    with trio.fail_after(60):
+        async with trio.open_nursery() as nursery:
+            bridge = await _bridge(nursery, in_process)
+            expected = subprocess.CalledProcessError if in_process else BridgeProcessError
+            with pytest.raises(expected) as caught:
+                await bridge.start_tls("127.0.0.1")
+            if not in_process:
+                assert "could not make the run's TLS certificate" in str(caught.value)
             nursery.cancel_scope.cancel()
