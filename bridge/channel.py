@@ -86,12 +86,9 @@ class Channel:
         elif kind == "l":
             if self._log is not None:
                 self._log(message[1], message[2])
-        elif kind == "P":
-            waiter = self._pings.pop(message[1], None)
-            if waiter is not None:
-                waiter.set()
-        elif kind == "T":
-            self._answers[message[1]] = message[2]
+        elif kind == "P" or kind == "T":  # "T" carries a value (Channel.ask)
+            if kind == "T":
+                self._answers[message[1]] = message[2]
             waiter = self._pings.pop(message[1], None)
             if waiter is not None:
                 waiter.set()
@@ -167,16 +164,11 @@ class Channel:
     async def ping(self, kind: str = "p", *args: Any) -> None:
         """Return once the child has applied every message sent before this one (forgets held
         by :meth:`send_later` excepted), or has answered ``[kind, *args, n]`` (a revoke)."""
-        self._ping_ids += 1
-        waiter = self._pings[self._ping_ids] = trio.Event()
-        self.send([kind, *args, self._ping_ids])
-        if self.eof:
-            return
-        await waiter.wait()
+        await self.ask(kind, *args)
 
     async def ask(self, kind: str, *args: Any) -> Any:
-        """Send ``[kind, *args, n]`` and return the value of the child's ``["T", n, value]``
-        (None when the child is gone)."""
+        """Send ``[kind, *args, n]``; once the child answers ``["P", n]`` or ``["T", n, value]``
+        (or is gone), the value (None for the others)."""
         self._ping_ids += 1
         ask = self._ping_ids
         waiter = self._pings[ask] = trio.Event()

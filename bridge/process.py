@@ -12,15 +12,15 @@ only over this private socket: never on a command line, in the environment or in
 then ``["k", on]`` (keepalive mode), ``["p", n]`` (answered ``["P", n]`` once everything
 sent before it is applied; ``["r", rollout_id, n]``, a revoke, once its calls in flight ended)
 and ``["x", rollout_id]`` (forget a rollout; not urgent, so forgets are batched: written
-together once :data:`_FORGET_BATCH` are pending or :data:`_FORGET_DELAY_S` after the first,
+together (:mod:`bridge.channel`) once 64 are pending or 0.25 s after the first,
 and may be overtaken by the others); on a ``--ray`` run, ``["t", host, n]`` (make the run's
 certificate for the cluster address ``host``: answered ``["T", n, pem]``, ``pem`` null without
 ``openssl`` and ``{"error": text}`` when it failed) and ``["h"]`` lines, each with one accepted
 connection's fd attached (``SCM_RIGHTS``), which the child serves (:mod:`bridge.tls`). The
-child sends ``["s", base_url, port]`` once it listens, ``["e", kind, message, detail]`` when it cannot go on, ``["l", level, message]`` for
-each (already scrubbed) log line, and one ``["u", ...]`` or ``["f", ...]`` per recorded call
-or provider fault, and one ``["c", record]`` per finished call (its record,
-:mod:`bridge.calls`), sent right after its usage.
+child sends ``["s", base_url, port]`` once it listens, ``["e", kind, message, detail]`` when
+it cannot go on, ``["l", level, message]`` for each (already scrubbed) log line, one
+``["u", ...]`` or ``["f", ...]`` per recorded call or provider fault, and one ``["c", record]``
+per finished call (its record, :mod:`bridge.calls`), sent right after its usage.
 
 The ordering guarantee the dispatcher relies on — a rollout's usage is known when its result
 arrives — holds across the hop: the child writes a call's usage line synchronously, before
@@ -61,7 +61,7 @@ from bridge.spare import STOP_GRACE_S, BridgeSpare, wait_exit
 if TYPE_CHECKING:
     from collections.abc import Iterable
 
-__all__ = ["BridgeProcessHandle", "Channel", "run_bridge_process"]
+__all__ = ["BridgeProcessHandle", "run_bridge_process"]
 
 #: Lines of the child's stderr kept for the error that reports its death.
 _TAIL: Final = 20

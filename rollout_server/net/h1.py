@@ -568,20 +568,16 @@ async def serve_h1(
     *,
     on_idle: Callable[[], Awaitable[None]],
     on_busy: Callable[[], Awaitable[None]],
-    sock: trio.socket.SocketType | None = None,
+    sock: trio.socket.SocketType,
 ) -> None:
     """Serve HTTP/1.1 requests on ``stream`` until the client or the answer ends the connection.
 
     ``on_idle``/``on_busy`` are awaited when the connection starts and stops waiting for a
-    request (the idle timer's ``restart``/``stop``). The caller closes ``stream``. ``sock``:
-    the TCP socket under ``stream`` when it is not a ``trio.SocketStream`` (TLS).
+    request (the idle timer's ``restart``/``stop``). ``sock`` is the TCP socket under
+    ``stream`` (``stream`` may be TLS over it). The caller closes ``stream``.
     """
-    if sock is None:
-        assert isinstance(stream, trio.SocketStream)
-        sock = stream.socket
-    socket = sock
-    client = _socket_addr(socket.family, socket.getpeername())
-    server = _socket_addr(socket.family, socket.getsockname())
+    client = _socket_addr(sock.family, sock.getpeername())
+    server = _socket_addr(sock.family, sock.getsockname())
     await _Connection(config, stream, on_idle, on_busy).serve(app, client, server, state)
 
 
