@@ -28,7 +28,7 @@ import os
 import shutil
 import stat
 import tarfile
-from pathlib import Path, PurePosixPath
+from pathlib import Path
 
 __all__ = [
     "Entries",
@@ -109,11 +109,14 @@ def is_small(packed: Packed) -> bool:
     )
 
 
-def _relative(name: str) -> PurePosixPath:
-    path = PurePosixPath(name)
-    if not name or path.is_absolute() or ".." in path.parts:
+def _relative(name: str) -> tuple[str, ...]:
+    """``name``'s parts as ``PurePosixPath(name).parts`` has them (empty and ``.`` parts
+    dropped), refusing an absolute name or a ``..`` part. Split by hand: a ``PurePosixPath``
+    per entry was about a third of the unpack's Python time, for every remote item."""
+    parts = tuple(part for part in name.split("/") if part and part != ".")
+    if not name or name.startswith("/") or ".." in parts:
         raise UnsafeEntry(f"refused trial entry {name!r}")
-    return path
+    return parts
 
 
 def _mode_of_root(entries: Entries) -> int:
@@ -126,7 +129,7 @@ def _mode_of_root(entries: Entries) -> int:
 
 def _write_entries(entries: Entries, root: Path) -> None:
     """Write ``entries`` into the new directory ``root`` (FileExistsError when it exists)."""
-    relative = [(_relative(name).parts, mode, data) for name, mode, data in entries]
+    relative = [(_relative(name), mode, data) for name, mode, data in entries]
     os.mkdir(root, _mode_of_root(entries))
     try:
         fd = os.open(root, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)

@@ -235,6 +235,13 @@ def parse_log(path: Path) -> dict[str, float]:
     }
 
 
+def finish_times(path: Path) -> list[float]:
+    """When each work item of the run's ``logs.txt`` finished (in the log's order)."""
+    return [
+        _ts(line) for line in path.read_text().splitlines() if "[result] work item finished" in line
+    ]
+
+
 #: Left out of the environment of every measured process. ``PYTHONDONTWRITEBYTECODE`` (set
 #: on this machine kind) would make every process compile every module it imports at each
 #: start, which no ordinary install does: "warm" means bytecode caches written by the warm-up.
@@ -401,6 +408,16 @@ async def run_eval(
     before = [s for s in samples if s[0] <= log["first_dispatch"]] or samples[:1]
     after = [s for s in samples if s[0] >= log["last_finish"]] or samples[-1:]
     dispatch_cpu = after[0][1] - before[-1][1]
+    # The same strictly inside dispatch: between the first sample after the first dispatch and
+    # the last before the last result, over the items that finished in between (no start-up
+    # or shutdown work of either edge's 50 ms can fall in it).
+    inner = [s for s in samples if log["first_dispatch"] <= s[0] <= log["last_finish"]]
+    inner_cpu_ms = 0.0
+    if len(inner) >= 2:
+        t0, t1 = inner[0][0], inner[-1][0]
+        inner_items = sum(1 for t in finish_times(run / "logs.txt") if t0 < t <= t1)
+        if inner_items:
+            inner_cpu_ms = (inner[-1][1] - inner[0][1]) / inner_items * 1000
     dispatch_main = after[0][2] - before[-1][2]
     dispatch_bridge = after[0][3] - before[-1][3]
     return {
@@ -416,6 +433,7 @@ async def run_eval(
         "cpu_ms_per_item": cpu / log["finished"] * 1000,
         "main_thread_cpu_s": main_cpu,
         "dispatch_cpu_ms_per_item": dispatch_cpu / log["finished"] * 1000,
+        "dispatch_inner_cpu_ms_per_item": inner_cpu_ms,
         "dispatch_main_thread_cpu_ms_per_item": dispatch_main / log["finished"] * 1000,
         "dispatch_bridge_process_cpu_ms_per_item": dispatch_bridge / log["finished"] * 1000,
         "other_children_cpu_ms_per_item": sum(others.values()) / log["finished"] * 1000,

@@ -26,7 +26,15 @@ opened to the bridge's door on the head (each one a TLS handshake). ``--cpu-only
 ``--pin`` gives the supervisor and its bridge the first core and everything else (this process
 with the fake provider, both nodes' Ray processes, the rollout servers) the others, in every
 run alike (2026-12-03: it made ``--ray`` relatively worse, 1.65x against 1.29x unpinned: the
-supervisor's Ray threads then share its one core). ``BENCH_AGAINST=DIR`` adds to each round of case 1 a batched ``--ray`` run from the source tree
+supervisor's Ray threads then share its one core). ``--machines`` models two machines of one
+core each: the head (this process with the fake provider, the head's Ray, the supervisor, its
+bridge and rollout server) on the first core and node 2 (``RB_N2_CPUS`` for
+``scripts/ray-testbed``: everything it starts inherits it) on the other, so the local run is the
+same work on the head's machine alone. ``--control`` adds to each round of case 1 a local run
+with node 2's load beside it: two processes burning, in 1 ms slices of Python, as much CPU as
+node 2's processes used during that round's batched ``--ray`` dispatch (read from their network
+namespace); it tells whether that load alone inflates the supervisor's CPU per item.
+``BENCH_AGAINST=DIR`` adds to each round of case 1 a batched ``--ray`` run from the source tree
 DIR (before and after in one invocation); ``BENCH_PYSPY=DIR`` samples each measured supervisor
 and its bridge with ``py-spy record --native`` (inflated figures: for finding hot spots).
 """
@@ -41,6 +49,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -95,6 +104,9 @@ class ThreadSampler:
         self.head_ip = head_ip
         self.samples: list[tuple[float, float, dict[int, tuple[str, float]], float]] = []
         self.peers: set[tuple[str, int]] = set()
+        self.node2: list[dict[int, float]] = []  # at each sample: node 2's processes' CPU
+        self.node2_rate = 0.0
+        """Node 2's processes' CPU per second of dispatch (cores), set by :meth:`report`."""
 
     def __call__(self, now: float, ps: psutil.Process, bridge: psutil.Process | None) -> None:
         threads: dict[int, tuple[str, float]] = {}
@@ -118,6 +130,7 @@ class ThreadSampler:
                     if conn.laddr and conn.laddr.ip == self.head_ip and conn.raddr:
                         self.peers.add((conn.raddr.ip, conn.raddr.port))
         self.samples.append((now, total, threads, bridge_cpu))
+        self.node2.append(_node2_cpu())
 
     def report(self, ws: Path, name: str) -> None:
         log = parse_log(ws / ".osmosis" / "evals" / name / "logs.txt")
@@ -138,6 +151,12 @@ class ThreadSampler:
                 else comm.rstrip("0123456789")
             )
             by_name[group] = by_name.get(group, 0.0) + cpu - threads0.get(tid, (comm, 0.0))[1]
+        i0, i1 = self.samples.index(before[-1]), self.samples.index(after[0])
+        first, final = self.node2[i0], {}
+        for seen in self.node2[i0 : i1 + 1]:  # a process that ended counts to its last sample
+            final.update(seen)
+        node2 = sum(cpu - first.get(pid, 0.0) for pid, cpu in final.items())
+        self.node2_rate = node2 / max(t1 - t0, 1e-9)
         ended = (total1 - total0) - sum(by_name.values())
         parts = sorted(by_name.items(), key=lambda kv: -kv[1])
         shown = ", ".join(f"{k!r} {v / items * 1000:.3f}" for k, v in parts if v > 0.0)
@@ -145,8 +164,55 @@ class ThreadSampler:
             f"     {name}: process {(total1 - total0) / items * 1000:.3f} ms/item "
             f"({shown}, unseen {ended / items * 1000:.3f}); "
             f"bridge {(bridge1 - bridge0) / items * 1000:.3f} ms/item; "
-            f"connections from node 2: {len(self.peers)}"
+            f"connections from node 2: {len(self.peers)}; "
+            f"node 2's processes {self.node2_rate:.2f} cores"
         )
+
+
+def _node2_cpu() -> dict[int, float]:
+    """CPU seconds of each process in node 2's network namespace (empty without one)."""
+    try:
+        netns = os.stat(f"/run/netns/{os.environ.get('RB_NETNS', 'rb-n2')}").st_ino
+    except OSError:
+        return {}
+    cpu: dict[int, float] = {}
+    for pid in psutil.pids():
+        with contextlib.suppress(OSError, psutil.Error):
+            if os.stat(f"/proc/{pid}/ns/net").st_ino == netns:
+                cpu[pid] = sum(psutil.Process(pid).cpu_times()[:2])
+    return cpu
+
+
+#: ``--control``'s stand-in for node 2's load: ``cores`` of CPU (over 2 processes), each a
+#: Python loop of small allocations, JSON and hashing in 1 ms slices, sleeping in between (so it
+#: wakes as often as a server does).
+BURNER = """
+import hashlib, json, sys, time
+share = float(sys.argv[1])
+doc = {"messages": [{"role": "user", "content": "x" * 200}] * 8, "n": 0}
+while True:
+    start = time.thread_time()
+    while time.thread_time() - start < 0.001:
+        doc["n"] += 1
+        hashlib.sha256(json.dumps(doc).encode()).hexdigest()
+        json.loads(json.dumps(doc))
+    time.sleep(0.001 * (1.0 - share) / share)
+"""
+
+
+@contextlib.asynccontextmanager
+async def _burning(cores: float) -> Any:
+    """Run :data:`BURNER` at ``cores`` of CPU (two processes) while the block runs."""
+    share = min(max(cores / 2, 0.01), 1.0)
+    async with trio.open_nursery() as nursery:
+        for _ in range(2):
+            nursery.start_soon(
+                partial(trio.run_process, [sys.executable, "-c", BURNER, str(share)], check=False)
+            )
+        try:
+            yield
+        finally:
+            nursery.cancel_scope.cancel()
 
 
 def _remote(ws: Path, name: str) -> int:
@@ -155,7 +221,7 @@ def _remote(ws: Path, name: str) -> int:
     return log.count("rollout finished on replica")
 
 
-async def main(directory: Path, threads: bool, cpu_only: bool) -> None:
+async def main(directory: Path, threads: bool, cpu_only: bool, control: bool) -> None:
     ws = setup()
     # The workspace lives under the repo's ignored .bench/: its own git repository, so the
     # rollout's files are shipped to node 2 (the bundle lists a checkout's files through git).
@@ -168,9 +234,13 @@ async def main(directory: Path, threads: bool, cpu_only: bool) -> None:
     head_ip = address.rsplit(":", 1)[0]
 
     async def fast(
-        name: str, extra: tuple[str, ...] = (), tree: Path | None = None
+        name: str,
+        extra: tuple[str, ...] = (),
+        tree: Path | None = None,
+        sampler: ThreadSampler | None = None,
     ) -> dict[str, Any]:
-        sampler = ThreadSampler(head_ip) if threads else None
+        if sampler is None and threads:
+            sampler = ThreadSampler(head_ip)
         bench_eval.PYSPY_DIR = PYSPY_DIR  # the measured runs only, not the warm-ups
         try:
             run = await run_eval(
@@ -189,20 +259,31 @@ async def main(directory: Path, threads: bool, cpu_only: bool) -> None:
 
         await upstream.set_delay(0.0)
         key = "dispatch_cpu_ms_per_item"
+        inner = "dispatch_inner_cpu_ms_per_item"
         runs: dict[str, list[float]] = {"local": [], "per-item": [], "batched": []}
+        inside: dict[str, list[float]] = {"local": [], "batched": []}
         if AGAINST is not None:
             runs["batched, before"] = []
+        if control:
+            runs["local, node 2's load beside"] = []
         for n in range(ROUNDS):  # interleaved, so the host's drift hits all three alike
             run = await fast(f"fast-local-{n}")
             runs["local"].append(run[key])
+            inside["local"].append(run[inner])
             os.environ["ROLLBRIDGE_RAY_BATCH"] = "0"
             run = await fast(f"fast-ray-per-item-{n}", ray)
             runs["per-item"].append(run[key])
             remote = [_remote(ws, f"fast-ray-per-item-{n}")]
             del os.environ["ROLLBRIDGE_RAY_BATCH"]
-            run = await fast(f"fast-ray-{n}", ray)
+            sampler = ThreadSampler(head_ip)
+            run = await fast(f"fast-ray-{n}", ray, sampler=sampler)
             runs["batched"].append(run[key])
+            inside["batched"].append(run[inner])
             remote.append(_remote(ws, f"fast-ray-{n}"))
+            if control:
+                async with _burning(sampler.node2_rate):
+                    run = await fast(f"fast-local-loaded-{n}")
+                runs["local, node 2's load beside"].append(run[key])
             if AGAINST is not None:
                 run = await fast(f"fast-ray-before-{n}", ray, tree=AGAINST)
                 runs["batched, before"].append(run[key])
@@ -211,12 +292,30 @@ async def main(directory: Path, threads: bool, cpu_only: bool) -> None:
                 + ", ".join(f"{k} {v[-1]:.3f} ms" for k, v in runs.items())
                 + f" (on node 2: per-item {remote[0]}, batched {remote[1]} items)"
             )
-        local, per_item, spread, *before = ({key: statistics.median(v)} for v in runs.values())
+        medians = {k: {key: statistics.median(v)} for k, v in runs.items()}
+        local, per_item, spread = medians["local"], medians["per-item"], medians["batched"]
+        before = [medians["batched, before"]] if AGAINST is not None else []
         print(f"1) 1000 rows, 0 ms upstream, 50 in flight (median of {ROUNDS} rounds)")
         _line("supervisor CPU per item, dispatch, one call per item", local, per_item, key, "ms")
         _line("supervisor CPU per item, dispatch, batched calls", local, spread, key, "ms")
         if before:
             _line("the same, the tree BENCH_AGAINST (before)", local, before[0], key, "ms")
+        _line(
+            "the same, strictly inside dispatch (no edge's 50 ms)",
+            {inner: statistics.median(inside["local"])},
+            {inner: statistics.median(inside["batched"])},
+            inner,
+            "ms",
+        )
+        if control:
+            loaded = medians["local, node 2's load beside"]
+            _line(
+                "the same, local with node 2's load beside it (--control)",
+                loaded,
+                spread,
+                key,
+                "ms",
+            )
         target(
             "supervisor CPU per item, --ray / local",
             spread["dispatch_cpu_ms_per_item"] / local["dispatch_cpu_ms_per_item"],
@@ -264,9 +363,25 @@ if __name__ == "__main__":
         print(
             f"pinned: supervisor and bridge on {bench_eval.PIN[0]}, the rest on {bench_eval.PIN[1]}"
         )
+    if "--machines" in sys.argv:
+        cores = sorted(os.sched_getaffinity(0))
+        if len(cores) < 2:
+            sys.exit("--machines needs 2 cores")
+        # The head (this process with the fake provider, the head's Ray, the supervisor, its
+        # bridge and its rollout server: all inherit it) on the first core, node 2 on the others.
+        for task in Path("/proc/self/task").iterdir():
+            os.sched_setaffinity(int(task.name), {cores[0]})
+        os.environ["RB_N2_CPUS"] = ",".join(map(str, cores[1:]))
+        print(f"machines: the head on core {cores[0]}, node 2 on {os.environ['RB_N2_CPUS']}")
     try:
         _testbed("up", bed)
-        trio.run(main, bed, "--threads" in sys.argv, "--cpu-only" in sys.argv)
+        trio.run(
+            main,
+            bed,
+            "--threads" in sys.argv,
+            "--cpu-only" in sys.argv,
+            "--control" in sys.argv,
+        )
     finally:
         _testbed("down", bed)
         shutil.rmtree(bed, ignore_errors=True)

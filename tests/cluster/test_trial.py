@@ -5,12 +5,13 @@ from __future__ import annotations
 import io
 import os
 import tarfile
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 
 import pytest
 
 from launcher.cluster.trial import (
     UnsafeEntry,
+    _relative,
     is_small,
     pack_trial,
     packed_size,
@@ -109,3 +110,11 @@ def test_a_failed_unpack_leaves_nothing_and_parents_are_made(tmp_path: Path) -> 
     unpack_trial([("deep/er/b.txt", 0o644, b"b")], tmp_path / "out")
     assert (tmp_path / "out" / "deep" / "er" / "b.txt").read_bytes() == b"b"
     assert (tmp_path / "out" / "deep").stat().st_mode & 0o777 == 0o700
+
+
+@pytest.mark.parametrize(
+    "name", ["a", "a/b", "./a", "a/./b", "a//b", "a/b/", ".", "artifacts/x.json", ".hidden"]
+)
+def test_entry_names_split_as_pathlib_splits_them(name: str) -> None:
+    # The unpack splits names by hand (no PurePosixPath per entry): the same parts.
+    assert _relative(name) == PurePosixPath(name).parts
