@@ -364,6 +364,8 @@ if __name__ == "__main__":
             f"pinned: supervisor and bridge on {bench_eval.PIN[0]}, the rest on {bench_eval.PIN[1]}"
         )
     if "--machines" in sys.argv:
+        if "--pin" in sys.argv or "--control" in sys.argv:
+            sys.exit("--machines places every process itself: not with --pin or --control")
         cores = sorted(os.sched_getaffinity(0))
         if len(cores) < 2:
             sys.exit("--machines needs 2 cores")
