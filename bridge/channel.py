@@ -86,7 +86,7 @@ class Channel:
         elif kind == "l":
             if self._log is not None:
                 self._log(message[1], message[2])
-        elif kind == "P" or kind == "T":  # "T" carries a value (Channel.ask)
+        elif kind in ("P", "T"):  # "T" carries a value (Channel.ask)
             if kind == "T":
                 self._answers[message[1]] = message[2]
             waiter = self._pings.pop(message[1], None)

@@ -105,6 +105,7 @@ class ThreadSampler:
         self.samples: list[tuple[float, float, dict[int, tuple[str, float]], float]] = []
         self.peers: set[tuple[str, int]] = set()
         self.node2: list[dict[int, float]] = []  # at each sample: node 2's processes' CPU
+        self._netns: dict[int, bool] = {}  # pid -> in node 2's network namespace (looked up once)
         self.node2_rate = 0.0
         """Node 2's processes' CPU per second of dispatch (cores), set by :meth:`report`."""
 
@@ -130,7 +131,23 @@ class ThreadSampler:
                     if conn.laddr and conn.laddr.ip == self.head_ip and conn.raddr:
                         self.peers.add((conn.raddr.ip, conn.raddr.port))
         self.samples.append((now, total, threads, bridge_cpu))
-        self.node2.append(_node2_cpu())
+        self.node2.append(self._node2_cpu())
+
+    def _node2_cpu(self) -> dict[int, float]:
+        """CPU seconds of each process in node 2's network namespace (empty without one); a
+        process's namespace is looked up the first time its pid is seen, not at every sample."""
+        try:
+            netns = os.stat(f"/run/netns/{os.environ.get('RB_NETNS', 'rb-n2')}").st_ino
+        except OSError:
+            return {}
+        cpu: dict[int, float] = {}
+        for pid in psutil.pids():
+            with contextlib.suppress(OSError, psutil.Error):
+                if pid not in self._netns:
+                    self._netns[pid] = os.stat(f"/proc/{pid}/ns/net").st_ino == netns
+                if self._netns[pid]:
+                    cpu[pid] = sum(psutil.Process(pid).cpu_times()[:2])
+        return cpu
 
     def report(self, ws: Path, name: str) -> None:
         log = parse_log(ws / ".osmosis" / "evals" / name / "logs.txt")
@@ -167,20 +184,6 @@ class ThreadSampler:
             f"connections from node 2: {len(self.peers)}; "
             f"node 2's processes {self.node2_rate:.2f} cores"
         )
-
-
-def _node2_cpu() -> dict[int, float]:
-    """CPU seconds of each process in node 2's network namespace (empty without one)."""
-    try:
-        netns = os.stat(f"/run/netns/{os.environ.get('RB_NETNS', 'rb-n2')}").st_ino
-    except OSError:
-        return {}
-    cpu: dict[int, float] = {}
-    for pid in psutil.pids():
-        with contextlib.suppress(OSError, psutil.Error):
-            if os.stat(f"/proc/{pid}/ns/net").st_ino == netns:
-                cpu[pid] = sum(psutil.Process(pid).cpu_times()[:2])
-    return cpu
 
 
 #: ``--control``'s stand-in for node 2's load: ``cores`` of CPU (over 2 processes), each a
