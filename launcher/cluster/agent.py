@@ -44,7 +44,7 @@ import trio
 
 from launcher.cluster.relay import pinned_client, relay_to
 from launcher.cluster.ship import ShipInfo, ensure_env
-from launcher.cluster.trial import pack_trial, packed_size
+from launcher.cluster.trial import Packed, pack_trial, packed_size
 from launcher.dispatch import RolloutRefused
 from launcher.dispatch_io import RolloutClientTransport
 from launcher.resultwait import batched_wait_wanted
@@ -86,6 +86,14 @@ def _spawn_lifeline(
     process = subprocess.Popen([*argv, "containers"] if containers else argv, stdin=subprocess.PIPE)
     process.wait()
     return process
+
+
+def _pack_and_remove(trial: Path) -> Packed:
+    """``trial`` packed, then deleted: one worker-thread trip for both (in guest mode each trip
+    also costs the host loop a wake-up)."""
+    packed = pack_trial(trial)
+    shutil.rmtree(trial, ignore_errors=True)
+    return packed
 
 
 def _loopback(url: str, port: int) -> str:
@@ -319,8 +327,7 @@ class NodeAgent:
             return ("refused", exc.status_code, str(exc), exc.kind)
         result = await handle.wait()
         trial = self._root / "rollout_trials" / request.rollout_id
-        packed = await trio.to_thread.run_sync(pack_trial, trial)
-        await trio.to_thread.run_sync(partial(shutil.rmtree, trial, ignore_errors=True))
+        packed = await trio.to_thread.run_sync(_pack_and_remove, trial)
         return ("result", msgspec.json.encode(result), packed)
 
     async def cancel(self, rollout_id: str) -> None:

@@ -34,6 +34,13 @@ same work on the head's machine alone. ``--control`` adds to each round of case 
 with node 2's load beside it: two processes burning, in 1 ms slices of Python, as much CPU as
 node 2's processes used during that round's batched ``--ray`` dispatch (read from their network
 namespace); it tells whether that load alone inflates the supervisor's CPU per item.
+``--journaled-fs`` puts the workspace and every run directory on a fresh ext4 file system
+with a journal (``mkfs.ext4``'s default), loop-mounted for the invocation: this machine's root
+file system is ext4 without a journal, where every file or directory created pays a scan of the
+inodes freed in the last 60 to 300 s (``recently_deleted`` in fs/ext4/ialloc.c), so what any
+process deleted shortly before (a run's start-up: uv, the bundle's wheelhouse) taxes the next
+dispatch's every trial, and a remote trial's unpack puts 4 such creations on the supervisor
+(docs/scale-out.md).
 ``BENCH_AGAINST=DIR`` adds to each round of case 1 a batched ``--ray`` run from the source tree
 DIR (before and after in one invocation); ``BENCH_PYSPY=DIR`` samples each measured supervisor
 and its bridge with ``py-spy record --native`` (inflated figures: for finding hot spots).
@@ -49,6 +56,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+from collections.abc import Iterator
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -69,6 +77,29 @@ PYSPY_DIR = Path(os.environ["BENCH_PYSPY"]).resolve() if os.environ.get("BENCH_P
 #: ``BENCH_AGAINST=DIR``: each round also runs ``--ray`` batched from the source tree DIR (on
 #: ``PYTHONPATH``, as ``bench_eval.py --against``): before and after in one invocation.
 AGAINST = Path(os.environ["BENCH_AGAINST"]).resolve() if os.environ.get("BENCH_AGAINST") else None
+
+
+@contextlib.contextmanager
+def _journaled_fs() -> Iterator[Path]:
+    """A fresh 8 GB (sparse) ext4 file system with a journal, loop-mounted under ``.bench/``;
+    unmounted and its image deleted at the end."""
+    base = REPO / ".bench"
+    base.mkdir(exist_ok=True)
+    image, mount = base / f"ext4-{os.getpid()}.img", base / f"ext4-{os.getpid()}"
+    with open(image, "wb") as f:
+        f.truncate(8 << 30)
+    try:
+        subprocess.run(["mkfs.ext4", "-q", "-F", str(image)], check=True)
+        mount.mkdir()
+        subprocess.run(["mount", "-o", "loop", str(image), str(mount)], check=True)
+        try:
+            yield mount
+        finally:
+            subprocess.run(["umount", str(mount)], check=False)
+    finally:
+        image.unlink()
+        with contextlib.suppress(OSError):
+            mount.rmdir()
 
 
 def _testbed(command: str, directory: Path) -> None:
@@ -378,17 +409,21 @@ if __name__ == "__main__":
             os.sched_setaffinity(int(task.name), {cores[0]})
         os.environ["RB_N2_CPUS"] = ",".join(map(str, cores[1:]))
         print(f"machines: the head on core {cores[0]}, node 2 on {os.environ['RB_N2_CPUS']}")
-    try:
-        _testbed("up", bed)
-        trio.run(
-            main,
-            bed,
-            "--threads" in sys.argv,
-            "--cpu-only" in sys.argv,
-            "--control" in sys.argv,
-        )
-    finally:
-        _testbed("down", bed)
-        shutil.rmtree(bed, ignore_errors=True)
-        print(f"load average {os.getloadavg()[0]:.2f}")
-        lock.close()
+    with contextlib.ExitStack() as stack:
+        if "--journaled-fs" in sys.argv:
+            bench_eval.BENCH = stack.enter_context(_journaled_fs()) / "eval"
+            print(f"run directories on a fresh ext4 with a journal: {bench_eval.BENCH}")
+        try:
+            _testbed("up", bed)
+            trio.run(
+                main,
+                bed,
+                "--threads" in sys.argv,
+                "--cpu-only" in sys.argv,
+                "--control" in sys.argv,
+            )
+        finally:
+            _testbed("down", bed)
+            shutil.rmtree(bed, ignore_errors=True)
+            print(f"load average {os.getloadavg()[0]:.2f}")
+            lock.close()

@@ -58,6 +58,8 @@ class ClusterBed:
                 self.env[key] = value
         self.address = self.env["RB_ADDRESS"]
         self.netns = self.env["RB_NETNS"]
+        self.n2_tmp = Path(self.env["RB_N2_TMP"])
+        """Node 2's temporary file system (its agents' directories)."""
 
     def script(self, command: str) -> None:
         """Run ``scripts/ray-testbed <command> <dir>``."""

@@ -56,6 +56,6 @@ async def test_too_few_replicas_halt_then_resume_without_ray_finishes(
         again = await run_cli([*args, "--plain"], cwd=tmp_path, env=env, timeout=300)
         assert again.returncode == 0, again.stderr + again.stdout
         _check_once(run)  # one failure in all: the example's own, none from the halt
-        await _no_leftovers(ws)
+        await _no_leftovers(ws, testbed)
     finally:
         await _restore_node2(testbed)

@@ -19,6 +19,7 @@ import psutil
 import pytest
 
 from rollout_server.harbor.bundle import default_cache_root
+from rollout_server.protocol import ENV_ARTIFACT_ROOT
 from tests.cluster.conftest import N2_IP, ClusterBed, slow_workspace
 from tests.cluster.test_ray_testbed import (
     _args,
@@ -115,6 +116,8 @@ async def test_node2_builds_its_environment_offline_from_the_bundle(
     assert not python.is_relative_to(slow_env) and not python.is_relative_to(ws)
     assert Path(cwd).is_relative_to(cache)
     assert environ.get("UV_OFFLINE") == "1"
+    # Its trials are written, packed and deleted in node 2's own temporary file system.
+    assert Path(environ[ENV_ARTIFACT_ROOT]).is_relative_to(testbed.n2_tmp), environ
     digest = _shipped_once(run)
     assert python.is_relative_to(cache / digest)
     built = _log_lines(run, "replica environment built")
@@ -129,7 +132,7 @@ async def test_node2_builds_its_environment_offline_from_the_bundle(
     assert len(reused) == 1 and f'"python":"{python}"' in reused[0], reused
     assert not _log_lines(second, "replica environment built")
     assert _shipped_once(second) == digest
-    await _no_leftovers(ws)
+    await _no_leftovers(ws, testbed)
 
 
 async def test_a_failed_build_on_node2_leaves_the_run_to_the_head(
@@ -149,4 +152,4 @@ async def test_a_failed_build_on_node2_leaves_the_run_to_the_head(
         assert f'"node":"{N2_IP}"' in refused[0]
         assert not _remote_rollouts(run)
         _shipped_once(run)
-        await _no_leftovers(ws)
+        await _no_leftovers(ws, testbed)

@@ -90,22 +90,22 @@ def _kill9(pids: list[int]) -> None:
             os.kill(pid, signal.SIGKILL)
 
 
-def _agent_dirs(ws: Path) -> list[Path]:
-    """Node-local directories of agents started since ``ws`` was made (this test's)."""
+def _agent_dirs(ws: Path, testbed: ClusterBed) -> list[Path]:
+    """Node-local directories of agents started since ``ws`` was made (this test's), on the
+    head and in node 2's temporary file system."""
     made = ws.stat().st_mtime - 1
+    roots = (Path(tempfile.gettempdir()), testbed.n2_tmp)
     return [
-        d
-        for d in Path(tempfile.gettempdir()).glob("rollbridge-agent-*")
-        if d.stat().st_mtime >= made
+        d for root in roots for d in root.glob("rollbridge-agent-*") if d.stat().st_mtime >= made
     ]
 
 
-async def _no_leftovers(ws: Path, *, dirs: bool = True) -> None:
+async def _no_leftovers(ws: Path, testbed: ClusterBed, *, dirs: bool = True) -> None:
     """No server or lifeline left; with ``dirs``, no agent directory either (the lifeline
     removes it; a node that lost power keeps it)."""
     await wait_for(lambda: not _leftovers(ws), timeout=90, interval=0.5)
     if dirs:
-        await wait_for(lambda: not _agent_dirs(ws), timeout=30, interval=0.5)
+        await wait_for(lambda: not _agent_dirs(ws, testbed), timeout=30, interval=0.5)
 
 
 async def _restore_node2(testbed: ClusterBed) -> None:
@@ -144,7 +144,7 @@ async def test_two_nodes_every_row_once_tokens_on_both(
         if record["rollout_id"] in remote and record["status"] == "success":
             trial = run / "rollout_trials" / str(record["rollout_id"])
             assert (trial / "trajectory.json").is_file()
-    await _no_leftovers(ws)
+    await _no_leftovers(ws, testbed)
 
 
 _RECORD_IMPORTS = (
@@ -248,7 +248,7 @@ async def test_drill_power_loss_of_node2(
 
     try:
         ws, _ = await _drill(testbed, slow_env, tmp_path, power_loss)
-        await _no_leftovers(ws, dirs=False)
+        await _no_leftovers(ws, testbed, dirs=False)
         assert not testbed.netns_pids()
     finally:
         await _restore_node2(testbed)
@@ -281,7 +281,7 @@ async def test_drill_link_cut(testbed: ClusterBed, slow_env: Path, tmp_path: Pat
         # Back on the network, node 2 learns it was declared dead; its agent goes and the
         # lifeline stops its rollout server.
         link("up")
-        await _no_leftovers(ws)
+        await _no_leftovers(ws, testbed)
     finally:
         link("up")
         await _restore_node2(testbed)
@@ -305,7 +305,7 @@ async def test_drill_node_leaves_and_rejoins(
         )
         # The node came back as a new node and got a new replica during the run.
         assert count_log(run, "replica ready") >= 2
-        await _no_leftovers(ws)
+        await _no_leftovers(ws, testbed)
     finally:
         await _restore_node2(testbed)
 
@@ -338,7 +338,7 @@ async def test_drill_supervisor_kill9_then_resume(
     result = await run_cli(_args(testbed, "killed"), cwd=tmp_path, env=env, timeout=300)
     assert result.returncode == 0, result.stderr + result.stdout
     _check_once(run)
-    await _no_leftovers(ws)
+    await _no_leftovers(ws, testbed)
 
 
 async def test_ctrl_c_stops_every_replica_and_resume_finishes(
@@ -365,7 +365,7 @@ async def test_ctrl_c_stops_every_replica_and_resume_finishes(
     assert result.returncode == 130, result.stderr + result.stdout
     # Nothing of the run survives its supervisor: not on the head, not on node 2.
     assert not _leftovers(ws)
-    await _no_leftovers(ws)
+    await _no_leftovers(ws, testbed)
     assert len(journal(run)) < 21
     again = await run_cli(_args(testbed, "interrupted"), cwd=tmp_path, env=env, timeout=300)
     assert again.returncode == 0, again.stderr + again.stdout
