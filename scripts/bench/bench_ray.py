@@ -341,6 +341,12 @@ async def main(directory: Path, threads: bool, cpu_only: bool, control: bool) ->
             inner,
             "ms",
         )
+        paired = sorted(r / lo for r, lo in zip(runs["batched"], runs["local"], strict=True))
+        print(
+            "   each round's own ratio, batched / local (the target line below divides the "
+            f"medians): median {statistics.median(paired):.2f}, range {paired[0]:.2f} to "
+            f"{paired[-1]:.2f}"
+        )
         if control:
             loaded = medians["local, node 2's load beside"]
             _line(
