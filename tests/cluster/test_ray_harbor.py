@@ -175,7 +175,7 @@ async def test_harbor_workflow_trials_on_both_nodes(
         assert on_head == (rollout_id not in remote), (route, bridge_port)
     assert not _trial_containers(ids)
     await wait_for(lambda: not _servers(ws), timeout=90, interval=0.5)
-    await wait_for(lambda: not _agent_dirs(ws), timeout=30, interval=0.5)
+    await wait_for(lambda: not _agent_dirs(ws, testbed), timeout=30, interval=0.5)
 
 
 async def test_harbor_oracle_trials_on_both_nodes(
