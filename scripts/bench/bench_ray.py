@@ -417,6 +417,8 @@ if __name__ == "__main__":
         print(f"machines: the head on core {cores[0]}, node 2 on {os.environ['RB_N2_CPUS']}")
     with contextlib.ExitStack() as stack:
         if "--journaled-fs" in sys.argv:
+            if shutil.which("mkfs.ext4") is None:
+                sys.exit("--journaled-fs needs mkfs.ext4 (e2fsprogs)")
             bench_eval.BENCH = stack.enter_context(_journaled_fs()) / "eval"
             print(f"run directories on a fresh ext4 with a journal: {bench_eval.BENCH}")
         try:
