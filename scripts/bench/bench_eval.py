@@ -216,30 +216,29 @@ def _ts(line: str) -> float:
 
 
 def parse_log(path: Path) -> dict[str, float]:
-    first_dispatch = last_finish = preflight = None
-    finished = 0
+    return scan_log(path)[0]
+
+
+def scan_log(path: Path) -> tuple[dict[str, float], list[float]]:
+    """:func:`parse_log`'s figures and when each work item finished (in the log's order), in
+    one read of the run's ``logs.txt``."""
+    first_dispatch = preflight = None
+    finishes: list[float] = []
     for line in path.read_text().splitlines():
         if "[preflight] checking model" in line and preflight is None:
             preflight = _ts(line)
         elif "[dispatch] dispatching rollout" in line and first_dispatch is None:
             first_dispatch = _ts(line)
         elif "[result] work item finished" in line:
-            last_finish = _ts(line)
-            finished += 1
-    assert first_dispatch is not None and last_finish is not None and preflight is not None
-    return {
+            finishes.append(_ts(line))
+    assert first_dispatch is not None and finishes and preflight is not None
+    summary = {
         "preflight_start": preflight,
         "first_dispatch": first_dispatch,
-        "last_finish": last_finish,
-        "finished": finished,
+        "last_finish": finishes[-1],
+        "finished": len(finishes),
     }
-
-
-def finish_times(path: Path) -> list[float]:
-    """When each work item of the run's ``logs.txt`` finished (in the log's order)."""
-    return [
-        _ts(line) for line in path.read_text().splitlines() if "[result] work item finished" in line
-    ]
+    return summary, finishes
 
 
 #: Left out of the environment of every measured process. ``PYTHONDONTWRITEBYTECODE`` (set
@@ -402,7 +401,7 @@ async def run_eval(
             await child_spy.wait()
     assert proc.returncode == 0, f"{name} exited {proc.returncode}"
     run = ws / ".osmosis" / "evals" / name
-    log = parse_log(run / "logs.txt")
+    log, finishes = scan_log(run / "logs.txt")
     # CPU spent between the first dispatch and the last result: the per-item cost without
     # start-up and shutdown (samples are 50 ms apart, so this is a close bracket).
     before = [s for s in samples if s[0] <= log["first_dispatch"]] or samples[:1]
@@ -415,7 +414,7 @@ async def run_eval(
     inner_cpu_ms = 0.0
     if len(inner) >= 2:
         t0, t1 = inner[0][0], inner[-1][0]
-        inner_items = sum(1 for t in finish_times(run / "logs.txt") if t0 < t <= t1)
+        inner_items = sum(1 for t in finishes if t0 < t <= t1)
         if inner_items:
             inner_cpu_ms = (inner[-1][1] - inner[0][1]) / inner_items * 1000
     dispatch_main = after[0][2] - before[-1][2]

@@ -36,11 +36,8 @@ node 2's processes used during that round's batched ``--ray`` dispatch (read fro
 namespace); it tells whether that load alone inflates the supervisor's CPU per item.
 ``--journaled-fs`` puts the workspace and every run directory on a fresh ext4 file system
 with a journal (``mkfs.ext4``'s default), loop-mounted for the invocation: this machine's root
-file system is ext4 without a journal, where every file or directory created pays a scan of the
-inodes freed in the last 60 to 300 s (``recently_deleted`` in fs/ext4/ialloc.c), so what any
-process deleted shortly before (a run's start-up: uv, the bundle's wheelhouse) taxes the next
-dispatch's every trial, and a remote trial's unpack puts 4 such creations on the supervisor
-(docs/scale-out.md).
+file system has none, which makes each file created dearer after recent deletions
+(``bench_eval._set_aside``; docs/scale-out.md).
 ``BENCH_AGAINST=DIR`` adds to each round of case 1 a batched ``--ray`` run from the source tree
 DIR (before and after in one invocation); ``BENCH_PYSPY=DIR`` samples each measured supervisor
 and its bridge with ``py-spy record --native`` (inflated figures: for finding hot spots).
