@@ -18,9 +18,9 @@ then stops the server. The agent:
   the next collect in one call), so the supervisor makes far fewer actor calls than it runs
   items (:mod:`launcher.cluster.batch`); ``run_item`` runs one item per call.
 
-Ray runs async actors on an asyncio loop; the agent's logic is trio in guest mode on that loop
-(``trio.lowlevel.start_guest_run``), so it reuses the rollout client and the server start-up of
-the local path. asyncio appears only as that host loop.
+Ray runs async actors on an asyncio loop; the agent's logic is trio, on a thread of its own
+beside that loop (:class:`_Trio`), so it reuses the rollout client and the server start-up of
+the local path. asyncio appears only as the loop Ray calls the actor's methods on.
 """
 
 from __future__ import annotations
@@ -32,6 +32,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import threading
 from collections import deque
 from collections.abc import Awaitable, Callable
 from functools import partial
@@ -75,6 +76,9 @@ class AgentSpec(msgspec.Struct, kw_only=True):
     """The shipped bundle to build the environment from (None: ``python`` and ``rollout_dir``
     as they are, a shared filesystem)."""
     stop_grace_s: float = 5.0
+    guest: bool = False
+    """Run the agent's trio in guest mode on Ray's loop, not on a thread of its own (the
+    benchmark's baseline, ``ROLLBRIDGE_AGENT_GUEST=1``)."""
 
 
 def _spawn_lifeline(
@@ -89,8 +93,7 @@ def _spawn_lifeline(
 
 
 def _pack_and_remove(trial: Path) -> Packed:
-    """``trial`` packed, then deleted: one worker-thread trip for both (in guest mode each trip
-    also costs the host loop a wake-up)."""
+    """``trial`` packed, then deleted: one worker-thread trip for both."""
     packed = pack_trial(trial)
     shutil.rmtree(trial, ignore_errors=True)
     return packed
@@ -101,36 +104,62 @@ def _loopback(url: str, port: int) -> str:
     return urlunsplit((parts.scheme, f"127.0.0.1:{port}", parts.path, parts.query, ""))
 
 
-class _Guest:
-    """trio in guest mode on the running asyncio loop; :meth:`call` runs a trio function."""
+class _Trio:
+    """The agent's trio run, beside Ray's asyncio loop; :meth:`call` runs a trio function.
+
+    By default trio runs on a thread of its own (``trio.run``), so its I/O waits are its own
+    ``epoll``; an actor call crosses to it once (``run_sync_soon``) and its answer crosses back
+    once (``call_soon_threadsafe``). With ``guest`` it runs in guest mode on the asyncio loop
+    instead (``start_guest_run``, the design's first choice, kept as the benchmark's baseline:
+    ``ROLLBRIDGE_AGENT_GUEST=1`` on the supervisor): there every trio tick that waits for I/O
+    hands its ``epoll`` wait to a worker thread and its wake-up back to the loop, which the
+    relay's byte pumps and the loopback HTTP of every item pay many times over
+    (docs/scale-out.md "The node agent's trio").
+    """
 
     def __init__(self) -> None:
         self.nursery: trio.Nursery | None = None
         self.token: trio.lowlevel.TrioToken | None = None
         self._stop = trio.Event()
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self.finished = threading.Event()
+        """Set once the trio run has ended (after :meth:`stop`, or when it failed)."""
 
-    async def start(self) -> None:
-        loop = asyncio.get_running_loop()
+    async def start(self, guest: bool) -> None:
+        loop = self._loop = asyncio.get_running_loop()
         ready: asyncio.Future[None] = loop.create_future()
 
         async def main() -> None:
             async with trio.open_nursery() as nursery:
                 self.nursery = nursery
                 self.token = trio.lowlevel.current_trio_token()
-                ready.set_result(None)
+                loop.call_soon_threadsafe(_settle, ready, None, None)
                 await self._stop.wait()
                 nursery.cancel_scope.cancel()
 
-        trio.lowlevel.start_guest_run(
-            main,
-            run_sync_soon_threadsafe=loop.call_soon_threadsafe,
-            done_callback=lambda _outcome: None,
-        )
+        if guest:
+            trio.lowlevel.start_guest_run(
+                main,
+                run_sync_soon_threadsafe=loop.call_soon_threadsafe,
+                done_callback=lambda _outcome: self.finished.set(),
+            )
+        else:
+
+            def run() -> None:
+                try:
+                    trio.run(main)
+                except BaseException as exc:  # reported to the actor's caller (start)
+                    with contextlib.suppress(RuntimeError):  # the loop closed: the actor exits
+                        loop.call_soon_threadsafe(_settle, ready, None, exc)
+                finally:
+                    self.finished.set()
+
+            threading.Thread(target=run, name="rollbridge-agent-trio", daemon=True).start()
         await ready
 
     async def call(self, fn: Callable[..., Awaitable[T]], *args: Any) -> T:
-        assert self.token is not None and self.nursery is not None
-        loop = asyncio.get_running_loop()
+        assert self.token is not None and self.nursery is not None and self._loop is not None
+        loop = self._loop
         result: asyncio.Future[T] = loop.create_future()
         nursery = self.nursery
 
@@ -138,29 +167,44 @@ class _Guest:
             try:
                 value = await fn(*args)
             except trio.Cancelled:
-                if not result.done():
-                    result.cancel()
+                loop.call_soon_threadsafe(_settle, result, None, None, True)
                 raise
             except Exception as exc:
-                if not result.done():
-                    result.set_exception(exc)
+                loop.call_soon_threadsafe(_settle, result, None, exc)
             else:
-                if not result.done():
-                    result.set_result(value)
+                loop.call_soon_threadsafe(_settle, result, value, None)
 
         self.token.run_sync_soon(nursery.start_soon, runner)
         return await result
 
     def stop(self) -> None:
         assert self.token is not None
-        self.token.run_sync_soon(self._stop.set)
+        with contextlib.suppress(trio.RunFinishedError):
+            self.token.run_sync_soon(self._stop.set)
+
+
+def _settle(
+    future: asyncio.Future[Any],
+    value: Any,
+    error: BaseException | None,
+    cancelled: bool = False,
+) -> None:
+    """Resolve ``future`` (on its loop's thread) unless it is done already."""
+    if future.done():
+        return
+    if cancelled:
+        future.cancel()
+    elif error is not None:
+        future.set_exception(error)
+    else:
+        future.set_result(value)
 
 
 class NodeAgent:
     """One replica on one node (made a Ray actor by :mod:`launcher.cluster.run`)."""
 
     def __init__(self) -> None:
-        self._guest = _Guest()
+        self._trio = _Trio()
         self._server: RolloutServer | None = None
         self._transport: RolloutClientTransport | None = None
         self._forward_port = 0
@@ -175,12 +219,12 @@ class NodeAgent:
 
         ``shipped`` holds the object-store reference of the bundle's bytes (nested in a list, so
         Ray leaves it unresolved: it is fetched only when this node lacks the environment)."""
-        await self._guest.start()
         spec = msgspec.json.decode(spec_json, type=AgentSpec)
-        return await self._guest.call(self._start, spec, shipped)
+        await self._trio.start(spec.guest)
+        return await self._trio.call(self._start, spec, shipped)
 
     async def _start(self, spec: AgentSpec, shipped: list[Any] | None) -> dict[str, Any]:
-        nursery = self._guest.nursery
+        nursery = self._trio.nursery
         assert nursery is not None
         python, entrypoint, rollout_dir = spec.python, spec.entrypoint, spec.rollout_dir
         built: bool | None = None
@@ -248,18 +292,18 @@ class NodeAgent:
         """Run one rollout to its terminal result: ``("result", result json, packed trial)``
         (:func:`~launcher.cluster.trial.pack_trial`) or
         ``("refused", status, message, kind)``."""
-        return await self._guest.call(self._run_item, request_json, admission_timeout_s)
+        return await self._trio.call(self._run_item, request_json, admission_timeout_s)
 
     async def submit(self, items: list[tuple[bytes, float]]) -> None:
         """Start each ``(request json, admission timeout)``; their answers (as :meth:`run_item`
         returns, or ``("error", text)`` when running one raised) wait for :meth:`collect`."""
-        await self._guest.call(self._submit, items)
+        await self._trio.call(self._submit, items)
 
     async def _submit(self, items: list[tuple[bytes, float]]) -> None:
-        assert self._guest.nursery is not None
+        assert self._trio.nursery is not None
         for request_json, admission_timeout_s in items:
             request = msgspec.json.decode(request_json, type=RolloutInitRequest)
-            self._guest.nursery.start_soon(self._run_queued, request, admission_timeout_s)
+            self._trio.nursery.start_soon(self._run_queued, request, admission_timeout_s)
 
     async def _run_queued(self, request: RolloutInitRequest, admission_timeout_s: float) -> None:
         try:
@@ -274,7 +318,7 @@ class NodeAgent:
         self, items: list[tuple[bytes, float]], max_items: int, max_bytes: int, linger_s: float
     ) -> list[tuple[str, tuple[Any, ...]]]:
         """:meth:`submit` ``items``, then :meth:`collect`: one actor call for both."""
-        return await self._guest.call(self._exchange, items, max_items, max_bytes, linger_s)
+        return await self._trio.call(self._exchange, items, max_items, max_bytes, linger_s)
 
     async def _exchange(
         self, items: list[tuple[bytes, float]], max_items: int, max_bytes: int, linger_s: float
@@ -288,7 +332,7 @@ class NodeAgent:
         """Wait for an answer and ``linger_s`` more (for the answers finishing with it), then
         return ``(rollout id, answer)`` for every answer finished, at most ``max_items`` and
         about ``max_bytes`` of trial tars (one answer always)."""
-        return await self._guest.call(self._collect, max_items, max_bytes, linger_s)
+        return await self._trio.call(self._collect, max_items, max_bytes, linger_s)
 
     async def _collect(
         self, max_items: int, max_bytes: int, linger_s: float
@@ -333,14 +377,14 @@ class NodeAgent:
     async def cancel(self, rollout_id: str) -> None:
         """Ask the local server to cancel one rollout."""
         if self._transport is not None:
-            await self._guest.call(self._transport.cancel, rollout_id)
+            await self._trio.call(self._transport.cancel, rollout_id)
 
     async def health(self) -> bool:
         """Whether the rollout server answers ``/health`` (the supervisor's ping)."""
         if self._server is None:
             return False
         try:
-            await self._guest.call(self._server.client.health)
+            await self._trio.call(self._server.client.health)
         except Exception:
             return False
         return True
@@ -352,10 +396,10 @@ class NodeAgent:
     async def stop(self, grace_s: float) -> None:
         """Stop the server (SIGTERM, then its group after ``grace_s``) and the relay."""
         if self._server is not None:
-            await self._guest.call(self._server.stop, grace_s)
+            await self._trio.call(self._server.stop, grace_s)
         if self._lifeline is not None and self._lifeline.stdin is not None:
             self._lifeline.stdin.close()
         if self._root is not None:
             shutil.rmtree(self._root, ignore_errors=True)
         with contextlib.suppress(AssertionError):
-            self._guest.stop()
+            self._trio.stop()

@@ -341,6 +341,7 @@ async def open_cluster(ctx: RunContext, services: Services) -> AsyncIterator[Ser
                 relay_host=head_ip,
                 relay_port=relay_port,
                 relay_cert=pem,
+                guest=os.environ.get("ROLLBRIDGE_AGENT_GUEST") == "1",
             )
             python = rollout_python(p.paths.rollout_dir, os.environ)
             uv = find_uv(p.config.experiment.rollout)

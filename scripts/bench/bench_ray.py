@@ -136,6 +136,9 @@ class ThreadSampler:
         self._netns: dict[int, bool] = {}  # pid -> in node 2's network namespace (looked up once)
         self.node2_rate = 0.0
         """Node 2's processes' CPU per second of dispatch (cores), set by :meth:`report`."""
+        self.server: list[dict[int, float]] = []  # at each sample: the head's rollout server's
+        self.server_ms = 0.0
+        """The head's rollout server's CPU per item it ran (ms), set by :meth:`report`."""
 
     def __call__(self, now: float, ps: psutil.Process, bridge: psutil.Process | None) -> None:
         threads: dict[int, tuple[str, float]] = {}
@@ -158,8 +161,15 @@ class ThreadSampler:
                 for conn in holder.net_connections("tcp"):
                     if conn.laddr and conn.laddr.ip == self.head_ip and conn.raddr:
                         self.peers.add((conn.raddr.ip, conn.raddr.port))
+        server: dict[int, float] = {}  # the supervisor's other children: its rollout server
+        with contextlib.suppress(psutil.Error):
+            for child in ps.children(recursive=True):
+                if bridge is None or child.pid != bridge.pid:
+                    with contextlib.suppress(psutil.Error):
+                        server[child.pid] = sum(child.cpu_times()[:2])
         self.samples.append((now, total, threads, bridge_cpu))
         self.node2.append(self._node2_cpu())
+        self.server.append(server)
 
     def _node2_cpu(self) -> dict[int, float]:
         """CPU seconds of each process in node 2's network namespace (empty without one); a
@@ -202,6 +212,13 @@ class ThreadSampler:
             final.update(seen)
         node2 = sum(cpu - first.get(pid, 0.0) for pid, cpu in final.items())
         self.node2_rate = node2 / max(t1 - t0, 1e-9)
+        first, final = self.server[i0], {}
+        for seen in self.server[i0 : i1 + 1]:
+            final.update(seen)
+        remote = _remote(ws, name)
+        head_items = items - remote
+        server = sum(cpu - first.get(pid, 0.0) for pid, cpu in final.items())
+        self.server_ms = server / max(head_items, 1) * 1000
         ended = (total1 - total0) - sum(by_name.values())
         parts = sorted(by_name.items(), key=lambda kv: -kv[1])
         shown = ", ".join(f"{k!r} {v / items * 1000:.3f}" for k, v in parts if v > 0.0)
@@ -211,6 +228,8 @@ class ThreadSampler:
             f"bridge {(bridge1 - bridge0) / items * 1000:.3f} ms/item; "
             f"connections from node 2: {len(self.peers)}; "
             f"node 2's processes {self.node2_rate:.2f} cores"
+            + (f", {node2 / remote * 1000:.3f} ms per item it ran ({remote}); " if remote else "; ")
+            + f"the head's rollout server {self.server_ms:.3f} ms per item it ran ({head_items})"
         )
 
 
@@ -246,13 +265,49 @@ async def _burning(cores: float) -> Any:
             nursery.cancel_scope.cancel()
 
 
+#: ``--probe``: a fixed unit of Python work (JSON, hashing, small dicts: what the servers do)
+#: every 3 ms, each unit's thread CPU written as ``(wall time, ns)``; how dear the same
+#: instructions are for a process that wakes often beside a run, whatever the run's own work.
+PROBE = """
+import hashlib, json, os, struct, sys, time
+fd = os.open(sys.argv[1], os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+doc = {"messages": [{"role": "user", "content": "x" * 120, "n": i} for i in range(6)]}
+while True:
+    time.sleep(0.003)
+    when = time.time()
+    start = time.thread_time_ns()
+    text = json.dumps(doc)
+    back = json.loads(text)
+    digest = hashlib.sha256(text.encode()).hexdigest()
+    index = {m["n"]: m["content"][:8] + digest[:4] for m in back["messages"]}
+    os.write(fd, struct.pack("<dq", when, time.thread_time_ns() - start + 0 * len(index)))
+"""
+
+
+def _probe_unit_us(path: Path, ws: Path, name: str) -> float:
+    """The probe's mean CPU per unit (us) between run ``name``'s first dispatch and last
+    result."""
+    import struct
+
+    log = parse_log(ws / ".osmosis" / "evals" / name / "logs.txt")
+    data = path.read_bytes()
+    costs = [
+        ns
+        for when, ns in struct.iter_unpack("<dq", data[: len(data) // 16 * 16])
+        if log["first_dispatch"] <= when <= log["last_finish"]
+    ]
+    return statistics.fmean(costs) / 1000 if costs else float("nan")
+
+
 def _remote(ws: Path, name: str) -> int:
     """How many of run ``name``'s rollouts ran on node 2."""
     log = (ws / ".osmosis" / "evals" / name / "logs.txt").read_text()
     return log.count("rollout finished on replica")
 
 
-async def main(directory: Path, threads: bool, cpu_only: bool, control: bool) -> None:
+async def main(
+    directory: Path, threads: bool, cpu_only: bool, control: bool, guest: bool, probe: bool
+) -> None:
     ws = setup()
     # The workspace lives under the repo's ignored .bench/: its own git repository, so the
     # rollout's files are shipped to node 2 (the bundle lists a checkout's files through git).
@@ -281,10 +336,22 @@ async def main(directory: Path, threads: bool, cpu_only: bool, control: bool) ->
             bench_eval.PYSPY_DIR = None
         if sampler is not None:
             sampler.report(ws, name)
+        if probe:
+            run["probe_us"] = _probe_unit_us(probe_file, ws, name)
+            print(f"     {name}: the probe {run['probe_us']:.1f} us per unit")
         return run
+
+    probe_file = ws / "probe.bin"
+    probe_file.unlink(missing_ok=True)
 
     async with trio.open_nursery() as nursery:
         upstream = await nursery.start(serve_upstream)
+        if probe:
+            nursery.start_soon(
+                partial(
+                    trio.run_process, [sys.executable, "-c", PROBE, str(probe_file)], check=False
+                )
+            )
         await run_eval(ws, warm, "warmup", upstream, 50)
         await run_eval(ws, warm, "warmup-ray", upstream, 50, extra=ray)
 
@@ -293,14 +360,18 @@ async def main(directory: Path, threads: bool, cpu_only: bool, control: bool) ->
         inner = "dispatch_inner_cpu_ms_per_item"
         runs: dict[str, list[float]] = {"local": [], "per-item": [], "batched": []}
         inside: dict[str, list[float]] = {"local": [], "batched": []}
+        probed: dict[str, list[float]] = {"local": [], "batched": []}
         if AGAINST is not None:
             runs["batched, before"] = []
         if control:
             runs["local, node 2's load beside"] = []
+        if guest:
+            runs["batched, agent in guest mode"] = []
         for n in range(ROUNDS):  # interleaved, so the host's drift hits all three alike
             run = await fast(f"fast-local-{n}")
             runs["local"].append(run[key])
             inside["local"].append(run[inner])
+            probed["local"].append(run.get("probe_us", 0.0))
             os.environ["ROLLBRIDGE_RAY_BATCH"] = "0"
             run = await fast(f"fast-ray-per-item-{n}", ray)
             runs["per-item"].append(run[key])
@@ -310,11 +381,17 @@ async def main(directory: Path, threads: bool, cpu_only: bool, control: bool) ->
             run = await fast(f"fast-ray-{n}", ray, sampler=sampler)
             runs["batched"].append(run[key])
             inside["batched"].append(run[inner])
+            probed["batched"].append(run.get("probe_us", 0.0))
             remote.append(_remote(ws, f"fast-ray-{n}"))
             if control:
                 async with _burning(sampler.node2_rate):
                     run = await fast(f"fast-local-loaded-{n}")
                 runs["local, node 2's load beside"].append(run[key])
+            if guest:
+                os.environ["ROLLBRIDGE_AGENT_GUEST"] = "1"
+                run = await fast(f"fast-ray-guest-{n}", ray)
+                del os.environ["ROLLBRIDGE_AGENT_GUEST"]
+                runs["batched, agent in guest mode"].append(run[key])
             if AGAINST is not None:
                 run = await fast(f"fast-ray-before-{n}", ray, tree=AGAINST)
                 runs["batched, before"].append(run[key])
@@ -331,6 +408,14 @@ async def main(directory: Path, threads: bool, cpu_only: bool, control: bool) ->
         _line("supervisor CPU per item, dispatch, batched calls", local, spread, key, "ms")
         if before:
             _line("the same, the tree BENCH_AGAINST (before)", local, before[0], key, "ms")
+        if guest:
+            _line(
+                "the same, node 2's agent in guest mode (--guest)",
+                local,
+                medians["batched, agent in guest mode"],
+                key,
+                "ms",
+            )
         _line(
             "the same, strictly inside dispatch (no edge's 50 ms)",
             {inner: statistics.median(inside["local"])},
@@ -344,6 +429,24 @@ async def main(directory: Path, threads: bool, cpu_only: bool, control: bool) ->
             f"medians): median {statistics.median(paired):.2f}, range {paired[0]:.2f} to "
             f"{paired[-1]:.2f}"
         )
+        if probe:
+            _line(
+                "the probe's CPU per unit of fixed work beside the runs (--probe)",
+                {"us": statistics.median(probed["local"])},
+                {"us": statistics.median(probed["batched"])},
+                "us",
+                "us",
+            )
+            fair = sorted(
+                (r / lo) / (pr / pl)
+                for r, lo, pr, pl in zip(
+                    runs["batched"], runs["local"], probed["batched"], probed["local"], strict=True
+                )
+            )
+            print(
+                "   each round's own ratio over its probe's ratio: median "
+                f"{statistics.median(fair):.2f}, range {fair[0]:.2f} to {fair[-1]:.2f}"
+            )
         if control:
             loaded = medians["local, node 2's load beside"]
             _line(
@@ -426,6 +529,8 @@ if __name__ == "__main__":
                 "--threads" in sys.argv,
                 "--cpu-only" in sys.argv,
                 "--control" in sys.argv,
+                "--guest" in sys.argv,
+                "--probe" in sys.argv,
             )
         finally:
             _testbed("down", bed)
