@@ -38,6 +38,14 @@ namespace); it tells whether that load alone inflates the supervisor's CPU per i
 with a journal (``mkfs.ext4``'s default), loop-mounted for the invocation: this machine's root
 file system has none, which makes each file created dearer after recent deletions
 (``bench_eval._set_aside``; docs/scale-out.md).
+``--probe`` runs a fixed unit of Python work every 3 ms beside every run (:data:`PROBE`) and
+prints its CPU per unit during each dispatch: whether the machine itself is dearer for a process
+that wakes often while ``--ray`` runs. ``--half`` adds to each round a local run at 25 in flight
+(half the slots): what the head's processes pay per item when they hold half as many items at
+once, as they do in a ``--ray`` run whose node 2 turns its slots over slowly. ``--guest`` adds to
+each round a batched ``--ray`` run whose node agent runs trio in guest mode on Ray's loop
+(``ROLLBRIDGE_AGENT_GUEST=1``), the agent's former design. Each fast run's ``--threads`` line
+also gives node 2's CPU per item it ran and the head's rollout server's per item it ran.
 ``BENCH_AGAINST=DIR`` adds to each round of case 1 a batched ``--ray`` run from the source tree
 DIR (before and after in one invocation); ``BENCH_PYSPY=DIR`` samples each measured supervisor
 and its bridge with ``py-spy record --native`` (inflated figures: for finding hot spots).
@@ -305,9 +313,9 @@ def _remote(ws: Path, name: str) -> int:
     return log.count("rollout finished on replica")
 
 
-async def main(
-    directory: Path, threads: bool, cpu_only: bool, control: bool, guest: bool, probe: bool
-) -> None:
+async def main(directory: Path, flags: set[str]) -> None:
+    threads, cpu_only, control = "--threads" in flags, "--cpu-only" in flags, "--control" in flags
+    guest, probe, half = "--guest" in flags, "--probe" in flags, "--half" in flags
     ws = setup()
     # The workspace lives under the repo's ignored .bench/: its own git repository, so the
     # rollout's files are shipped to node 2 (the bundle lists a checkout's files through git).
@@ -324,13 +332,14 @@ async def main(
         extra: tuple[str, ...] = (),
         tree: Path | None = None,
         sampler: ThreadSampler | None = None,
+        in_flight: int = 50,
     ) -> dict[str, Any]:
         if sampler is None and threads:
             sampler = ThreadSampler(head_ip)
         bench_eval.PYSPY_DIR = PYSPY_DIR  # the measured runs only, not the warm-ups
         try:
             run = await run_eval(
-                ws, config, name, upstream, 50, tree=tree, extra=extra, on_sample=sampler
+                ws, config, name, upstream, in_flight, tree=tree, extra=extra, on_sample=sampler
             )
         finally:
             bench_eval.PYSPY_DIR = None
@@ -367,11 +376,16 @@ async def main(
             runs["local, node 2's load beside"] = []
         if guest:
             runs["batched, agent in guest mode"] = []
+        if half:
+            runs["local, 25 in flight"] = []
         for n in range(ROUNDS):  # interleaved, so the host's drift hits all three alike
             run = await fast(f"fast-local-{n}")
             runs["local"].append(run[key])
             inside["local"].append(run[inner])
             probed["local"].append(run.get("probe_us", 0.0))
+            if half:
+                run = await fast(f"fast-local-half-{n}", in_flight=25)
+                runs["local, 25 in flight"].append(run[key])
             os.environ["ROLLBRIDGE_RAY_BATCH"] = "0"
             run = await fast(f"fast-ray-per-item-{n}", ray)
             runs["per-item"].append(run[key])
@@ -446,6 +460,14 @@ async def main(
             print(
                 "   each round's own ratio over its probe's ratio: median "
                 f"{statistics.median(fair):.2f}, range {fair[0]:.2f} to {fair[-1]:.2f}"
+            )
+        if half:
+            _line(
+                "batched --ray over a local run at 25 in flight (--half)",
+                medians["local, 25 in flight"],
+                spread,
+                key,
+                "ms",
             )
         if control:
             loaded = medians["local, node 2's load beside"]
@@ -523,15 +545,7 @@ if __name__ == "__main__":
             print(f"run directories on a fresh ext4 with a journal: {bench_eval.BENCH}")
         try:
             _testbed("up", bed)
-            trio.run(
-                main,
-                bed,
-                "--threads" in sys.argv,
-                "--cpu-only" in sys.argv,
-                "--control" in sys.argv,
-                "--guest" in sys.argv,
-                "--probe" in sys.argv,
-            )
+            trio.run(main, bed, set(sys.argv[1:]))
         finally:
             _testbed("down", bed)
             shutil.rmtree(bed, ignore_errors=True)
