@@ -50,6 +50,10 @@ writing ``DIR/<name>.prof``; ``--py-spy DIR`` samples each supervisor with
 ``py-spy record --native`` into ``DIR/<name>.txt`` (collapsed stacks; py-spy is not a
 dependency of the project: ``uv pip install py-spy`` into the venv first). Profiled figures are
 inflated: use them to find hot spots, not to measure.
+
+Why one module of this size: its seven cases share the workspace, the fake provider and
+``run_eval``, which bench_ray imports too; the cases are short, and apart they would only
+import each other.
 """
 
 from __future__ import annotations

@@ -49,6 +49,9 @@ also gives node 2's CPU per item it ran and the head's rollout server's per item
 ``BENCH_AGAINST=DIR`` adds to each round of case 1 a batched ``--ray`` run from the source tree
 DIR (before and after in one invocation); ``BENCH_PYSPY=DIR`` samples each measured supervisor
 and its bridge with ``py-spy record --native`` (inflated figures: for finding hot spots).
+
+Why one module of this size: it is one benchmark, its case, the samplers that explain it and
+the flags that vary it; each part is used only here and read together with the others.
 """
 
 from __future__ import annotations
