@@ -306,10 +306,12 @@ async def run_eval(
     backlog: int | None = None,
     tree: Path | None = None,
     extra: tuple[str, ...] = (),
-    on_sample: Callable[[float, psutil.Process, psutil.Process | None], None] | None = None,
+    on_sample: Callable[[float, psutil.Process, psutil.Process | None, dict[int, float]], None]
+    | None = None,
 ) -> dict[str, Any]:
-    """Run one ``eval run`` and measure it; ``on_sample(time, supervisor, bridge)`` is also
-    called at each 50 ms sample (bench_ray's per-thread figures)."""
+    """Run one ``eval run`` and measure it; ``on_sample(time, supervisor, bridge, others)`` is
+    also called at each 50 ms sample (bench_ray's per-thread figures; ``others``: the CPU of the
+    supervisor's other children, its rollout server, by pid)."""
     env = {k: v for k, v in os.environ.items() if k not in _UNWARM and not k.endswith("_API_KEY")}
     if tree is not None:
         env["PYTHONPATH"] = str(tree)
@@ -394,7 +396,7 @@ async def run_eval(
                 )
                 samples.append((time.time(), cpu, main_cpu, bridge_cpu))
                 if on_sample is not None:
-                    on_sample(samples[-1][0], ps, bridge)
+                    on_sample(samples[-1][0], ps, bridge, dict(others))
             except psutil.Error:
                 pass
             await trio.sleep(0.05)
@@ -428,6 +430,8 @@ async def run_eval(
         "start_to_first_dispatch_s": log["first_dispatch"] - started,
         "preflight_to_first_dispatch_s": log["first_dispatch"] - log["preflight_start"],
         "dispatch_wall_s": log["last_finish"] - log["first_dispatch"],
+        "first_dispatch": log["first_dispatch"],
+        "last_finish": log["last_finish"],
         "last_result_to_exit_s": exited - log["last_finish"],
         "finished": log["finished"],
         "median_item_ms": median_item_ms(run),

@@ -61,6 +61,7 @@ import fcntl
 import os
 import shutil
 import statistics
+import struct
 import subprocess
 import sys
 import tempfile
@@ -151,7 +152,13 @@ class ThreadSampler:
         self.server_ms = 0.0
         """The head's rollout server's CPU per item it ran (ms), set by :meth:`report`."""
 
-    def __call__(self, now: float, ps: psutil.Process, bridge: psutil.Process | None) -> None:
+    def __call__(
+        self,
+        now: float,
+        ps: psutil.Process,
+        bridge: psutil.Process | None,
+        others: dict[int, float],
+    ) -> None:
         threads: dict[int, tuple[str, float]] = {}
         for task in Path(f"/proc/{ps.pid}/task").iterdir():
             try:  # schedstat: nanoseconds on the CPU (stat's ticks are 10 ms coarse)
@@ -172,15 +179,9 @@ class ThreadSampler:
                 for conn in holder.net_connections("tcp"):
                     if conn.laddr and conn.laddr.ip == self.head_ip and conn.raddr:
                         self.peers.add((conn.raddr.ip, conn.raddr.port))
-        server: dict[int, float] = {}  # the supervisor's other children: its rollout server
-        with contextlib.suppress(psutil.Error):
-            for child in ps.children(recursive=True):
-                if bridge is None or child.pid != bridge.pid:
-                    with contextlib.suppress(psutil.Error):
-                        server[child.pid] = sum(child.cpu_times()[:2])
         self.samples.append((now, total, threads, bridge_cpu))
         self.node2.append(self._node2_cpu())
-        self.server.append(server)
+        self.server.append(others)
 
     def _node2_cpu(self) -> dict[int, float]:
         """CPU seconds of each process in node 2's network namespace (empty without one); a
@@ -291,21 +292,17 @@ while True:
     back = json.loads(text)
     digest = hashlib.sha256(text.encode()).hexdigest()
     index = {m["n"]: m["content"][:8] + digest[:4] for m in back["messages"]}
-    os.write(fd, struct.pack("<dq", when, time.thread_time_ns() - start + 0 * len(index)))
+    os.write(fd, struct.pack("<dq", when, time.thread_time_ns() - start))
 """
 
 
-def _probe_unit_us(path: Path, ws: Path, name: str) -> float:
-    """The probe's mean CPU per unit (us) between run ``name``'s first dispatch and last
-    result."""
-    import struct
-
-    log = parse_log(ws / ".osmosis" / "evals" / name / "logs.txt")
+def _probe_unit_us(path: Path, run: dict[str, Any]) -> float:
+    """The probe's mean CPU per unit (us) between ``run``'s first dispatch and last result."""
     data = path.read_bytes()
     costs = [
         ns
         for when, ns in struct.iter_unpack("<dq", data[: len(data) // 16 * 16])
-        if log["first_dispatch"] <= when <= log["last_finish"]
+        if run["first_dispatch"] <= when <= run["last_finish"]
     ]
     return statistics.fmean(costs) / 1000 if costs else float("nan")
 
@@ -349,7 +346,7 @@ async def main(directory: Path, flags: set[str]) -> None:
         if sampler is not None:
             sampler.report(ws, name)
         if probe:
-            run["probe_us"] = _probe_unit_us(probe_file, ws, name)
+            run["probe_us"] = _probe_unit_us(probe_file, run)
             print(f"     {name}: the probe {run['probe_us']:.1f} us per unit")
         return run
 
