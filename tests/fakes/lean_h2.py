@@ -167,6 +167,21 @@ async def _goaway(conn: _Connection, last: int) -> None:
             raise _Gone from None
 
 
+async def _linger(stream: trio.abc.Stream) -> None:
+    """Close gracefully as nginx's lingering close does: no more bytes from us (FIN), then
+    read what the client still sends until it closes or a second passed. Closing with the
+    client's bytes unread (its WINDOW_UPDATEs, a stream it opened before it read the GOAWAY)
+    would make the kernel answer with a reset that drops the last answer's unsent tail."""
+    try:
+        if isinstance(stream, trio.SocketStream):
+            await stream.send_eof()
+        with trio.move_on_after(1.0):
+            while await stream.receive_some(_MAX_RECV):
+                pass
+    except _DROPPED:
+        pass
+
+
 async def serve_h2(
     stream: trio.abc.Stream,
     received: bytes,
@@ -221,6 +236,8 @@ async def serve_h2(
                 if last is not None:
                     # Gracefully closing: done once the requests kept are answered.
                     data = await _poll(conn)
+                    if data is None:
+                        await _linger(stream)
                     continue
                 try:
                     data = bytes(await stream.receive_some(_MAX_RECV)) or None
