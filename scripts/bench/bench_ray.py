@@ -44,7 +44,10 @@ that wakes often while ``--ray`` runs. ``--half`` adds to each round a local run
 (half the slots): what the head's processes pay per item when they hold half as many items at
 once, as they do in a ``--ray`` run whose node 2 turns its slots over slowly. ``--guest`` adds to
 each round a batched ``--ray`` run whose node agent runs trio in guest mode on Ray's loop
-(``ROLLBRIDGE_AGENT_GUEST=1``), the agent's former design. Each fast run's ``--threads`` line
+(``ROLLBRIDGE_AGENT_GUEST=1``), the agent's former design. ``--plain`` adds to each round a
+batched ``--ray`` run whose supervisor finds no ``openssl`` (:func:`_path_without_openssl`), so
+the bridge's door serves node 2 over plain TCP (``RELAY_WITHOUT_TLS``): what the hop's TLS
+costs the head, in the same invocation (a measurement only: a real run keeps TLS). Each fast run's ``--threads`` line
 also gives node 2's CPU per item it ran and the head's rollout server's per item it ran.
 ``BENCH_AGAINST=DIR`` adds to each round of case 1 a batched ``--ray`` run from the source tree
 DIR (before and after in one invocation); ``BENCH_PYSPY=DIR`` samples each measured supervisor
@@ -79,6 +82,9 @@ from bench_eval import REPO, dataset, parse_log, run_eval, serve_upstream, setup
 
 TESTBED = REPO / "scripts" / "ray-testbed"
 ROUNDS = int(os.environ.get("BENCH_ROUNDS", "3"))
+#: ``BENCH_ROWS``: the rows of case 1 (default 1000): a larger run spreads what a run pays once
+#: inside its dispatch (node 2's TLS handshakes, its first calls) over more items.
+ROWS = int(os.environ.get("BENCH_ROWS", "1000"))
 LOCK = "/tmp/rollbridge-ray-testbed.lock"  # as tests/cluster/conftest.py: one test bed at a time
 #: ``BENCH_PYSPY=DIR``: sample each measured supervisor (and its bridge) with py-spy into DIR
 #: (as ``bench_eval.py --py-spy``; profiled figures are inflated: for hot spots only).
@@ -86,6 +92,19 @@ PYSPY_DIR = Path(os.environ["BENCH_PYSPY"]).resolve() if os.environ.get("BENCH_P
 #: ``BENCH_AGAINST=DIR``: each round also runs ``--ray`` batched from the source tree DIR (on
 #: ``PYTHONPATH``, as ``bench_eval.py --against``): before and after in one invocation.
 AGAINST = Path(os.environ["BENCH_AGAINST"]).resolve() if os.environ.get("BENCH_AGAINST") else None
+
+
+def _path_without_openssl(into: Path) -> str:
+    """A ``PATH`` of one directory, ``into``, holding a symlink to every executable on this
+    ``PATH`` (the first of each name) except ``openssl``."""
+    into.mkdir(parents=True, exist_ok=True)
+    for entry in os.environ.get("PATH", "").split(os.pathsep):
+        with contextlib.suppress(OSError):
+            for name in os.listdir(entry):
+                link = into / name
+                if name != "openssl" and not link.is_symlink():
+                    link.symlink_to(Path(entry) / name)
+    return str(into)
 
 
 @contextlib.contextmanager
@@ -316,11 +335,13 @@ def _remote(ws: Path, name: str) -> int:
 async def main(directory: Path, flags: set[str]) -> None:
     threads, cpu_only, control = "--threads" in flags, "--cpu-only" in flags, "--control" in flags
     guest, probe, half = "--guest" in flags, "--probe" in flags, "--half" in flags
+    plain = "--plain" in flags
     ws = setup()
     # The workspace lives under the repo's ignored .bench/: its own git repository, so the
     # rollout's files are shipped to node 2 (the bundle lists a checkout's files through git).
     await trio.run_process(["git", "init", "-q", str(ws)])
     config = dataset(ws, 1000)
+    fast_config = dataset(ws, ROWS)
     warm = dataset(ws, 200)
     address = _read_env(directory)["RB_ADDRESS"]
     os.environ.update(_read_env(directory))
@@ -339,7 +360,14 @@ async def main(directory: Path, flags: set[str]) -> None:
         bench_eval.PYSPY_DIR = PYSPY_DIR  # the measured runs only, not the warm-ups
         try:
             run = await run_eval(
-                ws, config, name, upstream, in_flight, tree=tree, extra=extra, on_sample=sampler
+                ws,
+                fast_config,
+                name,
+                upstream,
+                in_flight,
+                tree=tree,
+                extra=extra,
+                on_sample=sampler,
             )
         finally:
             bench_eval.PYSPY_DIR = None
@@ -378,6 +406,9 @@ async def main(directory: Path, flags: set[str]) -> None:
             runs["batched, agent in guest mode"] = []
         if half:
             runs["local, 25 in flight"] = []
+        if plain:
+            runs["batched, plain TCP"] = []
+            plain_path = _path_without_openssl(directory / "no-openssl")
         for n in range(ROUNDS):  # interleaved, so the host's drift hits all three alike
             run = await fast(f"fast-local-{n}")
             runs["local"].append(run[key])
@@ -406,6 +437,16 @@ async def main(directory: Path, flags: set[str]) -> None:
                 run = await fast(f"fast-ray-guest-{n}", ray)
                 del os.environ["ROLLBRIDGE_AGENT_GUEST"]
                 runs["batched, agent in guest mode"].append(run[key])
+            if plain:
+                with_tls, os.environ["PATH"] = os.environ["PATH"], plain_path
+                try:
+                    run = await fast(f"fast-ray-plain-{n}", ray)
+                finally:
+                    os.environ["PATH"] = with_tls
+                log = ws / ".osmosis" / "evals" / f"fast-ray-plain-{n}" / "logs.txt"
+                if '"tls":false' not in log.read_text():
+                    raise SystemExit("--plain: the run's door still served TLS (openssl found)")
+                runs["batched, plain TCP"].append(run[key])
             if AGAINST is not None:
                 run = await fast(f"fast-ray-before-{n}", ray, tree=AGAINST)
                 runs["batched, before"].append(run[key])
@@ -417,7 +458,7 @@ async def main(directory: Path, flags: set[str]) -> None:
         medians = {k: {key: statistics.median(v)} for k, v in runs.items()}
         local, per_item, spread = medians["local"], medians["per-item"], medians["batched"]
         before = [medians["batched, before"]] if AGAINST is not None else []
-        print(f"1) 1000 rows, 0 ms upstream, 50 in flight (median of {ROUNDS} rounds)")
+        print(f"1) {ROWS} rows, 0 ms upstream, 50 in flight (median of {ROUNDS} rounds)")
         _line("supervisor CPU per item, dispatch, one call per item", local, per_item, key, "ms")
         _line("supervisor CPU per item, dispatch, batched calls", local, spread, key, "ms")
         if before:
@@ -427,6 +468,14 @@ async def main(directory: Path, flags: set[str]) -> None:
                 "the same, node 2's agent in guest mode (--guest)",
                 local,
                 medians["batched, agent in guest mode"],
+                key,
+                "ms",
+            )
+        if plain:
+            _line(
+                "the same, node 2's calls over plain TCP (--plain: no TLS on the hop)",
+                local,
+                medians["batched, plain TCP"],
                 key,
                 "ms",
             )
