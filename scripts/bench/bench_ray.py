@@ -47,8 +47,9 @@ each round a batched ``--ray`` run whose node agent runs trio in guest mode on R
 (``ROLLBRIDGE_AGENT_GUEST=1``), the agent's former design. ``--plain`` adds to each round a
 batched ``--ray`` run whose supervisor finds no ``openssl`` (:func:`_path_without_openssl`), so
 the bridge's door serves node 2 over plain TCP (``RELAY_WITHOUT_TLS``): what the hop's TLS
-costs the head, in the same invocation (a measurement only: a real run keeps TLS). Each fast run's ``--threads`` line
-also gives node 2's CPU per item it ran and the head's rollout server's per item it ran.
+costs the head, in the same invocation (a measurement only: a real run keeps TLS). Each fast
+run's ``--threads`` line also gives node 2's CPU per item it ran and the head's rollout
+server's per item it ran. ``BENCH_ROWS`` sets case 1's rows (default 1000).
 ``BENCH_AGAINST=DIR`` adds to each round of case 1 a batched ``--ray`` run from the source tree
 DIR (before and after in one invocation); ``BENCH_PYSPY=DIR`` samples each measured supervisor
 and its bridge with ``py-spy record --native`` (inflated figures: for finding hot spots).
