@@ -35,6 +35,9 @@ RULES: dict[str, frozenset[str]] = {
             # File work too (stdlib and the wheelhouse): the rollout's offline bundle, which
             # --ray ships to the other nodes (launcher.cluster.ship).
             "rollout_server.harbor.bundle",
+            # Stdlib file locks: the node cache of rollout environments is pruned like the
+            # bundle cache, with the same use locks (launcher.cluster.ship).
+            "rollout_server.harbor.cachekeep",
         }
     ),
     "bridge": frozenset({"rollout_server.net", "rollout_server.protocol"}),

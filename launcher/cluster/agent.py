@@ -44,13 +44,14 @@ import msgspec
 import trio
 
 from launcher.cluster.relay import pinned_client, relay_to
-from launcher.cluster.ship import ShipInfo, ensure_env
+from launcher.cluster.ship import NodeEnv, ShipInfo, ensure_env
 from launcher.cluster.trial import Packed, pack_trial, packed_size
 from launcher.dispatch import RolloutRefused
 from launcher.dispatch_io import RolloutClientTransport
 from launcher.resultwait import batched_wait_wanted
 from launcher.rollout_child import RolloutServer, ServerLaunch, start_rollout_server
 from rollout_server.harbor.bundle import SHIPPED_BUNDLE_ENV
+from rollout_server.harbor.cachekeep import Pruned
 from rollout_server.protocol import RolloutInitRequest
 
 __all__ = ["AgentSpec", "NodeAgent"]
@@ -213,6 +214,7 @@ class NodeAgent:
         self._tail: deque[str] = deque(maxlen=_TAIL_LINES)
         self._answers: deque[tuple[str, tuple[Any, ...]]] = deque()
         self._answered: trio.Event | None = None
+        self._env: NodeEnv | None = None  # holds its environment's use lock for the agent's life
 
     async def start(self, spec_json: bytes, shipped: list[Any] | None = None) -> dict[str, Any]:
         """Start the relay, the rollout server and its lifeline; return this replica's facts.
@@ -228,6 +230,7 @@ class NodeAgent:
         assert nursery is not None
         python, entrypoint, rollout_dir = spec.python, spec.entrypoint, spec.rollout_dir
         built: bool | None = None
+        pruned = Pruned()
         base_env = {k: v for k, v in os.environ.items() if not k.startswith("RAY_")}
         if spec.ship is not None and shipped:
             ref = shipped[0]
@@ -244,7 +247,7 @@ class NodeAgent:
                 str(env.entrypoint),
                 str(env.rollout_dir),
             )
-            built = env.built
+            built, pruned, self._env = env.built, env.pruned, env
             base_env[SHIPPED_BUNDLE_ENV] = str(env.bundle)
         tls = pinned_client(spec.relay_cert) if spec.relay_cert else None
         handler = relay_to(spec.relay_host, spec.relay_port, tls=tls)
@@ -286,6 +289,7 @@ class NodeAgent:
             "sdk_version": server.sdk_version,
             "python": python,
             "env_built": built,
+            "env_pruned": [pruned.entries, pruned.bytes],
         }
 
     async def run_item(self, request_json: bytes, admission_timeout_s: float) -> tuple[Any, ...]:

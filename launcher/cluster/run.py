@@ -193,6 +193,14 @@ class _Cluster:
             "replica environment " + ("built" if facts.get("env_built") else "reused"),
             {"node": address, "python": facts.get("python"), "bundle": ship.digest[:12]},
         )
+        removed, freed = facts.get("env_pruned") or (0, 0)
+        if removed:
+            self.ctx.log(
+                "INFO",
+                "cluster",
+                "node cache pruned",
+                {"node": address, "environments": removed, "bytes": freed},
+            )
         # A server without a capacity (an unbounded backend) takes what a local run would send.
         capacity = int(facts.get("capacity") or self.default_capacity)
         self.transport.add(Replica(address, node_id, capacity, actor=actor))

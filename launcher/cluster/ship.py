@@ -18,9 +18,12 @@ cap, and nothing of the run goes into a ``runtime_env``, so no secret can end up
 On a node, :func:`ensure_env` keeps ``<cache>/<digest>/`` (``$ROLLBRIDGE_NODE_CACHE``, default
 ``~/.cache/rollbridge/node-envs``): the unpacked bundle, a venv built from it with ``uv venv`` and
 ``uv pip install --offline --no-index --find-links`` (``UV_OFFLINE=1``; no node needs the
-package index), and a ``ready.json`` written last. An exclusive ``flock`` on ``<digest>.lock``
+package index), and a ``ready.json`` written last. An exclusive ``flock`` on ``<digest>.build``
 serialises the agents of one node (two runs on the same bundle: one builds, the other waits and
-reuses it); a directory without ``ready.json`` is a crashed build and is made again.
+reuses it); a directory without ``ready.json`` is a crashed build and is made again. An agent
+holds its environment (a shared lock on ``<digest>.lock``,
+:mod:`rollout_server.harbor.cachekeep`) for its life, and each build prunes the cache to the
+:data:`KEEP` most recently used environments (``$ROLLBRIDGE_NODE_CACHE_KEEP``) and the held ones.
 """
 
 from __future__ import annotations
@@ -38,7 +41,7 @@ import sys
 import tarfile
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -47,6 +50,7 @@ import trio
 
 from launcher.dispatch import LogFn
 from rollout_server.harbor.bundle import MANIFEST, build_bundle
+from rollout_server.harbor.cachekeep import Hold, Pruned, hold, keep_count, prune
 
 __all__ = [
     "CACHE_ENV",
@@ -61,6 +65,9 @@ __all__ = [
 
 #: Where a node keeps its rollout environments (read on the node, by its agent).
 CACHE_ENV = "ROLLBRIDGE_NODE_CACHE"
+#: Environments a node keeps besides the held ones (``$ROLLBRIDGE_NODE_CACHE_KEEP``, >= 1).
+KEEP = 5
+KEEP_ENV = "ROLLBRIDGE_NODE_CACHE_KEEP"
 READY = "ready.json"
 _DIGEST = re.compile(r"^[0-9a-f]{64}$")
 _UV_TIMEOUT_S = 600.0
@@ -97,6 +104,10 @@ class NodeEnv:
     bundle: Path
     """The unpacked bundle, with this node's uv: a complete sandbox bundle for a Harbor replica
     (:data:`rollout_server.harbor.bundle.SHIPPED_BUNDLE_ENV`)."""
+    hold: Hold | None = None
+    """Its use lock: the cache is not pruned of it while held (the agent's life)."""
+    pruned: Pruned = field(default_factory=Pruned)
+    """What this call's build pruned from the cache."""
 
 
 def pack(
@@ -106,11 +117,15 @@ def pack(
     Blocking (it may build wheels): call it on a worker thread."""
     try:
         bundle = build_bundle(rollout_dir, python=python, wheelhouse=wheelhouse)
-        manifest = json.loads((bundle.directory / MANIFEST).read_bytes())
-        buffer = io.BytesIO()
-        with tarfile.open(fileobj=buffer, mode="w") as tar:
-            tar.add(bundle.directory / MANIFEST, arcname=MANIFEST)
-            tar.add(bundle.directory / "wheels", arcname="wheels")
+        try:
+            manifest = json.loads((bundle.directory / MANIFEST).read_bytes())
+            buffer = io.BytesIO()
+            with tarfile.open(fileobj=buffer, mode="w") as tar:
+                tar.add(bundle.directory / MANIFEST, arcname=MANIFEST)
+                tar.add(bundle.directory / "wheels", arcname="wheels")
+        finally:
+            if bundle.hold is not None:  # the tar is made: the cache may prune it from now on
+                bundle.hold.release()
     except (OSError, ValueError, RuntimeError) as exc:
         raise ShipError(f"cannot bundle the rollout for the other nodes: {exc}") from None
     data = buffer.getvalue()
@@ -191,23 +206,32 @@ def ensure_env(info: ShipInfo, fetch: Callable[[], bytes], root: Path | None = N
         raise ShipError(f"malformed bundle digest {info.digest[:80]!r}")
     root = root if root is not None else default_node_cache()
     directory = root / info.digest
-    found = _ready(directory, info)
-    if found is not None:
-        return found
     try:
         root.mkdir(parents=True, exist_ok=True)
-        with _locked(root / f"{info.digest}.lock"):
+        held = hold(root, info.digest)  # before the lookup: a prune cannot take it once found
+    except OSError as exc:
+        raise ShipError(f"cannot build the rollout environment under {root}: {exc}") from None
+    try:
+        found = _ready(directory, info)
+        if found is not None:
+            return replace(found, hold=held)
+        with _locked(root / f"{info.digest}.build"):
             found = _ready(directory, info)
             if found is not None:
-                return found
+                return replace(found, hold=held)
             shutil.rmtree(directory, ignore_errors=True)
             try:
-                return _build(info, fetch(), directory)
+                built = _build(info, fetch(), directory)
             except BaseException:
                 shutil.rmtree(directory, ignore_errors=True)
                 raise
-    except (OSError, tarfile.TarError) as exc:
-        raise ShipError(f"cannot build the rollout environment under {root}: {exc}") from None
+    except BaseException as exc:
+        held.abandon(directory)
+        if isinstance(exc, (OSError, tarfile.TarError)):
+            raise ShipError(f"cannot build the rollout environment under {root}: {exc}") from None
+        raise
+    pruned = prune(root, keep_count(KEEP_ENV, KEEP), current=info.digest)
+    return replace(built, hold=held, pruned=pruned)
 
 
 @contextmanager

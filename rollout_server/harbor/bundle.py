@@ -17,6 +17,10 @@ rollout's files, the source-built dependencies' trees, each repacked distributio
 RECORD hash), the venv's Python major.minor and :data:`FORMAT`, so an unchanged rollout finds its
 bundle again without building anything. :func:`ensure_image` (``image.py``) turns a bundle and a
 task's ``environment/`` into a sandbox image.
+
+The cache keeps the :data:`KEEP` most recently used bundles: each build prunes the others that
+no live process holds (:mod:`.cachekeep`; a bundle found or built is held by the process that
+asked for it until it exits or releases :attr:`Bundle.hold`).
 """
 
 from __future__ import annotations
@@ -27,20 +31,20 @@ import os
 import re
 import shutil
 import subprocess
-import sys
-import sysconfig
 import tempfile
 import time
 import tomllib
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+from .cachekeep import Hold, hold, keep_count, prune
 from .wheelhouse import (
     BundleError,
     InstalledDist,
     file_sha256,
+    find_uv,
     installed_dists,
     normalize_name,
     repack,
@@ -93,36 +97,18 @@ class Bundle:
     requirement: str
     #: The import package whose directory holds the rollout's files (``import main`` from there).
     package_dir_name: str
+    #: Its use lock (:mod:`.cachekeep`): released with the process or by a caller done with it.
+    hold: Hold | None = field(default=None, compare=False, repr=False)
+
+
+#: Bundles kept in the cache besides held ones (``$ROLLBRIDGE_BUNDLE_KEEP``, >= 1).
+KEEP = 5
+KEEP_ENV = "ROLLBRIDGE_BUNDLE_KEEP"
 
 
 def default_cache_root() -> Path:
     """``~/.cache/rollbridge/bundles``."""
     return Path.home() / ".cache" / "rollbridge" / "bundles"
-
-
-def find_uv(explicit: str | None = None) -> str:
-    """The host's uv: ``explicit``, ``$UV``, ``uv`` on PATH, then next to this interpreter (where
-    the ``uv`` package installs its binary), ``~/.local/bin`` and ``~/.cargo/bin``."""
-    if explicit is not None:
-        if os.access(explicit, os.X_OK) and Path(explicit).is_file():
-            return explicit
-        raise BundleError(f"uv={explicit!r} is not an executable file; pass the path of uv")
-    candidates = [os.environ.get("UV", ""), shutil.which("uv") or ""]
-    scripts = sysconfig.get_path("scripts")
-    if scripts:
-        candidates.append(str(Path(scripts) / "uv"))
-    candidates += [
-        str(Path(sys.executable).parent / "uv"),
-        str(Path.home() / ".local" / "bin" / "uv"),
-        str(Path.home() / ".cargo" / "bin" / "uv"),
-    ]
-    for candidate in candidates:
-        if candidate and Path(candidate).is_file() and os.access(candidate, os.X_OK):
-            return candidate
-    raise BundleError(
-        "uv is needed to build the sandbox bundle and was not found; install uv or set UV to "
-        "its path"
-    )
 
 
 def _read_project(project_dir: Path) -> dict[str, Any]:
@@ -413,32 +399,52 @@ def build_bundle(
     plan = _Plan(project_dir, Path(python), wheelhouse)
     root = Path(cache_root) if cache_root is not None else default_cache_root()
     directory = root / plan.digest
-    found = _cached(directory, plan.digest)
-    if found is not None:
-        emit(f"bundle: {plan.digest[:12]} cached ({time.monotonic() - started:.2f} s)")
-        return found
-    uv_path = find_uv(uv)
-    root.mkdir(parents=True, exist_ok=True)
+    try:
+        root.mkdir(parents=True, exist_ok=True)
+        # Held before the lookup, so a prune cannot take the bundle once found (cachekeep).
+        held = hold(root, plan.digest)
+    except OSError as exc:
+        raise BundleError(f"cannot use the bundle cache {root}: {exc}") from exc
+    try:
+        found = _cached(directory, plan.digest)
+        if found is not None:
+            emit(f"bundle: {plan.digest[:12]} cached ({time.monotonic() - started:.2f} s)")
+            return replace(found, hold=held)
+        built = _publish(plan, root, directory, find_uv(uv), emit)
+    except BaseException:
+        held.abandon(directory)
+        raise
+    emit(f"bundle: {plan.digest[:12]} built in {time.monotonic() - started:.1f} s")
+    keep = keep_count(KEEP_ENV, KEEP)
+    if (pruned := prune(root, keep, current=plan.digest)).entries:
+        emit(f"bundle cache: kept {keep}, removed {pruned.entries} ({pruned.bytes >> 20} MiB)")
+    return replace(built, hold=held)
+
+
+def _publish(
+    plan: _Plan, root: Path, directory: Path, uv_path: str, emit: Callable[[str], None]
+) -> Bundle:
+    """Build ``plan`` in a scratch directory and rename it to ``directory`` (atomic)."""
     if directory.exists():
         # Another builder may have published it meanwhile; otherwise it is a broken leftover.
         found = _cached(directory, plan.digest)
         if found is not None:
             return found
         shutil.rmtree(directory, ignore_errors=True)
-    scratch = Path(tempfile.mkdtemp(dir=root, prefix=f".tmp-{plan.digest[:12]}-"))
     try:
-        _build(plan, uv_path, scratch, emit)
+        scratch = Path(tempfile.mkdtemp(dir=root, prefix=f".tmp-{plan.digest[:12]}-"))
         try:
-            os.rename(scratch, directory)
-        except OSError:
-            # Another builder published the same digest first: theirs is as good as ours.
-            if _cached(directory, plan.digest) is None:
-                raise
+            _build(plan, uv_path, scratch, emit)
+            try:
+                os.rename(scratch, directory)
+            except OSError:
+                # Another builder published the same digest first: theirs is as good as ours.
+                if _cached(directory, plan.digest) is None:
+                    raise
+        finally:
+            shutil.rmtree(scratch, ignore_errors=True)
     except OSError as exc:
         raise BundleError(f"cannot write the bundle under {root}: {exc}") from exc
-    finally:
-        shutil.rmtree(scratch, ignore_errors=True)
-    emit(f"bundle: {plan.digest[:12]} built in {time.monotonic() - started:.1f} s")
     built = _cached(directory, plan.digest)
     assert built is not None
     return built

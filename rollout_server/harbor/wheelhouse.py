@@ -22,7 +22,10 @@ import io
 import json
 import os
 import re
+import shutil
 import subprocess
+import sys
+import sysconfig
 import zipfile
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
@@ -34,6 +37,7 @@ __all__ = [
     "BundleError",
     "InstalledDist",
     "file_sha256",
+    "find_uv",
     "installed_dists",
     "normalize_name",
     "repack",
@@ -377,3 +381,28 @@ def uv_build_wheel(uv: str, source: Path, out_dir: Path, *, python: Path, what: 
     assert result is not None
     last = _last_line(result.stderr.decode("utf-8", "replace"))
     raise BundleError(f"uv build of {what} ({source}) failed: {last}; fix the build and retry")
+
+
+def find_uv(explicit: str | None = None) -> str:
+    """The host's uv: ``explicit``, ``$UV``, ``uv`` on PATH, then next to this interpreter (where
+    the ``uv`` package installs its binary), ``~/.local/bin`` and ``~/.cargo/bin``."""
+    if explicit is not None:
+        if os.access(explicit, os.X_OK) and Path(explicit).is_file():
+            return explicit
+        raise BundleError(f"uv={explicit!r} is not an executable file; pass the path of uv")
+    candidates = [os.environ.get("UV", ""), shutil.which("uv") or ""]
+    scripts = sysconfig.get_path("scripts")
+    if scripts:
+        candidates.append(str(Path(scripts) / "uv"))
+    candidates += [
+        str(Path(sys.executable).parent / "uv"),
+        str(Path.home() / ".local" / "bin" / "uv"),
+        str(Path.home() / ".cargo" / "bin" / "uv"),
+    ]
+    for candidate in candidates:
+        if candidate and Path(candidate).is_file() and os.access(candidate, os.X_OK):
+            return candidate
+    raise BundleError(
+        "uv is needed to build the sandbox bundle and was not found; install uv or set UV to "
+        "its path"
+    )

@@ -49,7 +49,10 @@ batched ``--ray`` run whose supervisor finds no ``openssl`` (:func:`_path_withou
 the bridge's door serves node 2 over plain TCP (``RELAY_WITHOUT_TLS``): what the hop's TLS
 costs the head, in the same invocation (a measurement only: a real run keeps TLS). Each fast
 run's ``--threads`` line also gives node 2's CPU per item it ran and the head's rollout
-server's per item it ran. ``BENCH_ROWS`` sets case 1's rows (default 1000).
+server's per item it ran, and case 1 then prints that server's medians and each round's ratio
+over its own (a process of the same work per item in both runs that knows nothing of Ray: what
+it pays more in the ``--ray`` run is the shared machine and its fewer items at once).
+``BENCH_ROWS`` sets case 1's rows (default 1000).
 ``BENCH_AGAINST=DIR`` adds to each round of case 1 a batched ``--ray`` run from the source tree
 DIR (before and after in one invocation); ``BENCH_PYSPY=DIR`` samples each measured supervisor
 and its bridge with ``py-spy record --native`` (inflated figures: for finding hot spots).
@@ -374,6 +377,7 @@ async def main(directory: Path, flags: set[str]) -> None:
             bench_eval.PYSPY_DIR = None
         if sampler is not None:
             sampler.report(ws, name)
+            run["server_ms"] = sampler.server_ms
         if probe:
             run["probe_us"] = _probe_unit_us(probe_file, run)
             print(f"     {name}: the probe {run['probe_us']:.1f} us per unit")
@@ -399,6 +403,7 @@ async def main(directory: Path, flags: set[str]) -> None:
         runs: dict[str, list[float]] = {"local": [], "per-item": [], "batched": []}
         inside: dict[str, list[float]] = {"local": [], "batched": []}
         probed: dict[str, list[float]] = {"local": [], "batched": []}
+        served: dict[str, list[float]] = {"local": [], "batched": []}  # --threads
         if AGAINST is not None:
             runs["batched, before"] = []
         if control:
@@ -415,6 +420,7 @@ async def main(directory: Path, flags: set[str]) -> None:
             runs["local"].append(run[key])
             inside["local"].append(run[inner])
             probed["local"].append(run.get("probe_us", 0.0))
+            served["local"].append(run.get("server_ms", 0.0))
             if half:
                 run = await fast(f"fast-local-half-{n}", in_flight=25)
                 runs["local, 25 in flight"].append(run[key])
@@ -428,6 +434,7 @@ async def main(directory: Path, flags: set[str]) -> None:
             runs["batched"].append(run[key])
             inside["batched"].append(run[inner])
             probed["batched"].append(run.get("probe_us", 0.0))
+            served["batched"].append(run.get("server_ms", 0.0))
             remote.append(_remote(ws, f"fast-ray-{n}"))
             if control:
                 async with _burning(sampler.node2_rate):
@@ -509,6 +516,27 @@ async def main(directory: Path, flags: set[str]) -> None:
             )
             print(
                 "   each round's own ratio over its probe's ratio: median "
+                f"{statistics.median(fair):.2f}, range {fair[0]:.2f} to {fair[-1]:.2f}"
+            )
+        if all(served["local"]) and all(served["batched"]):
+            # The head's rollout server does the same work per item in both runs and knows
+            # nothing of Ray: what it pays more per item in the --ray run is the shared machine
+            # and the half-full replica, not the replica path.
+            _line(
+                "the head's rollout server's CPU per item it ran (--threads)",
+                {"ms": statistics.median(served["local"])},
+                {"ms": statistics.median(served["batched"])},
+                "ms",
+                "ms",
+            )
+            fair = sorted(
+                (r / lo) / (sr / sl)
+                for r, lo, sr, sl in zip(
+                    runs["batched"], runs["local"], served["batched"], served["local"], strict=True
+                )
+            )
+            print(
+                "   each round's own ratio over its head rollout server's ratio: median "
                 f"{statistics.median(fair):.2f}, range {fair[0]:.2f} to {fair[-1]:.2f}"
             )
         if half:

@@ -9,6 +9,7 @@ so its bundle's digest is new and node 2 must build the environment during the r
 from __future__ import annotations
 
 import contextlib
+import os
 import shutil
 import subprocess
 import uuid
@@ -94,6 +95,13 @@ async def test_node2_builds_its_environment_offline_from_the_bundle(
 ) -> None:
     cache = Path(testbed.env["RB_N2_CACHE"])
     assert _default_route(testbed) == "", "node 2 has a route off the test bed"
+    # Environments of earlier edits, older than any real one: the build prunes the cache to
+    # the 5 most recently used (ship.KEEP), so at least the two oldest of these go.
+    stale = [f"{n:064x}" for n in range(1, 7)]
+    for age, name in enumerate(stale):
+        (cache / name / "venv").mkdir(parents=True, exist_ok=True)
+        (cache / f"{name}.lock").touch()
+        os.utime(cache / f"{name}.lock", (1e6 - age, 1e6 - age))
     ws = _fresh_workspace(tmp_path / "ws", 2.0)
     env = _env(testbed, slow_env)
     cli = await start_cli(_args(testbed, "shipped"), cwd=tmp_path, env=env, logdir=tmp_path / "cli")
@@ -123,6 +131,10 @@ async def test_node2_builds_its_environment_offline_from_the_bundle(
     built = _log_lines(run, "replica environment built")
     assert len(built) == 1 and f'"node":"{N2_IP}"' in built[0], built
     assert f'"python":"{python}"' in built[0]
+    pruned = _log_lines(run, "node cache pruned")
+    assert len(pruned) == 1 and f'"node":"{N2_IP}"' in pruned[0], pruned
+    assert not (cache / stale[-1]).exists() and not (cache / stale[-2]).exists()
+    assert (cache / digest).is_dir(), "the run's own environment was pruned"
     # A second run of the same rollout finds node 2's environment ready.
     again = await run_cli(_args(testbed, "again"), cwd=tmp_path, env=env, timeout=300)
     assert again.returncode == 0, again.stderr + again.stdout
@@ -132,6 +144,10 @@ async def test_node2_builds_its_environment_offline_from_the_bundle(
     assert len(reused) == 1 and f'"python":"{python}"' in reused[0], reused
     assert not _log_lines(second, "replica environment built")
     assert _shipped_once(second) == digest
+    assert not _log_lines(second, "node cache pruned"), "a reuse pruned the cache"
+    for name in stale:
+        shutil.rmtree(cache / name, ignore_errors=True)
+        (cache / f"{name}.lock").unlink(missing_ok=True)
     await _no_leftovers(ws, testbed)
 
 

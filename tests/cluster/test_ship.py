@@ -226,9 +226,42 @@ async def test_bytes_that_do_not_match_are_refused(tmp_path: Path) -> None:
 
 
 def _left(root: Path) -> list[str]:
-    """What a node cache holds besides its lock files."""
-    return [p.name for p in root.iterdir() if p.suffix != ".lock"]
+    """What a node cache holds besides its lock files (use and build locks)."""
+    return [p.name for p in root.iterdir() if p.suffix not in (".lock", ".build")]
 
 
 def _fields(info: ShipInfo) -> dict[str, str]:
     return {name: getattr(info, name) for name in info.__struct_fields__}
+
+
+async def test_each_build_prunes_the_cache_but_never_a_held_environment(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``$ROLLBRIDGE_NODE_CACHE_KEEP`` environments stay besides the held ones (an agent holds
+    its own for its life); a reuse prunes nothing; a pruned one is built again when asked."""
+    monkeypatch.setenv("ROLLBRIDGE_NODE_CACHE_KEEP", "1")
+    (one, one_data), (two, two_data), (three, three_data) = (
+        _shipped("keep-one"),
+        _shipped("keep-two"),
+        _shipped("keep-three"),
+    )
+    with trio.fail_after(180):
+        first = await _ensure(one, _Fetch(one_data), tmp_path)  # held: a live agent
+        second = await _ensure(two, _Fetch(two_data), tmp_path)
+        assert second.pruned.entries == 0, "a held environment was pruned"
+        assert second.hold is not None
+        second.hold.release()  # its agent is gone
+        third = await _ensure(three, _Fetch(three_data), tmp_path)
+        assert third.pruned.entries == 1 and third.pruned.bytes > 0
+        assert sorted(_left(tmp_path)) == sorted([one.digest, three.digest])
+        assert "keep-one from" in await trio.to_thread.run_sync(_runs, first)
+        reused = await _ensure(three, _Fetch(three_data), tmp_path)
+        assert not reused.built and reused.pruned.entries == 0
+        assert first.hold is not None
+        first.hold.release()
+        again = await _ensure(two, _Fetch(two_data), tmp_path)
+    assert again.built, "a pruned environment was not built again"
+    # Keep 1 (its own); the other two are held by `third` and `reused`: both stay.
+    assert again.pruned.entries == 1 and sorted(_left(tmp_path)) == sorted(
+        [two.digest, three.digest]
+    )

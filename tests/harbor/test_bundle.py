@@ -15,6 +15,7 @@ import csv
 import hashlib
 import io
 import json
+import os
 import shutil
 import subprocess
 import time
@@ -26,6 +27,7 @@ import pytest
 import trio
 
 from rollout_server.harbor.bundle import Bundle, BundleError, build_bundle
+from rollout_server.harbor.cachekeep import hold
 from rollout_server.harbor.image import (
     SANDBOX_LABEL,
     SandboxImage,
@@ -191,6 +193,42 @@ async def test_a_second_build_is_a_cache_hit(
     assert elapsed < 5.0, elapsed  # the spec's "well under a second", with room for a busy box
     leftovers = await trio.Path(cache_root).iterdir()
     assert [p.name for p in leftovers if p.name.startswith(".tmp-")] == []
+
+
+async def test_a_build_prunes_the_cache_to_the_most_recently_used_and_the_held(
+    rollout: tuple[Path, Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Each edit of a rollout makes a new bundle (about 40 MB with its uv): a build keeps
+    ``$ROLLBRIDGE_BUNDLE_KEEP`` of them and those a live process holds, and says so."""
+    project, python = rollout
+    cache = tmp_path / "cache"
+    old = []
+    for n in range(4):  # n = 0 is the most recent
+        name = f"{n:064x}"
+        (cache / name).mkdir(parents=True)
+        (cache / name / "uv").write_bytes(b"u" * 4096)
+        (cache / f"{name}.lock").touch()
+        os.utime(cache / f"{name}.lock", (1e9 - n, 1e9 - n))
+        old.append(name)
+    held = hold(cache, old[3])  # the oldest, in use by a live run
+    os.utime(cache / f"{old[3]}.lock", (1.0, 1.0))  # and still the least recently used
+    monkeypatch.setenv("ROLLBRIDGE_BUNDLE_KEEP", "2")
+    lines: list[str] = []
+    with trio.fail_after(300):
+        built = await trio.to_thread.run_sync(
+            lambda: build_bundle(
+                project, python=python, cache_root=cache, uv=str(UV), log=lines.append
+            )
+        )
+    try:
+        left = sorted(p.name for p in cache.iterdir() if not p.name.endswith(".lock"))
+        assert left == sorted([built.digest, old[0], old[3]])
+        assert [line for line in lines if line.startswith("bundle cache: kept 2, removed 2 ")]
+        assert built.hold is not None and built.hold.held
+    finally:
+        held.release()
+        if built.hold is not None:
+            built.hold.release()
 
 
 @pytest.fixture(scope="module")
