@@ -159,6 +159,24 @@ def _line(what: str, local: dict[str, Any], ray: dict[str, Any], key: str, unit:
     )
 
 
+def _control(
+    what: str, whose: str, unit: str, runs: dict[str, list[float]], control: dict[str, list[float]]
+) -> None:
+    """A control's medians (local, batched), and each round's own ratio over the control's."""
+    medians = [{unit: statistics.median(control[k])} for k in ("local", "batched")]
+    _line(what, medians[0], medians[1], unit, unit)
+    fair = sorted(
+        (r / lo) / (cr / cl)
+        for r, lo, cr, cl in zip(
+            runs["batched"], runs["local"], control["batched"], control["local"], strict=True
+        )
+    )
+    print(
+        f"   each round's own ratio over {whose} ratio: median "
+        f"{statistics.median(fair):.2f}, range {fair[0]:.2f} to {fair[-1]:.2f}"
+    )
+
+
 class ThreadSampler:
     """Per-thread CPU of the supervisor at each of ``run_eval``'s samples, and the peers of the
     connections accepted on the head's cluster address (the bridge's door's)."""
@@ -501,44 +519,14 @@ async def main(directory: Path, flags: set[str]) -> None:
             f"{paired[-1]:.2f}"
         )
         if probe:
-            _line(
-                "the probe's CPU per unit of fixed work beside the runs (--probe)",
-                {"us": statistics.median(probed["local"])},
-                {"us": statistics.median(probed["batched"])},
-                "us",
-                "us",
-            )
-            fair = sorted(
-                (r / lo) / (pr / pl)
-                for r, lo, pr, pl in zip(
-                    runs["batched"], runs["local"], probed["batched"], probed["local"], strict=True
-                )
-            )
-            print(
-                "   each round's own ratio over its probe's ratio: median "
-                f"{statistics.median(fair):.2f}, range {fair[0]:.2f} to {fair[-1]:.2f}"
-            )
+            _control("the probe's CPU per unit of fixed work beside the runs (--probe)",
+                     "its probe's", "us", runs, probed)  # fmt: skip
         if all(served["local"]) and all(served["batched"]):
             # The head's rollout server does the same work per item in both runs and knows
             # nothing of Ray: what it pays more per item in the --ray run is the shared machine
             # and the half-full replica, not the replica path.
-            _line(
-                "the head's rollout server's CPU per item it ran (--threads)",
-                {"ms": statistics.median(served["local"])},
-                {"ms": statistics.median(served["batched"])},
-                "ms",
-                "ms",
-            )
-            fair = sorted(
-                (r / lo) / (sr / sl)
-                for r, lo, sr, sl in zip(
-                    runs["batched"], runs["local"], served["batched"], served["local"], strict=True
-                )
-            )
-            print(
-                "   each round's own ratio over its head rollout server's ratio: median "
-                f"{statistics.median(fair):.2f}, range {fair[0]:.2f} to {fair[-1]:.2f}"
-            )
+            _control("the head's rollout server's CPU per item it ran (--threads)",
+                     "its head rollout server's", "ms", runs, served)  # fmt: skip
         if half:
             _line(
                 "batched --ray over a local run at 25 in flight (--half)",
