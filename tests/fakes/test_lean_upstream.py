@@ -187,15 +187,21 @@ async def test_200_concurrent_keep_alive_clients(lean: LeanUpstream) -> None:
         answers.append(reply.body)
 
     with trio.fail_after(60):
-        await lean.set_delay(0.3)
+        # Long enough for a loaded machine to start all 200 calls within it (at 0.3 s the
+        # first calls of a round could finish before the last started, and the wait below
+        # then never saw 200 in flight).
+        await lean.set_delay(2.0)
         before = (await lean.counters())["connections"]
         try:
-            for _ in range(3):
+            for round_ in range(3):
                 async with trio.open_nursery() as nursery:
                     for _ in range(200):
                         nursery.start_soon(call)
                     # Every call of the round waits out the delay at the same time.
                     while (await lean.counters())["in_flight"] != 200:
+                        assert len(answers) < 200 * (round_ + 1), (
+                            "the round's calls never overlapped"
+                        )
                         await trio.sleep(0.02)
         finally:
             await pool.aclose()
