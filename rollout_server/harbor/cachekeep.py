@@ -65,10 +65,7 @@ class Hold:
         except OSError:
             pass  # another process holds it (and may build it): the lock stays
         else:
-            same = False
-            with contextlib.suppress(OSError):
-                same = os.stat(self.path).st_ino == os.fstat(self._fd).st_ino
-            if same and not os.path.lexists(entry):
+            if _names(self.path, self._fd) and not os.path.lexists(entry):
                 with contextlib.suppress(OSError):
                     os.unlink(self.path)
         self.release()
@@ -101,13 +98,17 @@ def _lock(path: Path, mode: int) -> int | None:
         except BaseException:
             os.close(fd)
             raise
-        try:
-            same = os.stat(path).st_ino == os.fstat(fd).st_ino
-        except FileNotFoundError:
-            same = False
-        if same:
+        if _names(path, fd):
             return fd
         os.close(fd)
+
+
+def _names(path: Path, fd: int) -> bool:
+    """Whether ``path`` still names the file open as ``fd`` (a prune may have unlinked it)."""
+    try:
+        return os.stat(path).st_ino == os.fstat(fd).st_ino
+    except OSError:
+        return False
 
 
 def hold(root: Path, name: str) -> Hold:
@@ -180,8 +181,8 @@ def prune(root: Path, keep: int, *, current: str | None = None) -> Pruned:
     for name in names:
         if _DIGEST.match(name):
             entries.add(name)
-        elif name.endswith((".lock", ".build")) and _DIGEST.match(name.split(".")[0]):
-            entries.add(name.split(".")[0])  # locks left without their entry (a failed build)
+        elif name.endswith((".lock", ".build")) and _DIGEST.match(stem := name.split(".")[0]):
+            entries.add(stem)  # locks left without their entry (a failed build)
         elif name.startswith(_SCRATCH) and now - _last_use(root, name) > SCRATCH_AGE_S:
             freed += _drop(root / name)
     ranked = sorted(entries - {current}, key=lambda n: _last_use(root, n), reverse=True)
