@@ -31,7 +31,7 @@ from bridge.policy import (
 )
 from bridge.preamble import admitted_body, header_text
 from bridge.probe import ProbeKey
-from bridge.revoke import REVOKED_STATUS, Revocations, revoked_message
+from bridge.revoke import REVOKED_STATUS, Revocations
 from bridge.watch import DisconnectWatch
 from rollout_server.net.asgi import (
     BodyTooLarge,
@@ -121,7 +121,10 @@ class BufferedBody:
             # Before the body is read: a revoked rollout spends nothing (bridge.revoke).
             self.revoked.refused(rollout_id)
             await send_json(
-                send, REVOKED_STATUS, _revoked_body(call, rollout_id), close=announces_body(scope)
+                send,
+                REVOKED_STATUS,
+                _revoked_body(call, self.revoked.message(rollout_id)),
+                close=announces_body(scope),
             )
             return
         try:
@@ -172,12 +175,16 @@ class BufferedBody:
                 assert self.apis is not None
                 await self.apis.serve(scope, call, body, receive, tracked)
         if running.cancelled_caught and not answered:
-            await send_json(send, REVOKED_STATUS, _revoked_body(call, rollout_id), close=True)
+            await send_json(
+                send,
+                REVOKED_STATUS,
+                _revoked_body(call, self.revoked.message(rollout_id)),
+                close=True,
+            )
 
 
-def _revoked_body(call: Match | None, rollout_id: str) -> bytes:
-    """The refusal of a revoked rollout's call, in its API's shape (chat: OpenAI's)."""
-    message = revoked_message(rollout_id)
+def _revoked_body(call: Match | None, message: str) -> bytes:
+    """The refusal of a revoked or ended rollout's call, in its API's shape (chat: OpenAI's)."""
     if call is None:
         return dumps(error_body(REVOKED_STATUS, message))
     return dialect_error(call.api, REVOKED_STATUS, message)

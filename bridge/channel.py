@@ -177,25 +177,30 @@ class Channel:
             await waiter.wait()
         return self._answers.pop(ask, None)
 
-    async def send_fd(self, fd: int) -> None:
+    async def send_fd(self, fd: int, allowed: Callable[[], bool] = lambda: True) -> bool:
         """Hand the connection ``fd`` to the child: an ``["h"]`` line with ``fd`` attached
-        (``SCM_RIGHTS``), sent as a line of its own once no other line is part-sent."""
+        (``SCM_RIGHTS``), sent as a line of its own once no other line is part-sent. False
+        when ``allowed()``, asked right before the line is written (so a message sent
+        before that is applied before it), said no; True otherwise."""
         line = encode_line(["h"])
         while not self.eof:
             if not self._backlog:
+                if not allowed():
+                    return False
                 try:
                     sent = socket.send_fds(self.sock, [line], [fd])
                 except (BlockingIOError, InterruptedError):
                     pass
                 except OSError:
-                    return  # the child is gone; wait_failed reports it
+                    return True  # the child is gone; wait_failed reports it
                 else:
                     if sent < len(line):  # the fd went with the first byte
                         self._backlog += line[sent:]
                         self._backlog_ready.set()
-                    return
+                    return True
             # The socket is full (rare: one line per connection): the flush task drains it.
             await trio.sleep(_FD_RETRY_S)
+        return True
 
     async def follow(self) -> None:
         """Apply the child's messages as they come, until EOF."""

@@ -132,6 +132,10 @@ async def _start_tls(handle: BridgeHandle, reporter: _Reporter, host: str, ping:
     reporter.send(["T", ping, answer])
 
 
+async def _cut(handle: BridgeHandle, reporter: _Reporter, address: str, ping: int) -> None:
+    reporter.send(["T", ping, await handle.cut(address)])
+
+
 async def _follow(
     sock: socket.socket,
     handle: BridgeHandle,
@@ -168,9 +172,15 @@ async def _apply(
             elif message[0] == "k":
                 handle.keepalive = bool(message[1])
             elif message[0] == "x":
+                # The rollout ended (its usage taken, or its attempt given up): its calls are
+                # refused from now on (bridge.revoke, "Ended rollouts").
                 handle.ledger.discard(message[1])
+                handle.revocations.finish(message[1])
             elif message[0] == "p":
                 reporter.send(["P", message[1]])
+            elif message[0] == "d":
+                # Answered once that peer's connections are closed; meanwhile others apply.
+                nursery.start_soon(_cut, handle, reporter, message[1], message[2])
             elif message[0] == "r":
                 # Refused from this message on; answered once its calls in flight have ended.
                 handle.revocations.revoke(message[1])

@@ -11,12 +11,15 @@ configuration as the first line (the bearer, the probe key and the redactor's va
 only over this private socket: never on a command line, in the environment or in a file), and
 then ``["k", on]`` (keepalive mode), ``["p", n]`` (answered ``["P", n]`` once everything
 sent before it is applied; ``["r", rollout_id, n]``, a revoke, once its calls in flight ended)
-and ``["x", rollout_id]`` (forget a rollout; not urgent, so forgets are batched: written
-together (:mod:`bridge.channel`) once 64 are pending or 0.25 s after the first,
-and may be overtaken by the others); on a ``--ray`` run, ``["t", host, n]`` (make the run's
-certificate for the cluster address ``host``: answered ``["T", n, pem]``, ``pem`` null without
-``openssl`` and ``{"error": text}`` when it failed) and ``["h"]`` lines, each with one accepted
-connection's fd attached (``SCM_RIGHTS``), which the child serves (:mod:`bridge.tls`). The
+and ``["x", rollout_id]`` (the rollout ended: forget it, and refuse its calls from then on,
+bridge.revoke; not urgent, so these are batched: written together (:mod:`bridge.channel`)
+once 64 are pending or 0.25 s after the first, and may be overtaken by the others); on a
+``--ray`` run, ``["t", host, n]`` (make the run's certificate for the cluster address ``host``:
+answered ``["T", n, pem]``, ``pem`` null without ``openssl`` and ``{"error": text}`` when it
+failed), ``["h"]`` lines, each with one accepted connection's fd attached (``SCM_RIGHTS``),
+which the child serves (:mod:`bridge.tls`), and ``["d", address, n]`` (close every connection
+handed over from the peer ``address``, a node that left the cluster: answered ``["T", n,
+count]``). The
 child sends ``["s", base_url, port]`` once it listens, ``["e", kind, message, detail]`` when
 it cannot go on, ``["l", level, message]`` for each (already scrubbed) log line, one
 ``["u", ...]`` or ``["f", ...]`` per recorded call or provider fault, and one ``["c", record]``
@@ -41,9 +44,10 @@ import contextlib
 import os
 import secrets
 import socket
+import struct
 import subprocess
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Container
 from dataclasses import replace
 from typing import TYPE_CHECKING, Final
 
@@ -139,11 +143,30 @@ class BridgeProcessHandle:
             raise BridgeProcessError(f"could not make the run's TLS certificate: {pem['error']}")
         return pem if isinstance(pem, str) else None
 
-    async def adopt(self, sock: socket.socket) -> None:
+    async def cut(self, address: str) -> int:
+        """Close every connection handed over from the peer ``address`` (a node that left the
+        cluster; bridge.tls); how many were open (once they are closed)."""
+        count = await self._channel.ask("d", address)
+        return count if isinstance(count, int) else 0
+
+    async def adopt(self, sock: socket.socket, still_allowed: Container[str] = ()) -> None:
         """Hand the accepted connection ``sock`` (its peer checked) to the child, which serves
-        it (over TLS after :meth:`start_tls`); this process's copy is closed."""
+        it (over TLS after :meth:`start_tls`); this process's copy is closed. With
+        ``still_allowed``, the peer is checked against it again right as it is handed over
+        (it may have left meanwhile, and :meth:`cut` been sent): a peer no longer in it is
+        reset instead."""
         try:
-            await self._channel.send_fd(sock.fileno())
+            peer = str(sock.getpeername()[0])
+        except OSError:  # reset meanwhile
+            sock.close()
+            return
+
+        def allowed() -> bool:
+            return not still_allowed or peer in still_allowed
+
+        try:
+            if not await self._channel.send_fd(sock.fileno(), allowed):
+                sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
         finally:
             sock.close()
 

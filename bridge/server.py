@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import socket
-from collections.abc import Callable
+from collections.abc import Callable, Container
 from dataclasses import dataclass
 from functools import partial
 from typing import TYPE_CHECKING, Final, Protocol
@@ -146,7 +146,9 @@ class BridgeService(Protocol):
 
     async def start_tls(self, host: str) -> str | None: ...
 
-    async def adopt(self, sock: socket.socket) -> None: ...
+    async def adopt(self, sock: socket.socket, still_allowed: Container[str] = ()) -> None: ...
+
+    async def cut(self, address: str) -> int: ...
 
 
 class BridgeHandle:
@@ -217,12 +219,25 @@ class BridgeHandle:
         assert self._door is not None, "a handle made by run_bridge"
         return await self._door.start_tls(host)
 
-    async def adopt(self, sock: socket.socket) -> None:
-        """Serve the accepted connection ``sock`` (its peer checked by the caller): over TLS
-        after :meth:`start_tls`. The bridge owns it from here (the caller keeps no copy)."""
+    async def adopt(self, sock: socket.socket, still_allowed: Container[str] = ()) -> None:
+        """Serve the accepted connection ``sock`` (its peer checked by the caller, and again
+        against ``still_allowed`` when given: closed if no longer in it): over TLS after
+        :meth:`start_tls`. The bridge owns it from here (the caller keeps no copy)."""
         assert self._door is not None, "a handle made by run_bridge"
-        self._door.adopt(sock)
+        try:
+            gone = bool(still_allowed) and str(sock.getpeername()[0]) not in still_allowed
+        except OSError:
+            gone = True
+        if gone:
+            sock.close()
+        else:
+            self._door.adopt(sock)
         await trio.lowlevel.checkpoint()
+
+    async def cut(self, address: str) -> int:
+        """Close every connection adopted from the peer ``address``; how many were open (once they are closed)."""
+        assert self._door is not None, "a handle made by run_bridge"
+        return await self._door.cut(address)
 
 
 def _bind(host: str, port: int) -> socket.socket:

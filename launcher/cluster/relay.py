@@ -26,6 +26,8 @@ from functools import partial
 
 import trio
 
+from bridge.tls import peer_address
+
 __all__ = [
     "AllowedPeers",
     "PeerFilter",
@@ -85,31 +87,24 @@ def pinned_client(pem: str) -> ssl.SSLContext:
     return ssl.create_default_context(cadata=pem)
 
 
-def _canonical(address: str) -> str:
-    """One spelling per address (``::ffff:10.0.0.2`` is ``10.0.0.2``); a name stays as is."""
-    try:
-        ip = ipaddress.ip_address(address.split("%", 1)[0])
-    except ValueError:
-        return address
-    if isinstance(ip, ipaddress.IPv6Address) and ip.ipv4_mapped is not None:
-        ip = ip.ipv4_mapped
-    return str(ip)
-
-
 class AllowedPeers:
     """The peers the supervisor's relay accepts: loopback and ``always`` (the head's own
     address) for the run's lifetime, plus the addresses of the last :meth:`update`."""
 
     def __init__(self, *always: str) -> None:
-        self._always = frozenset(_canonical(address) for address in always)
+        self._always = frozenset(peer_address(address) for address in always)
         self._nodes: frozenset[str] = frozenset()
 
-    def update(self, addresses: Iterable[str]) -> None:
-        """The alive nodes' addresses now (a node that left is refused from here on)."""
-        self._nodes = frozenset(_canonical(address) for address in addresses)
+    def update(self, addresses: Iterable[str]) -> frozenset[str]:
+        """The alive nodes' addresses now (a node that left is refused from here on); the
+        addresses that left (to cut their open connections), never loopback or ``always``."""
+        before, self._nodes = self._nodes, frozenset(peer_address(a) for a in addresses)
+        return frozenset(a for a in before - self._nodes if a not in self)
 
-    def __contains__(self, address: str) -> bool:
-        address = _canonical(address)
+    def __contains__(self, address: object) -> bool:
+        if not isinstance(address, str):
+            return False
+        address = peer_address(address)
         if address in self._always or address in self._nodes:
             return True
         try:

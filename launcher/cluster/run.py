@@ -26,7 +26,7 @@ import os
 import socket
 import ssl
 import subprocess
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from functools import partial
 from typing import TYPE_CHECKING, Any
@@ -136,9 +136,11 @@ class _Cluster:
         shipment: Shipment,
         default: int,
         peers: AllowedPeers,
+        cut: Callable[[str], Awaitable[int]],
     ) -> None:
         self.ray = ray
         self.peers = peers
+        self.cut = cut  # closes the bridge's connections from a peer (bridge.tls)
         self.resource = ctx.prepared.ray.resource if ctx.prepared.ray else HOST_RESOURCE
         self.default_capacity = default
         self.ctx = ctx
@@ -217,7 +219,16 @@ class _Cluster:
     async def poll(self) -> dict[str, str]:
         nodes, draining = await trio.to_thread.run_sync(_node_list, self.ray)
         self.tagged = any(n.get("Resources", {}).get(self.resource) for n in nodes)
-        self.peers.update(n["NodeManagerAddress"] for n in nodes if n.get("Alive"))
+        left = self.peers.update(n["NodeManagerAddress"] for n in nodes if n.get("Alive"))
+        for address in sorted(left):
+            # Refused at the door from now on; what it opened before is closed too.
+            cut = await self.cut(address)
+            self.ctx.log(
+                "INFO",
+                "cluster",
+                "bridge connections of a node that left closed",
+                {"node": address, "connections": cut},
+            )
         alive = _alive_nodes(nodes, self.resource)
         for replica in self.transport.replicas:
             if replica.actor is None:
@@ -314,7 +325,9 @@ async def open_cluster(ctx: RunContext, services: Services) -> AsyncIterator[Ser
 
             async def hand_over(stream: trio.abc.Stream) -> None:
                 assert isinstance(stream, trio.SocketStream)
-                await services.bridge.adopt(socket.socket(fileno=stream.socket.detach()))
+                await services.bridge.adopt(
+                    socket.socket(fileno=stream.socket.detach()), still_allowed=peers
+                )
 
             relay_port = await nursery.start(serve_relay, hand_over, head_ip, None, peers, refused)
             ctx.log(
@@ -355,7 +368,9 @@ async def open_cluster(ctx: RunContext, services: Services) -> AsyncIterator[Ser
             uv = find_uv(p.config.experiment.rollout)
             entrypoint = p.paths.entrypoint
             shipment = Shipment(ray, p.paths.rollout_dir, python, entrypoint, uv, ctx.log)
-            cluster = _Cluster(ray, ctx, transport, spec, shipment, default, peers)
+            cluster = _Cluster(
+                ray, ctx, transport, spec, shipment, default, peers, services.bridge.cut
+            )
             try:
                 await nursery.start(cluster.manage)
                 nursery.start_soon(ping_replicas, transport)

@@ -164,6 +164,88 @@ async def test_many_connections_handed_at_once_are_each_served() -> None:
             nursery.cancel_scope.cancel()
 
 
+async def _kept_alive(port: int, source: str) -> trio.SocketStream:
+    """A connection to the door from ``source`` (a loopback address) that made one call and
+    is kept alive."""
+    sock = trio.socket.socket()
+    await sock.bind((source, 0))
+    await sock.connect(("127.0.0.1", port))
+    stream = trio.SocketStream(sock)
+    await _call_on(stream)
+    return stream
+
+
+async def _call_on(stream: trio.SocketStream) -> None:
+    """One kept-alive chat call on ``stream``; raises when the connection is gone."""
+    body = b'{"messages":[{"role":"user","content":"kept"}]}'
+    await stream.send_all(
+        b"POST /v1/rollouts/r1/chat/completions HTTP/1.1\r\nHost: x\r\n"
+        + f"Authorization: Bearer {TOKEN}\r\nContent-Type: application/json\r\n".encode()
+        + f"Content-Length: {len(body)}\r\n\r\n".encode()
+        + body
+    )
+    answer = b""
+    while b"kept" not in answer:
+        chunk = await stream.receive_some()
+        if not chunk:
+            raise trio.BrokenResourceError("closed")
+        answer += chunk
+    assert answer.startswith(b"HTTP/1.1 200")
+
+
+@pytest.mark.parametrize("in_process", [False, True], ids=["bridge process", "in process"])
+async def test_cut_closes_the_connections_of_one_peer_and_no_other(in_process: bool) -> None:
+    """A node that left the cluster (launcher.cluster.run's poll) keeps no open connection to
+    the bridge: ``cut(address)`` closes what that peer had handed over, idle or not, and
+    leaves other peers' connections serving. Loopback sources stand in for two nodes."""
+    with trio.fail_after(60):
+        async with trio.open_nursery() as nursery:
+            bridge = await _bridge(nursery, in_process)
+            port = await _door(nursery, bridge, [])
+            leaving = [await _kept_alive(port, "127.0.0.2") for _ in range(2)]
+            staying = await _kept_alive(port, "127.0.0.1")
+            assert await bridge.cut("127.0.0.3") == 0
+            assert await bridge.cut("::ffff:127.0.0.2") == 2  # any spelling of the address
+            for stream in leaving:
+                with pytest.raises(trio.BrokenResourceError):
+                    await _call_on(stream)  # EOF or a reset, never an answer
+            await _call_on(staying)
+            assert await bridge.cut("127.0.0.2") == 0  # nothing left of it
+            # A peer that was cut may come back (a node rejoining): it is served again.
+            back = await _kept_alive(port, "127.0.0.2")
+            await _call_on(back)
+            for stream in [*leaving, staying, back]:
+                await stream.aclose()
+            nursery.cancel_scope.cancel()
+
+
+@pytest.mark.parametrize("in_process", [False, True], ids=["bridge process", "in process"])
+async def test_a_peer_no_longer_allowed_when_handed_over_is_reset_unserved(
+    in_process: bool,
+) -> None:
+    """The supervisor checks the peer again right as it hands the connection over (the node
+    may have left between the accept and the hand-over, and its cut been sent already)."""
+    with trio.fail_after(60):
+        async with trio.open_nursery() as nursery:
+            bridge = await _bridge(nursery, in_process)
+            allowed = {"127.0.0.1"}
+
+            async def hand_over(stream: trio.abc.Stream) -> None:
+                assert isinstance(stream, trio.SocketStream)
+                sock = socket.socket(fileno=stream.socket.detach())
+                await bridge.adopt(sock, still_allowed=allowed)
+
+            port = await nursery.start(
+                serve_relay, hand_over, "127.0.0.1", None, AllowedPeers(), lambda a: None
+            )
+            await _call_on(await _kept_alive(port, "127.0.0.1"))
+            allowed.clear()
+            allowed.add("10.0.0.9")
+            with pytest.raises((trio.BrokenResourceError, OSError)):
+                await _kept_alive(port, "127.0.0.1")
+            nursery.cancel_scope.cancel()
+
+
 async def _hello(scope: Any, receive: Any, send: Any) -> None:
     """A one-route ASGI app: 200 ``hello``."""
     await send(

@@ -4,6 +4,8 @@ A revoked id is refused on every route (chat completions, responses, messages, c
 with a 410 in the caller's API's shape, before any upstream call and before its body is read;
 another id keeps working; the refusals count nowhere and are logged once; a call of the id in
 flight when the revocation arrives is cancelled (its upstream request too) and answered 410.
+An ended rollout (its usage taken by the supervisor, which tells the bridge to forget it) is
+refused the same way, the newest ``FINISHED_KEEP`` of them.
 """
 
 from __future__ import annotations
@@ -15,7 +17,7 @@ import pytest
 import trio
 
 from bridge.process import BridgeProcessHandle, run_bridge_process
-from bridge.revoke import REVOKED_STATUS
+from bridge.revoke import REVOKED_STATUS, Revocations
 from bridge.server import BridgeConfig
 from tests.bridge.conftest import AUTH, HI, TOKEN, StartBridge
 from tests.fakes.upstream import FakeUpstream
@@ -174,3 +176,81 @@ async def test_a_stream_in_flight_is_cut_short(
                     received.append(part)
     assert b"".join(received).strip() == b": ping" and b"[DONE]" not in b"".join(received)
     assert provider_env.completed == 0 and handle.ledger.get("lost") is None
+
+
+async def _chat(handle: BridgeProcessHandle, rollout_id: str) -> httpx.Response:
+    async with httpx.AsyncClient(timeout=50) as client:
+        return await client.post(
+            handle.rollout_url(rollout_id) + "/chat/completions",
+            json={"messages": HI},
+            headers=AUTH,
+        )
+
+
+async def test_an_ended_rollout_is_refused_once_its_usage_is_taken(nursery: trio.Nursery) -> None:
+    """The supervisor takes a rollout's usage for its record (``ledger.pop``: the forget goes
+    to the bridge within a quarter second); from then on its calls are refused, uncounted,
+    logged once, and other rollouts are served."""
+    log: list[str] = []
+    with trio.fail_after(60):
+        handle = await _start(nursery, ECHO, log)
+        assert (await _chat(handle, "done")).status_code == 200
+        usage = handle.ledger.pop("done")  # as the supervisor does for the record
+        assert usage is not None and usage.calls == 1 and len(handle.calls.pop("done")) == 1
+        while (late := await _chat(handle, "done")).status_code == 200:
+            await trio.sleep(0.05)  # the forget is on its way (batched)
+            handle.ledger.pop("done")  # what was served meanwhile is not the point here
+            handle.calls.pop("done")
+        again = await _chat(handle, "done")
+        live = await _chat(handle, "live")
+    for answer in (late, again):
+        assert answer.status_code == REVOKED_STATUS
+        assert "rollout done has ended" in answer.json()["error"]["message"]
+    assert live.status_code == 200
+    assert handle.ledger.get("done") is None and handle.calls.get("done") == []
+    assert len([line for line in log if "refusing model calls" in line and "done" in line]) == 1
+
+
+async def test_a_call_in_flight_when_its_rollout_ends_is_cancelled(
+    nursery: trio.Nursery, provider_env: FakeUpstream
+) -> None:
+    """A workflow that left a call running after its result: the call is cut, upstream too."""
+    provider_env.delay = 60.0
+    log: list[str] = []
+    with trio.fail_after(60):
+        handle = await _start(nursery, "openai/test-model", log)
+        replies: list[httpx.Response] = []
+
+        async def stray() -> None:
+            replies.append(await _chat(handle, "ended"))
+
+        async with trio.open_nursery() as calls:
+            calls.start_soon(stray)
+            while provider_env.in_flight == 0:
+                await trio.sleep(0.01)
+            assert handle.ledger.pop("ended") is None  # nothing finished yet
+        while provider_env.disconnects == 0:
+            await trio.sleep(0.01)
+    (reply,) = replies
+    assert reply.status_code == REVOKED_STATUS and "has ended" in reply.json()["error"]["message"]
+    assert provider_env.completed == 0
+    assert any("rollout ended ended: cancelled 1 model call" in line for line in log)
+
+
+def test_only_the_newest_ended_ids_are_kept_and_revocations_stay() -> None:
+    log: list[tuple[str, str]] = []
+    ids = Revocations(lambda level, line: log.append((level, line)), keep=3)
+    ids.revoke("lost")
+    for rollout_id in ("a", "b", "c", "d"):
+        ids.finish(rollout_id)
+    ids.finish("lost")  # already refused as revoked: stays revoked
+    assert "a" not in ids and all(i in ids for i in ("b", "c", "d", "lost"))
+    assert len(ids) == 4
+    assert "revoked" in ids.message("lost") and "has ended" in ids.message("d")
+    ids.refused("d")
+    ids.refused("d")
+    ids.refused("lost")
+    assert [line for _, line in log] == [
+        f"refusing model calls: {ids.message('d')}",
+        f"refusing model calls: {ids.message('lost')}",
+    ]

@@ -192,6 +192,32 @@ def _call_through_relay(run: Path, rollouts: Path, rollout_id: str) -> int:
     return reply.status_code
 
 
+def _door_connections(run: Path, peer: str) -> int:
+    """Open connections from ``peer`` to the bridge's door on the head (whatever process holds
+    them: the bridge's, once handed over)."""
+    listening = next(
+        line for line in (run / "logs.txt").read_text().splitlines() if "relay listening" in line
+    )
+    port = json.loads(listening[listening.index("{") :])["port"]
+    return sum(
+        1
+        for conn in psutil.net_connections("tcp")
+        if conn.laddr
+        and conn.laddr.port == port
+        and conn.raddr
+        and conn.raddr.ip == peer
+        and conn.status == psutil.CONN_ESTABLISHED
+    )
+
+
+def _closed_on_leave(run: Path) -> list[dict[str, object]]:
+    return [
+        json.loads(line[line.index("{") :])
+        for line in (run / "logs.txt").read_text().splitlines()
+        if "bridge connections of a node that left closed" in line
+    ]
+
+
 def _requeued_ids(run: Path) -> list[str]:
     return [
         line.split('"rollout_id":"')[1].split('"')[0]
@@ -267,6 +293,9 @@ async def test_drill_link_cut(testbed: ClusterBed, slow_env: Path, tmp_path: Pat
     statuses: list[int] = []
 
     async def cut(run: Path) -> None:
+        # Node 2's rollouts have called the model through the door: their connections stay
+        # open (kept alive) while the link is down, until the node is declared dead.
+        await wait_for(lambda: _door_connections(run, N2_IP) >= 1, timeout=120, interval=0.2)
         link("down")
         # Once an item is requeued, its old rollout id is refused: a node cut off, or
         # anything else holding the bearer, spends nothing more under it.
@@ -278,6 +307,9 @@ async def test_drill_link_cut(testbed: ClusterBed, slow_env: Path, tmp_path: Pat
         ws, run = await _drill(testbed, slow_env, tmp_path, cut, rollouts=rollouts)
         assert statuses == [410]
         assert count_log(run, "refusing model calls") >= 1
+        # Declared dead, node 2 lost its way to the bridge: what it had open was closed.
+        closed = [c for c in _closed_on_leave(run) if c["node"] == N2_IP]
+        assert closed and int(str(closed[0]["connections"])) >= 1
         # Back on the network, node 2 learns it was declared dead; its agent goes and the
         # lifeline stops its rollout server.
         link("up")

@@ -114,10 +114,13 @@ def test_allowed_peers_are_loopback_the_head_and_the_last_nodes_seen() -> None:
     peers = AllowedPeers("10.0.0.1")
     assert "127.0.0.1" in peers and "::1" in peers and "10.0.0.1" in peers
     assert "10.0.0.2" not in peers and "node-name" not in peers
-    peers.update(["10.0.0.2"])
+    assert peers.update(["10.0.0.2", "10.0.0.3"]) == frozenset()
     assert "10.0.0.2" in peers and "::ffff:10.0.0.2" in peers
-    peers.update([])  # the node left
-    assert "10.0.0.2" not in peers and "10.0.0.1" in peers
+    # What left is told (to cut its connections): never the head or loopback, even if listed.
+    assert peers.update(["10.0.0.3", "10.0.0.1", "127.0.0.1"]) == {"10.0.0.2"}
+    assert peers.update([]) == {"10.0.0.3"}  # the head and loopback stay allowed
+    assert "10.0.0.2" not in peers and "10.0.0.3" not in peers and "10.0.0.1" in peers
+    assert 1234 not in peers  # not an address at all
 
 
 @pytest.mark.parametrize("tls", [False, pytest.param(True, marks=needs_openssl)])
