@@ -18,9 +18,19 @@ then stops the server. The agent:
   the next collect in one call), so the supervisor makes far fewer actor calls than it runs
   items (:mod:`launcher.cluster.batch`); ``run_item`` runs one item per call.
 
+A dead-man switch (:attr:`AgentSpec.deadman_s`): when no call has come from the supervisor
+for that long (its pings come every 2 s), a partition that did not heal or a supervisor that
+hangs, the agent stops its rollout server through the lifeline and fails every call after
+(:class:`ReplicaStopped`: the supervisor, if it comes back, requeues what ran there). Ray
+alone would leave the server running until the partition heals.
+
 Ray runs async actors on an asyncio loop; the agent's logic is trio, on a thread of its own
 beside that loop (:class:`_Trio`), so it reuses the rollout client and the server start-up of
 the local path. asyncio appears only as the loop Ray calls the actor's methods on.
+
+Why one module of this size: it is the one actor class Ray instantiates on a node, with the
+small runner that gives it trio; the two are read together, and splitting the actor's methods
+across modules would only scatter one object's state.
 """
 
 from __future__ import annotations
@@ -33,6 +43,7 @@ import subprocess
 import sys
 import tempfile
 import threading
+import time
 from collections import deque
 from collections.abc import Awaitable, Callable
 from functools import partial
@@ -54,7 +65,7 @@ from rollout_server.harbor.bundle import SHIPPED_BUNDLE_ENV
 from rollout_server.harbor.cachekeep import Pruned
 from rollout_server.protocol import RolloutInitRequest
 
-__all__ = ["AgentSpec", "NodeAgent"]
+__all__ = ["AgentSpec", "NodeAgent", "ReplicaStopped"]
 
 T = TypeVar("T")
 _LIFELINE = Path(__file__).with_name("lifeline.py")
@@ -80,6 +91,13 @@ class AgentSpec(msgspec.Struct, kw_only=True):
     guest: bool = False
     """Run the agent's trio in guest mode on Ray's loop, not on a thread of its own (the
     benchmark's baseline, ``ROLLBRIDGE_AGENT_GUEST=1``)."""
+    deadman_s: float = 0.0
+    """Stop the replica when no call came from the supervisor for this long (0: never;
+    launcher.cluster.flags.DEADMAN_ENV)."""
+
+
+class ReplicaStopped(Exception):
+    """The agent stopped its replica by itself (its dead-man switch): calls fail with this."""
 
 
 def _spawn_lifeline(
@@ -215,6 +233,8 @@ class NodeAgent:
         self._answers: deque[tuple[str, tuple[Any, ...]]] = deque()
         self._answered: trio.Event | None = None
         self._env: NodeEnv | None = None  # holds its environment's use lock for the agent's life
+        self._heard = time.monotonic()  # the supervisor's last call (the dead-man switch)
+        self._stopped: str | None = None  # why the switch stopped the replica
 
     async def start(self, spec_json: bytes, shipped: list[Any] | None = None) -> dict[str, Any]:
         """Start the relay, the rollout server and its lifeline; return this replica's facts.
@@ -281,6 +301,8 @@ class NodeAgent:
             self._root,
             server.health.backend == "harbor",
         )
+        if spec.deadman_s > 0:
+            nursery.start_soon(self._deadman, spec.deadman_s)
         capacity = await server.probe_capacity()
         return {
             "capacity": capacity,
@@ -292,15 +314,45 @@ class NodeAgent:
             "env_pruned": [pruned.entries, pruned.bytes],
         }
 
+    def _hear(self) -> None:
+        """A call from the supervisor: it is alive (and this replica has not stopped)."""
+        self._heard = time.monotonic()
+        if self._stopped is not None:
+            raise ReplicaStopped(self._stopped)
+
+    async def _deadman(self, after_s: float) -> None:
+        """The dead-man switch: with no call from the supervisor for ``after_s`` (a partition
+        that does not heal, a supervisor that hangs), stop the rollout server (the lifeline's
+        work: its group, its directory, a Harbor server's containers) and fail every call."""
+        while True:
+            # _heard moves on the actor's loop thread: look again when it would run out.
+            left = self._heard + after_s - time.monotonic()
+            if left <= 0:
+                break
+            await trio.sleep(left)
+        self._stopped = (
+            f"no call from the supervisor for {after_s:g}s: the node agent stopped its rollout "
+            "server (the dead-man switch)"
+        )
+        self._tail.append(self._stopped)
+        if self._lifeline is not None and self._lifeline.stdin is not None:
+            self._lifeline.stdin.close()  # the lifeline stops the server's group
+        if self._answered is not None:
+            self._answered.set()  # a collect waiting fails now
+
     async def run_item(self, request_json: bytes, admission_timeout_s: float) -> tuple[Any, ...]:
         """Run one rollout to its terminal result: ``("result", result json, packed trial)``
         (:func:`~launcher.cluster.trial.pack_trial`) or
         ``("refused", status, message, kind)``."""
-        return await self._trio.call(self._run_item, request_json, admission_timeout_s)
+        self._hear()
+        answer = await self._trio.call(self._run_item, request_json, admission_timeout_s)
+        self._hear()  # an item the switch cut short is not its row's failure
+        return answer
 
     async def submit(self, items: list[tuple[bytes, float]]) -> None:
         """Start each ``(request json, admission timeout)``; their answers (as :meth:`run_item`
         returns, or ``("error", text)`` when running one raised) wait for :meth:`collect`."""
+        self._hear()
         await self._trio.call(self._submit, items)
 
     async def _submit(self, items: list[tuple[bytes, float]]) -> None:
@@ -322,6 +374,7 @@ class NodeAgent:
         self, items: list[tuple[bytes, float]], max_items: int, max_bytes: int, linger_s: float
     ) -> list[tuple[str, tuple[Any, ...]]]:
         """:meth:`submit` ``items``, then :meth:`collect`: one actor call for both."""
+        self._hear()
         return await self._trio.call(self._exchange, items, max_items, max_bytes, linger_s)
 
     async def _exchange(
@@ -336,16 +389,19 @@ class NodeAgent:
         """Wait for an answer and ``linger_s`` more (for the answers finishing with it), then
         return ``(rollout id, answer)`` for every answer finished, at most ``max_items`` and
         about ``max_bytes`` of trial tars (one answer always)."""
+        self._hear()
         return await self._trio.call(self._collect, max_items, max_bytes, linger_s)
 
     async def _collect(
         self, max_items: int, max_bytes: int, linger_s: float
     ) -> list[tuple[str, tuple[Any, ...]]]:
-        while not self._answers:
+        while not self._answers and self._stopped is None:
             self._answered = trio.Event()
             await self._answered.wait()
-        if len(self._answers) < max_items:
+        if len(self._answers) < max_items and self._stopped is None:
             await trio.sleep(linger_s)
+        if self._stopped is not None:  # answers cut short by the switch are no rows' failures
+            raise ReplicaStopped(self._stopped)
         batch: list[tuple[str, tuple[Any, ...]]] = []
         size = 0
         while self._answers and len(batch) < max_items:
@@ -380,11 +436,13 @@ class NodeAgent:
 
     async def cancel(self, rollout_id: str) -> None:
         """Ask the local server to cancel one rollout."""
+        self._hear()
         if self._transport is not None:
             await self._trio.call(self._transport.cancel, rollout_id)
 
     async def health(self) -> bool:
         """Whether the rollout server answers ``/health`` (the supervisor's ping)."""
+        self._hear()
         if self._server is None:
             return False
         try:

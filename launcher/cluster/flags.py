@@ -7,7 +7,29 @@ from collections.abc import Mapping
 
 from launcher.errors import DependencyError, ValidationError
 
-__all__ = ["check_ray_flag"]
+__all__ = ["DEADMAN_ENV", "DEADMAN_S", "check_ray_flag", "deadman_seconds"]
+
+#: ``ROLLBRIDGE_RAY_DEADMAN_S``: how long a node agent goes without any call from its
+#: supervisor (pings come every 2 s) before it stops its rollout server by itself (a partition
+#: that does not heal); ``0`` turns the switch off.
+DEADMAN_ENV = "ROLLBRIDGE_RAY_DEADMAN_S"
+DEADMAN_S = 60.0
+
+
+def deadman_seconds(environ: Mapping[str, str]) -> float:
+    """:data:`DEADMAN_ENV`'s value (default :data:`DEADMAN_S`); a bad one is refused."""
+    text = environ.get(DEADMAN_ENV, "").strip()
+    if not text:
+        return DEADMAN_S
+    try:
+        value = float(text)
+    except ValueError:
+        value = -1.0
+    if not 0 <= value < float("inf"):
+        raise ValidationError(
+            f"{DEADMAN_ENV} must be a number of seconds (0 turns it off), not {text!r}"
+        )
+    return value
 
 
 def check_ray_flag(address: str, environ: Mapping[str, str]) -> None:
@@ -20,6 +42,7 @@ def check_ray_flag(address: str, environ: Mapping[str, str]) -> None:
     network they trust."""
     if not address.strip():
         raise ValidationError("--ray needs a cluster address (host:port) or 'local'")
+    deadman_seconds(environ)
     if importlib.util.find_spec("ray") is None:
         raise DependencyError(
             "--ray needs Ray: install rollbridge[ray] (pip install 'rollbridge[ray]')"

@@ -36,6 +36,7 @@ import trio
 
 from bridge.errors import BridgeProcessError
 from launcher.cluster.agent import AgentSpec, NodeAgent
+from launcher.cluster.flags import deadman_seconds
 from launcher.cluster.refs import await_ref
 from launcher.cluster.relay import AllowedPeers, serve_relay
 from launcher.cluster.replicas import announcer, hold_minimum, ping_replicas, replica_line
@@ -363,6 +364,7 @@ async def open_cluster(ctx: RunContext, services: Services) -> AsyncIterator[Ser
                 relay_port=relay_port,
                 relay_cert=pem,
                 guest=os.environ.get("ROLLBRIDGE_AGENT_GUEST") == "1",
+                deadman_s=deadman_seconds(os.environ),
             )
             python = rollout_python(p.paths.rollout_dir, os.environ)
             uv = find_uv(p.config.experiment.rollout)

@@ -21,6 +21,7 @@ import psutil
 import pytest
 import trio
 
+from launcher.cluster.flags import DEADMAN_ENV
 from tests.cluster.conftest import N2_IP, ClusterBed, slow_workspace
 from tests.launcher.e2e.helpers import (
     base_env,
@@ -235,6 +236,7 @@ async def _drill(
     delay_s: float = 3.0,
     requeues: bool = True,
     rollouts: Path | None = None,
+    env: dict[str, str] | None = None,
 ) -> tuple[Path, Path]:
     ws = slow_workspace(tmp_path / "ws", delay_s)
     if rollouts is not None:
@@ -243,7 +245,7 @@ async def _drill(
     cli = await start_cli(
         _args(testbed, "drill"),
         cwd=tmp_path,
-        env=_env(testbed, slow_env),
+        env={**_env(testbed, slow_env), **(env or {})},
         logdir=tmp_path / "cli",
     )
     try:
@@ -304,14 +306,18 @@ async def test_drill_link_cut(testbed: ClusterBed, slow_env: Path, tmp_path: Pat
         statuses.append(await trio.to_thread.run_sync(_call_through_relay, run, rollouts, old))
 
     try:
-        ws, run = await _drill(testbed, slow_env, tmp_path, cut, rollouts=rollouts)
+        ws, run = await _drill(
+            testbed, slow_env, tmp_path, cut, rollouts=rollouts, env={DEADMAN_ENV: "10"}
+        )
         assert statuses == [410]
         assert count_log(run, "refusing model calls") >= 1
         # Declared dead, node 2 lost its way to the bridge: what it had open was closed.
         closed = [c for c in _closed_on_leave(run) if c["node"] == N2_IP]
         assert closed and int(str(closed[0]["connections"])) >= 1
-        # Back on the network, node 2 learns it was declared dead; its agent goes and the
-        # lifeline stops its rollout server.
+        # Still cut off, with no call from the supervisor for 10 s: node 2's agent stopped
+        # its rollout server by itself (the dead-man switch), and the lifeline its directory.
+        await _no_leftovers(ws, testbed)
+        # Back on the network, node 2 learns it was declared dead; its agent goes.
         link("up")
         await _no_leftovers(ws, testbed)
     finally:
