@@ -145,7 +145,7 @@ class BridgeProcessHandle:
 
     async def cut(self, address: str) -> int:
         """Close every connection handed over from the peer ``address`` (a node that left the
-        cluster; bridge.tls); how many were open (once they are closed)."""
+        cluster; bridge.tls); return, once they are closed, how many were open."""
         count = await self._channel.ask("d", address)
         return count if isinstance(count, int) else 0
 

@@ -235,7 +235,8 @@ class BridgeHandle:
         await trio.lowlevel.checkpoint()
 
     async def cut(self, address: str) -> int:
-        """Close every connection adopted from the peer ``address``; how many were open (once they are closed)."""
+        """Close every connection adopted from the peer ``address``; return, once they are
+        closed, how many were open."""
         assert self._door is not None, "a handle made by run_bridge"
         return await self._door.cut(address)
 
