@@ -10,6 +10,7 @@ from __future__ import annotations
 import fcntl
 import importlib.util
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -78,20 +79,29 @@ class ClusterBed:
         return [int(p) for p in out.split()]
 
     def alive_nodes(self) -> int:
-        """How many nodes the cluster reports alive (asked from a fresh driver)."""
+        """How many nodes the cluster reports alive (asked from a fresh driver); -1 when the
+        driver could not say (it failed to connect, or timed out)."""
         code = (
             "import os, ray; ray.init(address=os.environ['RB_ADDRESS'], log_to_driver=False, "
-            "logging_level='ERROR'); print(sum(1 for n in ray.nodes() if n['Alive']))"
+            "logging_level='ERROR'); "
+            "print('alive-nodes', sum(1 for n in ray.nodes() if n['Alive']), flush=True)"
         )
-        out = subprocess.run(
-            [sys.executable, "-c", code],
-            env={**os.environ, **self.env},
-            capture_output=True,
-            text=True,
-            timeout=120,
-            check=False,
-        )
-        return int(out.stdout.strip() or 0)
+        try:
+            out = subprocess.run(
+                [sys.executable, "-c", code],
+                env={**os.environ, **self.env},
+                capture_output=True,
+                text=True,
+                timeout=120,
+                check=False,
+            )
+        except subprocess.TimeoutExpired:
+            return -1
+        # Ray prints what it hears of the cluster on the driver's stdout too, log_to_driver
+        # off or not (a node's raylet ending: "(raylet) Raylet is terminated ..."), so the
+        # count is read from its own marked line, not from the whole output.
+        found = re.search(r"^alive-nodes (\d+)$", out.stdout, re.MULTILINE)
+        return int(found.group(1)) if found else -1
 
 
 @pytest.fixture(scope="package")

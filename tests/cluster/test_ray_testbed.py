@@ -238,6 +238,8 @@ async def _drill(
     rollouts: Path | None = None,
     env: dict[str, str] | None = None,
 ) -> tuple[Path, Path]:
+    # Each drill starts from two alive nodes, whatever an earlier test's clean-up managed.
+    await _restore_node2(testbed)
     ws = slow_workspace(tmp_path / "ws", delay_s)
     if rollouts is not None:
         _record_rollouts(ws, rollouts)
