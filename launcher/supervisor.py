@@ -286,7 +286,8 @@ class Supervisor:
         async with open_services(ctx) as services:
             if services is not None:
                 async with clustered(ctx, services) as everywhere:  # --ray: launcher.cluster
-                    await self._dispatch(rd, pending, everywhere)
+                    if everywhere is not None:
+                        await self._dispatch(rd, pending, everywhere)
 
     async def _dispatch(
         self, rd: RunDirectory, pending: list[WorkItem], services: Services

@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import dataclasses
 import gc
-import logging
 import os
 import socket
 import ssl
@@ -37,6 +36,7 @@ import trio
 from bridge.errors import BridgeProcessError
 from launcher.cluster.agent import AgentSpec, NodeAgent
 from launcher.cluster.flags import deadman_seconds
+from launcher.cluster.join import join
 from launcher.cluster.refs import await_ref
 from launcher.cluster.relay import AllowedPeers, serve_relay
 from launcher.cluster.replicas import announcer, hold_minimum, ping_replicas, replica_line
@@ -67,24 +67,6 @@ def _import_ray() -> Any:
             "--ray needs Ray: install rollbridge[ray] (pip install 'rollbridge[ray]')"
         ) from None
     return ray
-
-
-def _init(ray: Any, address: str, resource: str) -> tuple[str, str]:
-    os.environ["RAY_USAGE_STATS_ENABLED"] = "0"
-    os.environ.setdefault("RAY_ENABLE_UV_RUN_RUNTIME_ENV", "0")
-    if address == "local":
-        os.environ.setdefault("RAY_AUTH_MODE", "token")
-        ray.init(
-            include_dashboard=False,
-            log_to_driver=False,
-            logging_level=logging.ERROR,
-            object_store_memory=100_000_000,
-            resources={resource: 1},
-        )
-    else:
-        ray.init(address=address, log_to_driver=False, logging_level=logging.ERROR)
-    node_id = ray.get_runtime_context().get_node_id()
-    return str(node_id), str(ray.util.get_node_ip_address())
 
 
 def _draining_nodes() -> set[str]:
@@ -284,8 +266,9 @@ class _Cluster:
 
 
 @asynccontextmanager
-async def clustered(ctx: RunContext, services: Services) -> AsyncIterator[Services]:
-    """``services`` as they are without ``--ray``; else with the cluster open."""
+async def clustered(ctx: RunContext, services: Services) -> AsyncIterator[Services | None]:
+    """``services`` as they are without ``--ray``; else with the cluster open (None when an
+    interrupt came while it opened)."""
     if ctx.prepared.ray is None:
         yield services
         return
@@ -294,17 +277,20 @@ async def clustered(ctx: RunContext, services: Services) -> AsyncIterator[Servic
 
 
 @asynccontextmanager
-async def open_cluster(ctx: RunContext, services: Services) -> AsyncIterator[Services]:
+async def open_cluster(ctx: RunContext, services: Services) -> AsyncIterator[Services | None]:
     """The run's services with dispatch across the cluster (see the module docstring)."""
     p = ctx.prepared
     assert p.ray is not None
     address = p.ray.address
     ray = _import_ray()
     ctx.stage(f"joining Ray cluster ({address})", step="cluster")
-    try:
-        own_node, head_ip = await trio.to_thread.run_sync(_init, ray, address, p.ray.resource)
-    except Exception as exc:
-        raise LocalEvalError(f"could not join the Ray cluster at {address}: {exc}") from None
+    joined: tuple[str, str] | None = None
+    with ctx.interrupts.work_scope():  # the first Ctrl-C abandons Ray's connect loop
+        joined = await join(ray, address, p.ray.resource, ctx.log, ctx.logs_hint)
+    if joined is None:
+        yield None
+        return
+    own_node, head_ip = joined
     try:
         async with trio.open_nursery() as nursery:
             # The bridge makes the run's certificate (its key stays in the bridge's process)
@@ -374,7 +360,11 @@ async def open_cluster(ctx: RunContext, services: Services) -> AsyncIterator[Ser
                 ray, ctx, transport, spec, shipment, default, peers, services.bridge.cut
             )
             try:
-                await nursery.start(cluster.manage)
+                with ctx.interrupts.work_scope():  # agents starting (their builds) are cancelled
+                    await nursery.start(cluster.manage)
+                if ctx.interrupts.interrupted:
+                    yield None
+                    return
                 nursery.start_soon(ping_replicas, transport)
                 starting = cluster.count_starting
                 ctx.ui.show_replicas(lambda: replica_line(transport.replicas, starting()))

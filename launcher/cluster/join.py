@@ -1,0 +1,201 @@
+"""Joining the Ray cluster as the run's driver, failing fast and quietly when it cannot be done.
+
+Three things ``ray.init`` does badly for a command-line tool, measured with Ray 2.60:
+
+* **An address where nothing listens takes about 14 minutes to fail**: its connect loop makes
+  20 attempts, each waiting 5 s for the GCS, 5 s for its pubsub and 30 s for the cluster id.
+  :func:`unreachable` first opens a plain TCP connection to the address (to the node's own
+  address too for a loopback host, as Ray swaps one for the other), so a wrong host or port is
+  one line within :data:`CONNECT_S`.
+* **It cannot be interrupted**: it blocks a worker thread in C++. The call is abandoned on
+  cancellation (Ctrl-C ends the run at once; the thread is a daemon and ends with the process).
+* **Its C++ client writes straight to descriptor 2** (a warning line per attempt: ``[time W
+  pid tid] gcs_client.cc:…``), past Python's ``sys.stderr`` and Ray's ``logging_level``;
+  ``RAY_BACKEND_LOG_LEVEL`` does not quiet it. Over a terminal those lines bury the one-line
+  error. :class:`Fd2Capture` points descriptor 2 at an unnamed temporary file while the driver
+  connects, and :func:`distinct_lines` turns what came into the run's log (each distinct
+  message once, with its count).
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import logging
+import os
+import re
+import sys
+import tempfile
+import threading
+from collections.abc import Callable
+from functools import partial
+from typing import Any
+
+import trio
+
+from launcher.errors import LocalEvalError
+
+__all__ = ["CONNECT_S", "MAX_KEPT", "Fd2Capture", "distinct_lines", "join", "unreachable"]
+
+#: How long the TCP check waits for each address before calling it unreachable.
+CONNECT_S = 5.0
+#: The most captured bytes read back (the tail: a failure's cause comes last).
+MAX_KEPT = 64 * 1024
+_PREFIX = re.compile(r"^\[[^\]]*\]\s*")
+
+LogFn = Callable[[str, str, str, "dict[str, Any] | None"], Any]
+
+
+class Fd2Capture:
+    """``with Fd2Capture() as cap: ...`` sends what is written to descriptor 2 to a temporary
+    file until :meth:`restore` (or the block's end), which returns it.
+
+    Anything else written to descriptor 2 meanwhile (another thread's stderr) is captured too:
+    the caller logs it, so nothing is lost. :meth:`restore` may be called from any thread, more
+    than once; the first call restores the descriptor.
+    """
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._saved = -1
+        self._file: Any = None
+        self._text = ""
+
+    def __enter__(self) -> Fd2Capture:
+        self._file = tempfile.TemporaryFile()
+        sys.stderr.flush()
+        self._saved = os.dup(2)
+        os.dup2(self._file.fileno(), 2)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.restore()
+
+    def restore(self) -> str:
+        """Point descriptor 2 back where it was; what was written to it meanwhile."""
+        with self._lock:
+            if self._saved >= 0:
+                os.dup2(self._saved, 2)
+                os.close(self._saved)
+                self._saved = -1
+                size = self._file.seek(0, os.SEEK_END)
+                self._file.seek(max(0, size - MAX_KEPT))
+                self._text = self._file.read().decode("utf-8", "replace")
+                self._file.close()
+            return self._text
+
+
+def distinct_lines(text: str, limit: int = 20) -> list[tuple[str, int]]:
+    """Each distinct non-empty line of ``text`` (its ``[time level pid tid]`` prefix removed),
+    in order of first appearance, with its count; at most ``limit`` of them."""
+    counts: dict[str, int] = {}
+    for raw in text.splitlines():
+        line = _PREFIX.sub("", raw).strip()
+        if line and (line in counts or len(counts) < limit):
+            counts[line] = counts.get(line, 0) + 1
+    return list(counts.items())
+
+
+def _host_port(address: str) -> tuple[str, int] | None:
+    host, sep, port = address.strip().rpartition(":")
+    host = host.removeprefix("[").removesuffix("]")
+    if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
+        return None
+    return host, int(port)
+
+
+def _is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def _why(exc: OSError) -> str:
+    """The first underlying error's words: trio's "all attempts to connect … failed" chains
+    each attempt's own error (an exception group) as its cause."""
+    cause = exc.__cause__
+    while isinstance(cause, BaseExceptionGroup):
+        cause = cause.exceptions[0]
+    for err in (cause, exc):
+        if isinstance(err, OSError) and err.strerror:  # trio's: "Error connecting to …: why"
+            return str(err.strerror).rpartition(": ")[2]
+    return str(exc)
+
+
+async def unreachable(address: str, node_ip: Callable[[], str]) -> str | None:
+    """Why nothing answers TCP at ``address`` (``host:port``), or None when something does.
+
+    For a loopback host Ray connects to ``node_ip()`` instead, so either answering will do. An
+    address that is not ``host:port`` is left to Ray, whose own error is clear (None)."""
+    parsed = _host_port(address)
+    if parsed is None:
+        return None
+    host, port = parsed
+    hosts = [host]
+    if _is_loopback(host):
+        hosts.append(await trio.to_thread.run_sync(node_ip))
+    reasons: list[str] = []
+    for candidate in hosts:
+        with trio.move_on_after(CONNECT_S) as waited:
+            try:
+                stream = await trio.open_tcp_stream(candidate, port)
+            except OSError as exc:
+                reasons.append(f"{candidate}:{port}: {_why(exc)}")
+                continue
+            await stream.aclose()
+            return None
+        if waited.cancelled_caught:
+            reasons.append(f"{candidate}:{port}: no answer within {CONNECT_S:g} s")
+    return "; ".join(reasons)
+
+
+def _init(ray: Any, address: str, resource: str) -> tuple[str, str]:
+    os.environ["RAY_USAGE_STATS_ENABLED"] = "0"
+    os.environ.setdefault("RAY_ENABLE_UV_RUN_RUNTIME_ENV", "0")
+    if address == "local":
+        os.environ.setdefault("RAY_AUTH_MODE", "token")
+        ray.init(
+            include_dashboard=False,
+            log_to_driver=False,
+            logging_level=logging.ERROR,
+            object_store_memory=100_000_000,
+            resources={resource: 1},
+        )
+    else:
+        ray.init(address=address, log_to_driver=False, logging_level=logging.ERROR)
+    node_id = ray.get_runtime_context().get_node_id()
+    return str(node_id), str(ray.util.get_node_ip_address())
+
+
+async def join(
+    ray: Any, address: str, resource: str, log: LogFn, logs_hint: str
+) -> tuple[str, str]:
+    """Join the cluster at ``address`` (or start a local one for ``"local"``) as the driver;
+    this node's id and address. Raises :class:`LocalEvalError` (one line, pointing at the
+    run's log) when it cannot."""
+    if address != "local":
+        why = await unreachable(address, ray.util.get_node_ip_address)
+        if why:
+            raise LocalEvalError(
+                f"could not join the Ray cluster at {address}: nothing answers there ({why})"
+            )
+    capture = Fd2Capture()
+    try:
+        with capture:
+            joined = await trio.to_thread.run_sync(
+                partial(_init, ray, address, resource), abandon_on_cancel=True
+            )
+    except Exception as exc:
+        failed: Exception | None = exc
+    else:
+        failed = None
+    finally:
+        for line, count in distinct_lines(capture.restore()):
+            log("WARNING", "cluster", f"ray: {line}", {"times": count} if count > 1 else None)
+    if failed is not None:
+        raise LocalEvalError(
+            f"could not join the Ray cluster at {address}: {failed}\nLogs: {logs_hint}"
+        )
+    return joined

@@ -1,0 +1,238 @@
+"""Joining the cluster fails fast, stays interruptible and keeps Ray's C++ lines off the
+terminal (launcher.cluster.join); the helpers without Ray, the CLI with it (no root needed)."""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import secrets
+import signal
+import socket
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import trio
+
+from launcher.cluster.join import Fd2Capture, distinct_lines, join, unreachable
+from launcher.errors import LocalEvalError
+from tests.cluster.conftest import slow_workspace
+from tests.launcher.e2e.helpers import (
+    base_env,
+    count_log,
+    process_gone,
+    run_cli,
+    run_dir,
+    start_cli,
+    wait_for,
+)
+
+needs_ray = pytest.mark.skipif(
+    importlib.util.find_spec("ray") is None, reason="needs Ray (the rollbridge[ray] extra)"
+)
+RAY_LINE = b"[2026-12-04 09:22:27,036 W 16894 16894] gcs_client.cc:210: no cluster id\n"
+
+
+def _fd2_identity() -> tuple[int, int]:
+    st = os.fstat(2)
+    return st.st_dev, st.st_ino
+
+
+def test_capture_takes_descriptor_2_and_gives_it_back() -> None:
+    before = _fd2_identity()
+    with Fd2Capture() as capture:
+        assert _fd2_identity() != before
+        os.write(2, RAY_LINE)
+        os.write(2, RAY_LINE.replace(b"09:22:27", b"09:22:28"))
+        os.write(2, b"rpc_client.h:153: Failed to connect\n")
+        # From another thread, as the trio side does when Ray's call is abandoned.
+        worker = threading.Thread(target=capture.restore)
+        worker.start()
+        worker.join()
+        assert _fd2_identity() == before
+        os.write(2, b"")  # after the restore: not captured
+    text = capture.restore()
+    assert text.count("no cluster id") == 2
+    assert distinct_lines(text) == [
+        ("gcs_client.cc:210: no cluster id", 2),
+        ("rpc_client.h:153: Failed to connect", 1),
+    ]
+    assert _fd2_identity() == before
+
+
+def test_distinct_lines_bounds_what_it_keeps() -> None:
+    text = "".join(f"[t W 1 2] line {i}\n" for i in range(50)) + "[t W 1 2] line 3\n\n"
+    kept = distinct_lines(text, limit=5)
+    assert [line for line, _ in kept] == [f"line {i}" for i in range(5)]
+    assert dict(kept)["line 3"] == 2
+
+
+@pytest.fixture
+def closed_port() -> Iterator[int]:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    yield port
+
+
+async def test_unreachable_says_why_or_none(closed_port: int) -> None:
+    with trio.fail_after(20):
+        listeners = await trio.open_tcp_listeners(0, host="127.0.0.2")
+        port = listeners[0].socket.getsockname()[1]
+        try:
+            # Ray swaps a loopback host for the node's address: either answering will do.
+            assert await unreachable(f"127.0.0.1:{port}", lambda: "127.0.0.2") is None
+            assert await unreachable(f"127.0.0.2:{port}", lambda: "unused") is None
+            why = await unreachable(f"localhost:{closed_port}", lambda: "127.0.0.3")
+            assert why is not None
+            assert f"localhost:{closed_port}: Connection refused" in why
+            assert f"127.0.0.3:{closed_port}: Connection refused" in why
+            # Not host:port: Ray's own error says so.
+            assert await unreachable("nonsense", lambda: "unused") is None
+        finally:
+            for listener in listeners:
+                await listener.aclose()
+
+
+class _FakeRay:
+    """Enough of Ray for ``join``: ``init`` writes as Ray's C++ client does, then fails or
+    blocks until released."""
+
+    def __init__(self, *, block: bool) -> None:
+        self.block = block
+        self.release = threading.Event()
+        self.util = self
+        self.entered = threading.Event()
+
+    def get_node_ip_address(self) -> str:
+        return "127.0.0.1"
+
+    def init(self, **_: Any) -> None:
+        os.write(2, RAY_LINE * 3)
+        self.entered.set()
+        if self.block:
+            self.release.wait(30)
+        raise ConnectionError("Failed to connect to Ray cluster")
+
+
+async def test_join_failure_is_one_error_and_ray_lines_go_to_the_log() -> None:
+    logged: list[tuple[str, str, str, Any]] = []
+    before = _fd2_identity()
+    with trio.fail_after(20):
+        listeners = await trio.open_tcp_listeners(0, host="127.0.0.1")
+        port = listeners[0].socket.getsockname()[1]
+        try:
+            with pytest.raises(LocalEvalError) as raised:
+                await join(
+                    _FakeRay(block=False),
+                    f"127.0.0.1:{port}",
+                    "rollbridge_host",
+                    lambda *entry: logged.append(entry),
+                    "logs.txt",
+                )
+        finally:
+            for listener in listeners:
+                await listener.aclose()
+    assert str(raised.value) == (
+        f"could not join the Ray cluster at 127.0.0.1:{port}: Failed to connect to Ray cluster"
+        "\nLogs: logs.txt"
+    )
+    assert logged == [("WARNING", "cluster", "ray: gcs_client.cc:210: no cluster id", {"times": 3})]
+    assert _fd2_identity() == before
+
+
+async def test_join_is_abandoned_on_cancel_and_gives_descriptor_2_back() -> None:
+    fake = _FakeRay(block=True)
+    logged: list[Any] = []
+    before = _fd2_identity()
+    try:
+        with trio.fail_after(20):
+            with trio.CancelScope() as scope:
+                async with trio.open_nursery() as nursery:
+
+                    async def cancel_when_inside() -> None:
+                        await trio.to_thread.run_sync(fake.entered.wait)
+                        scope.cancel()
+
+                    nursery.start_soon(cancel_when_inside)
+                    await join(fake, "local", "r", lambda *e: logged.append(e), "logs.txt")
+            assert scope.cancelled_caught
+            assert _fd2_identity() == before
+            assert len(logged) == 1
+    finally:
+        fake.release.set()
+
+
+@pytest.fixture
+def ray_env(tmp_path: Path, slow_env: Path) -> dict[str, str]:
+    token = tmp_path / "token"
+    token.write_text(secrets.token_hex(32))
+    token.chmod(0o600)
+    return base_env(
+        UV_PROJECT_ENVIRONMENT=str(slow_env),
+        RAY_AUTH_MODE="token",
+        RAY_AUTH_TOKEN_PATH=str(token),
+        RAY_USAGE_STATS_ENABLED="0",
+    )
+
+
+@needs_ray
+@pytest.mark.slow
+async def test_a_cluster_address_where_nothing_listens_fails_in_one_line(
+    tmp_path: Path, ray_env: dict[str, str], closed_port: int
+) -> None:
+    slow_workspace(tmp_path / "ws", 0.0)
+    result = await run_cli(
+        ["eval", "run", "ws/configs/eval/echo.toml", "--yes", "--plain",
+         "--ray", f"127.0.0.1:{closed_port}"],
+        cwd=tmp_path,
+        env=ray_env,
+        timeout=120,
+    )  # fmt: skip
+    assert result.returncode == 1, result.stderr + result.stdout
+    errors = [line for line in result.stderr.splitlines() if line.strip()]
+    assert len(errors) == 1, result.stderr
+    assert errors[0].startswith(f"Error: could not join the Ray cluster at 127.0.0.1:{closed_port}")
+    assert "Connection refused" in errors[0]
+
+
+@needs_ray
+@pytest.mark.slow
+async def test_ctrl_c_while_ray_cannot_connect_ends_the_run(
+    tmp_path: Path, ray_env: dict[str, str]
+) -> None:
+    """Something answers TCP but never speaks Ray (Ray's connect loop would take minutes)."""
+    ws = slow_workspace(tmp_path / "ws", 0.0)
+    run = run_dir(ws, "stuck")
+    with trio.fail_after(200):
+        listeners = await trio.open_tcp_listeners(0, host="127.0.0.1")
+        port = listeners[0].socket.getsockname()[1]
+        held: list[trio.SocketStream] = []
+
+        async def hold(stream: trio.SocketStream) -> None:
+            held.append(stream)
+            await trio.sleep_forever()
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(trio.serve_listeners, hold, listeners)
+            cli = await start_cli(
+                ["eval", "run", "ws/configs/eval/echo.toml", "--yes", "--plain",
+                 "--name", "stuck", "--ray", f"127.0.0.1:{port}"],
+                cwd=tmp_path,
+                env=ray_env,
+                logdir=tmp_path / "cli",
+            )  # fmt: skip
+            try:
+                await wait_for(lambda: count_log(run, "joining Ray cluster") == 1, timeout=120)
+                await wait_for(lambda: bool(held), timeout=60)  # Ray is inside its loop
+                cli.signal(signal.SIGINT)
+                result = await cli.wait(timeout=60)
+            finally:
+                if cli.process.returncode is None:
+                    cli.kill9()
+            nursery.cancel_scope.cancel()
+    assert result.returncode == 130, result.stderr + result.stdout
+    assert "gcs_client" not in result.stderr and "rpc_client" not in result.stderr
+    assert process_gone(cli.process.pid)
