@@ -18,11 +18,11 @@ custom timeouts, a client a test or tool put in the context) goes through httpx 
 from __future__ import annotations
 
 import functools
-import ipaddress
 import json
 from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
 
+from .net.hosts import is_loopback_host
 from .sdk import RolloutContext, get_rollout_context, given_http_client, is_shared_client
 
 if TYPE_CHECKING:
@@ -49,15 +49,6 @@ _CONNECT_TIMEOUT_SEC = 10.0
 _POOLS: RunVar[dict[tuple[str, int], H1Pool]] | None = None
 
 
-def _loopback(host: str) -> bool:
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
-
-
 @functools.lru_cache(maxsize=64)
 def _lean_origin(netloc: str) -> tuple[str, int] | None:
     """``(host, port)`` when a plain-HTTP URL's authority ``netloc`` is a loopback host
@@ -65,7 +56,7 @@ def _lean_origin(netloc: str) -> tuple[str, int] | None:
     and parsing the authority and the address is most of the cost of this routing."""
     parts = urlsplit(f"http://{netloc}")
     host = parts.hostname
-    if host is None or parts.username or parts.password or not _loopback(host):
+    if host is None or parts.username or parts.password or not is_loopback_host(host):
         return None
     try:
         return host, parts.port or 80

@@ -19,7 +19,6 @@ Three things ``ray.init`` does badly for a command-line tool, measured with Ray 
 
 from __future__ import annotations
 
-import ipaddress
 import logging
 import os
 import re
@@ -33,6 +32,7 @@ from typing import Any
 import trio
 
 from launcher.errors import LocalEvalError
+from rollout_server.net.hosts import is_loopback_host
 
 __all__ = ["CONNECT_S", "MAX_KEPT", "Fd2Capture", "distinct_lines", "join", "unreachable"]
 
@@ -103,15 +103,6 @@ def _host_port(address: str) -> tuple[str, int] | None:
     return host, int(port)
 
 
-def _is_loopback(host: str) -> bool:
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
-
-
 def _why(exc: OSError) -> str:
     """The first underlying error's words: trio's "all attempts to connect … failed" chains
     each attempt's own error (an exception group) as its cause."""
@@ -134,7 +125,7 @@ async def unreachable(address: str, node_ip: Callable[[], str]) -> str | None:
         return None
     host, port = parsed
     hosts = [host]
-    if _is_loopback(host):
+    if is_loopback_host(host):
         hosts.append(await trio.to_thread.run_sync(node_ip))
     reasons: list[str] = []
     for candidate in hosts:

@@ -20,12 +20,12 @@ import subprocess
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from ipaddress import ip_address
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
 from launcher.errors import CLIError
+from rollout_server.net.hosts import is_loopback_host
 
 __all__ = [
     "DEFAULT_PLATFORM_URL",
@@ -52,19 +52,10 @@ class AuthError(CLIError):
     default_code = "AUTH_REQUIRED"
 
 
-def _is_loopback(host: str) -> bool:
-    if host == "localhost":
-        return True
-    try:
-        return ip_address(host).is_loopback
-    except ValueError:
-        return False
-
-
 def is_loopback_url(url: str) -> bool:
     """Whether ``url``'s host is loopback (localhost, 127.x, ::1)."""
     try:
-        return _is_loopback((urlsplit(url).hostname or "").lower())
+        return is_loopback_host((urlsplit(url).hostname or "").lower())
     except ValueError:
         return False
 
@@ -77,7 +68,9 @@ def normalize_platform_url(url: str | None) -> str:
         head = urlsplit(raw)
         if not (head.scheme and head.netloc):
             probe = urlsplit(f"//{raw}")
-            raw = f"{'http' if _is_loopback((probe.hostname or '').lower()) else 'https'}://{raw}"
+            raw = (
+                f"{'http' if is_loopback_host((probe.hostname or '').lower()) else 'https'}://{raw}"
+            )
         parsed = urlsplit(raw)
         scheme, host, port = parsed.scheme.lower(), (parsed.hostname or "").lower(), parsed.port
     except ValueError:

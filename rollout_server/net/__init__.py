@@ -5,5 +5,5 @@ and imports nothing else of the project, so the rollout SDK, the bridge and the 
 all stand on it. The lean HTTP/1.1 room: :mod:`.limits` (every bound, named once), :mod:`.h1`
 and :mod:`.wirebytes` (the server connection and its writers), :mod:`.leanserve` (the
 listener), :mod:`.wire`, :mod:`.wirefast`, :mod:`.wireerrors`, :mod:`.reply` and
-:mod:`.h1client` (the client); besides it :mod:`.asgi`, :mod:`.httpclient`, :mod:`.jsonbytes` and :mod:`.secrets`.
+:mod:`.h1client` (the client); besides it :mod:`.asgi`, :mod:`.httpclient`, :mod:`.jsonbytes`, :mod:`.hosts` and :mod:`.secrets`.
 """
