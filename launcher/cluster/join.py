@@ -34,13 +34,22 @@ import trio
 from launcher.errors import LocalEvalError
 from rollout_server.net.hosts import is_loopback_host
 
-__all__ = ["CONNECT_S", "MAX_KEPT", "Fd2Capture", "distinct_lines", "join", "unreachable"]
+__all__ = [
+    "CONNECT_S",
+    "MAX_KEPT",
+    "Fd2Capture",
+    "distinct_lines",
+    "failure",
+    "join",
+    "unreachable",
+]
 
 #: How long the TCP check waits for each address before calling it unreachable.
 CONNECT_S = 5.0
 #: The most captured bytes read back (the tail: a failure's cause comes last).
 MAX_KEPT = 64 * 1024
 _PREFIX = re.compile(r"^\[[^\]]*\]\s*")
+_SOURCE = re.compile(r"^[\w.]+\.(?:cc|cpp|h):\d+:\s*")  # Ray's "gcs_client.cc:210: "
 
 LogFn = Callable[[str, str, str, "dict[str, Any] | None"], Any]
 
@@ -93,6 +102,20 @@ def distinct_lines(text: str, limit: int = 20) -> list[tuple[str, int]]:
         if line and (line in counts or len(counts) < limit):
             counts[line] = counts.get(line, 0) + 1
     return list(counts.items())
+
+
+def failure(exc: Exception, said: list[tuple[str, int]]) -> str:
+    """A failed join in words: Ray's exception says only "Failed to connect"; the cause is in
+    the last line its C++ client wrote, and a refused token gets what to set."""
+    if not said:
+        return str(exc)
+    cause = _SOURCE.sub("", said[-1][0])
+    if "InvalidAuthToken" in cause or "Unauthenticated" in cause:
+        return (
+            f"the cluster refused the token ({cause.rpartition(': ')[2]}): set RAY_AUTH_MODE=token "
+            "and RAY_AUTH_TOKEN_PATH (or RAY_AUTH_TOKEN) to the token its nodes were started with"
+        )
+    return f"{exc} (Ray: {cause})"
 
 
 def _host_port(address: str) -> tuple[str, int] | None:
@@ -183,10 +206,12 @@ async def join(
     else:
         failed = None
     finally:
-        for line, count in distinct_lines(capture.restore()):
+        said = distinct_lines(capture.restore())
+        for line, count in said:
             log("WARNING", "cluster", f"ray: {line}", {"times": count} if count > 1 else None)
     if failed is not None:
         raise LocalEvalError(
-            f"could not join the Ray cluster at {address}: {failed}\nLogs: {logs_hint}"
+            f"could not join the Ray cluster at {address}: {failure(failed, said)}"
+            f"\nLogs: {logs_hint}"
         )
     return joined

@@ -16,9 +16,9 @@ from typing import Any
 import pytest
 import trio
 
-from launcher.cluster.join import Fd2Capture, distinct_lines, join, unreachable
+from launcher.cluster.join import Fd2Capture, distinct_lines, failure, join, unreachable
 from launcher.errors import LocalEvalError
-from tests.cluster.conftest import slow_workspace
+from tests.cluster.conftest import ClusterBed, slow_workspace
 from tests.launcher.e2e.helpers import (
     base_env,
     count_log,
@@ -67,6 +67,28 @@ def test_distinct_lines_bounds_what_it_keeps() -> None:
     kept = distinct_lines(text, limit=5)
     assert [line for line, _ in kept] == [f"line {i}" for i in range(5)]
     assert dict(kept)["line 3"] == 2
+
+
+def test_failure_names_ray_s_cause_and_what_to_set_for_a_refused_token() -> None:
+    refused = ConnectionError("Failed to connect to Ray cluster at 10.0.0.1:6379")
+    assert failure(refused, []) == "Failed to connect to Ray cluster at 10.0.0.1:6379"
+    said = distinct_lines(
+        "[t W 1 2] gcs_client.cc:210: Failed to get cluster ID from GCS server: RpcError: "
+        "RPC error: Received http2 header with status: 404 rpc_code: 12\n"
+    )
+    assert failure(refused, said) == (
+        "Failed to connect to Ray cluster at 10.0.0.1:6379 (Ray: Failed to get cluster ID from "
+        "GCS server: RpcError: RPC error: Received http2 header with status: 404 rpc_code: 12)"
+    )
+    said = distinct_lines(
+        "[t W 1 2] gcs_client.cc:210: Failed to get cluster ID from GCS server: Unauthenticated: "
+        "RPC error: InvalidAuthToken: Authentication token is missing or incorrect\n"
+    )
+    assert failure(refused, said) == (
+        "the cluster refused the token (Authentication token is missing or incorrect): set "
+        "RAY_AUTH_MODE=token and RAY_AUTH_TOKEN_PATH (or RAY_AUTH_TOKEN) to the token its "
+        "nodes were started with"
+    )
 
 
 @pytest.fixture
@@ -137,7 +159,7 @@ async def test_join_failure_is_one_error_and_ray_lines_go_to_the_log() -> None:
                 await listener.aclose()
     assert str(raised.value) == (
         f"could not join the Ray cluster at 127.0.0.1:{port}: Failed to connect to Ray cluster"
-        "\nLogs: logs.txt"
+        " (Ray: no cluster id)\nLogs: logs.txt"
     )
     assert logged == [("WARNING", "cluster", "ray: gcs_client.cc:210: no cluster id", {"times": 3})]
     assert _fd2_identity() == before
@@ -236,3 +258,27 @@ async def test_ctrl_c_while_ray_cannot_connect_ends_the_run(
     assert result.returncode == 130, result.stderr + result.stdout
     assert "gcs_client" not in result.stderr and "rpc_client" not in result.stderr
     assert process_gone(cli.process.pid)
+
+
+@pytest.mark.slow
+async def test_a_wrong_token_is_named_as_such(
+    testbed: ClusterBed, slow_env: Path, tmp_path: Path
+) -> None:
+    """Ray's own error only says it failed to connect; its C++ client says why."""
+    slow_workspace(tmp_path / "ws", 0.0)
+    wrong = tmp_path / "wrong-token"
+    wrong.write_text(secrets.token_hex(32))
+    env = base_env(
+        UV_PROJECT_ENVIRONMENT=str(slow_env), **{**testbed.env, "RAY_AUTH_TOKEN_PATH": str(wrong)}
+    )
+    result = await run_cli(
+        ["eval", "run", "ws/configs/eval/echo.toml", "--yes", "--plain", "--ray", testbed.address],
+        cwd=tmp_path,
+        env=env,
+        timeout=180,
+    )
+    assert result.returncode == 1, result.stderr + result.stdout
+    errors = [line for line in result.stderr.splitlines() if line.strip()]
+    assert len(errors) == 1, result.stderr
+    assert "the cluster refused the token" in errors[0]
+    assert "gcs_client" not in result.stderr
