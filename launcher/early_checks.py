@@ -10,7 +10,9 @@ these need the run's environment (the secrets file's provider keys are in it by 
   ``--cloudflared PATH``) without ``--download-cloudflared``: the binary must be there;
 - ``--advertise-url``: its host must resolve (the listener it points at does not run yet, so
   this is as far as reachability can be checked before the run), unless it is a container
-  engine's host alias (``host.containers.internal``...), which only a sandbox resolves.
+  engine's host alias (``host.containers.internal``...), which only a sandbox resolves;
+- ``--ray ADDRESS``: something must answer TCP there (Ray's own connect loop takes minutes to
+  give up: :mod:`launcher.cluster.join`), so a wrong host or port fails before ``uv sync``.
 """
 
 from __future__ import annotations
@@ -33,6 +35,7 @@ __all__ = [
     "check_advertise_host",
     "check_cloudflared",
     "check_model_key",
+    "check_ray_address",
     "early_checks",
 ]
 
@@ -54,6 +57,7 @@ async def early_checks(prepared: Prepared) -> None:
         prepared.options.download_cloudflared,
     )
     await check_advertise_host(prepared.tunnel_plan.advertise_url)
+    await check_ray_address(prepared.ray.address if prepared.ray is not None else None)
 
 
 def check_model_key(model: str, redact: Callable[[str], str]) -> None:
@@ -92,6 +96,19 @@ def check_cloudflared(forced: bool, explicit: str | None, download: bool) -> Non
         locate_cloudflared(Path(explicit) if explicit else None)
     except CloudflaredNotFound as exc:
         raise LocalEvalError(str(exc)) from None
+
+
+async def check_ray_address(address: str | None) -> None:
+    """Raise :class:`LocalEvalError` when nothing answers TCP at ``--ray``'s address."""
+    if not address or address == "local":
+        return
+    from launcher.cluster.join import node_ip, unreachable
+
+    why = await unreachable(address, node_ip)
+    if why:
+        raise LocalEvalError(
+            f"could not join the Ray cluster at {address}: nothing answers there ({why})"
+        )
 
 
 async def check_advertise_host(url: str | None) -> None:

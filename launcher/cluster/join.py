@@ -4,9 +4,10 @@ Three things ``ray.init`` does badly for a command-line tool, measured with Ray 
 
 * **An address where nothing listens takes about 14 minutes to fail**: its connect loop makes
   20 attempts, each waiting 5 s for the GCS, 5 s for its pubsub and 30 s for the cluster id.
-  :func:`unreachable` first opens a plain TCP connection to the address (to the node's own
-  address too for a loopback host, as Ray swaps one for the other), so a wrong host or port is
-  one line within :data:`CONNECT_S`.
+  :func:`unreachable` opens a plain TCP connection to the address (to the node's own address
+  too for a loopback host, as Ray swaps one for the other) among the run's early checks
+  (:mod:`launcher.early_checks`, before ``uv sync``), so a wrong host or port is one line
+  within :data:`CONNECT_S`.
 * **It cannot be interrupted**: it blocks a worker thread in C++. The call is abandoned on
   cancellation (Ctrl-C ends the run at once; the thread is a daemon and ends with the process).
 * **Its C++ client writes straight to descriptor 2** (a warning line per attempt: ``[time W
@@ -41,6 +42,7 @@ __all__ = [
     "distinct_lines",
     "failure",
     "join",
+    "node_ip",
     "unreachable",
 ]
 
@@ -165,6 +167,13 @@ async def unreachable(address: str, node_ip: Callable[[], str]) -> str | None:
     return "; ".join(reasons)
 
 
+def node_ip() -> str:
+    """The address Ray puts in place of a loopback host (imports Ray: call on a thread)."""
+    import ray
+
+    return str(ray.util.get_node_ip_address())
+
+
 def _init(ray: Any, address: str, resource: str) -> tuple[str, str]:
     os.environ["RAY_USAGE_STATS_ENABLED"] = "0"
     os.environ.setdefault("RAY_ENABLE_UV_RUN_RUNTIME_ENV", "0")
@@ -189,12 +198,6 @@ async def join(
     """Join the cluster at ``address`` (or start a local one for ``"local"``) as the driver;
     this node's id and address. Raises :class:`LocalEvalError` (one line, pointing at the
     run's log) when it cannot."""
-    if address != "local":
-        why = await unreachable(address, ray.util.get_node_ip_address)
-        if why:
-            raise LocalEvalError(
-                f"could not join the Ray cluster at {address}: nothing answers there ({why})"
-            )
     capture = Fd2Capture()
     try:
         with capture:

@@ -207,7 +207,7 @@ async def test_a_cluster_address_where_nothing_listens_fails_in_one_line(
 ) -> None:
     slow_workspace(tmp_path / "ws", 0.0)
     result = await run_cli(
-        ["eval", "run", "ws/configs/eval/echo.toml", "--yes", "--plain",
+        ["eval", "run", "ws/configs/eval/echo.toml", "--yes",
          "--ray", f"127.0.0.1:{closed_port}"],
         cwd=tmp_path,
         env=ray_env,
@@ -218,6 +218,9 @@ async def test_a_cluster_address_where_nothing_listens_fails_in_one_line(
     assert len(errors) == 1, result.stderr
     assert errors[0].startswith(f"Error: could not join the Ray cluster at 127.0.0.1:{closed_port}")
     assert "Connection refused" in errors[0]
+    # Among the early checks: before the rollout's environment is synced or its server started.
+    assert "work items pending" in result.stdout
+    assert "syncing rollout dependencies" not in result.stdout
 
 
 @needs_ray
