@@ -20,6 +20,7 @@ Three things ``ray.init`` does badly for a command-line tool, measured with Ray 
 
 from __future__ import annotations
 
+import importlib
 import logging
 import os
 import re
@@ -169,8 +170,7 @@ async def unreachable(address: str, node_ip: Callable[[], str]) -> str | None:
 
 def node_ip() -> str:
     """The address Ray puts in place of a loopback host (imports Ray: call on a thread)."""
-    import ray
-
+    ray: Any = importlib.import_module("ray")
     return str(ray.util.get_node_ip_address())
 
 
