@@ -201,20 +201,14 @@ async def join(
     capture = Fd2Capture()
     try:
         with capture:
-            joined = await trio.to_thread.run_sync(
+            return await trio.to_thread.run_sync(
                 partial(_init, ray, address, resource), abandon_on_cancel=True
             )
     except Exception as exc:
-        failed: Exception | None = exc
-    else:
-        failed = None
-    finally:
-        said = distinct_lines(capture.restore())
-        for line, count in said:
-            log("WARNING", "cluster", f"ray: {line}", {"times": count} if count > 1 else None)
-    if failed is not None:
+        cause = failure(exc, distinct_lines(capture.restore()))
         raise LocalEvalError(
-            f"could not join the Ray cluster at {address}: {failure(failed, said)}"
-            f"\nLogs: {logs_hint}"
-        )
-    return joined
+            f"could not join the Ray cluster at {address}: {cause}\nLogs: {logs_hint}"
+        ) from None
+    finally:
+        for line, count in distinct_lines(capture.restore()):
+            log("WARNING", "cluster", f"ray: {line}", {"times": count} if count > 1 else None)
