@@ -66,14 +66,20 @@ class RaySettings:
     """Nodes carrying this custom resource get replicas (every node when none carries it)."""
 
 
+def split_address(address: str) -> tuple[str, int] | None:
+    """``(host, port)`` of a cluster address ``HOST:PORT`` (an IPv6 host without its
+    brackets); None when ``address`` is not one."""
+    host, sep, port = address.strip().rpartition(":")
+    if not sep or not _HOST.match(host) or not port.isdigit() or not 0 < int(port) < 65536:
+        return None
+    return host.removeprefix("[").removesuffix("]"), int(port)
+
+
 def check_address(address: str, what: str) -> str:
     """``address`` when it is ``local`` or ``HOST:PORT``; else one line saying what ``what``
     (the flag or the key) takes."""
     value = address.strip()
-    if value == "local":
-        return value
-    host, sep, port = value.rpartition(":")
-    if not sep or not _HOST.match(host) or not port.isdigit() or not 0 < int(port) < 65536:
+    if value != "local" and split_address(value) is None:
         raise ValidationError(
             f"{what} must be a Ray cluster address HOST:PORT (e.g. 10.0.0.1:6379) or 'local', "
             f"got {address!r}"

@@ -20,7 +20,6 @@ Three things ``ray.init`` does badly for a command-line tool, measured with Ray 
 
 from __future__ import annotations
 
-import importlib
 import logging
 import os
 import re
@@ -33,7 +32,8 @@ from typing import Any
 
 import trio
 
-from launcher.errors import LocalEvalError
+from launcher.config_ray import split_address
+from launcher.errors import DependencyError, LocalEvalError
 from rollout_server.net.hosts import is_loopback_host
 
 __all__ = [
@@ -42,6 +42,7 @@ __all__ = [
     "Fd2Capture",
     "distinct_lines",
     "failure",
+    "import_ray",
     "join",
     "node_ip",
     "unreachable",
@@ -121,14 +122,6 @@ def failure(exc: Exception, said: list[tuple[str, int]]) -> str:
     return f"{exc} (Ray: {cause})"
 
 
-def _host_port(address: str) -> tuple[str, int] | None:
-    host, sep, port = address.strip().rpartition(":")
-    host = host.removeprefix("[").removesuffix("]")
-    if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
-        return None
-    return host, int(port)
-
-
 def _why(exc: OSError) -> str:
     """The first underlying error's words: trio's "all attempts to connect … failed" chains
     each attempt's own error (an exception group) as its cause."""
@@ -146,7 +139,7 @@ async def unreachable(address: str, node_ip: Callable[[], str]) -> str | None:
 
     For a loopback host Ray connects to ``node_ip()`` instead, so either answering will do. An
     address that is not ``host:port`` is left to Ray, whose own error is clear (None)."""
-    parsed = _host_port(address)
+    parsed = split_address(address)
     if parsed is None:
         return None
     host, port = parsed
@@ -168,10 +161,20 @@ async def unreachable(address: str, node_ip: Callable[[], str]) -> str | None:
     return "; ".join(reasons)
 
 
+def import_ray() -> Any:
+    """The ``ray`` module; without it, the one-line error that names the extra."""
+    try:
+        import ray
+    except ImportError:
+        raise DependencyError(
+            "--ray needs Ray: install rollbridge[ray] (pip install 'rollbridge[ray]')"
+        ) from None
+    return ray
+
+
 def node_ip() -> str:
     """The address Ray puts in place of a loopback host (imports Ray: call on a thread)."""
-    ray: Any = importlib.import_module("ray")
-    return str(ray.util.get_node_ip_address())
+    return str(import_ray().util.get_node_ip_address())
 
 
 def _init(ray: Any, address: str, resource: str) -> tuple[str, str]:

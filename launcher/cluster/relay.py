@@ -17,7 +17,6 @@ read; an allowed one is handed to the bridge, which serves it (TLS included) its
 
 from __future__ import annotations
 
-import ipaddress
 import socket
 import ssl
 import struct
@@ -27,6 +26,7 @@ from functools import partial
 import trio
 
 from bridge.tls import peer_address
+from rollout_server.net.hosts import is_loopback_host
 
 __all__ = [
     "AllowedPeers",
@@ -105,12 +105,7 @@ class AllowedPeers:
         if not isinstance(address, str):
             return False
         address = peer_address(address)
-        if address in self._always or address in self._nodes:
-            return True
-        try:
-            return ipaddress.ip_address(address).is_loopback
-        except ValueError:
-            return False
+        return address in self._always or address in self._nodes or is_loopback_host(address)
 
 
 class PeerFilter(trio.abc.Listener[trio.SocketStream]):

@@ -36,7 +36,7 @@ import trio
 from bridge.errors import BridgeProcessError
 from launcher.cluster.agent import AgentSpec, NodeAgent
 from launcher.cluster.flags import deadman_seconds
-from launcher.cluster.join import join
+from launcher.cluster.join import import_ray, join
 from launcher.cluster.refs import await_ref
 from launcher.cluster.relay import AllowedPeers, serve_relay
 from launcher.cluster.replicas import announcer, hold_minimum, ping_replicas, replica_line
@@ -44,7 +44,7 @@ from launcher.cluster.ship import Shipment
 from launcher.cluster.transport import RayTransport, Replica
 from launcher.dispatch import resolve_concurrency
 from launcher.dispatch_io import RolloutClientTransport
-from launcher.errors import DependencyError, LocalEvalError
+from launcher.errors import LocalEvalError
 from launcher.process import STOP_GRACE_S
 from launcher.rollout_env import find_uv, rollout_python
 
@@ -57,16 +57,6 @@ __all__ = ["HOST_RESOURCE", "clustered", "open_cluster"]
 HOST_RESOURCE = "rollbridge_host"
 POLL_S = 1.0
 AGENT_START_S = 180.0
-
-
-def _import_ray() -> Any:
-    try:
-        import ray
-    except ImportError:
-        raise DependencyError(
-            "--ray needs Ray: install rollbridge[ray] (pip install 'rollbridge[ray]')"
-        ) from None
-    return ray
 
 
 def _draining_nodes() -> set[str]:
@@ -282,7 +272,7 @@ async def open_cluster(ctx: RunContext, services: Services) -> AsyncIterator[Ser
     p = ctx.prepared
     assert p.ray is not None
     address = p.ray.address
-    ray = _import_ray()
+    ray = import_ray()
     ctx.stage(f"joining Ray cluster ({address})", step="cluster")
     joined: tuple[str, str] | None = None
     with ctx.interrupts.work_scope():  # the first Ctrl-C abandons Ray's connect loop

@@ -11,7 +11,6 @@ The accept loop is ours so a connection from another uid is closed before a byte
 from __future__ import annotations
 
 import contextlib
-import ipaddress
 import os
 import socket
 import struct
@@ -23,6 +22,7 @@ import trio
 
 from launcher.errors import ValidationError
 from rollout_server.net.asgi import ASGIFramework
+from rollout_server.net.hosts import is_loopback_host
 from rollout_server.net.leanserve import LeanConfig, serve_connection
 
 __all__ = ["bind_tcp", "bind_unix", "peer_uid", "serve"]
@@ -47,11 +47,7 @@ def bind_unix(path: Path) -> socket.socket:
 
 def bind_tcp(host: str, port: int) -> socket.socket:
     """Bind a loopback TCP listener; any other address is refused."""
-    try:
-        loopback = ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        loopback = host == "localhost"
-    if not loopback:
+    if not is_loopback_host(host):
         raise ValidationError(f"--host must be a loopback address, got {host}")
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
     sock = socket.socket(family, socket.SOCK_STREAM)
