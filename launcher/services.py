@@ -432,6 +432,17 @@ async def _self_wheel(ctx: RunContext, uv: Path) -> Path | None:
         return None
 
 
+def _server_environ(p: Prepared) -> dict[str, str]:
+    """The supervisor's environment for its rollout server; under ``--ray`` without Ray's
+    variables (``RAY_ADDRESS``, ``RAY_AUTH_MODE``, ...), as the other nodes' replicas get theirs
+    (:mod:`launcher.cluster.agent`), so a rollout sees the same environment on every node.
+    (Secrets, the cluster's token among them, are kept from it either way:
+    :mod:`launcher.rollout_child`.)"""
+    if p.ray is None:
+        return dict(os.environ)
+    return {k: v for k, v in os.environ.items() if not k.startswith("RAY_")}
+
+
 async def _start_server(
     ctx: RunContext, nursery: trio.Nursery, secrets: dict[str, str], wheelhouse: Path | None
 ) -> RolloutServer:
@@ -443,7 +454,7 @@ async def _start_server(
         run_dir=ctx.run_dir.path,
         # The Harbor backend builds its sandbox bundle with uv (the rollout venv has none),
         # with this rollbridge's own wheel when there is one (bundle.WHEELHOUSE_ENV).
-        base_env={"UV": str(find_uv(p.config.experiment.rollout)), **os.environ}
+        base_env={"UV": str(find_uv(p.config.experiment.rollout)), **_server_environ(p)}
         | ({"ROLLBRIDGE_WHEELHOUSE": str(wheelhouse)} if wheelhouse else {}),
         config_env=p.config.env,
         secrets=secrets,

@@ -16,6 +16,14 @@ Three things ``ray.init`` does badly for a command-line tool, measured with Ray 
   error. :class:`Fd2Capture` points descriptor 2 at an unnamed temporary file while the driver
   connects, and :func:`distinct_lines` turns what came into the run's log (each distinct
   message once, with its count).
+
+And one thing it does badly for ``--ray local``: Ray reads ``RAY_AUTH_MODE`` into its C++
+configuration when ``ray`` is first imported. Set after the import (as this module did until
+2026-12-04), the mode reaches the GCS that ``ray.init`` spawns, which then needs a token, but
+not ``ray.init`` itself, which neither makes nor passes one: on a machine without
+``~/.ray/auth_token`` the GCS exits and ``ray.init`` fails 30 s later with "Timed out waiting
+for file …/gcs_server_port_…". :func:`local_auth` sets the mode, and a token made for the run
+when none is configured, before the import.
 """
 
 from __future__ import annotations
@@ -23,11 +31,14 @@ from __future__ import annotations
 import logging
 import os
 import re
+import secrets
 import sys
 import tempfile
 import threading
-from collections.abc import Callable
+import time
+from collections.abc import Callable, MutableMapping
 from functools import partial
+from pathlib import Path
 from typing import Any
 
 import trio
@@ -38,13 +49,17 @@ from rollout_server.net.hosts import is_loopback_host
 
 __all__ = [
     "CONNECT_S",
+    "LOCAL_LOGS",
     "MAX_KEPT",
     "Fd2Capture",
     "distinct_lines",
     "failure",
     "import_ray",
     "join",
+    "local_auth",
+    "local_start_cause",
     "node_ip",
+    "ray_temp_dir",
     "unreachable",
 ]
 
@@ -54,6 +69,10 @@ CONNECT_S = 5.0
 MAX_KEPT = 64 * 1024
 _PREFIX = re.compile(r"^\[[^\]]*\]\s*")
 _SOURCE = re.compile(r"^[\w.]+\.(?:cc|cpp|h):\d+:\s*")  # Ray's "gcs_client.cc:210: "
+# A fatal line of a Ray process's log: "[2026-12-04 12:29:53,988 C 31263 31263] (gcs_server) ".
+_FATAL = re.compile(r"^\[\S+ \S+ [CF] \d+ \d+\]\s*(?:\(\w+\)\s*)?")
+#: The logs of the processes ``ray.init`` starts for ``--ray local``, in the order read.
+LOCAL_LOGS = ("gcs_server.err", "raylet.err", "gcs_server.out", "raylet.out")
 
 LogFn = Callable[[str, str, str, "dict[str, Any] | None"], Any]
 
@@ -122,6 +141,39 @@ def failure(exc: Exception, said: list[tuple[str, int]]) -> str:
     return f"{exc} (Ray: {cause})"
 
 
+def ray_temp_dir(environ: MutableMapping[str, str] | None = None) -> Path:
+    """Where a local Ray puts its sessions: Ray 2.60's rule (``RAY_TMPDIR``, else ``TMPDIR`` on
+    Linux, else ``/tmp``, then ``ray``), restated so that a failed start can be explained
+    without Ray's private modules."""
+    env = os.environ if environ is None else environ
+    base = env.get("RAY_TMPDIR") or (env.get("TMPDIR") if sys.platform == "linux" else None)
+    return Path(base or "/tmp") / "ray"
+
+
+def local_start_cause(temp_dir: Path, since: float) -> str | None:
+    """Why the local cluster's processes died: the first fatal line of the newest session's
+    GCS or raylet log (``ray.init`` says only that it timed out waiting for their files), with
+    where the logs are; None when that session is older than ``since`` or says nothing."""
+    logs = temp_dir / "session_latest" / "logs"
+    try:
+        if logs.stat().st_mtime < since:
+            return None
+    except OSError:
+        return None
+    for name in LOCAL_LOGS:
+        try:
+            with (logs / name).open("rb") as f:
+                text = f.read(MAX_KEPT).decode("utf-8", "replace")
+        except OSError:
+            continue
+        for line in text.splitlines():
+            if fatal := _FATAL.match(line):
+                said = _SOURCE.sub("", line[fatal.end() :]).strip()
+                said = said.partition("Check failed: ")[2] or said  # past Ray's boilerplate
+                return f"{name.partition('.')[0]} stopped: {said[:300]} (Ray's logs: {logs})"
+    return None
+
+
 def _why(exc: OSError) -> str:
     """The first underlying error's words: trio's "all attempts to connect … failed" chains
     each attempt's own error (an exception group) as its cause."""
@@ -177,11 +229,27 @@ def node_ip() -> str:
     return str(import_ray().util.get_node_ip_address())
 
 
+def local_auth(environ: MutableMapping[str, str]) -> str | None:
+    """Token authentication for the cluster ``--ray local`` starts, set in ``environ`` (call
+    before ``ray`` is imported; see the module docstring). Unless the user turned it off
+    (``RAY_AUTH_MODE=disabled``) or gave a token (``RAY_AUTH_TOKEN`` or ``RAY_AUTH_TOKEN_PATH``),
+    the cluster gets a token made for this run, held in the environment only (the cluster's
+    processes inherit it; nothing is written to ``~/.ray``). Returns that token (for the
+    redactor), or None."""
+    if environ.get("RAY_AUTH_MODE") == "disabled":
+        return None
+    environ["RAY_AUTH_MODE"] = "token"
+    if environ.get("RAY_AUTH_TOKEN") or environ.get("RAY_AUTH_TOKEN_PATH"):
+        return None
+    token = secrets.token_hex(32)
+    environ["RAY_AUTH_TOKEN"] = token
+    return token
+
+
 def _init(ray: Any, address: str, resource: str) -> tuple[str, str]:
     os.environ["RAY_USAGE_STATS_ENABLED"] = "0"
     os.environ.setdefault("RAY_ENABLE_UV_RUN_RUNTIME_ENV", "0")
     if address == "local":
-        os.environ.setdefault("RAY_AUTH_MODE", "token")
         ray.init(
             include_dashboard=False,
             log_to_driver=False,
@@ -202,6 +270,7 @@ async def join(
     this node's id and address. Raises :class:`LocalEvalError` (one line, pointing at the
     run's log) when it cannot."""
     capture = Fd2Capture()
+    started = time.time()
     try:
         with capture:
             return await trio.to_thread.run_sync(
@@ -209,6 +278,8 @@ async def join(
             )
     except Exception as exc:
         cause = failure(exc, distinct_lines(capture.restore()))
+        if address == "local" and (died := local_start_cause(ray_temp_dir(), started - 1)):
+            cause = f"{cause}: {died}"
         raise LocalEvalError(
             f"could not join the Ray cluster at {address}: {cause}\nLogs: {logs_hint}"
         ) from None

@@ -36,7 +36,7 @@ import trio
 from bridge.errors import BridgeProcessError
 from launcher.cluster.agent import AgentSpec, NodeAgent
 from launcher.cluster.flags import deadman_seconds
-from launcher.cluster.join import import_ray, join
+from launcher.cluster.join import import_ray, join, local_auth
 from launcher.cluster.refs import await_ref
 from launcher.cluster.relay import AllowedPeers, serve_relay
 from launcher.cluster.replicas import announcer, hold_minimum, ping_replicas, replica_line
@@ -272,6 +272,8 @@ async def open_cluster(ctx: RunContext, services: Services) -> AsyncIterator[Ser
     p = ctx.prepared
     assert p.ray is not None
     address = p.ray.address
+    if address == "local":
+        p.redactor.add(local_auth(os.environ))
     ray = import_ray()
     ctx.stage(f"joining Ray cluster ({address})", step="cluster")
     joined: tuple[str, str] | None = None

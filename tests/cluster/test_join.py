@@ -16,7 +16,16 @@ from typing import Any
 import pytest
 import trio
 
-from launcher.cluster.join import Fd2Capture, distinct_lines, failure, join, unreachable
+from launcher.cluster.join import (
+    Fd2Capture,
+    distinct_lines,
+    failure,
+    join,
+    local_auth,
+    local_start_cause,
+    ray_temp_dir,
+    unreachable,
+)
 from launcher.errors import LocalEvalError
 from tests.cluster.conftest import ClusterBed, slow_workspace
 from tests.launcher.e2e.helpers import (
@@ -185,6 +194,75 @@ async def test_join_is_abandoned_on_cancel_and_gives_descriptor_2_back() -> None
             assert len(logged) == 1
     finally:
         fake.release.set()
+
+
+# The GCS's own log when Ray 2.60 started it in token mode without a token (2026-12-04).
+GCS_DIED = (
+    "[2026-12-04 12:29:53,941 I 31263 31263] (gcs_server) gcs_server_main.cc:98: Ray cluster "
+    "metadata ray_version=2.60.0\n"
+    "[2026-12-04 12:29:53,988 C 31263 31263] (gcs_server) authentication_token_loader.cc:115:  "
+    "An unexpected system state has occurred. You have likely discovered a bug in Ray. Please "
+    "report this issue at https://github.com/ray-project/ray/issues and we'll work with you to "
+    "fix it. Check failed: has_token || ignore_auth_mode Token authentication is enabled but "
+    "Ray couldn't find an authentication token.\n*** StackTrace Information ***\n"
+)
+
+
+def _session(temp: Path, err: str) -> Path:
+    logs = temp / "session_2026-12-04_12-29-53_884834_31245" / "logs"
+    logs.mkdir(parents=True)
+    (logs / "gcs_server.err").write_text(err)
+    (temp / "session_latest").symlink_to(logs.parent)
+    return temp / "session_latest" / "logs"
+
+
+def test_local_start_cause_is_the_first_fatal_line_of_a_fresh_session(tmp_path: Path) -> None:
+    logs = _session(tmp_path / "ray", GCS_DIED)
+    assert local_start_cause(tmp_path / "ray", 0.0) == (
+        "gcs_server stopped: has_token || ignore_auth_mode Token authentication is enabled but "
+        f"Ray couldn't find an authentication token. (Ray's logs: {logs})"
+    )
+    # An older session's log is not this start's cause; nothing fatal, no session: nothing.
+    assert local_start_cause(tmp_path / "ray", logs.stat().st_mtime + 60) is None
+    (logs / "gcs_server.err").write_text(GCS_DIED.splitlines()[0] + "\n")
+    assert local_start_cause(tmp_path / "ray", 0.0) is None
+    assert local_start_cause(tmp_path / "none", 0.0) is None
+
+
+def test_ray_temp_dir_follows_ray_s_rule() -> None:
+    assert ray_temp_dir({"RAY_TMPDIR": "/a", "TMPDIR": "/b"}) == Path("/a/ray")
+    assert ray_temp_dir({"TMPDIR": "/b"}) == Path("/b/ray")
+    assert ray_temp_dir({}) == Path("/tmp/ray")
+
+
+def test_local_auth_makes_a_token_only_when_none_is_configured() -> None:
+    environ: dict[str, str] = {}
+    token = local_auth(environ)
+    assert token is not None and len(token) == 64
+    assert environ == {"RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN": token}
+    assert local_auth(environ) is None  # a second call keeps the first token
+    assert environ["RAY_AUTH_TOKEN"] == token
+    given = {"RAY_AUTH_TOKEN_PATH": "/t"}
+    assert local_auth(given) is None
+    assert given == {"RAY_AUTH_TOKEN_PATH": "/t", "RAY_AUTH_MODE": "token"}
+    off = {"RAY_AUTH_MODE": "disabled"}
+    assert local_auth(off) is None
+    assert off == {"RAY_AUTH_MODE": "disabled"}
+
+
+async def test_a_local_start_that_fails_names_the_dead_process(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("RAY_TMPDIR", str(tmp_path))
+    logs = _session(tmp_path / "ray", GCS_DIED)
+    with trio.fail_after(20), pytest.raises(LocalEvalError) as raised:
+        await join(_FakeRay(block=False), "local", "r", lambda *e: None, "logs.txt")
+    assert str(raised.value) == (
+        "could not join the Ray cluster at local: Failed to connect to Ray cluster (Ray: no "
+        "cluster id): gcs_server stopped: has_token || ignore_auth_mode Token authentication is "
+        f"enabled but Ray couldn't find an authentication token. (Ray's logs: {logs})"
+        "\nLogs: logs.txt"
+    )
 
 
 @pytest.fixture

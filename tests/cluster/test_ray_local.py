@@ -3,7 +3,9 @@ supervisor's node has the local replica, so every row runs there; no root needed
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
+import os
 import secrets
 from pathlib import Path
 
@@ -11,7 +13,17 @@ import psutil
 import pytest
 
 from tests.cluster.conftest import slow_workspace
-from tests.launcher.e2e.helpers import base_env, count_log, journal, metrics, run_cli, run_dir
+from tests.launcher.e2e.helpers import (
+    base_env,
+    count_log,
+    journal,
+    metrics,
+    run_cli,
+    run_dir,
+    server_record,
+    start_cli,
+    wait_for,
+)
 
 pytestmark = [
     pytest.mark.slow,
@@ -57,3 +69,78 @@ async def test_ray_local_runs_every_row_once_and_stops_its_cluster(
     assert count_log(run, "no other node besides the supervisor's") == 1
     # The cluster the run started is gone with it.
     assert _raylets() <= before
+
+
+async def test_ray_local_without_any_ray_auth_setting_makes_a_token_for_the_run(
+    slow_env: Path, tmp_path: Path
+) -> None:
+    """``--ray local`` as a first-time user types it: no ``RAY_AUTH_*`` variable and no
+    ``~/.ray/auth_token``. Before the run set the auth mode ahead of importing Ray, its GCS
+    exited for want of a token and the run failed after 30 s ("Timed out waiting for file")."""
+    ws = slow_workspace(tmp_path / "ws", 0.0)
+    home = tmp_path / "home"
+    home.mkdir()
+    env = base_env(
+        UV_PROJECT_ENVIRONMENT=str(slow_env),
+        RAY_USAGE_STATS_ENABLED="0",
+        HOME=str(home),
+        XDG_CACHE_HOME=os.environ.get("XDG_CACHE_HOME", str(Path.home() / ".cache")),
+    )
+    for name in ("RAY_AUTH_MODE", "RAY_AUTH_TOKEN", "RAY_AUTH_TOKEN_PATH"):
+        env.pop(name, None)
+    result = await run_cli(
+        ["eval", "run", "ws/configs/eval/echo.toml", "--yes", "--plain", "--name", "first",
+         "--ray", "local"],
+        cwd=tmp_path,
+        env=env,
+        timeout=240,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr + result.stdout
+    run = run_dir(ws, "first")
+    keys = [(r["row_index"], r["run_index"]) for r in journal(run)]
+    assert len(keys) == 21 == len(set(keys))
+    # The token lived in the cluster's environment only.
+    assert not (home / ".ray").exists()
+
+
+async def test_the_supervisor_s_rollout_server_gets_no_ray_variable(
+    slow_env: Path, tmp_path: Path
+) -> None:
+    """Under ``--ray`` the head's rollout server is started without Ray's variables, as the
+    other nodes' replicas are, so a rollout sees the same environment wherever it runs (and
+    the cluster's token, a secret, never reaches it)."""
+    ws = slow_workspace(tmp_path / "ws", 1.0)
+    token = secrets.token_hex(32)
+    env = base_env(
+        UV_PROJECT_ENVIRONMENT=str(slow_env),
+        RAY_AUTH_MODE="token",
+        RAY_AUTH_TOKEN=token,
+        RAY_USAGE_STATS_ENABLED="0",
+        RAY_DEDUP_LOGS="0",
+    )
+    cli = await start_cli(
+        ["eval", "run", "ws/configs/eval/echo.toml", "--yes", "--plain", "--name", "env",
+         "--ray", "local"],
+        cwd=tmp_path,
+        env=env,
+        logdir=tmp_path,
+    )  # fmt: skip
+    run = run_dir(ws, "env")
+    seen: dict[str, str] = {}
+
+    def server_environ() -> bool:
+        record = server_record(run)
+        if record is None:
+            return False
+        with contextlib.suppress(psutil.Error):
+            seen.update(psutil.Process(int(record["pid"])).environ())
+        return bool(seen)
+
+    try:
+        await wait_for(server_environ, timeout=120)
+    finally:
+        result = await cli.wait(timeout=240)
+    assert result.returncode == 0, result.stderr + result.stdout
+    assert seen.get("ECHO_DELAY_S") == "1.0"  # the server's environment was read
+    assert not [name for name in seen if name.startswith("RAY_")]
+    assert token not in (run / "logs.txt").read_text()
