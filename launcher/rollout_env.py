@@ -8,15 +8,17 @@ import os
 import shutil
 import sys
 import sysconfig
+import tomllib
 from collections.abc import Callable, Mapping
 from pathlib import Path
+from typing import Any
 
 import trio
 
 from launcher.errors import DependencyError, LocalEvalError
 from launcher.process import STOP_GRACE_S, OutputSink, child_environment, spawn_child
 
-__all__ = ["find_uv", "rollout_python", "uv_sync"]
+__all__ = ["find_uv", "missing_path_sources", "rollout_python", "uv_sync"]
 
 
 def find_uv(rollout: str) -> Path:
@@ -53,6 +55,33 @@ def rollout_python(rollout_dir: Path, env: Mapping[str, str]) -> Path:
     return venv / "bin" / "python"
 
 
+def missing_path_sources(rollout_dir: Path) -> list[tuple[str, str, Path]]:
+    """The ``[tool.uv.sources]`` path entries of the rollout's ``pyproject.toml`` that point at
+    nothing uv can install (no file there, or a directory without ``pyproject.toml`` or
+    ``setup.py``): (package, path as written, resolved path). A copied example keeps its
+    entry to the checkout it came from, and uv's own error ("`/` does not appear to be a Python
+    project") names neither the package nor the entry. A file that does not parse is uv's to
+    report (none)."""
+    try:
+        with (rollout_dir / "pyproject.toml").open("rb") as f:
+            sources: Any = tomllib.load(f).get("tool", {}).get("uv", {}).get("sources", {})
+    except (OSError, tomllib.TOMLDecodeError, AttributeError):
+        return []
+    missing = []
+    for name, entries in sources.items() if isinstance(sources, dict) else ():
+        for entry in entries if isinstance(entries, list) else [entries]:
+            written = entry.get("path") if isinstance(entry, dict) else None
+            if not isinstance(written, str):
+                continue
+            target = (rollout_dir / written).resolve()
+            if target.is_file() or any(
+                (target / n).is_file() for n in ("pyproject.toml", "setup.py")
+            ):
+                continue
+            missing.append((name, written, target))
+    return missing
+
+
 async def uv_sync(
     uv: Path,
     rollout_dir: Path,
@@ -69,7 +98,18 @@ async def uv_sync(
     A non-zero exit raises :class:`DependencyError` with uv's last line.
 
     ``find_links`` is a directory holding a wheel of the running rollbridge
-    (:mod:`launcher.selfwheel`), searched besides the index for the rollout's ``rollbridge``."""
+    (:mod:`launcher.selfwheel`), searched besides the index for the rollout's ``rollbridge``.
+    A path source that points at nothing (:func:`missing_path_sources`) is refused first."""
+    for name, written, target in missing_path_sources(rollout_dir)[:1]:
+        fix = (
+            "remove that entry to use the running rollbridge's own wheel"
+            if name == "rollbridge"
+            else "fix or remove that entry"
+        )
+        raise DependencyError(
+            f"rollouts/{rollout}/pyproject.toml takes {name} from the path {written!r} "
+            f"({target}) in [tool.uv.sources], where there is no Python project: {fix}"
+        )
     extra: list[str | Path] = []
     if find_links is not None:
         from launcher.selfwheel import installed_differs
