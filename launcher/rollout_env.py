@@ -100,7 +100,8 @@ async def uv_sync(
     ``find_links`` is a directory holding a wheel of the running rollbridge
     (:mod:`launcher.selfwheel`), searched besides the index for the rollout's ``rollbridge``.
     A path source that points at nothing (:func:`missing_path_sources`) is refused first."""
-    for name, written, target in missing_path_sources(rollout_dir)[:1]:
+    missing = await trio.to_thread.run_sync(missing_path_sources, rollout_dir)
+    for name, written, target in missing[:1]:
         fix = (
             "remove that entry to use the running rollbridge's own wheel"
             if name == "rollbridge"

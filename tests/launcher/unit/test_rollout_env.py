@@ -64,8 +64,9 @@ async def test_uv_sync_refuses_a_copied_example_s_source_before_running_uv(tmp_p
             logs_hint="logs.txt",
             redact=str,
         )
+    where = await trio.Path(tmp_path).resolve()
     assert str(raised.value) == (
         "rollouts/echo/pyproject.toml takes rollbridge from the path '../../../..' "
-        f"({tmp_path.resolve()}) in [tool.uv.sources], where there is no Python project: "
+        f"({where}) in [tool.uv.sources], where there is no Python project: "
         "remove that entry to use the running rollbridge's own wheel"
     )
