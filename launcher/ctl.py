@@ -70,20 +70,27 @@ def _client(ctx: click.Context) -> _Client:
 
 @ctl.command("start")
 @click.argument("config", shell_complete=complete.files)
-@click.option("--name", default=None)
-@click.option("--rows", default=None)
-@click.option("--limit", type=int, default=None)
-@click.option("--fresh", is_flag=True, default=None)
-@click.option("--retry-failed", is_flag=True, default=None)
-@click.option("--max-in-flight", type=int, default=None)
-@click.option("--tunnel", default=None)
-@click.option("--advertise-url", default=None)
-@click.option("--listener-port", type=int, default=None)
+@click.option("--name", default=None, help="Run name; re-using a name resumes its pending work.")
+@click.option("--rows", default=None, help="Source rows to run, for example '3,7,10-20'.")
+@click.option("--limit", type=int, default=None, help="Run only the first N rows.")
+@click.option("--fresh", is_flag=True, default=None, help="Archive the existing results first.")
+@click.option("--retry-failed", is_flag=True, default=None, help="Also re-run failed items.")
+@click.option("--max-in-flight", type=int, default=None, help="Concurrent rollouts.")
+@click.option("--tunnel", default=None, help="Force a managed tunnel (only 'cloudflared').")
+@click.option("--advertise-url", default=None, help="Public base URL reaching the bridge.")
+@click.option("--listener-port", type=int, default=None, help="Fixed model-bridge port.")
 @click.option("--secrets-file", default=None, help="Dotenv file the run reads (path only).")
+@click.option("--shard", default=None, help="Run only shard i/N of the rows (0 <= i < N).")
+@click.option("--ray", default=None, help="Run replicas on a Ray cluster: ADDRESS or 'local'.")
+@click.option(
+    "--ray-min-replicas", type=int, default=None, help="Halt when fewer replicas are healthy."
+)
 @click.pass_context
 def start(ctx: click.Context, /, config: str, **flags: Any) -> None:
     """Start (or resume, with the same --name) a run of CONFIG."""
-    body = {"config": config, **{k: v for k, v in flags.items() if v not in (None, False)}}
+    # An unset option is None (a flag's False); 0 is a value (``--limit 0`` is refused by the run).
+    given = {k: v for k, v in flags.items() if v is not None and v is not False}
+    body = {"config": config, **given}
     if body.get("secrets_file"):
         body["secrets_file"] = str(Path(body["secrets_file"]).resolve())
     _print(_client(ctx).call("POST", "/v1/runs", body))

@@ -10,8 +10,8 @@ import trio
 
 from launcher.daemon.children import run_argv
 from launcher.daemon.registry import ApiError, parse_start
-from tests.daemon.helpers import running_daemon
-from tests.launcher.e2e.helpers import run_cli
+from tests.daemon.helpers import running_daemon, wait_state
+from tests.launcher.e2e.helpers import journal, run_cli, run_dir
 
 
 def test_the_child_gets_the_flags() -> None:
@@ -47,3 +47,33 @@ async def test_bad_values_are_a_400_with_the_cli_s_line(
                 assert cli.returncode == 1
                 assert cli.stderr.strip() == "Error: " + answer.json()["error"]["message"]
             assert (await client.get("/v1/runs")).json() == {"runs": []}
+
+
+async def test_ctl_start_passes_shard_and_ray_flags(workspace: Path, env: dict[str, str]) -> None:
+    """``rollbridge ctl start`` has the run flags the API takes: two shards started through it
+    cover the rows once between them, and a bad ``--ray`` value is the CLI's own line."""
+    config = "configs/eval/echo.toml"
+    rows: dict[str, list[int]] = {}
+    with trio.fail_after(240):
+        async with running_daemon(workspace, env) as daemon, daemon.client() as client:
+            for shard in ("0/2", "1/2"):
+                name = "part-" + shard[0]
+                started = await run_cli(
+                    ["ctl", "start", config, "--name", name, "--shard", shard],
+                    cwd=workspace,
+                    env=env,
+                )
+                assert started.returncode == 0, started.stderr
+                await wait_state(client, name, {"finished"})
+                records = journal(run_dir(workspace, name))
+                rows[name] = sorted(r["row_index"] for r in records)
+            for flags in (["--ray", "local", "--ray-min-replicas", "0"], ["--ray", "10.0.0.1"]):
+                refused = await run_cli(["ctl", "start", config, *flags], cwd=workspace, env=env)
+                cli = await run_cli(
+                    ["eval", "run", config, "--yes", *flags], cwd=workspace, env=env
+                )
+                assert refused.returncode != 0
+                assert refused.stderr.strip() == cli.stderr.strip()
+                assert "--ray" in refused.stderr
+    assert rows["part-0"] and rows["part-1"]
+    assert sorted(rows["part-0"] + rows["part-1"]) == list(range(21))
