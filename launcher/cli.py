@@ -219,7 +219,14 @@ def eval_group() -> None:
 @click.option("--upload", is_flag=True, help="Publish the run to the platform once it is complete.")
 @click.option("--workspace", default=None, help="Platform workspace for --upload (default: git's).")
 @click.option("--shard", default=None, help="Run only shard i/N of the rows (0 <= i < N).")
-@click.option("--ray", default=None, help="Run replicas on a Ray cluster: ADDRESS or 'local'.")
+@click.option(
+    "--ray",
+    default=None,
+    is_flag=False,
+    flag_value="auto",
+    help="Run replicas on a Ray cluster: ADDRESS, 'local' (one of the run's own), or alone: "
+    "this machine's cluster (RAY_ADDRESS, or the one `ray start` started).",
+)
 @click.option(
     "--ray-min-replicas", type=int, default=None, help="Halt when fewer replicas are healthy."
 )

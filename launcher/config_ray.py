@@ -2,7 +2,9 @@
 
 ```toml
 [ray]
-address = "10.0.0.1:6379"       # a cluster's HOST:PORT, or "local" (a one-node cluster)
+address = "10.0.0.1:6379"       # a cluster's HOST:PORT, "local" (a one-node cluster of the
+                                # run's own) or "auto" (this machine's cluster: RAY_ADDRESS,
+                                # or the one `ray start` started here)
 min_replicas = 2                # halt when fewer replicas are healthy (the head's counts)
 resource = "rollbridge_host"    # the custom resource that marks the nodes meant for replicas
 ```
@@ -59,7 +61,8 @@ class RaySettings:
     """What a ``--ray`` run uses: flags over the config over the defaults."""
 
     address: str
-    """``local`` or a cluster's ``HOST:PORT``."""
+    """``local``, a cluster's ``HOST:PORT``, or ``auto`` until the run resolves it
+    (:func:`launcher.cluster.flags.this_machines_cluster`)."""
     min_replicas: int = 1
     """Fewer healthy replicas than this (the supervisor's own counts) halt the run."""
     resource: str = DEFAULT_RESOURCE
@@ -76,13 +79,13 @@ def split_address(address: str) -> tuple[str, int] | None:
 
 
 def check_address(address: str, what: str) -> str:
-    """``address`` when it is ``local`` or ``HOST:PORT``; else one line saying what ``what``
-    (the flag or the key) takes."""
+    """``address`` when it is ``local``, ``auto`` or ``HOST:PORT``; else one line saying what
+    ``what`` (the flag or the key) takes."""
     value = address.strip()
-    if value != "local" and split_address(value) is None:
+    if value not in ("local", "auto") and split_address(value) is None:
         raise ValidationError(
-            f"{what} must be a Ray cluster address HOST:PORT (e.g. 10.0.0.1:6379) or 'local', "
-            f"got {address!r}"
+            f"{what} must be a Ray cluster address HOST:PORT (e.g. 10.0.0.1:6379), 'local' "
+            f"or 'auto', got {address!r}"
         )
     return value
 

@@ -138,8 +138,9 @@ def eval_config_schema() -> dict[str, Any]:
             "properties": {
                 "address": {
                     "type": "string",
-                    "pattern": r"^(local|\S+:[0-9]{1,5})$",
-                    "description": "The cluster's HOST:PORT, or 'local' (a one-node cluster).",
+                    "pattern": r"^(local|auto|\S+:[0-9]{1,5})$",
+                    "description": "The cluster's HOST:PORT, 'local' (a one-node cluster of "
+                    "the run's own) or 'auto' (this machine's: RAY_ADDRESS, or `ray start`'s).",
                 },
                 "min_replicas": {
                     "type": "integer",

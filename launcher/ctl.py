@@ -81,7 +81,14 @@ def _client(ctx: click.Context) -> _Client:
 @click.option("--listener-port", type=int, default=None, help="Fixed model-bridge port.")
 @click.option("--secrets-file", default=None, help="Dotenv file the run reads (path only).")
 @click.option("--shard", default=None, help="Run only shard i/N of the rows (0 <= i < N).")
-@click.option("--ray", default=None, help="Run replicas on a Ray cluster: ADDRESS or 'local'.")
+@click.option(
+    "--ray",
+    default=None,
+    is_flag=False,
+    flag_value="auto",
+    help="Run replicas on a Ray cluster: ADDRESS, 'local' (one of the run's own), or alone: "
+    "this machine's cluster (RAY_ADDRESS, or the one `ray start` started).",
+)
 @click.option(
     "--ray-min-replicas", type=int, default=None, help="Halt when fewer replicas are healthy."
 )

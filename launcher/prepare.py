@@ -7,6 +7,7 @@ frozen-in-spirit :class:`Prepared` record that the supervisor reads and never ch
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import shlex
 from dataclasses import dataclass
@@ -209,8 +210,10 @@ def prepare(options: EvalOptions, ui: UI, cwd: Path | None = None) -> Prepared:
     )
     ray = resolve_ray(config.ray, options.ray, options.ray_min_replicas)
     if ray is not None:
-        from launcher.cluster.flags import check_ray_flag
+        from launcher.cluster.flags import check_ray_flag, this_machines_cluster
 
+        if ray.address == "auto":
+            ray = dataclasses.replace(ray, address=this_machines_cluster(os.environ))
         check_ray_flag(ray.address, os.environ)
     shard = None if options.shard is None else parse_shard(options.shard, len(selection.rows))
     git = read_git_state(workspace.root)

@@ -3,11 +3,21 @@
 from __future__ import annotations
 
 import importlib.util
+import sys
 from collections.abc import Mapping
+from pathlib import Path
 
+from launcher.config_ray import split_address
 from launcher.errors import DependencyError, ValidationError
 
-__all__ = ["DEADMAN_ENV", "DEADMAN_S", "check_ray_flag", "deadman_seconds"]
+__all__ = [
+    "DEADMAN_ENV",
+    "DEADMAN_S",
+    "check_ray_flag",
+    "deadman_seconds",
+    "ray_temp_dir",
+    "this_machines_cluster",
+]
 
 #: ``ROLLBRIDGE_RAY_DEADMAN_S``: how long a node agent goes without any call from its
 #: supervisor (pings come every 2 s) before it stops its rollout server by itself (a partition
@@ -58,3 +68,38 @@ def check_ray_flag(address: str, environ: Mapping[str, str]) -> None:
             "and RAY_AUTH_TOKEN_PATH (or RAY_AUTH_TOKEN) as the cluster's nodes have them, or "
             "RAY_AUTH_MODE=disabled on a network you trust"
         )
+
+
+def ray_temp_dir(environ: Mapping[str, str]) -> Path:
+    """Where Ray keeps this machine's sessions and ``ray_current_cluster``: Ray 2.60's rule
+    (``RAY_TMPDIR``, else ``TMPDIR`` on Linux, else ``/tmp``, then ``ray``), restated so that
+    neither a failed start's explanation nor ``--ray`` alone needs Ray's private modules."""
+    base = environ.get("RAY_TMPDIR") or (environ.get("TMPDIR") if sys.platform == "linux" else None)
+    return Path(base or "/tmp") / "ray"
+
+
+def this_machines_cluster(environ: Mapping[str, str]) -> str:
+    """The address ``--ray`` alone (``auto``) means, as Ray finds it: ``RAY_ADDRESS``, else
+    what ``ray start --head`` on this machine wrote to ``ray_current_cluster``. Resolved before
+    the run (the header, the TCP check and the join all use the address itself); none is one
+    line saying what to pass instead."""
+    given = environ.get("RAY_ADDRESS", "").strip()
+    if given and given != "auto":
+        if given != "local" and split_address(given) is None:
+            raise ValidationError(
+                f"--ray without an address uses RAY_ADDRESS, which must be HOST:PORT "
+                f"(e.g. 10.0.0.1:6379), got {given!r}"
+            )
+        return given
+    current = ray_temp_dir(environ) / "ray_current_cluster"
+    try:
+        written = current.read_text(encoding="utf-8", errors="replace").strip()
+    except OSError:
+        written = ""
+    if split_address(written) is not None:
+        return written
+    raise ValidationError(
+        "--ray without an address joins this machine's Ray cluster, and there is none: "
+        f"RAY_ADDRESS is not set and `ray start` has not written {current}; pass --ray HOST:PORT, "
+        "or --ray local for a cluster of the run's own"
+    )

@@ -43,6 +43,7 @@ from typing import Any
 
 import trio
 
+from launcher.cluster.flags import ray_temp_dir
 from launcher.config_ray import split_address
 from launcher.errors import DependencyError, LocalEvalError
 from rollout_server.net.hosts import is_loopback_host
@@ -59,7 +60,6 @@ __all__ = [
     "local_auth",
     "local_start_cause",
     "node_ip",
-    "ray_temp_dir",
     "unreachable",
 ]
 
@@ -139,15 +139,6 @@ def failure(exc: Exception, said: list[tuple[str, int]]) -> str:
             "and RAY_AUTH_TOKEN_PATH (or RAY_AUTH_TOKEN) to the token its nodes were started with"
         )
     return f"{exc} (Ray: {cause})"
-
-
-def ray_temp_dir(environ: MutableMapping[str, str] | None = None) -> Path:
-    """Where a local Ray puts its sessions: Ray 2.60's rule (``RAY_TMPDIR``, else ``TMPDIR`` on
-    Linux, else ``/tmp``, then ``ray``), restated so that a failed start can be explained
-    without Ray's private modules."""
-    env = os.environ if environ is None else environ
-    base = env.get("RAY_TMPDIR") or (env.get("TMPDIR") if sys.platform == "linux" else None)
-    return Path(base or "/tmp") / "ray"
 
 
 def local_start_cause(temp_dir: Path, since: float) -> str | None:
@@ -249,6 +240,9 @@ def local_auth(environ: MutableMapping[str, str]) -> str | None:
 def _init(ray: Any, address: str, resource: str) -> tuple[str, str]:
     os.environ["RAY_USAGE_STATS_ENABLED"] = "0"
     os.environ.setdefault("RAY_ENABLE_UV_RUN_RUNTIME_ENV", "0")
+    # Ray 2.60's ray.init takes RAY_ADDRESS over the address it is given (and over starting a
+    # local cluster): the run's address is explicit (--ray alone was resolved from it).
+    os.environ.pop("RAY_ADDRESS", None)
     if address == "local":
         ray.init(
             include_dashboard=False,
@@ -278,7 +272,9 @@ async def join(
             )
     except Exception as exc:
         cause = failure(exc, distinct_lines(capture.restore()))
-        if address == "local" and (died := local_start_cause(ray_temp_dir(), started - 1)):
+        if address == "local" and (
+            died := local_start_cause(ray_temp_dir(os.environ), started - 1)
+        ):
             cause = f"{cause}: {died}"
         raise LocalEvalError(
             f"could not join the Ray cluster at {address}: {cause}\nLogs: {logs_hint}"

@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import importlib.util
+from pathlib import Path
 
 import pytest
 
-from launcher.cluster.flags import check_ray_flag
+from launcher.cluster.flags import check_ray_flag, ray_temp_dir, this_machines_cluster
 from launcher.errors import DependencyError, ValidationError
 
 needs_ray = pytest.mark.skipif(
@@ -64,3 +65,31 @@ def test_the_daemon_passes_shard_and_ray_to_the_run() -> None:
     assert argv[argv.index("--ray") + 1] == "10.0.0.1:6379"
     with pytest.raises(ApiError, match="shard must be of type str"):
         parse_start({"config": "c.toml", "shard": 1})
+
+
+def test_ray_alone_is_ray_address_then_what_ray_start_wrote(tmp_path: Path) -> None:
+    """``--ray`` without an address (``auto``) is this machine's cluster, found as Ray finds it."""
+    env = {"RAY_TMPDIR": str(tmp_path)}
+    with pytest.raises(ValidationError) as none:
+        this_machines_cluster(env)
+    assert str(none.value) == (
+        "--ray without an address joins this machine's Ray cluster, and there is none: "
+        f"RAY_ADDRESS is not set and `ray start` has not written {tmp_path}/ray/"
+        "ray_current_cluster; pass --ray HOST:PORT, or --ray local for a cluster of the run's own"
+    )
+    (tmp_path / "ray").mkdir()
+    (tmp_path / "ray" / "ray_current_cluster").write_text("10.0.0.7:6379")
+    assert this_machines_cluster(env) == "10.0.0.7:6379"
+    assert this_machines_cluster({**env, "RAY_ADDRESS": "10.0.0.8:6380"}) == "10.0.0.8:6380"
+    assert this_machines_cluster({**env, "RAY_ADDRESS": "auto"}) == "10.0.0.7:6379"
+    with pytest.raises(ValidationError, match="uses RAY_ADDRESS, which must be HOST:PORT"):
+        this_machines_cluster({**env, "RAY_ADDRESS": "ray://10.0.0.8:10001"})
+    (tmp_path / "ray" / "ray_current_cluster").write_text("garbage")
+    with pytest.raises(ValidationError, match="there is none"):
+        this_machines_cluster(env)
+
+
+def test_ray_temp_dir_follows_ray_s_rule() -> None:
+    assert ray_temp_dir({"RAY_TMPDIR": "/a", "TMPDIR": "/b"}) == Path("/a/ray")
+    assert ray_temp_dir({"TMPDIR": "/b"}) == Path("/b/ray")
+    assert ray_temp_dir({}) == Path("/tmp/ray")

@@ -23,7 +23,6 @@ from launcher.cluster.join import (
     join,
     local_auth,
     local_start_cause,
-    ray_temp_dir,
     unreachable,
 )
 from launcher.errors import LocalEvalError
@@ -229,12 +228,6 @@ def test_local_start_cause_is_the_first_fatal_line_of_a_fresh_session(tmp_path: 
     assert local_start_cause(tmp_path / "none", 0.0) is None
 
 
-def test_ray_temp_dir_follows_ray_s_rule() -> None:
-    assert ray_temp_dir({"RAY_TMPDIR": "/a", "TMPDIR": "/b"}) == Path("/a/ray")
-    assert ray_temp_dir({"TMPDIR": "/b"}) == Path("/b/ray")
-    assert ray_temp_dir({}) == Path("/tmp/ray")
-
-
 def test_local_auth_makes_a_token_only_when_none_is_configured() -> None:
     environ: dict[str, str] = {}
     token = local_auth(environ)
@@ -299,6 +292,29 @@ async def test_a_cluster_address_where_nothing_listens_fails_in_one_line(
     # Among the early checks: before the rollout's environment is synced or its server started.
     assert "work items pending" in result.stdout
     assert "syncing rollout dependencies" not in result.stdout
+
+
+@needs_ray
+@pytest.mark.slow
+async def test_ray_alone_joins_the_cluster_ray_address_names(
+    tmp_path: Path, ray_env: dict[str, str], closed_port: int
+) -> None:
+    """``--ray`` as the last word (no address): the address comes from ``RAY_ADDRESS`` and is
+    checked like one given; with neither that nor a cluster ``ray start`` made, one line."""
+    slow_workspace(tmp_path / "ws", 0.0)
+    args = ["eval", "run", "ws/configs/eval/echo.toml", "--yes", "--ray"]
+    named = {**ray_env, "RAY_ADDRESS": f"127.0.0.1:{closed_port}"}
+    result = await run_cli(args, cwd=tmp_path, env=named, timeout=120)
+    assert result.returncode == 1, result.stderr + result.stdout
+    assert result.stderr.startswith(
+        f"Error: could not join the Ray cluster at 127.0.0.1:{closed_port}: nothing answers"
+    ), result.stderr
+    alone = {**ray_env, "RAY_TMPDIR": str(tmp_path / "no-ray-here")}
+    result = await run_cli(args, cwd=tmp_path, env=alone, timeout=120)
+    assert result.returncode == 1, result.stderr + result.stdout
+    assert result.stderr.startswith(
+        "Error: --ray without an address joins this machine's Ray cluster, and there is none"
+    ), result.stderr
 
 
 @needs_ray

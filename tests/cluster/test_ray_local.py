@@ -7,6 +7,7 @@ import contextlib
 import importlib.util
 import os
 import secrets
+import socket
 from pathlib import Path
 
 import psutil
@@ -75,7 +76,7 @@ async def test_ray_local_without_any_ray_auth_setting_makes_a_token_for_the_run(
     slow_env: Path, tmp_path: Path
 ) -> None:
     """``--ray local`` as a first-time user types it: no ``RAY_AUTH_*`` variable and no
-    ``~/.ray/auth_token``. Before the run set the auth mode ahead of importing Ray, its GCS
+    ``~/.ray/auth_token`` (and a ``RAY_ADDRESS`` left in the environment, below). Before the run set the auth mode ahead of importing Ray, its GCS
     exited for want of a token and the run failed after 30 s ("Timed out waiting for file")."""
     ws = slow_workspace(tmp_path / "ws", 0.0)
     home = tmp_path / "home"
@@ -88,6 +89,11 @@ async def test_ray_local_without_any_ray_auth_setting_makes_a_token_for_the_run(
     )
     for name in ("RAY_AUTH_MODE", "RAY_AUTH_TOKEN", "RAY_AUTH_TOKEN_PATH"):
         env.pop(name, None)
+    # A cluster address in the environment: Ray's ray.init prefers it to starting a cluster,
+    # and nothing listens there; --ray local must start its own all the same.
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        env["RAY_ADDRESS"] = f"127.0.0.1:{sock.getsockname()[1]}"
     result = await run_cli(
         ["eval", "run", "ws/configs/eval/echo.toml", "--yes", "--plain", "--name", "first",
          "--ray", "local"],
