@@ -132,7 +132,7 @@ class Prepared:
 
     def command(self, *extra: str) -> str:
         """A re-run command line: the config, the flags that pin the same inputs, ``extra``,
-        then the runtime tunnel flags (never part of the manifest)."""
+        then the runtime flags given (tunnel, Ray: never part of the manifest)."""
         parts = [COMMAND, shlex.quote(self.display(self.workspace.config_path))]
         opts = self.options
         if opts.output is not None:
@@ -149,6 +149,10 @@ class Prepared:
         parts += [shlex.quote(f) for f in self.tunnel_plan.resume_flags()]
         if opts.cloudflared is not None:
             parts += ["--cloudflared", shlex.quote(opts.cloudflared)]
+        if opts.ray is not None:  # as given: "auto" for --ray alone
+            parts += ["--ray", shlex.quote(opts.ray.strip())]
+        if opts.ray_min_replicas is not None:
+            parts += ["--ray-min-replicas", str(opts.ray_min_replicas)]
         return " ".join(parts)
 
 

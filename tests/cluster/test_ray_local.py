@@ -68,6 +68,11 @@ async def test_ray_local_runs_every_row_once_and_stops_its_cluster(
     assert metrics(run)["summary"]["passed"] == 16
     assert count_log(run, "joining Ray cluster (local)") == 1
     assert count_log(run, "no other node besides the supervisor's") == 1
+    # The next step repeats the run's runtime flags, --ray among them.
+    assert (
+        "Retry failures under the same name: rollbridge eval run ws/configs/eval/echo.toml "
+        "--name loc --retry-failed --ray local"
+    ) in result.stdout, result.stdout
     # The cluster the run started is gone with it.
     assert _raylets() <= before
 
