@@ -240,11 +240,14 @@ def local_auth(environ: MutableMapping[str, str]) -> str | None:
 def _init(ray: Any, address: str, resource: str) -> tuple[str, str]:
     os.environ["RAY_USAGE_STATS_ENABLED"] = "0"
     os.environ.setdefault("RAY_ENABLE_UV_RUN_RUNTIME_ENV", "0")
-    # Ray 2.60's ray.init takes RAY_ADDRESS over the address it is given (and over starting a
-    # local cluster): the run's address is explicit (--ray alone was resolved from it).
+    # The run's address is explicit (--ray alone was resolved from RAY_ADDRESS before the run):
+    # nothing Ray starts from here needs the variable.
     os.environ.pop("RAY_ADDRESS", None)
     if address == "local":
+        # "local", not None: ray.init() without an address joins the cluster RAY_ADDRESS names,
+        # or the one `ray start` started on this machine, instead of starting one.
         ray.init(
+            address="local",
             include_dashboard=False,
             log_to_driver=False,
             logging_level=logging.ERROR,

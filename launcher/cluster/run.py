@@ -365,8 +365,10 @@ async def open_cluster(ctx: RunContext, services: Services) -> AsyncIterator[Ser
                 )
                 transport.on_change()
                 remote = [r.name for r in transport.replicas if r.actor is not None]
+                count = len(transport.replicas)
                 ctx.stage(
-                    f"{len(transport.replicas)} replicas ({', '.join(remote) or 'no other node'}"
+                    f"{count} replica{'s' if count != 1 else ''} "
+                    f"({', '.join(remote) or 'no other node'}"
                     f" besides the supervisor's), capacity {transport.capacity}",
                     step="cluster",
                 )

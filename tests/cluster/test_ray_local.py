@@ -67,7 +67,7 @@ async def test_ray_local_runs_every_row_once_and_stops_its_cluster(
     assert len(keys) == 21 == len(set(keys))
     assert metrics(run)["summary"]["passed"] == 16
     assert count_log(run, "joining Ray cluster (local)") == 1
-    assert count_log(run, "no other node besides the supervisor's") == 1
+    assert count_log(run, "1 replica (no other node besides the supervisor's)") == 1
     # The next step repeats the run's runtime flags, --ray among them.
     assert (
         "Retry failures under the same name: rollbridge eval run ws/configs/eval/echo.toml "
