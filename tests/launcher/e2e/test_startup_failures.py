@@ -49,6 +49,28 @@ async def test_missing_entrypoint(workspace: Path, env: dict[str, str], tmp_path
 async def test_dependencies_that_do_not_resolve(workspace: Path, tmp_path: Path) -> None:
     pyproject = workspace / "rollouts" / "echo" / "pyproject.toml"
     pyproject.write_text(
+        pyproject.read_text().replace(
+            'dependencies = ["rollbridge"]', 'dependencies = ["rollbridge", "nothere-rb-test"]'
+        )
+    )
+    # Offline, so that uv fails at once, and without reaching a package index.
+    env = base_env(UV_OFFLINE="1")
+    result = await run_cli(
+        ["eval", "run", CONFIG, "--yes", "--name", "deps"], cwd=tmp_path, env=env
+    )
+    assert result.returncode == 1
+    line = _one_error(result.stderr)
+    assert line.startswith("Error: uv sync failed for rollouts/echo with exit code"), line
+    assert "Logs: ws/.osmosis/evals/deps/logs.txt" in line
+    logged = (run_dir(workspace, "deps") / "logs.txt").read_text()
+    assert "[deps]" in logged
+    assert "nothere-rb-test" in logged  # uv's account of why, in full
+
+
+async def test_a_path_source_that_points_at_nothing(workspace: Path, tmp_path: Path) -> None:
+    """Refused before uv runs, naming the package and the entry (launcher.rollout_env)."""
+    pyproject = workspace / "rollouts" / "echo" / "pyproject.toml"
+    pyproject.write_text(
         pyproject.read_text()
         .replace('dependencies = ["rollbridge"]', 'dependencies = ["rollbridge", "nothere"]')
         .replace(
@@ -60,10 +82,12 @@ async def test_dependencies_that_do_not_resolve(workspace: Path, tmp_path: Path)
         ["eval", "run", CONFIG, "--yes", "--name", "deps"], cwd=tmp_path, env=base_env()
     )
     assert result.returncode == 1
-    line = _one_error(result.stderr)
-    assert line.startswith("Error: uv sync failed for rollouts/echo with exit code")
-    assert "Logs: ws/.osmosis/evals/deps/logs.txt" in line
-    assert "[deps]" in (run_dir(workspace, "deps") / "logs.txt").read_text()
+    assert _one_error(result.stderr) == (
+        "Error: rollouts/echo/pyproject.toml takes nothere from the path '/nonexistent/nothere' "
+        "(/nonexistent/nothere) in [tool.uv.sources], where there is no Python project: fix or "
+        "remove that entry (run 'deps' kept: resume with --name deps)"
+    )
+    assert "[deps] Resolved" not in (run_dir(workspace, "deps") / "logs.txt").read_text()
 
 
 async def test_server_that_exits_at_start_and_a_resume_after_the_fix(
