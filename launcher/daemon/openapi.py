@@ -65,8 +65,12 @@ def _schemas() -> dict[str, Any]:
         "advertise_url": {"type": "string"},
         "listener_port": {"type": "integer"},
         "secrets_file": {"type": "string"},
-        "shard": {"type": "string"},
-        "ray": {"type": "string"},
+        "shard": {"type": "string", "description": "i/N: run only shard i (0 <= i < N)"},
+        "ray": {
+            "type": "string",
+            "description": "A Ray cluster's HOST:PORT, 'local' (a one-node cluster of the "
+            "run's own) or 'auto' (the daemon machine's cluster: RAY_ADDRESS, or `ray start`'s)",
+        },
         "ray_min_replicas": {"type": "integer", "minimum": 1},
     }
     states = ["starting", "running", "cancelling", "finished", "cancelled", "failed", "interrupted"]
