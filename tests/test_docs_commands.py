@@ -180,6 +180,11 @@ PLANS: dict[str, Plan] = {
     "docs/scale-out.md: # shard k of N (k = 0 .. N-1) on machine k, each an ordinary local run; here N = 2:": Plan(
         _workspace
     ),
+    "docs/scale-out.md: # once: a token for the cluster, copied to every node (keep it 0600)": Plan(
+        skip="starts a Ray cluster on port 6379 and ends with `ray stop`, which stops every Ray "
+        "process on the host (tests/cluster drive --ray on a two-node test bed; --ray alone: "
+        "tests/cluster/test_flags.py, tests/cluster/test_join.py)"
+    ),
     "docs/scale-out.md: # on the head node (the supervisor runs here), with the cluster's token settings:": Plan(
         skip="needs a Ray cluster and its token (tests/cluster drive --ray on a two-node test bed)"
     ),
