@@ -224,6 +224,7 @@ def eval_group() -> None:
     default=None,
     is_flag=False,
     flag_value="auto",
+    metavar="[ADDRESS|local]",
     help="Run replicas on a Ray cluster: ADDRESS, 'local' (one of the run's own), or alone: "
     "this machine's cluster (RAY_ADDRESS, or the one `ray start` started).",
 )

@@ -86,6 +86,7 @@ def _client(ctx: click.Context) -> _Client:
     default=None,
     is_flag=False,
     flag_value="auto",
+    metavar="[ADDRESS|local]",
     help="Run replicas on a Ray cluster: ADDRESS, 'local' (one of the run's own), or alone: "
     "this machine's cluster (RAY_ADDRESS, or the one `ray start` started).",
 )
