@@ -19,6 +19,7 @@ import click
 
 from launcher import completion as complete
 from launcher.errors import EXIT_INTERRUPTED, CLIError
+from launcher.run_flags import shard_and_ray_options
 
 if TYPE_CHECKING:
     from launcher.ui import UI, OutputMode
@@ -218,19 +219,7 @@ def eval_group() -> None:
 @click.option("--verbose", is_flag=True, help="Stream every logs.txt line to the terminal.")
 @click.option("--upload", is_flag=True, help="Publish the run to the platform once it is complete.")
 @click.option("--workspace", default=None, help="Platform workspace for --upload (default: git's).")
-@click.option("--shard", default=None, help="Run only shard i/N of the rows (0 <= i < N).")
-@click.option(
-    "--ray",
-    default=None,
-    is_flag=False,
-    flag_value="auto",
-    metavar="[ADDRESS|local]",
-    help="Run replicas on a Ray cluster: ADDRESS, 'local' (one of the run's own), or alone: "
-    "this machine's cluster (RAY_ADDRESS, or the one `ray start` started).",
-)
-@click.option(
-    "--ray-min-replicas", type=int, default=None, help="Halt when fewer replicas are healthy."
-)
+@shard_and_ray_options
 @click.option("--json", "json_output", is_flag=True, help="Print one JSON result envelope.")
 @click.option("--plain", is_flag=True, help="Plain text output: result and next steps only.")
 @click.pass_context

@@ -18,6 +18,7 @@ import msgspec
 
 from launcher import completion as complete
 from launcher.errors import CLIError, NotFoundError
+from launcher.run_flags import shard_and_ray_options
 
 __all__ = ["ctl"]
 
@@ -80,19 +81,7 @@ def _client(ctx: click.Context) -> _Client:
 @click.option("--advertise-url", default=None, help="Public base URL reaching the bridge.")
 @click.option("--listener-port", type=int, default=None, help="Fixed model-bridge port.")
 @click.option("--secrets-file", default=None, help="Dotenv file the run reads (path only).")
-@click.option("--shard", default=None, help="Run only shard i/N of the rows (0 <= i < N).")
-@click.option(
-    "--ray",
-    default=None,
-    is_flag=False,
-    flag_value="auto",
-    metavar="[ADDRESS|local]",
-    help="Run replicas on a Ray cluster: ADDRESS, 'local' (one of the run's own), or alone: "
-    "this machine's cluster (RAY_ADDRESS, or the one `ray start` started).",
-)
-@click.option(
-    "--ray-min-replicas", type=int, default=None, help="Halt when fewer replicas are healthy."
-)
+@shard_and_ray_options
 @click.pass_context
 def start(ctx: click.Context, /, config: str, **flags: Any) -> None:
     """Start (or resume, with the same --name) a run of CONFIG."""
