@@ -15,6 +15,7 @@ import pytest
 
 from tests.cluster.conftest import slow_workspace
 from tests.launcher.e2e.helpers import (
+    CLIResult,
     base_env,
     count_log,
     journal,
@@ -40,6 +41,22 @@ def _raylets() -> set[int]:
     }
 
 
+async def _run_local(tmp_path: Path, ws: Path, name: str, env: dict[str, str]) -> CLIResult:
+    """``eval run --ray local`` of the workspace's echo config under ``name``; checks that it
+    exited 0 with each of the 21 rows journaled once."""
+    result = await run_cli(
+        ["eval", "run", "ws/configs/eval/echo.toml", "--yes", "--plain", "--name", name,
+         "--ray", "local"],
+        cwd=tmp_path,
+        env=env,
+        timeout=240,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr + result.stdout
+    keys = [(r["row_index"], r["run_index"]) for r in journal(run_dir(ws, name))]
+    assert len(keys) == 21 == len(set(keys))
+    return result
+
+
 async def test_ray_local_runs_every_row_once_and_stops_its_cluster(
     slow_env: Path, tmp_path: Path
 ) -> None:
@@ -54,17 +71,8 @@ async def test_ray_local_runs_every_row_once_and_stops_its_cluster(
         RAY_AUTH_TOKEN_PATH=str(token),
         RAY_USAGE_STATS_ENABLED="0",
     )
-    result = await run_cli(
-        ["eval", "run", "ws/configs/eval/echo.toml", "--yes", "--plain", "--name", "loc",
-         "--ray", "local"],
-        cwd=tmp_path,
-        env=env,
-        timeout=240,
-    )  # fmt: skip
-    assert result.returncode == 0, result.stderr + result.stdout
+    result = await _run_local(tmp_path, ws, "loc", env)
     run = run_dir(ws, "loc")
-    keys = [(r["row_index"], r["run_index"]) for r in journal(run)]
-    assert len(keys) == 21 == len(set(keys))
     assert metrics(run)["summary"]["passed"] == 16
     assert count_log(run, "joining Ray cluster (local)") == 1
     assert count_log(run, "1 replica (no other node besides the supervisor's)") == 1
@@ -99,17 +107,7 @@ async def test_ray_local_without_any_ray_auth_setting_makes_a_token_for_the_run(
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         env["RAY_ADDRESS"] = f"127.0.0.1:{sock.getsockname()[1]}"
-    result = await run_cli(
-        ["eval", "run", "ws/configs/eval/echo.toml", "--yes", "--plain", "--name", "first",
-         "--ray", "local"],
-        cwd=tmp_path,
-        env=env,
-        timeout=240,
-    )  # fmt: skip
-    assert result.returncode == 0, result.stderr + result.stdout
-    run = run_dir(ws, "first")
-    keys = [(r["row_index"], r["run_index"]) for r in journal(run)]
-    assert len(keys) == 21 == len(set(keys))
+    await _run_local(tmp_path, ws, "first", env)
     # The token lived in the cluster's environment only.
     assert not (home / ".ray").exists()
 
