@@ -101,7 +101,8 @@ async def uv_sync(
     (:mod:`launcher.selfwheel`), searched besides the index for the rollout's ``rollbridge``.
     A path source that points at nothing (:func:`missing_path_sources`) is refused first."""
     missing = await trio.to_thread.run_sync(missing_path_sources, rollout_dir)
-    for name, written, target in missing[:1]:
+    if missing:
+        name, written, target = missing[0]
         fix = (
             "remove that entry to use the running rollbridge's own wheel"
             if name == "rollbridge"

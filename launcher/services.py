@@ -440,7 +440,9 @@ def _server_environ(p: Prepared) -> dict[str, str]:
     :mod:`launcher.rollout_child`.)"""
     if p.ray is None:
         return dict(os.environ)
-    return {k: v for k, v in os.environ.items() if not k.startswith("RAY_")}
+    from launcher.cluster.flags import without_ray_vars
+
+    return without_ray_vars(os.environ)
 
 
 async def _start_server(

@@ -54,6 +54,7 @@ from urllib.parse import urlsplit, urlunsplit
 import msgspec
 import trio
 
+from launcher.cluster.flags import without_ray_vars
 from launcher.cluster.relay import pinned_client, relay_to
 from launcher.cluster.ship import NodeEnv, ShipInfo, ensure_env
 from launcher.cluster.trial import Packed, pack_trial, packed_size
@@ -251,7 +252,7 @@ class NodeAgent:
         python, entrypoint, rollout_dir = spec.python, spec.entrypoint, spec.rollout_dir
         built: bool | None = None
         pruned = Pruned()
-        base_env = {k: v for k, v in os.environ.items() if not k.startswith("RAY_")}
+        base_env = without_ray_vars(os.environ)
         if spec.ship is not None and shipped:
             ref = shipped[0]
 

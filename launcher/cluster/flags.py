@@ -17,6 +17,7 @@ __all__ = [
     "deadman_seconds",
     "ray_temp_dir",
     "this_machines_cluster",
+    "without_ray_vars",
 ]
 
 #: ``ROLLBRIDGE_RAY_DEADMAN_S``: how long a node agent goes without any call from its
@@ -68,6 +69,13 @@ def check_ray_flag(address: str, environ: Mapping[str, str]) -> None:
             "and RAY_AUTH_TOKEN_PATH (or RAY_AUTH_TOKEN) as the cluster's nodes have them, or "
             "RAY_AUTH_MODE=disabled on a network you trust"
         )
+
+
+def without_ray_vars(environ: Mapping[str, str]) -> dict[str, str]:
+    """``environ`` without Ray's variables (``RAY_*``): the environment of what a run starts
+    beside Ray (a rollout server on any node, uv building a node's environment), which has no
+    use for the cluster's address or settings."""
+    return {k: v for k, v in environ.items() if not k.startswith("RAY_")}
 
 
 def ray_temp_dir(environ: Mapping[str, str]) -> Path:

@@ -48,6 +48,7 @@ from typing import Any
 import msgspec
 import trio
 
+from launcher.cluster.flags import without_ray_vars
 from launcher.dispatch import LogFn
 from rollout_server.harbor.bundle import MANIFEST, build_bundle
 from rollout_server.harbor.cachekeep import Hold, Pruned, hold, keep_count, prune
@@ -287,7 +288,7 @@ def _uv() -> str:
 
 
 def _run(command: list[str], what: str) -> str:
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("RAY_", "VIRTUAL_ENV"))}
+    env = {k: v for k, v in without_ray_vars(os.environ).items() if not k.startswith("VIRTUAL_ENV")}
     env |= {"UV_OFFLINE": "1", "UV_PYTHON_DOWNLOADS": "never", "UV_NO_CACHE": "1"}
     try:
         done = subprocess.run(
