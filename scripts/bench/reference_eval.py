@@ -27,6 +27,10 @@ benchmark, so the uv and bytecode caches and the OS page cache are warm.
 
 Run alone: ``.venv/bin/python scripts/bench/reference_eval.py [--rows 1000] [--in-flight 50]``
 starts the fake upstream in this process and prints the reference's wall and rows/s.
+
+Why one module of this size: the reference's invocation, its process-tree CPU sampling and the
+reading of its run directory must agree on one spawn and one workspace layout; split, each part
+would pass the others the same half-dozen paths and the process handle.
 """
 
 from __future__ import annotations
