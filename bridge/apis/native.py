@@ -33,6 +33,10 @@ if TYPE_CHECKING:
 ANTHROPIC_BASE = "https://api.anthropic.com"
 DEFAULT_ANTHROPIC_VERSION = "2023-06-01"
 _TERMINAL = ("response.completed", "response.incomplete", "response.failed")
+_ENDS: dict[str, tuple[str, ...]] = {
+    "responses": (*_TERMINAL, "error"),
+    "messages": ("message_stop", "error"),
+}
 
 
 @dataclass(frozen=True)
@@ -202,7 +206,8 @@ class NativeStream:
         self._keep = keep
         self._messages = StreamedMessagesUsage()
         self._responses: Any = None
-        self.seen_usage = False
+        self.ended = False
+        """Whether a frame that ends the answer came (a terminal event or an error)."""
 
     def usage(self) -> CallUsage:
         """The usage reported so far, normalized."""
@@ -218,6 +223,7 @@ class NativeStream:
             parsed = None
         if isinstance(parsed, dict):
             kind = parsed.get("type", event)
+            self.ended = self.ended or kind in _ENDS[self.api]
             if self.api == "messages":
                 self._messages.event(parsed)
                 message = parsed.get("message")
@@ -257,6 +263,10 @@ async def stream(
     try:
         async for event, data in _sse_events(response):
             yield relay.frame(event, data)
+        if not relay.ended:
+            # The body closed cleanly without the event that ends an answer: cut off, not done.
+            end = "message_stop" if relay.api == "messages" else "response.completed"
+            raise UpstreamError(502, f"the provider's stream ended before its answer did (no {end})")
     except httpx.TransportError as exc:
         raise _transport_error(exc, answering=True) from exc
     finally:

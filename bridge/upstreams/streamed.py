@@ -114,6 +114,7 @@ async def stream_chunks(
                 raise UpstreamError(502, "provider returned a JSON value that is not an object")
             yield data
             return
+        finished = False
         async for event, data in _sse_events(response):
             if data == "[DONE]":
                 return
@@ -121,11 +122,28 @@ async def stream_chunks(
             if event == "error" or (isinstance(parsed, dict) and "error" in parsed):
                 raise _stream_error(parsed)
             if isinstance(parsed, dict):
+                finished = finished or _has_finish_reason(parsed)
                 yield parsed
+        if not finished:
+            # The body closed cleanly but the answer did not end: no choice said why it stopped
+            # and no `[DONE]` came. Relaying it as complete would score a cut-off answer.
+            raise UpstreamError(502, TRUNCATED_STREAM_MESSAGE, kind="APIConnectionError")
     except httpx.TransportError as exc:
         raise _transport_error(exc, answering=True) from exc
     finally:
         await response.aclose()
+
+
+TRUNCATED_STREAM_MESSAGE = (
+    "the provider's stream ended before its answer did (no finish_reason and no [DONE])"
+)
+
+
+def _has_finish_reason(chunk: dict[str, Any]) -> bool:
+    choices = chunk.get("choices")
+    return isinstance(choices, list) and any(
+        isinstance(choice, dict) and choice.get("finish_reason") for choice in choices
+    )
 
 
 def _transport_error(exc: httpx.TransportError, *, answering: bool = False) -> UpstreamError:

@@ -390,3 +390,53 @@ async def test_a_stream_the_client_abandons_is_counted(
             await trio.sleep(0.01)
     usage = handle.ledger.get("gone")
     assert usage is not None and usage.calls == 1
+
+
+@pytest.mark.parametrize(
+    ("path", "body", "last"),
+    [
+        ("/chat/completions", {"messages": [{"role": "user", "content": "hi"}]}, None),
+        ("/responses", RESP, "response.failed"),
+        ("/v1/messages", MSG, "error"),
+    ],
+)
+async def test_a_stream_cut_off_without_a_finish_reason_is_a_failure(
+    start_bridge: StartBridge,
+    scripted: Any,
+    path: str,
+    body: dict[str, Any],
+    last: str | None,
+) -> None:
+    """The provider sends text, then closes its body cleanly with no ``finish_reason`` and no
+    ``[DONE]``: the answer was cut off, so the caller gets an error event (never a completed
+    answer) and the call's record says it failed."""
+    from tests.bridge.scripted import Reply, sse
+
+    part = {
+        "id": "chatcmpl-up1",
+        "object": "chat.completion.chunk",
+        "created": 1700000000,
+        "choices": [{"index": 0, "delta": {"content": "part1 "}, "finish_reason": None}],
+    }
+    scripted.reply(Reply(200, content_type="text/event-stream", parts=sse(part, done=False)))
+    handle = await start_bridge(keep_calls=True)
+    with trio.fail_after(20):
+        async with httpx.AsyncClient() as client:
+            answer = await client.post(
+                handle.rollout_url("cut") + path, json={**body, "stream": True}, headers=AUTH
+            )
+    seen = events(answer.text)
+    kinds = [kind for kind, _ in seen]
+    assert "part1" in answer.text
+    assert "error" in kinds, kinds
+    assert "response.completed" not in kinds and "message_stop" not in kinds
+    assert all(
+        choice.get("finish_reason") is None
+        for _, data in seen
+        for choice in data.get("choices") or []
+    )
+    if last is not None:
+        assert kinds[-1] == last
+    assert "ended before its answer did" in answer.text
+    (call,) = handle.calls.pop("cut")
+    assert call["status"] == 502

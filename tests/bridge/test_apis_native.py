@@ -187,6 +187,33 @@ async def test_an_error_mid_stream_reaches_the_client_in_its_shape(
         assert usage is not None and (usage.calls, usage.retries) == (1, 0)
 
 
+async def test_a_native_stream_cut_off_before_its_last_event_is_an_error(
+    anthropic_native: BridgeHandle,
+    openai_native: BridgeHandle,
+    fake: ApiUpstream,
+    client: httpx.AsyncClient,
+) -> None:
+    """The provider closes its body cleanly before ``message_stop`` / ``response.completed``:
+    the client's stream ends in an error event, not as if the answer were whole."""
+    answers = []
+    for handle, path, body in (
+        (anthropic_native, "/v1/messages", MSG),
+        (openai_native, "/responses", RESP),
+    ):
+        fake.faults.append("cutoff")
+        with trio.fail_after(20):
+            answer = await client.post(
+                f"{handle.rollout_url('x')}{path}", json={**body, "stream": True}, headers=AUTH
+            )
+        answers.append(events(answer.text))
+    messages, responses = answers
+    assert [kind for kind, _ in messages][-1] == "error"
+    assert "message_stop" not in [kind for kind, _ in messages]
+    assert "message_stop" in json.dumps(messages[-1][1])
+    assert [kind for kind, _ in responses][-1] in ("error", "response.failed")
+    assert "response.completed" not in [kind for kind, _ in responses]
+
+
 async def test_native_refusals_happen_before_anything_is_sent(
     anthropic_native: BridgeHandle, fake: ApiUpstream, client: httpx.AsyncClient
 ) -> None:

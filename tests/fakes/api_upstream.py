@@ -5,7 +5,8 @@ delimited by closing it), so that faults are exact: ``faults`` is a queue of wha
 get instead of an answer: ``"429"`` (with ``Retry-After: 0``), ``"500"``, ``"529"``, ``"reset"``
 (the connection is reset before any answer), ``"echo_key"`` (a 400 whose message quotes the
 credential the request carried) or ``"midstream"`` (a streamed answer that sends
-two events, then the provider's own error event).
+two events, then the provider's own error event) or ``"cutoff"`` (the same two events, then the
+connection closed cleanly, with no event that ends the answer).
 
 ``POST /v1/responses``: the reply is ``"native: " + <input text>``; usage
 ``input_tokens=100`` of which ``cached_tokens=40``, ``output_tokens=7`` of which
@@ -187,7 +188,7 @@ async def _connection(state: ApiUpstream, stream: trio.SocketStream) -> None:
             }
             await _send(stream, 200, json.dumps(compacted).encode())
         elif path == "/v1/responses":
-            await _responses(stream, body, midstream=fault == "midstream")
+            await _responses(stream, body, fault=fault)
         elif path.startswith("/v1/messages"):
             if headers.get("x-api-key") != "sk-ant-provider-key-000000000000":
                 error = {
@@ -204,12 +205,12 @@ async def _connection(state: ApiUpstream, stream: trio.SocketStream) -> None:
             elif path.endswith("/count_tokens"):
                 await _send(stream, 200, b'{"input_tokens": 42}')
             else:
-                await _messages(stream, body, midstream=fault == "midstream")
+                await _messages(stream, body, fault=fault)
         else:
             await _send(stream, 404, b'{"error": "not found"}')
 
 
-async def _responses(stream: trio.SocketStream, body: dict[str, Any], *, midstream: bool) -> None:
+async def _responses(stream: trio.SocketStream, body: dict[str, Any], *, fault: str | None) -> None:
     text = "native: " + _input_text(body)
     reasoning = []
     if "reasoning.encrypted_content" in (body.get("include") or []):
@@ -253,9 +254,9 @@ async def _responses(stream: trio.SocketStream, body: dict[str, Any], *, midstre
             {"item_id": "msg_1", "output_index": 0, "content_index": 0, "part": part},
         ),
     ]
-    if midstream:
+    if fault == "midstream":
         events.append(("error", {"code": "server_error", "message": "boom", "param": None}))
-    else:
+    elif fault != "cutoff":
         events += [
             (
                 "response.output_text.delta",
@@ -298,7 +299,7 @@ async def _responses(stream: trio.SocketStream, body: dict[str, Any], *, midstre
         await stream.send_all(_sse(kind, {"type": kind, "sequence_number": next(seq), **data}))
 
 
-async def _messages(stream: trio.SocketStream, body: dict[str, Any], *, midstream: bool) -> None:
+async def _messages(stream: trio.SocketStream, body: dict[str, Any], *, fault: str | None) -> None:
     text = "native: " + _input_text(body)
     final_usage = {**MESSAGES_START_USAGE, "output_tokens": MESSAGES_FINAL_OUTPUT}
     message = {
@@ -323,9 +324,9 @@ async def _messages(stream: trio.SocketStream, body: dict[str, Any], *, midstrea
         ("ping", {}),
         ("content_block_start", {"index": 0, "content_block": {"type": "text", "text": ""}}),
     ]
-    if midstream:
+    if fault == "midstream":
         events.append(("error", {"error": {"type": "overloaded_error", "message": "Overloaded"}}))
-    else:
+    elif fault != "cutoff":
         events += [
             ("content_block_delta", {"index": 0, "delta": {"type": "text_delta", "text": text}}),
             ("content_block_stop", {"index": 0}),
