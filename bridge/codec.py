@@ -31,7 +31,7 @@ import msgspec
 from bridge.errors import UpstreamError
 from rollout_server.net.jsonbytes import renders_like_json
 
-__all__ = ["dumps", "loads", "parse_provider_json"]
+__all__ = ["NotSendable", "dumps", "loads", "loads_request", "parse_provider_json"]
 
 _DECODE: Final = msgspec.json.Decoder().decode
 _ENCODE: Final = msgspec.json.Encoder().encode
@@ -44,6 +44,34 @@ def loads(data: bytes | str) -> Any:
         return _DECODE(data)
     except (msgspec.DecodeError, RecursionError, UnicodeEncodeError):
         return json.loads(data)
+
+
+class NotSendable(ValueError):
+    """JSON text that :mod:`json` reads but whose value cannot be sent on as JSON."""
+
+
+def loads_request(data: bytes) -> Any:
+    """:func:`loads` for a request the bridge will send on: the same value, except that
+    ``NaN``/``Infinity`` (not JSON: a provider would get them as written) and a lone surrogate
+    escape (UTF-8 cannot encode it, so the call would fail on its way out) raise
+    :class:`NotSendable`. A BOM, UTF-16/32 and integers past 64 bits stay accepted, as
+    :mod:`json` reads them. Only input msgspec refuses takes the slower checks."""
+    try:
+        return _DECODE(data)
+    except (msgspec.DecodeError, RecursionError, UnicodeEncodeError):
+        pass
+
+    def constant(name: str) -> Any:
+        raise NotSendable(f"{name} is not JSON")
+
+    value = json.loads(data, parse_constant=constant)
+    try:
+        _JSON.encode(value).encode("utf-8")
+    except UnicodeEncodeError as exc:
+        raise NotSendable(
+            "a string holds a lone surrogate escape, which UTF-8 cannot carry"
+        ) from exc
+    return value
 
 
 def dumps(obj: Any) -> bytes:

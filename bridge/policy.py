@@ -67,12 +67,14 @@ def valid_rollout_id(rollout_id: str) -> bool:
 
 def parse_body(raw: bytes) -> dict[str, Any]:
     """Parse a request body as a JSON object, whatever the Content-Type (as ``json.loads``
-    reads it: :mod:`bridge.codec`)."""
+    reads it, less what no provider can be sent: :func:`bridge.codec.loads_request`)."""
     # Imported here, like the protocol module above: msgspec stays out of ``import bridge``.
-    from bridge.codec import loads
+    from bridge.codec import NotSendable, loads_request
 
     try:
-        body = loads(raw)
+        body = loads_request(raw)
+    except NotSendable as exc:
+        raise InvalidBody(f"invalid body: {exc}") from exc
     except (ValueError, RecursionError) as exc:
         raise InvalidBody("invalid body") from exc
     if not isinstance(body, dict):

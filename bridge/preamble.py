@@ -41,6 +41,6 @@ async def admitted_body(
         return None
     try:
         return parse_body(raw)
-    except InvalidBody:
-        await send_json(send, 400, error(400, "invalid body"))
+    except InvalidBody as exc:
+        await send_json(send, 400, error(400, str(exc)))
         return None

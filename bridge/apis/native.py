@@ -266,7 +266,9 @@ async def stream(
         if not relay.ended:
             # The body closed cleanly without the event that ends an answer: cut off, not done.
             end = "message_stop" if relay.api == "messages" else "response.completed"
-            raise UpstreamError(502, f"the provider's stream ended before its answer did (no {end})")
+            raise UpstreamError(
+                502, f"the provider's stream ended before its answer did (no {end})"
+            )
     except httpx.TransportError as exc:
         raise _transport_error(exc, answering=True) from exc
     finally:

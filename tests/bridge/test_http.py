@@ -302,3 +302,26 @@ async def test_stream_flag_truthiness(
     response = await post(client, bridge, {"messages": HI, "stream": stream})
     assert response.status_code == 200
     assert response.headers["content-type"].startswith("text/event-stream") is sse
+
+
+@pytest.mark.parametrize(
+    ("raw", "why"),
+    [
+        (b'{"messages":[{"role":"user","content":"caf\\udce9"}]}', "lone surrogate"),
+        (b'{"messages":[{"role":"user","content":"hi"}],"temperature":NaN}', "NaN is not JSON"),
+        (b'{"messages":[{"role":"user","content":"hi"}],"top_p":-Infinity}', "-Infinity is not"),
+    ],
+)
+async def test_json_no_provider_can_be_sent_is_a_400(
+    bridge: BridgeHandle, client: httpx.AsyncClient, provider_env: Any, raw: bytes, why: str
+) -> None:
+    """What Python's json reads but cannot send on (a lone surrogate escape, as
+    ``json.dumps`` writes surrogate-escaped text; ``NaN``/``Infinity``) is the caller's 400,
+    not a 502 after a call the provider never saw."""
+    with trio.fail_after(20):
+        response = await client.post(url(bridge), content=raw, headers=AUTH)
+    assert response.status_code == 400, response.text
+    assert response.json()["detail"].startswith("invalid body: ")
+    assert why in response.json()["detail"]
+    assert provider_env.requests == []
+    assert bridge.ledger.get("r1") is None
