@@ -59,6 +59,10 @@ def _image(block: dict[str, Any]) -> dict[str, Any]:
     return {"type": "image_url", "image_url": {"url": url}}
 
 
+TOOL_ERROR_PREFIX = "Error: "
+"""How a ``tool_result`` with ``is_error: true`` reaches a chat upstream: its text, prefixed."""
+
+
 def _tool_result_text(content: Any) -> str:
     if isinstance(content, str):
         return content
@@ -83,6 +87,9 @@ def _user(content: Any) -> list[dict[str, Any]]:
         kind = block.get("type") if isinstance(block, dict) else None
         if kind == "tool_result":
             text = _tool_result_text(block.get("content"))
+            if block.get("is_error") is True:
+                # Chat has no flag for a failed tool: the model is told in the text instead.
+                text = f"{TOOL_ERROR_PREFIX}{text}" if text else TOOL_ERROR_PREFIX.rstrip(": ")
             out.append({"role": "tool", "tool_call_id": block.get("tool_use_id"), "content": text})
         elif kind == "text":
             parts.append({"type": "text", "text": str(block.get("text", ""))})

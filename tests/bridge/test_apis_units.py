@@ -201,6 +201,23 @@ def test_messages_request_to_chat() -> None:
     assert chat["tools"][0]["function"]["parameters"] == {"type": "object"}
 
 
+def test_a_failed_tool_result_says_so_to_a_chat_upstream() -> None:
+    """``is_error: true`` has no chat field: it is carried in the tool message's text."""
+
+    def result(**fields: Any) -> dict[str, Any]:
+        block = {"type": "tool_result", "tool_use_id": "t1", **fields}
+        return {"max_tokens": 8, "messages": [{"role": "user", "content": [block]}]}
+
+    def tool_text(**fields: Any) -> Any:
+        return messages.to_chat(result(**fields))["messages"][0]["content"]
+
+    assert tool_text(content="exit 1", is_error=True) == "Error: exit 1"
+    assert tool_text(content=[{"type": "text", "text": "boom"}], is_error=True) == "Error: boom"
+    assert tool_text(is_error=True) == "Error"
+    assert tool_text(content="fine", is_error=False) == "fine"
+    assert tool_text(content="fine") == "fine"
+
+
 def test_messages_needs_max_tokens_and_refuses_uncarried_tools() -> None:
     with pytest.raises(BridgeRequestError, match="max_tokens"):
         messages.to_chat({"messages": []})
