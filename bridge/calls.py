@@ -90,6 +90,7 @@ class CallTrace:
     """One call in progress (see the module docstring). Not thread-safe: one task owns it."""
 
     __slots__ = (
+        "_chunked",
         "_content",
         "_first",
         "_ids",
@@ -128,6 +129,7 @@ class CallTrace:
         self._first: float | None = None
         self._content: list[Any] | None = None
         self._ids: list[int] | None = None
+        self._chunked = False
 
     def fault(self, status: int, kind: str) -> None:
         """A transient provider fault that was retried (its cause kept)."""
@@ -156,6 +158,10 @@ class CallTrace:
         """Take what a stream chunk says of the first choice (logprobs arrive per chunk)."""
         if self._first is None:
             self._first = time.monotonic()
+        if not self._chunked:
+            # The first chunk names the model (a translated stream may have sent the caller
+            # its opening events, and so set the first byte, before any chunk arrived).
+            self._chunked = True
             self._take_model(raw)
         choices = raw.get("choices")
         if not isinstance(choices, list):

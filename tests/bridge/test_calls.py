@@ -110,3 +110,33 @@ def test_a_call_finishing_after_its_rollout_was_forgotten_is_not_kept() -> None:
     book.discard("gone")
     book.add({"kind": "rollout", "rollout_id": "gone", "status": None, "error": "cancelled"})
     assert book.pop("gone") == []
+
+
+async def test_the_record_names_the_model_the_provider_says_answered(
+    start_bridge: StartBridge, provider_env: FakeUpstream, client: httpx.AsyncClient
+) -> None:
+    """On all three routes, streamed or not: the fake provider answers as ``test-model`` (the
+    configured ``openai/test-model`` without its prefix); a translated stream sends the caller
+    its opening events before the provider's first chunk, which must not hide that name."""
+    chat = {"messages": HI}
+    responses = {"model": "gpt-x", "input": "hi"}
+    messages = {"model": "claude-x", "max_tokens": 16, "messages": HI}
+    with trio.fail_after(30):
+        handle: BridgeHandle = await start_bridge(keep_calls=True)
+        for path, body in (
+            ("/chat/completions", chat),
+            ("/responses", responses),
+            ("/v1/messages", messages),
+        ):
+            for stream in (False, True):
+                reply = await client.post(
+                    handle.rollout_url("m") + path, json={**body, "stream": stream}, headers=AUTH
+                )
+                assert reply.status_code == 200, reply.text
+    records = handle.calls.pop("m")
+    assert [(c["api"], c["stream"]) for c in records] == [
+        (api, stream)
+        for api in ("chat.completions", "responses", "messages")
+        for stream in (False, True)
+    ]
+    assert {c["model"] for c in records} == {"test-model"}
