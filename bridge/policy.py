@@ -54,7 +54,8 @@ def check_auth(authorization: str | None, token: str) -> bool:
 
 
 def valid_rollout_id(rollout_id: str) -> bool:
-    """A rollout id is one plain path segment, by the protocol's rule (posix and Windows).
+    """A rollout id is one plain path segment, by the protocol's rule (posix and Windows),
+    and was valid UTF-8 once percent-decoded.
 
     See :func:`rollout_server.protocol.is_single_path_segment`.
     """
@@ -62,7 +63,9 @@ def valid_rollout_id(rollout_id: str) -> bool:
     # ``import bridge`` (and so the CLI's start-up) should not pay; a request pays a dict lookup.
     from rollout_server.protocol import is_single_path_segment
 
-    return is_single_path_segment(rollout_id)
+    # U+FFFD is what percent-decoding leaves of bytes that are not UTF-8 (`%ff`, `%c3`…):
+    # refused, so that different raw ids are never counted under one.
+    return "\ufffd" not in rollout_id and is_single_path_segment(rollout_id)
 
 
 def parse_body(raw: bytes) -> dict[str, Any]:

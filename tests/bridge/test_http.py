@@ -81,7 +81,7 @@ async def test_other_methods_and_paths(bridge: BridgeHandle, client: httpx.Async
         assert response.headers["location"] == "/v1/rollouts/r1/chat/completions"
 
 
-@pytest.mark.parametrize("rid", ["a%5Cb", "%2E%2E", "a%00b", "%2E"])
+@pytest.mark.parametrize("rid", ["a%5Cb", "%2E%2E", "a%00b", "%2E", "%ff", "a%c3"])
 async def test_invalid_rollout_id(
     bridge: BridgeHandle, client: httpx.AsyncClient, rid: str
 ) -> None:
