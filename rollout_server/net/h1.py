@@ -516,9 +516,10 @@ class Exchange:
                 raise RuntimeError("http.response.start sent twice")
             status = int(message["status"])
             headers = [*message.get("headers", ()), DATE.header()]
-            if connection.requests >= connection.max_requests or (
-                not self.body_done and self._body_pending()
-            ):
+            if (
+                connection.requests >= connection.max_requests
+                or (not self.body_done and self._body_pending())
+            ) and not any(n.lower() == b"connection" and v.lower() == b"close" for n, v in headers):
                 # An unread body is never drained: the answer closes the connection instead.
                 headers.append(CLOSE)
             request = self.request

@@ -116,6 +116,21 @@ async def test_body_over_cap_is_413(start_bridge: StartBridge, provider_env: Fak
         big = await post(client, handle, {"messages": [{"role": "user", "content": "x" * 2000}]})
         assert big.status_code == 413
         assert big.json() == {"detail": "Request Entity Too Large"}
+    with trio.fail_after(20):
+        # Declared too big and not sent: answered at once, closing, with one Connection header.
+        stream = await trio.open_tcp_stream("127.0.0.1", handle.port)
+        path = "/v1/rollouts/r1/chat/completions"
+        await stream.send_all(
+            f"POST {path} HTTP/1.1\r\nhost: x\r\nauthorization: {AUTH['Authorization']}\r\n"
+            "content-type: application/json\r\ncontent-length: 100000000\r\n\r\n".encode()
+        )
+        answer = b""
+        while chunk := await stream.receive_some(65536):
+            answer += chunk
+        await stream.aclose()
+    head = answer.split(b"\r\n\r\n", 1)[0].lower()
+    assert head.startswith(b"http/1.1 413")
+    assert head.count(b"\r\nconnection: close") == 1, head
 
 
 # Body handling -----------------------------------------------------------------------------
