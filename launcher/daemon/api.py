@@ -52,31 +52,90 @@ _SSE_HEADERS = [
 ]
 
 
+_CORS_METHODS = b"GET, POST, DELETE"
+_CORS_HEADERS = b"authorization, content-type, last-event-id"
+
+
 @dataclass(frozen=True)
 class HttpGuard:
-    """The loopback HTTP listener's checks: bearer token, exact Host, own Origin for writes."""
+    """The loopback HTTP listener's checks: bearer token, exact Host, own Origin for writes.
+
+    ``origins`` are the browser origins given with ``--allow-origin`` (an exact origin, or
+    ``scheme://*`` for every origin of a scheme, as VS Code's webviews have one each): their
+    CORS preflight is answered and their answers carry ``Access-Control-Allow-Origin``, so a
+    page holding the token can call the API. The token is still required of them.
+    """
 
     token: str
     port: int
+    origins: frozenset[bytes] = frozenset()
 
     @property
     def hosts(self) -> frozenset[bytes]:
         """The accepted ``Host`` values."""
         return frozenset({f"127.0.0.1:{self.port}".encode(), f"localhost:{self.port}".encode()})
 
+    def allowed_origin(self, origin: bytes | None) -> bool:
+        """Whether ``origin`` is one given with ``--allow-origin`` (the daemon's own is not
+        cross-origin and needs no CORS)."""
+        if origin is None:
+            return False
+        scheme, sep, _ = origin.partition(b"://")
+        return origin in self.origins or (bool(sep) and scheme + b"://*" in self.origins)
+
+    def cors_headers(self, scope: HTTPScope) -> list[tuple[bytes, bytes]]:
+        """``Access-Control-Allow-Origin`` for an allowed origin's request, else nothing."""
+        origin = header(scope, b"origin")
+        if origin is None or not self.allowed_origin(origin):
+            return []
+        return [(b"access-control-allow-origin", origin), (b"vary", b"Origin")]
+
+    def preflight(self, scope: HTTPScope) -> list[tuple[bytes, bytes]] | None:
+        """The headers answering a CORS preflight from an allowed origin (None: not one)."""
+        if scope["method"] != "OPTIONS" or header(scope, b"access-control-request-method") is None:
+            return None
+        allowed = self.cors_headers(scope)
+        if not allowed:
+            return None
+        return [
+            *allowed,
+            (b"access-control-allow-methods", _CORS_METHODS),
+            (b"access-control-allow-headers", _CORS_HEADERS),
+            (b"access-control-max-age", b"600"),
+        ]
+
     def check(self, scope: HTTPScope) -> ApiError | None:
         """The refusal for this request, or None."""
         if header(scope, b"host") not in self.hosts:
             return ApiError(421, "HOST", "the Host header does not name this daemon")
-        auth = header(scope, b"authorization") or b""
-        expected = b"Bearer " + self.token.encode()
-        if not _secrets.compare_digest(auth, expected):
+        scheme, _, credentials = (header(scope, b"authorization") or b"").partition(b" ")
+        # The scheme is case-insensitive (RFC 9110 §11.1); exactly one space before the token.
+        if scheme.lower() != b"bearer" or not _secrets.compare_digest(
+            credentials, self.token.encode()
+        ):
             return ApiError(401, "UNAUTHORIZED", "missing or wrong bearer token")
         origin = header(scope, b"origin")
         write = scope["method"] not in ("GET", "HEAD")
-        if write and origin is not None and origin not in {b"http://" + h for h in self.hosts}:
-            return ApiError(403, "ORIGIN", "cross-origin writes are refused")
+        own = {b"http://" + h for h in self.hosts}
+        if write and origin is not None and origin not in own and not self.allowed_origin(origin):
+            return ApiError(
+                403,
+                "ORIGIN",
+                "cross-origin writes are refused (start the daemon with --allow-origin ORIGIN "
+                "to let a page of that origin call it with the token)",
+            )
         return None
+
+
+def _with_headers(send: ASGISendCallable, extra: list[tuple[bytes, bytes]]) -> ASGISendCallable:
+    """``send`` adding ``extra`` to the response's headers."""
+
+    async def sending(message: Any) -> None:
+        if message["type"] == "http.response.start":
+            message = {**message, "headers": [*message.get("headers", ()), *extra]}
+        await send(message)
+
+    return sending
 
 
 def _json(obj: Any) -> bytes:
@@ -113,6 +172,19 @@ class ControlApp:
     ) -> None:
         if scope["type"] != "http":
             return
+        if self._guard is not None:
+            guard = self._guard
+            if header(scope, b"host") in guard.hosts:
+                answer = guard.preflight(scope)
+                if answer is not None:
+                    # Browsers send a preflight without credentials: it is answered before the
+                    # token check, and says only which methods and headers may follow.
+                    await send({"type": "http.response.start", "status": 204, "headers": answer})
+                    await send({"type": "http.response.body", "body": b"", "more_body": False})
+                    return
+            cors = guard.cors_headers(scope)
+            if cors:
+                send = _with_headers(send, cors)
         try:
             await self._route(scope, receive, send)
         except ApiError as exc:
@@ -144,7 +216,9 @@ class ControlApp:
             return await send_json(send, 200, _json(self._info()))
         if route == ["shutdown"] and method == "POST":
             body = await self._body(scope, receive)
-            cancel = bool(isinstance(body, dict) and body.get("cancel_runs"))
+            cancel = body.get("cancel_runs", False) if isinstance(body, dict) else False
+            if not isinstance(cancel, bool):
+                raise ApiError(400, "VALIDATION", "cancel_runs must be of type bool")
             if self.registry.active() and not cancel:
                 raise ApiError(409, "CONFLICT", "runs are active; pass cancel_runs to cancel them")
             await send_json(send, 202, _json({"shutting_down": True}))

@@ -1,10 +1,11 @@
-"""``rollbridge daemon [--workspace DIR] [--http] [--host H] [--port N]``: run the control API
+"""``rollbridge daemon [--workspace DIR] [--http] [--host H] [--port N] [--allow-origin O]``: run the control API
 in the foreground (an IDE or a service manager starts it). One per workspace: a second start
 prints ``already running (pid …, socket …)`` and exits 0."""
 
 from __future__ import annotations
 
 import json
+import re
 import sys
 from pathlib import Path
 from typing import Any
@@ -12,16 +13,35 @@ from typing import Any
 import click
 import trio
 
-from launcher.errors import NotFoundError
+from launcher.errors import NotFoundError, ValidationError
 
 __all__ = ["daemon_main"]
 
 
-def daemon_main(workspace: str | None, http: bool, host: str, port: int, json_output: bool) -> int:
+#: ``scheme://host[:port]`` or ``scheme://*`` (every origin of the scheme).
+_ORIGIN = re.compile(r"[a-z][a-z0-9+.-]*://(\*|[^/\s*]+)")
+
+
+def daemon_main(
+    workspace: str | None,
+    http: bool,
+    host: str,
+    port: int,
+    json_output: bool,
+    allow_origins: tuple[str, ...] = (),
+) -> int:
     """Run the daemon; returns the exit code."""
     from launcher.daemon.discovery import DaemonLock
     from launcher.daemon.service import DaemonOptions, already_running, run_daemon
 
+    for origin in allow_origins:
+        if not _ORIGIN.fullmatch(origin):
+            raise ValidationError(
+                f"--allow-origin takes an origin such as vscode-webview://* or "
+                f"http://localhost:5173 (scheme://host[:port], no path), got {origin!r}"
+            )
+    if allow_origins and not http:
+        raise ValidationError("--allow-origin is for the --http listener: add --http")
     root = Path(workspace or ".").resolve()
     if not root.is_dir():
         raise NotFoundError(f"workspace {root} is not a directory")
@@ -39,7 +59,9 @@ def daemon_main(workspace: str | None, http: bool, host: str, port: int, json_ou
             for name in doc.get("adopted") or []:
                 print(f"found live run {name}", flush=True)
 
-    options = DaemonOptions(workspace=root, http=http, host=host, port=port)
+    options = DaemonOptions(
+        workspace=root, http=http, host=host, port=port, allow_origins=allow_origins
+    )
     try:
         trio.run(run_daemon, options, lock, announce)
     finally:
@@ -53,11 +75,26 @@ def daemon_main(workspace: str | None, http: bool, host: str, port: int, json_ou
 @click.option("--http", is_flag=True, help="Also listen on loopback HTTP with a bearer token.")
 @click.option("--host", default="127.0.0.1", show_default=True, help="Loopback address for --http.")
 @click.option("--port", type=int, default=0, help="Port for --http (default: ephemeral).")
+@click.option(
+    "--allow-origin",
+    "allow_origins",
+    multiple=True,
+    metavar="ORIGIN",
+    help="Let pages of this browser origin call the --http listener with the token (CORS); "
+    "scheme://* allows every origin of a scheme, e.g. vscode-webview://*. Repeatable.",
+)
 @click.option("--json", "json_output", is_flag=True, help="Print the ready line as JSON.")
 @click.pass_context
 def daemon_command(
-    ctx: click.Context, workspace: str | None, http: bool, host: str, port: int, json_output: bool
+    ctx: click.Context,
+    workspace: str | None,
+    http: bool,
+    host: str,
+    port: int,
+    allow_origins: tuple[str, ...],
+    json_output: bool,
 ) -> None:
     """Serve the workspace's control API (docs/daemon.md) until SIGINT or SIGTERM."""
     obj = ctx.obj or {}
-    ctx.exit(daemon_main(workspace, http, host, port, json_output or bool(obj.get("json"))))
+    json_flag = json_output or bool(obj.get("json"))
+    ctx.exit(daemon_main(workspace, http, host, port, json_flag, allow_origins))

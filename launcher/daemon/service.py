@@ -49,6 +49,8 @@ class DaemonOptions:
     http: bool = False
     host: str = "127.0.0.1"
     port: int = 0
+    allow_origins: tuple[str, ...] = ()
+    """Browser origins (beyond the daemon's own) allowed to call the ``--http`` listener."""
 
 
 def already_running(workspace: Path, wait_s: float = 5.0) -> str:
@@ -73,9 +75,32 @@ async def run_daemon(
     announce: Callable[[dict[str, Any]], None],
 ) -> None:
     """Serve until a signal or a shutdown request. ``lock`` is already held."""
+    token = secrets.token_urlsafe(32) if options.http else None
+    # Bound before anything else: a refused --host or a busy port is one line, and leaves
+    # no socket file behind.
+    tcp_sock: socket.socket | None = None
+    url = None
+    if options.http:
+        tcp_sock = bind_tcp(options.host, options.port)
+        port = tcp_sock.getsockname()[1]
+        url = f"http://127.0.0.1:{port}"
+    try:
+        await _serve_daemon(options, lock, announce, token, tcp_sock, url)
+    finally:
+        if tcp_sock is not None:
+            tcp_sock.close()
+
+
+async def _serve_daemon(
+    options: DaemonOptions,
+    lock: DaemonLock,
+    announce: Callable[[dict[str, Any]], None],
+    token: str | None,
+    tcp_sock: socket.socket | None,
+    url: str | None,
+) -> None:
     workspace = options.workspace
     pid = os.getpid()
-    token = secrets.token_urlsafe(32) if options.http else None
     stop = trio.Event()
     cancel_runs = False
     async with trio.open_nursery() as nursery:
@@ -83,12 +108,6 @@ async def run_daemon(
         adopted = registry.adopt()
         unix_path = socket_path(workspace)
         unix_sock = bind_unix(unix_path)
-        tcp_sock: socket.socket | None = None
-        url = None
-        if options.http:
-            tcp_sock = bind_tcp(options.host, options.port)
-            port = tcp_sock.getsockname()[1]
-            url = f"http://127.0.0.1:{port}"
         info = DaemonInfo(
             pid=pid,
             start_token=start_token(pid) or "",
@@ -137,7 +156,11 @@ async def run_daemon(
             (unix_sock, ControlApp(registry, daemon_info, request_shutdown))
         ]
         if tcp_sock is not None:
-            guard = HttpGuard(token=token or "", port=tcp_sock.getsockname()[1])
+            guard = HttpGuard(
+                token=token or "",
+                port=tcp_sock.getsockname()[1],
+                origins=frozenset(o.encode() for o in options.allow_origins),
+            )
             listeners.append((tcp_sock, ControlApp(registry, daemon_info, request_shutdown, guard)))
         try:
             await nursery.start(serve, listeners)
@@ -170,6 +193,4 @@ async def run_daemon(
             unix_path.unlink(missing_ok=True)
             nursery.cancel_scope.cancel()
             unix_sock.close()
-            if tcp_sock is not None:
-                tcp_sock.close()
             lock.release()

@@ -57,8 +57,59 @@ async def test_http_listener_checks_token_host_and_origin(
                 assert refused.status_code == 403
                 own = {**good, "Origin": f"http://127.0.0.1:{port}"}
                 assert (await client.post("/v1/runs", headers=own, json={})).status_code == 400
+                # The scheme is case-insensitive (RFC 9110 §11.1); one space, nothing else.
+                for scheme in ("bearer", "BEARER"):
+                    lower = {"Authorization": f"{scheme} {daemon.info.token}"}
+                    assert (await client.get("/v1/daemon", headers=lower)).status_code == 200
+                for spaced in (f"Bearer  {daemon.info.token}", f"Bearer\t{daemon.info.token}"):
+                    bad = {"Authorization": spaced}
+                    assert (await client.get("/v1/daemon", headers=bad)).status_code == 401
+                # Without --allow-origin a preflight is not answered as allowed.
+                preflight = {
+                    "Origin": "http://evil.example",
+                    "Access-Control-Request-Method": "POST",
+                }
+                answer = await client.options("/v1/runs", headers=preflight)
+                assert "access-control-allow-origin" not in answer.headers
+                # cancel_runs is a bool: the string "false" must not cancel anything.
+                typed = await client.post(
+                    "/v1/shutdown", headers=good, json={"cancel_runs": "false"}
+                )
+                assert typed.status_code == 400
+                assert typed.json()["error"]["message"] == "cancel_runs must be of type bool"
+                assert daemon.process.returncode is None
             out = (workspace.parent / "daemon-out.txt").read_text()
             assert daemon.info.token not in out
+
+
+async def test_a_listener_that_cannot_open_is_one_line_and_leaves_nothing(
+    workspace: Path, env: dict[str, str]
+) -> None:
+    with trio.fail_after(60):
+        busy = trio.socket.socket()
+        await busy.bind(("127.0.0.1", 0))
+        busy.listen(1)
+        port = busy.getsockname()[1]
+        cases = [
+            (("--http", "--host", "0.0.0.0"), "--host must be a loopback address, got 0.0.0.0"),
+            (("--http", "--port", str(port)), f"could not bind the daemon on 127.0.0.1:{port}"),
+            (("--allow-origin", "http://x.example"), "--allow-origin is for the --http listener"),
+            (("--http", "--allow-origin", "x.example/path"), "--allow-origin takes an origin"),
+        ]
+        with busy:
+            for args, line in cases:
+                for json_flag in ((), ("--json",)):
+                    done = await run_cli(
+                        ["daemon", *args, *json_flag], cwd=workspace, env=env, timeout=30
+                    )
+                    out = done.stdout + done.stderr
+                    assert done.returncode != 0, out
+                    assert line in out, out
+                    assert "Traceback" not in out and "ExceptionGroup" not in out, out
+                    assert not (workspace / ".osmosis" / "daemon").exists() or not any(
+                        (workspace / ".osmosis" / "daemon").iterdir()
+                    )
+                    assert not (workspace / ".osmosis" / "daemon.json").exists()
 
 
 async def test_bad_config_gets_the_cli_message_with_a_4xx(
