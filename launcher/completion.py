@@ -49,6 +49,7 @@ def run_names(ctx: click.Context, param: click.Parameter, incomplete: str) -> li
     if os.sep in incomplete or incomplete.startswith((".", "~")):
         return files(ctx, param, incomplete)
     from launcher.errors import CLIError
+    from launcher.rundir.manifest import is_archive_name
 
     try:
         root = _root(ctx)
@@ -57,7 +58,7 @@ def run_names(ctx: click.Context, param: click.Parameter, incomplete: str) -> li
             for entry in root.iterdir()
             if entry.name.startswith(incomplete)
             and not entry.name.startswith(".")
-            and ".archive-" not in entry.name
+            and not is_archive_name(entry.name)
             and (entry / "manifest.json").is_file()
         )
     except (CLIError, OSError):

@@ -28,6 +28,7 @@ import click
 from launcher import completion as complete
 from launcher.cli_ui import command_ui
 from launcher.errors import LocalEvalError
+from launcher.rundir.manifest import is_archive_name, is_run_dir
 from launcher.ui import UI
 from launcher.workspace import output_root
 
@@ -45,7 +46,6 @@ __all__ = [
 
 RunStatus = Literal["running", "complete", "incomplete", "empty"]
 _LOCKS = ".locks"
-_ARCHIVE = ".archive-"
 _LIVE_CHILD_FILES = ("server.json", "tunnel.json")
 
 
@@ -169,6 +169,15 @@ def summarize(run_dir: Path, cwd: Path) -> RunSummary:
     )
 
 
+def _made_by_a_supervisor(run_dir: Path) -> bool:
+    """Whether the run's manifest is one a supervisor wrote (what ``clean`` requires before it
+    removes anything)."""
+    manifest = _json_file(run_dir / "manifest.json")
+    return isinstance(manifest.get("local_run_id"), str) and isinstance(
+        manifest.get("inputs"), dict
+    )
+
+
 def scan_runs(root: Path, cwd: Path) -> list[RunSummary]:
     """Every run directory under ``root`` (archives excluded), oldest first."""
     try:
@@ -176,7 +185,9 @@ def scan_runs(root: Path, cwd: Path) -> list[RunSummary]:
     except FileNotFoundError:
         return []
     runs = [
-        summarize(p, cwd) for p in entries if not p.name.startswith(".") and _ARCHIVE not in p.name
+        summarize(p, cwd)
+        for p in entries
+        if not p.name.startswith(".") and not is_archive_name(p.name) and is_run_dir(p)
     ]
     return sorted(runs, key=lambda r: (r.started or "", r.name))
 
@@ -272,7 +283,14 @@ def clean_command(ui: UI, root: Path, cwd: Path, *, yes: bool) -> int:
 
     empty = [r for r in scan_runs(root, cwd) if r.status == "empty"]
     kept = [r for r in empty if any((root / r.name / f).exists() for f in _LIVE_CHILD_FILES)]
-    doomed = [r for r in empty if r not in kept]
+    unsure = [r for r in empty if r not in kept and not _made_by_a_supervisor(root / r.name)]
+    doomed = [r for r in empty if r not in kept and r not in unsure]
+    for run in unsure:
+        ui.warning(
+            f"kept {run.path}: its manifest.json is not one rollbridge wrote; remove it by hand "
+            "if it is a run you no longer need",
+            "CLEAN_KEPT",
+        )
     locks = _orphan_locks(root)
     for run in kept:
         ui.warning(
@@ -308,8 +326,10 @@ def clean_command(ui: UI, root: Path, cwd: Path, *, yes: bool) -> int:
         try:
             run_dir = root / run.name
             # Checked again under the lock: a run may have recorded something since the scan.
-            if not latest_records(run_dir) and not any(
-                (run_dir / f).exists() for f in _LIVE_CHILD_FILES
+            if (
+                not latest_records(run_dir)
+                and not any((run_dir / f).exists() for f in _LIVE_CHILD_FILES)
+                and _made_by_a_supervisor(run_dir)
             ):
                 shutil.rmtree(run_dir)
                 lock.path.unlink(missing_ok=True)

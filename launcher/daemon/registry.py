@@ -23,6 +23,7 @@ from launcher.daemon.discovery import state_dir
 from launcher.daemon.status import RunView, run_view
 from launcher.errors import CLIError, ValidationError
 from launcher.rundir.journal import replay_journal
+from launcher.rundir.manifest import is_archive_name, is_run_dir
 from launcher.rundir.names import generate_run_name, validate_run_name
 
 __all__ = ["ApiError", "Registry", "StartRequest", "parse_start"]
@@ -257,7 +258,12 @@ class Registry:
         found = set(self._children)
         if self.output_root.is_dir():
             for path in self.output_root.iterdir():
-                if path.is_dir() and not path.name.startswith(".") and ".archive-" not in path.name:
+                if (
+                    path.is_dir()
+                    and not path.name.startswith(".")
+                    and not is_archive_name(path.name)
+                    and is_run_dir(path)
+                ):
                     found.add(path.name)
         return sorted(found)
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
 import uuid
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -206,6 +207,22 @@ def changed_inputs_message(name: str, groups: list[str]) -> str:
         f"versions inside one set of metrics. Changed: {', '.join(groups)}. Restart under the "
         "same name with --fresh (the previous results are archived, never deleted)."
     )
+
+
+#: The suffix :func:`archive_run_dir` gives: ``.archive-<UTC YYYYMMDDTHHMMSSZ>[-k]``.
+_ARCHIVE_SUFFIX = re.compile(r"\.archive-\d{8}T\d{6}Z(-\d+)?\Z")
+
+
+def is_archive_name(name: str) -> bool:
+    """Whether ``name`` is one :func:`archive_run_dir` made (``my.archive-old`` is not)."""
+    return _ARCHIVE_SUFFIX.search(name) is not None
+
+
+def is_run_dir(path: Path) -> bool:
+    """Whether ``path`` is a run directory: a supervisor wrote its manifest or its journal.
+    Any other directory under an output root (a workspace's ``configs/`` under ``-o .``, the
+    user's own files) is neither listed nor ever cleaned."""
+    return (path / MANIFEST_NAME).is_file() or (path / "events.jsonl").is_file()
 
 
 def archive_run_dir(run_dir: Path, now: datetime | None = None) -> Path:

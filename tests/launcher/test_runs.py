@@ -249,3 +249,35 @@ def test_clean_leaves_a_held_run_alone(ws: Path, capsys: pytest.CaptureFixture[s
         lock.release()
     assert code == 0 and "Nothing to clean" in out
     assert (ws / "starting").is_dir()
+
+
+def test_clean_and_list_leave_directories_that_are_not_runs_alone(
+    ws: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``-o .`` at a workspace's root, or an output root holding the user's own folders:
+    only run directories are listed, and nothing else is ever removed."""
+    make_run(ws, "empty1")
+    notes = ws / "important"
+    notes.mkdir()
+    (notes / "thesis.txt").write_text("years of work")
+    foreign = ws / "other-tool"
+    foreign.mkdir()
+    (foreign / "manifest.json").write_text('{"name": "not ours"}')
+    # Named like an archive, but not one --fresh made: a run like any other.
+    make_run(ws, "my.archive-old")
+    make_run(ws, "x.archive-20260101T000000Z")
+    code, out, _ = _run(capsys, "eval", "list", "--plain")
+    listed = sorted(line.split("\t")[0] for line in out.splitlines())
+    assert code == 0 and listed == ["empty1", "my.archive-old", "other-tool"]
+    code, out, err = _run(capsys, "eval", "clean", "--yes")
+    assert code == 0 and "Removed 2 run(s) with nothing recorded." in out
+    assert "kept .osmosis/evals/other-tool: its manifest.json is not one rollbridge wrote" in err
+    assert (notes / "thesis.txt").read_text() == "years of work"
+    assert (foreign / "manifest.json").is_file()
+    assert (ws / "x.archive-20260101T000000Z").is_dir()
+    assert not (ws / "empty1").exists() and not (ws / "my.archive-old").exists()
+    # At a workspace's root: its configs/ is not a run.
+    root = ws.parent.parent
+    code, out, _ = _run(capsys, "eval", "clean", "-o", str(root), "--yes")
+    assert code == 0 and "Nothing to clean" in out
+    assert (root / "configs" / "eval").is_dir()
