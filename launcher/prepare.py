@@ -174,6 +174,13 @@ def prepare(options: EvalOptions, ui: UI, cwd: Path | None = None) -> Prepared:
         raise ValidationError(
             f"--max-in-flight must be a positive integer, got {options.max_in_flight}"
         )
+    if options.limit is not None and options.limit <= 0:
+        # The config's `limit` keeps the reference's reading (0 or less: every row); a flag
+        # asking for no rows is a mistake, not a request for all of them.
+        raise ValidationError(
+            f"--limit must be a positive integer, got {options.limit} "
+            "(leave it out to run every row)"
+        )
     if options.rollout_port is not None and not 1 <= options.rollout_port <= 65535:
         raise ValidationError(
             f"--rollout-port must be between 1 and 65535, got {options.rollout_port}"

@@ -62,6 +62,8 @@ CONFIG = "configs/eval/echo.toml"
         (["--name", "../x"], "run name must be a single path segment"),
         (["--name", ".locks"], "run name '.locks' is reserved"),
         (["--max-in-flight", "0"], "--max-in-flight must be a positive integer, got 0"),
+        (["--limit", "0"], "--limit must be a positive integer, got 0"),
+        (["--limit", "-2"], "--limit must be a positive integer, got -2"),
         (["--dataset-file", "nope.jsonl"], "--dataset-file nope.jsonl is not a file"),
     ],
 )
