@@ -140,6 +140,12 @@ class Supervisor:
     def _stopped_early(self) -> bool:
         return self.interrupts.interrupted or self.halted is not None
 
+    def _cut_short(self, rd: RunDirectory) -> bool:
+        """Whether the run ends incomplete because it was stopped: an interrupt always; a halt
+        only when it left items without a result (one that fired as the last items finished
+        cut nothing short, and the run is complete)."""
+        return self.interrupts.interrupted or (self.halted is not None and not rd.is_complete())
+
     # -- the story of a run --------------------------------------------------------------
 
     async def main(self) -> int:
@@ -244,11 +250,11 @@ class Supervisor:
         finally:
             with trio.CancelScope(shield=True):
                 result = await trio.to_thread.run_sync(
-                    partial(rd.finalize, cancelled=self._stopped_early)
+                    partial(rd.finalize, cancelled=self._cut_short(rd))
                 )
         assert result is not None
         if self.after_run is not None:
-            complete = result.complete and not self._stopped_early
+            complete = result.complete and not self._cut_short(rd)
             await self.after_run(rd.path, complete, p.workspace.config_relpath)
         return self._report(rd, result)
 
@@ -425,7 +431,7 @@ class Supervisor:
 
     def _report(self, rd: RunDirectory, result: FinalizeResult) -> int:
         p = self.prepared
-        cancelled = self._stopped_early
+        cancelled = self._cut_short(rd)
         counts = Counts(result.succeeded, result.failed, result.skipped)
         latest = rd.journal.latest  # its records (not FailedRow) carry each failure's reason
         failed: list[FailedItem] = [latest[(r.row_index, r.run_index)] for r in result.failed_rows]

@@ -180,3 +180,29 @@ async def test_a_non_ascii_provider_key_stops_the_run(
     assert "OPENAI_API_KEY contains non-ASCII characters" in lines[0]
     assert "pasted-0123456789" not in result.stderr + result.stdout
     assert journal(run_dir(workspace, "key")) == []
+
+
+@pytest.mark.parametrize(("rows", "complete"), [(5, True), (9, False)])
+async def test_a_halt_that_cut_nothing_short_leaves_the_run_complete(
+    workspace: Path, env: dict[str, str], tmp_path: Path, rows: int, complete: bool
+) -> None:
+    """Every row fails the same way, so the same-failure halt fires at the fifth. With five
+    rows every item then has its result: the run is complete (exit 0, ``finished``); with
+    nine, the rest stay pending (exit 1, ``incomplete``)."""
+    _probe_workspace(workspace, ["explode same"] * rows)
+    write_config(workspace, "probe", _config().replace("batch_size = 2", "batch_size = 1"))
+    name = f"halt{rows}"
+    args = ["eval", "run", "ws/configs/eval/probe.toml", "--name", name, "--yes"]
+    result = await run_cli(args, cwd=tmp_path, env=env)
+    out = result.stdout
+    assert "stopping dispatch: all recent rows failed the same way" in out, out
+    run = run_dir(workspace, name)
+    status = json.loads((run / "metrics.json").read_text())["eval_run"]["status"]
+    if complete:
+        assert result.returncode == 0, result.stderr + out
+        assert status == "finished" and "Evaluation run finished" in out
+        assert "Results (incomplete)" not in out and len(journal(run)) == 5
+    else:
+        assert result.returncode == 1, result.stderr + out
+        assert status == "incomplete" and "Results (incomplete)" in out
+        assert len(journal(run)) < rows
