@@ -14,10 +14,7 @@ still be alive (``server.json``/``tunnel.json``: the next ``eval run`` reaps tho
 
 from __future__ import annotations
 
-import errno
-import fcntl
 import json
-import os
 import shutil
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -28,6 +25,7 @@ import click
 from launcher import completion as complete
 from launcher.cli_ui import command_ui
 from launcher.errors import LocalEvalError
+from launcher.rundir.lock import is_held
 from launcher.rundir.manifest import is_archive_name, is_run_dir
 from launcher.ui import UI
 from launcher.workspace import output_root
@@ -92,21 +90,6 @@ def latest_records(run_dir: Path) -> dict[tuple[int, int], dict[str, Any]]:
     return latest
 
 
-def _held(lock: Path) -> bool:
-    """Whether a supervisor holds ``lock`` now (a shared probe, released at once)."""
-    try:
-        fd = os.open(lock, os.O_RDONLY)
-    except OSError:
-        return False
-    try:
-        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
-    except OSError as exc:
-        return exc.errno in (errno.EAGAIN, errno.EACCES, errno.EWOULDBLOCK)
-    finally:
-        os.close(fd)
-    return False
-
-
 def _total(run_dir: Path, inputs: dict[str, Any]) -> int | None:
     total = _json_file(run_dir / "progress.json").get("total_runs")
     if isinstance(total, int):
@@ -143,7 +126,7 @@ def summarize(run_dir: Path, cwd: Path) -> RunSummary:
         metrics = aggregate_metrics(rows, limit)
         pass_rate = float(metrics["pass_rate"]) if metrics["completed_samples"] else None
     status: RunStatus
-    if _held(run_dir.parent / _LOCKS / f"{run_dir.name}.lock"):
+    if is_held(run_dir.parent / _LOCKS / f"{run_dir.name}.lock"):
         status = "running"
     elif not records:
         status = "empty"
@@ -274,7 +257,7 @@ def _orphan_locks(root: Path) -> list[Path]:
         locks = sorted((root / _LOCKS).glob("*.lock"))
     except OSError:
         return []
-    return [p for p in locks if not (root / p.stem).exists() and not _held(p)]
+    return [p for p in locks if not (root / p.stem).exists() and not is_held(p)]
 
 
 def clean_command(ui: UI, root: Path, cwd: Path, *, yes: bool) -> int:

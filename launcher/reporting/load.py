@@ -174,6 +174,14 @@ def load_run(run_dir: Path, *, transcripts: bool = True) -> RunData:
             "directory or the name of a run under <workspace>/.osmosis/evals"
         )
     metrics = _json_object(run_dir / "metrics.json")
+    eval_run = metrics.get("eval_run")
+    if isinstance(eval_run, dict) and eval_run.get("status") == "running":
+        from launcher.rundir.lock import run_is_live
+
+        if not run_is_live(run_dir):
+            # Its supervisor died (kill -9, a lost machine) or this is a copy: it is not
+            # running, and a `--watch` on it must not wait for ever.
+            metrics = {**metrics, "eval_run": {**eval_run, "status": "incomplete"}}
     dataset = {
         source_row: obj
         for obj in _jsonl(run_dir / "dataset_rows.jsonl")

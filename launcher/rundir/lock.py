@@ -19,12 +19,34 @@ from types import TracebackType
 from launcher.errors import ConflictError
 from launcher.rundir.atomic import ensure_dir
 
-__all__ = ["RunLock", "lock_path", "try_flock"]
+__all__ = ["RunLock", "is_held", "lock_path", "run_is_live", "try_flock"]
 
 
 def lock_path(output_root: Path, name: str) -> Path:
     """``<output_root>/.locks/<name>.lock`` (outside the run directory, docs/spec/supervisor.md §3.10)."""
     return Path(output_root) / ".locks" / f"{name}.lock"
+
+
+def is_held(lock: Path) -> bool:
+    """Whether a supervisor holds ``lock`` now (a shared probe, released at once)."""
+    try:
+        fd = os.open(lock, os.O_RDONLY)
+    except OSError:
+        return False
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+    except OSError as exc:
+        return exc.errno in (errno.EAGAIN, errno.EACCES, errno.EWOULDBLOCK)
+    finally:
+        os.close(fd)
+    return False
+
+
+def run_is_live(run_dir: Path) -> bool:
+    """Whether a supervisor works on ``run_dir`` now (it holds the run's lock). A copy of a
+    run directory elsewhere has no live supervisor."""
+    run_dir = Path(run_dir)
+    return is_held(lock_path(run_dir.parent, run_dir.name))
 
 
 _REOPEN_ATTEMPTS = 8

@@ -157,3 +157,31 @@ def test_rubric_scores_stand_beside_the_rewards(tmp_path: Path) -> None:
     by_id = {i["id"]: i for i in page.data["items"]}
     assert by_id[first]["rubric"] == {"openai/judge": 0.75}
     assert "rubric" not in by_id[second]  # a failed verdict has no score
+
+
+def test_a_running_run_without_its_supervisor_is_shown_incomplete_and_watch_ends(
+    tmp_path: Path,
+) -> None:
+    """``metrics.json`` says ``running`` until the supervisor's last word; after a ``kill -9``
+    (or in a copy) nobody holds the run's lock, so the run is incomplete and ``--watch`` ends
+    instead of waiting for ever. While the lock is held it is running."""
+    from launcher.reporting.commands import RunLocator, report_command
+    from launcher.rundir.lock import RunLock
+    from launcher.ui import UI
+
+    root = tmp_path / "evals"
+    run = write_run(root / "dead", synthetic_items(6), status="running")
+    assert load_run(run).eval_run["status"] == "incomplete"
+    lock = RunLock.acquire(root, "dead")
+    try:
+        assert load_run(run).eval_run["status"] == "running"
+    finally:
+        lock.release()
+    sleeps: list[float] = []
+    ui = UI(mode="plain")
+    locator = RunLocator(cwd=tmp_path, output_root=str(root))
+    code = report_command(
+        ui, locator, "dead", output=None, open_browser=False, watch=True, sleep=sleeps.append
+    )
+    assert code == 0 and sleeps == []
+    assert (run / "report.html").is_file()
