@@ -58,19 +58,27 @@ def scaffold(root: Path, rollout: str, dependency: str | None = None) -> list[Pa
         root / "rollouts" / rollout / "main.py": _template("main.py.tmpl"),
         root / "rollouts" / rollout / "pyproject.toml": _template("pyproject.toml.tmpl"),
     }
+    if root.exists() and not root.is_dir():
+        raise LocalEvalError(f"{root} exists and is not a directory; choose another DIR")
     in_the_way = [p for p in files if p.exists() or p.is_symlink()]
     if in_the_way:
         raise LocalEvalError(f"{in_the_way[0]} already exists; choose another DIR or --rollout")
-    for path, template in files.items():
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(template.substitute(values), encoding="utf-8")
-    # The workspace check of this version of rollbridge (and osmosis-ai's) expects it.
-    (root / "configs" / "training").mkdir(exist_ok=True)
-    gitignore = root / ".gitignore"
     written = list(files)
-    if not gitignore.exists():
-        gitignore.write_text(".osmosis/\n.venv/\n", encoding="utf-8")
-        written.append(gitignore)
+    try:
+        for path, template in files.items():
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_text(template.substitute(values), encoding="utf-8")
+        # The workspace check of this version of rollbridge (and osmosis-ai's) expects it.
+        (root / "configs" / "training").mkdir(exist_ok=True)
+        gitignore = root / ".gitignore"
+        if not gitignore.exists():
+            gitignore.write_text(".osmosis/\n.venv/\n", encoding="utf-8")
+            written.append(gitignore)
+    except OSError as exc:
+        where = exc.filename or root
+        raise LocalEvalError(
+            f"cannot create the workspace at {where}: {exc.strerror or exc}"
+        ) from None
     return written
 
 

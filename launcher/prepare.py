@@ -35,6 +35,7 @@ from launcher.workspace import (
     GitState,
     RolloutPaths,
     Workspace,
+    check_entrypoint_exists,
     check_rollout_paths,
     provenance_warnings,
     read_git_state,
@@ -198,6 +199,7 @@ def prepare(options: EvalOptions, ui: UI, cwd: Path | None = None) -> Prepared:
     workspace = resolve_workspace(Path(options.config), cwd)
     config = load_eval_config(workspace.config_path)
     paths = check_rollout_paths(workspace, config.experiment.rollout, config.experiment.entrypoint)
+    check_entrypoint_exists(paths)
     spec = resolve_run_spec(config, limit_override=options.limit)
     advanced = advanced_keys_warning(config, COMMAND)
     if advanced:

@@ -149,7 +149,20 @@ def check_rollout_paths(workspace: Workspace, rollout: str, entrypoint: str) -> 
 
 
 def check_entrypoint_exists(paths: RolloutPaths) -> None:
-    """Raise when the entrypoint file is missing (checked when the server is started, §2.1)."""
+    """Raise when the rollout's directory or its entrypoint file is missing: checked before the
+    run directory is made, so the mistake leaves nothing behind (the server's start checks the
+    entrypoint again, §2.1)."""
+    if not paths.rollout_dir.is_dir():
+        parent = paths.rollout_dir.parent
+        try:
+            found = sorted(p.name for p in parent.iterdir() if p.is_dir())
+        except OSError:
+            found = []
+        there = f"; rollouts/ holds {', '.join(found)}" if found else f"; {parent} has no rollouts"
+        raise NotFoundError(
+            f"rollout directory {paths.rollout_dir} does not exist; check experiment.rollout"
+            + there
+        )
     if not paths.entrypoint.is_file():
         raise NotFoundError(
             f"rollout entrypoint {paths.entrypoint} does not exist; "

@@ -16,7 +16,7 @@ import os
 from pathlib import Path
 from types import TracebackType
 
-from launcher.errors import ConflictError
+from launcher.errors import ConflictError, LocalEvalError
 from launcher.rundir.atomic import ensure_dir
 
 __all__ = ["RunLock", "is_held", "lock_path", "run_is_live", "try_flock"]
@@ -108,8 +108,16 @@ class RunLock:
     def acquire(
         cls, output_root: Path, name: str, *, command: str = "rollbridge eval run"
     ) -> RunLock:
-        """Take the lock or raise ConflictError naming the lock file."""
-        lock = cls.try_acquire(output_root, name)
+        """Take the lock or raise ConflictError naming the lock file (LocalEvalError when the
+        output root cannot hold one: read-only, not a directory, no permission)."""
+        try:
+            lock = cls.try_acquire(output_root, name)
+        except OSError as exc:
+            where = exc.filename or lock_path(output_root, name)
+            raise LocalEvalError(
+                f"cannot lock run {name!r} under the output root {output_root}: {where}: "
+                f"{exc.strerror or exc}"
+            ) from None
         if lock is None:
             raise ConflictError(
                 f"another `{command}` already holds {lock_path(output_root, name)}. "

@@ -174,3 +174,46 @@ def test_flag_parse_errors_are_redacted_too(
     line = err.splitlines()[-1]
     assert line.startswith("Error: ")
     assert secret not in err and secret not in line and "[REDACTED]" in line
+
+
+def test_a_rollout_that_is_not_there_is_named_before_anything_is_made(
+    ws: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    config = (ws / CONFIG).read_text()
+    (ws / "configs" / "eval" / "nope.toml").write_text(
+        config.replace('rollout = "echo"', 'rollout = "nope"')
+    )
+    code, _, err = _run(capsys, "eval", "run", "configs/eval/nope.toml", "--yes")
+    assert code == 1
+    line = _one_error(err)
+    assert "rollout directory" in line and "rollouts/nope does not exist" in line
+    assert line.endswith("check experiment.rollout; rollouts/ holds echo")
+    assert not (ws / ".osmosis" / "evals").exists()
+    (ws / "configs" / "eval" / "noentry.toml").write_text(
+        config.replace('entrypoint = "main.py"', 'entrypoint = "missing.py"')
+    )
+    code, _, err = _run(capsys, "eval", "run", "configs/eval/noentry.toml", "--yes")
+    assert code == 1 and "missing.py does not exist" in _one_error(err)
+    assert not (ws / ".osmosis" / "evals").exists()
+
+
+def test_an_output_root_that_cannot_hold_a_lock_is_one_line(
+    ws: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    root = ws / "out"
+    root.mkdir()
+    (root / ".locks").write_text("a file where the locks' directory goes")
+    code, _, err = _run(capsys, "eval", "run", CONFIG, "--yes", "-o", "out", "--name", "x")
+    assert code == 1
+    line = _one_error(err)
+    assert line.startswith("Error: cannot lock run 'x' under the output root"), line
+    assert not (root / "x").exists()
+
+
+def test_init_onto_a_file_is_one_line(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    target = tmp_path / "afile"
+    target.write_text("mine")
+    code, _, err = _run(capsys, "init", str(target))
+    assert code == 1
+    assert _one_error(err) == f"Error: {target} exists and is not a directory; choose another DIR"
+    assert target.read_text() == "mine"
