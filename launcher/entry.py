@@ -14,7 +14,7 @@ import importlib.util
 import os
 import sys
 
-__all__ = ["CLI_EXTRA_MODULES", "EXIT_MISSING_EXTRA", "main"]
+__all__ = ["CLI_EXTRA_MODULES", "EXIT_INTERRUPTED", "EXIT_MISSING_EXTRA", "main"]
 
 #: Top-level modules of the ``cli`` extra's packages (pyproject ``[project.optional-dependencies]``).
 CLI_EXTRA_MODULES = frozenset(
@@ -30,8 +30,22 @@ _MESSAGE = (
 )
 
 
+#: The exit code of a command interrupted by Ctrl-C (as the CLI's own, 128 + SIGINT).
+EXIT_INTERRUPTED = 130
+
+
 def main(argv: list[str] | None = None) -> None:
-    """Run :func:`launcher.cli.main`, or explain in one line how to get it."""
+    """Run :func:`launcher.cli.main`, or explain in one line how to get it. A Ctrl-C that
+    lands before the CLI has taken over SIGINT (while it is imported) exits 130 quietly, as
+    one that lands later does."""
+    try:
+        _main(argv)
+    except KeyboardInterrupt:
+        sys.stderr.write("\n")
+        _exit_now(EXIT_INTERRUPTED)
+
+
+def _main(argv: list[str] | None) -> None:
     try:
         from launcher.cli import main as cli_main
 

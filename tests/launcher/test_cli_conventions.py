@@ -196,3 +196,21 @@ def test_cap_notice() -> None:
     assert cap_notice(None, 4, 4) is None
     assert cap_notice(16, None, None) is None
     assert cap_notice(None, None, 4) is None
+
+
+def test_a_ctrl_c_while_the_cli_is_imported_exits_130_without_a_traceback() -> None:
+    """The interrupt lands during ``import launcher.cli`` (here: a module it imports raises
+    KeyboardInterrupt, as Python's SIGINT handler would), before the CLI takes over SIGINT."""
+    code = (
+        "import sys, types\n"
+        "class Interrupting(types.ModuleType):\n"
+        "    def __getattr__(self, name): raise KeyboardInterrupt\n"
+        "sys.modules['launcher.cli'] = Interrupting('launcher.cli')\n"
+        "sys.argv = ['rollbridge', 'eval', 'list']\n"
+        "from launcher.entry import main; main()\n"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=60
+    )
+    assert result.returncode == 130, result.stderr
+    assert "Traceback" not in result.stderr and "KeyboardInterrupt" not in result.stderr
