@@ -190,6 +190,15 @@ class _StartupFailure(LocalEvalError):
     """A failed start-up attempt (may be retried on a new port)."""
 
 
+def _after_attempts(message: str, attempts: int) -> str:
+    """``message`` of the last failed attempt, its first line saying there were ``attempts``
+    (a 90 s deadline missed twice is 180 s: the user should not be told 90)."""
+    if attempts < 2:
+        return message
+    first, newline, rest = message.partition("\n")
+    return f"{first} (each of {attempts} attempts, on a new port each){newline}{rest}"
+
+
 class _CodeFailure(LocalEvalError):
     """The server died of its own code (a SyntaxError, an import error): a new port cannot
     help, so it is never retried."""
@@ -431,7 +440,7 @@ async def start_rollout_server(
             if attempt < attempts:
                 log("WARNING", "server", "retrying startup on a new port", {"error": str(exc)})
                 continue
-            raise LocalEvalError(str(exc)) from None
+            raise LocalEvalError(_after_attempts(str(exc), attempts)) from None
         except BaseException:
             # Nothing was dispatched yet, so the ordinary grace is enough.
             await server.stop(STOP_GRACE_S)

@@ -102,7 +102,10 @@ async def test_server_that_exits_at_start_and_a_resume_after_the_fix(
     result = await run_cli(args, cwd=tmp_path, env=env)
     assert result.returncode == 1
     line = _one_error(result.stderr)
-    assert "rollout server exited with code 1 before becoming healthy: boom: cannot start" in line
+    assert (
+        "rollout server exited with code 1 before becoming healthy: boom: cannot start "
+        "(each of 2 attempts, on a new port each)" in line
+    )
     run = run_dir(workspace, "boom")
     assert not (run / "server.json").exists()
     assert metrics(run)["eval_run"]["status"] == "incomplete"
