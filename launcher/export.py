@@ -262,6 +262,12 @@ def export_command(
     ui: UI, run_dir: Path, *, fmt: ExportFormat, output: str | None, cwd: Path
 ) -> int:
     """Write the export of ``run_dir`` (``-o -``: JSON Lines on stdout)."""
+    if output == "-" and ui.mode == "json":
+        # stdout carries the rows; an envelope among them would break both.
+        raise LocalEvalError(
+            "-o - (stdout) cannot go with --json: the rows are the output; write them to a "
+            "file (-o FILE) to get the JSON envelope"
+        )
     rows = export_rows(run_dir)
     if output == "-":
         if fmt != "jsonl":

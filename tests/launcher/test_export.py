@@ -127,6 +127,10 @@ def test_stdout_and_a_chosen_file(
         "format": "jsonl",
     }
     assert len((tmp_path / "train.jsonl").read_text().splitlines()) == 2
+    # The rows are stdout's whole content: an envelope cannot go with them.
+    code, out, err = _run(capsys, "--json", "eval", "export", "demo", "-o", "-")
+    assert code == 1 and json.loads(out)["status"] == "error"
+    assert "-o - (stdout) cannot go with --json" in out + err
 
 
 def test_parquet(run: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
