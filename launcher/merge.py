@@ -63,7 +63,10 @@ def _shard_of(path: Path, inputs: dict[str, Any]) -> Shard:
 
 def read_shard(path: Path) -> ShardRun:
     """Read a shard's manifest, metrics facts and journal; refuse records outside the shard."""
-    manifest = read_manifest(path / MANIFEST_NAME)
+    manifest = read_manifest(
+        path / MANIFEST_NAME,
+        remedy="Run that shard again under a new name, then merge that run instead.",
+    )
     shard = _shard_of(path, manifest.inputs)
     metrics = read_metrics(path)
     eval_run = metrics.get("eval_run") or {}

@@ -157,29 +157,24 @@ def new_manifest(run_name: str, inputs: dict[str, Any], provenance: dict[str, An
     )
 
 
-def read_manifest(path: Path) -> Manifest:
-    """Read and check ``manifest.json`` (schema version, object shapes)."""
+def read_manifest(path: Path, *, remedy: str = "Start a new run with --fresh.") -> Manifest:
+    """Read and check ``manifest.json`` (schema version, object shapes); ``remedy`` ends the
+    error (what the command reading it can do about it)."""
     try:
         data = json.loads(Path(path).read_text(encoding="utf-8"))
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise LocalEvalError(
-            f"{path} is unreadable: {exc}. Start a new run with --fresh."
-        ) from None
+        raise LocalEvalError(f"{path} is unreadable: {exc}. {remedy}") from None
     if not isinstance(data, dict):
-        raise LocalEvalError(
-            f"{path} is unreadable: not a JSON object. Start a new run with --fresh."
-        )
+        raise LocalEvalError(f"{path} is unreadable: not a JSON object. {remedy}")
     version = data.get("schema_version")
     if version != STATE_SCHEMA:
         raise LocalEvalError(
             f"{path} was written by state schema version {version}; this SDK writes version "
-            f"{STATE_SCHEMA}. Start a new run with --fresh."
+            f"{STATE_SCHEMA}. {remedy}"
         )
     inputs = data.get("inputs")
     if not isinstance(inputs, dict):
-        raise LocalEvalError(
-            f"{path} is unreadable: inputs must be an object. Start a new run with --fresh."
-        )
+        raise LocalEvalError(f"{path} is unreadable: inputs must be an object. {remedy}")
     provenance = data.get("provenance")
     return Manifest(
         local_run_id=str(data.get("local_run_id", "")),

@@ -85,6 +85,14 @@ async def test_two_shards_merged_equal_one_run(
     assert mixed.returncode == 1
     assert "are not shards of one evaluation. Changed: dataset" in mixed.stderr
     assert len(mixed.stderr.strip().splitlines()) == 1
+    # A shard whose manifest is broken: the advice is merge's, not a run's (--fresh).
+    (other / "manifest.json").write_text("{")
+    broken = await run_cli(
+        ["eval", "merge", str(s0), str(other), "-o", str(tmp_path / "bad")], cwd=tmp_path, env=env
+    )
+    assert broken.returncode == 1 and len(broken.stderr.strip().splitlines()) == 1
+    assert "manifest.json is unreadable" in broken.stderr and "--fresh" not in broken.stderr
+    assert "Run that shard again under a new name" in broken.stderr
     assert not (tmp_path / "bad").exists()
 
 
