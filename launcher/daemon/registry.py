@@ -119,6 +119,7 @@ def _prepare_check(workspace: Path, request: StartRequest, name: str | None) -> 
     """The CLI's own validation of the flags, config, dataset and rows (raises CLIError);
     what a run of it would do when it passes (``POST /v1/configs/validate``)."""
     from launcher.prepare import EvalOptions, prepare
+    from launcher.rundir.manifest import MANIFEST_NAME, build_inputs, resumable
     from launcher.ui import UI
 
     flags = {k: v for k, v in request.flags.items() if k != "secrets_file"}
@@ -130,6 +131,28 @@ def _prepare_check(workspace: Path, request: StartRequest, name: str | None) -> 
             f"{request.config} belongs to the workspace {prepared.workspace.root}, "
             f"not to this daemon's {workspace}"
         )
+    names = list(prepared.config.secrets_required)
+    if names and request.flags.get("secrets_file") != "-":
+        # As the run will resolve them (the secrets file, then its environment: the daemon's
+        # plus the request's `secrets`), so that a missing one is this request's error.
+        from launcher.process import child_environment
+        from launcher.secrets import read_secrets_file, resolve_secrets
+
+        spec = request.flags.get("secrets_file")
+        files = read_secrets_file(spec, cwd=workspace) if isinstance(spec, str) else None
+        environ = child_environment(os.environ, request.secrets)
+        resolve_secrets(names, file_values=files, environ=environ)
+    run_dir = prepared.output_root / name if name else None
+    if run_dir is not None and not options.fresh and (run_dir / MANIFEST_NAME).is_file():
+        # An existing run resumes only with the inputs it was made with: the run's own gate
+        # would refuse the start, so validate says so now.
+        from launcher.digest import source_digest
+
+        digest = source_digest(prepared.paths.rollout_dir, prepared.output_root)
+        inputs = prepared.with_shard(
+            build_inputs(prepared.config, prepared.spec, prepared.selection, digest)
+        )
+        resumable(run_dir, name or "", inputs)
     return {
         "valid": True,
         "config": request.config,
@@ -198,7 +221,8 @@ class Registry:
     async def start(self, request: StartRequest) -> dict[str, Any]:
         """Validate, spawn and wait for the child to open its run (or fail)."""
         try:
-            name = validate_run_name(request.name) if request.name else None
+            # An empty name is refused as the CLI refuses it; only an absent one is generated.
+            name = validate_run_name(request.name) if request.name is not None else None
             name = name or generate_run_name(self.output_root)
         except CLIError as exc:
             raise ApiError.from_cli(exc.code, exc.message) from None
@@ -246,7 +270,7 @@ class Registry:
     async def validate(self, request: StartRequest) -> dict[str, Any]:
         """The checks a start makes before it spawns anything, without starting."""
         try:
-            name = validate_run_name(request.name) if request.name else None
+            name = validate_run_name(request.name) if request.name is not None else None
             return await trio.to_thread.run_sync(_prepare_check, self.workspace, request, name)
         except CLIError as exc:
             raise ApiError.from_cli(exc.code, exc.message) from None

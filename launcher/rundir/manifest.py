@@ -35,9 +35,12 @@ __all__ = [
     "build_provenance",
     "changed_groups",
     "changed_inputs_message",
+    "is_archive_name",
+    "is_run_dir",
     "manifest_gate",
     "new_manifest",
     "read_manifest",
+    "resumable",
 ]
 
 MANIFEST_NAME = "manifest.json"
@@ -243,6 +246,17 @@ class GateOutcome:
     archived_to: Path | None = None
 
 
+def resumable(run_dir: Path, run_name: str, inputs: dict[str, Any]) -> Manifest:
+    """The manifest of ``run_dir`` when ``inputs`` may resume it; ConflictError with the
+    ``Changed: ...`` message when they differ (what the gate refuses, checked without writing
+    anything: the daemon's validate asks it too)."""
+    existing = read_manifest(run_dir / MANIFEST_NAME)
+    groups = changed_groups(existing.inputs, inputs)
+    if groups:
+        raise ConflictError(changed_inputs_message(run_name, groups), details={"changed": groups})
+    return existing
+
+
 def manifest_gate(
     run_dir: Path,
     run_name: str,
@@ -268,13 +282,7 @@ def manifest_gate(
         if fresh:
             archived = archive_run_dir(run_dir)
         else:
-            existing = read_manifest(manifest_path)
-            groups = changed_groups(existing.inputs, inputs)
-            if groups:
-                raise ConflictError(
-                    changed_inputs_message(run_name, groups), details={"changed": groups}
-                )
-            return GateOutcome(manifest=existing, created=False)
+            return GateOutcome(manifest=resumable(run_dir, run_name, inputs), created=False)
     ensure_dir(run_dir / "rollout_trials")
     manifest = new_manifest(run_name, inputs, provenance)
     atomic_write_json(manifest_path, manifest.to_dict())

@@ -146,3 +146,43 @@ async def test_workspace_events_diff_export_rubric_and_every_described_path(
                     answer = await client.request(method.upper(), path, content=b"[]")
                     if answer.status_code == 404:
                         assert answer.json()["error"]["message"] != "no such route", path
+
+
+async def test_validate_refuses_what_the_start_would(workspace: Path, env: dict[str, str]) -> None:
+    """A resume with other inputs (409), a required secret nowhere to be found (400) and an
+    empty name (400) are refused by validate exactly as by the start, before anything runs."""
+    config = (workspace / CONFIG).read_text()
+    secret_config = "configs/eval/secret.toml"
+    (workspace / secret_config).write_text(
+        config.replace("required = []", 'required = ["MY_SECRET_TOKEN"]')
+    )
+    done = await run_cli(
+        ["eval", "run", CONFIG, "--yes", "--name", "done1", "--limit", "4"], cwd=workspace, env=env
+    )
+    assert done.returncode == 0, done.stderr
+    with trio.fail_after(90):
+        async with running_daemon(workspace, env) as daemon, daemon.client() as client:
+            same = {"config": CONFIG, "name": "done1", "limit": 4}
+            assert (await client.post("/v1/configs/validate", json=same)).status_code == 200
+            other = {**same, "limit": 2}
+            checked = await client.post("/v1/configs/validate", json=other)
+            assert checked.status_code == 409, checked.text
+            assert "Changed: dataset" in checked.json()["error"]["message"]
+            started = await client.post("/v1/runs", json=other)
+            assert started.status_code == 409
+            assert started.json()["error"] == checked.json()["error"]
+
+            lacking = {"config": secret_config}
+            checked = await client.post("/v1/configs/validate", json=lacking)
+            assert checked.status_code == 400, checked.text
+            assert checked.json()["error"]["code"] == "INTERACTIVE_REQUIRED"
+            assert "MY_SECRET_TOKEN" in checked.json()["error"]["message"]
+            given = {**lacking, "secrets": {"MY_SECRET_TOKEN": "s3cr3t-value"}}
+            assert (await client.post("/v1/configs/validate", json=given)).status_code == 200
+
+            for path in ("/v1/configs/validate", "/v1/runs"):
+                empty = await client.post(path, json={"config": CONFIG, "name": ""})
+                assert empty.status_code == 400, empty.text
+                assert empty.json()["error"]["message"] == "run name must not be empty"
+            runs = (await client.get("/v1/runs")).json()["runs"]
+            assert [r["name"] for r in runs] == ["done1"]
