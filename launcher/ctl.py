@@ -3,13 +3,15 @@
 It finds the daemon through ``.osmosis/daemon.json`` (trusted only when its pid is alive with
 the recorded start token) and talks to it over the unix socket with httpx. Every subcommand is
 one API call; ``watch`` renders the event stream and resumes with ``Last-Event-ID`` when the
-connection drops. Errors are the API's one-line messages: ``Error: …`` and exit code 1.
+connection drops, or when the daemon restarts (it waits up to a minute for the next one). Errors are the API's one-line messages: ``Error: …`` and exit code 1.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import re
+import time
 from pathlib import Path
 from typing import Any
 
@@ -20,7 +22,12 @@ from launcher import completion as complete
 from launcher.errors import CLIError, NotFoundError
 from launcher.run_flags import shard_and_ray_options
 
-__all__ = ["ctl"]
+__all__ = ["WATCH_RECONNECT_S", "ctl"]
+
+#: How long ``ctl watch`` waits for a daemon to answer again (one restarting) before it stops.
+WATCH_RECONNECT_S = 60.0
+#: The pause between its attempts.
+WATCH_RETRY_S = 0.5
 
 
 class _Client:
@@ -100,7 +107,8 @@ def list_runs(ctx: click.Context, state: str | None) -> None:
     """Every run with its state."""
     doc = _client(ctx).call("GET", "/v1/runs" + (f"?state={state}" if state else ""))
     for run in doc["runs"]:
-        click.echo(f"{run['name']}\t{run['state']}\t{run['done']}/{run['total']}")
+        total = "?" if run.get("total") is None else run["total"]
+        click.echo(f"{run['name']}\t{run['state']}\t{run['done']}/{total}")
 
 
 @ctl.command("status")
@@ -154,11 +162,13 @@ def watch(ctx: click.Context, name: str, after: int, as_json: bool) -> None:
     client = _client(ctx)
     last = after
     render = _render_json if as_json else _Renderer()
+    gone_since: float | None = None  # since when no daemon answers (one restarting)
     while True:
         try:
             with client.http.stream(
                 "GET", f"/v1/runs/{name}/events", headers={"Last-Event-ID": str(last)}
             ) as response:
+                gone_since = None
                 if response.status_code >= 400:
                     response.read()
                     error = response.json().get("error", {})
@@ -168,8 +178,22 @@ def watch(ctx: click.Context, name: str, after: int, as_json: bool) -> None:
                         last = event_id
                     if render(event, event_id, data):
                         return
-        except (httpx.RemoteProtocolError, httpx.ReadError):
-            continue
+        except (httpx.RemoteProtocolError, httpx.ReadError, httpx.ConnectError):
+            # A dropped stream, or a daemon restarting (its socket is gone for a moment):
+            # the runs carry on without it, so wait for the next one and resume after `last`.
+            now = time.monotonic()
+            gone_since = now if gone_since is None else gone_since
+            if now - gone_since > WATCH_RECONNECT_S:
+                raise CLIError(
+                    f"the daemon stopped answering and none came back within "
+                    f"{WATCH_RECONNECT_S:g} s; once one runs, `rollbridge ctl watch {name} "
+                    f"--after {last}` goes on from here"
+                ) from None
+            time.sleep(WATCH_RETRY_S)
+            with contextlib.suppress(NotFoundError):
+                fresh = _client(ctx)
+                client.http.close()
+                client = fresh
 
 
 def _frames(lines: Any) -> Any:

@@ -51,3 +51,33 @@ async def test_watch_prints_one_readable_line_per_item(
     ]
     assert [e["id"] for e in events if e["event"] == "record"] == [1, 2, 3, 4, 5]
     assert events[-1]["event"] == "end" and events[-1]["data"]["state"] == "finished"
+
+
+async def test_watch_follows_the_run_across_a_daemon_restart(
+    workspace: Path, env: dict[str, str], tmp_path: Path
+) -> None:
+    """The daemon is stopped mid-run (SIGTERM: runs are not touched) and a new one started;
+    ``ctl watch`` waits for it and goes on from its last event: every row once, then the end."""
+    from tests.daemon.helpers import start_daemon
+    from tests.launcher.e2e.helpers import journal, run_dir, start_cli, wait_for
+
+    pace(workspace, 0.3)
+    with trio.fail_after(180):
+        daemon = await start_daemon(workspace, env)
+        async with daemon.client() as client:
+            body = {"config": CONFIG, "name": "across", "rows": "0-5", "max_in_flight": 1}
+            assert (await client.post("/v1/runs", json=body)).status_code == 202
+        watcher = await start_cli(
+            ["ctl", "watch", "across"], cwd=workspace, env=env, logdir=tmp_path / "watch"
+        )
+        await wait_for(lambda: len(journal(run_dir(workspace, "across"))) >= 1)
+        daemon.process.terminate()
+        await daemon.process.wait()
+        await trio.sleep(1.0)  # the watcher finds no daemon for a while
+        async with running_daemon(workspace, env):
+            watched = await watcher.wait(timeout=120)
+    assert watched.returncode == 0, watched.stderr + watched.stdout
+    lines = watched.stdout.splitlines()
+    rows = sorted(line for line in lines if line.startswith("row "))
+    assert rows == [f"row {row} run 0: success, reward 1" for row in range(6)]
+    assert lines[-1] == "finished 6/6, pass 100%"
