@@ -177,6 +177,7 @@ def openapi_doc(version: str) -> dict[str, Any]:
                     _query("b", required=True),
                     _query("page", "boolean"),
                 ],
+                errors=("400", "404", "409"),
             )
         },
         "/v1/shutdown": {
@@ -260,6 +261,7 @@ def openapi_doc(version: str) -> dict[str, Any]:
             )
         },
     }
+    _guard_answers(paths)
     return {
         "openapi": "3.1.0",
         "info": {
@@ -273,5 +275,33 @@ def openapi_doc(version: str) -> dict[str, Any]:
             "schemas": _schemas(),
             "securitySchemes": {"bearer": {"type": "http", "scheme": "bearer"}},
         },
+        # Either none (the unix socket) or the bearer token (the --http listener).
+        "security": [{}, {"bearer": []}],
         "paths": paths,
     }
+
+
+def _answer(description: str) -> dict[str, Any]:
+    return {**_ERROR, "description": description}
+
+
+def _guard_answers(paths: dict[str, Any]) -> None:
+    """The refusals of the ``--http`` listener's door (and of a body too large), on every
+    operation they can answer."""
+    for operations in paths.values():
+        for method, op in operations.items():
+            answers = op["responses"]
+            answers.setdefault("401", _answer("--http only: a missing or wrong bearer token"))
+            answers.setdefault(
+                "421", _answer("--http only: the Host header does not name this daemon")
+            )
+            if method != "get":
+                answers.setdefault(
+                    "403",
+                    _answer(
+                        "--http only: a write from a browser origin not allowed "
+                        "(the daemon's own, or one given with --allow-origin)"
+                    ),
+                )
+                if "requestBody" in op:
+                    answers.setdefault("413", _answer("the request body is over 1 MiB"))

@@ -24,3 +24,19 @@ def test_every_state_is_described() -> None:
     states = openapi_doc("x")["components"]["schemas"]["Run"]["properties"]["state"]["enum"]
     for state in states:
         assert f"``{state}``" in (status.__doc__ or "")
+
+
+def test_the_http_listeners_door_is_described() -> None:
+    """A client generated from the description sends the token and knows the door's answers
+    (what tests/daemon/test_daemon_basics.py checks the daemon gives)."""
+    doc = openapi_doc("x")
+    assert {"bearer": []} in doc["security"] and {} in doc["security"]
+    for path, operations in doc["paths"].items():
+        for method, op in operations.items():
+            answers = op["responses"]
+            assert {"401", "421"} <= set(answers), (method, path)
+            if method != "get":
+                assert "403" in answers, (method, path)
+            if "requestBody" in op:
+                assert "413" in answers, (method, path)
+    assert "409" in doc["paths"]["/v1/diff"]["get"]["responses"]
