@@ -105,6 +105,38 @@ async def test_report_of_a_run_with_failures_in_chromium(chromium: str, tmp_path
             await _check_report(browser, page, run, tmp_path / "shot.png")
 
 
+@pytest.mark.parametrize(
+    ("fragment", "first_page"),
+    [
+        ("sort=rubric%3Agpt-4o&dir=desc", True),  # a column this page does not have
+        ("q=%E0%A4%A&status=failed", False),  # a malformed escape: the rest still applies
+        ("page=abc", True),
+        ("page=99", False),  # past the end: the last page
+    ],
+)
+async def test_a_stale_or_malformed_address_still_draws_the_table(
+    chromium: str, tmp_path: Path, fragment: str, first_page: bool
+) -> None:
+    """The view lives in the address's ``#`` part, which outlives the page it was made on
+    (a re-render without a rubric column, a truncated link): the page draws and is ready."""
+    run = write_run(tmp_path / "r", synthetic_items(150))
+    page = tmp_path / "report.html"
+    page.write_text(render_report(load_run(run)))
+    with trio.fail_after(60):
+        async with open_browser(chromium) as browser:
+            await browser.navigate(file_url(page) + "#" + fragment)
+            await browser.wait_for("document.body && document.body.dataset.ready === '1'")
+            rows = await _visible(browser)
+            info = await browser.evaluate("document.getElementById('pager-info').textContent")
+    assert rows and "NaN" not in info, info
+    if first_page:
+        assert info.startswith("1–100 of 150"), info
+    if fragment.startswith("q="):
+        assert {r["status"] for r in rows} == {"failed"}
+    if fragment == "page=99":
+        assert info.startswith("101–150 of 150"), info
+
+
 @pytest.mark.slow
 async def test_report_of_the_example_run_in_chromium(
     chromium: str, example_runs: ExampleRuns, tmp_path: Path

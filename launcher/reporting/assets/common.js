@@ -29,7 +29,14 @@ function readHash() {
   for (const part of location.hash.replace(/^#/, "").split("&")) {
     if (!part) continue;
     const i = part.indexOf("=");
-    state[decodeURIComponent(part.slice(0, i))] = decodeURIComponent(part.slice(i + 1));
+    if (i < 0) continue;
+    // A hand-edited or truncated address may hold a malformed escape: that part is dropped,
+    // the rest of the view still applies.
+    try {
+      state[decodeURIComponent(part.slice(0, i))] = decodeURIComponent(part.slice(i + 1));
+    } catch (e) {
+      if (!(e instanceof URIError)) throw e;
+    }
   }
   return state;
 }
@@ -100,7 +107,7 @@ function pagedTable(root, opts) {
   }
   function go(page) {
     const pages = Math.max(1, Math.ceil(rows.length / state.size));
-    state.page = Math.min(Math.max(0, page), pages - 1);
+    state.page = Number.isFinite(page) ? Math.min(Math.max(0, Math.trunc(page)), pages - 1) : 0;
     draw();
     opts.onState && opts.onState();
   }
@@ -122,8 +129,9 @@ function pagedTable(root, opts) {
   }
   function apply(newRows, keepPage) {
     rows = newRows.slice();
-    if (state.sortKey) {
-      const col = opts.columns.find((c) => c.key === state.sortKey);
+    const col = state.sortKey ? opts.columns.find((c) => c.key === state.sortKey) : undefined;
+    if (state.sortKey && !col) state.sortKey = "";  // a column this page does not have
+    if (col) {
       const get = col.value;
       const dir = state.sortDir;
       rows.sort((a, b) => {
