@@ -38,6 +38,15 @@ HEARTBEAT_S = 15.0
 #: milestones (``dispatching rollout`` and ``work item finished`` lines).
 PER_ITEM_STEPS = frozenset({"dispatch", "result"})
 _LOG_STEP = re.compile(r"^\S+ INFO \[(?P<step>[^\]]+)\] (?P<message>.*)$")
+#: Steps under which a child's own output is copied into ``logs.txt`` (launcher.services'
+#: sinks: uv's lines under ``deps``, the rollout server's under ``rollout-server``): kept in
+#: the log, but no milestones. ``deps`` also carries one milestone of the supervisor's own.
+_OUTPUT_STEPS = frozenset({"deps", "rollout-server"})
+_DEPS_MILESTONE = "syncing rollout dependencies"
+
+
+def _child_output(step: str, message: str) -> bool:
+    return step in _OUTPUT_STEPS and not message.startswith(_DEPS_MILESTONE)
 #: A ``--ray`` run's replica set changed (launcher.cluster.replicas.CHANGED): a ``replicas``
 #: event with the line's details in place of a stage.
 _REPLICAS = "replicas changed "
@@ -142,6 +151,8 @@ async def journal_events(
         for raw in new_logs:
             match = _LOG_STEP.match(raw.decode("utf-8", "replace"))
             if match is None or match["step"] in PER_ITEM_STEPS:
+                continue
+            if _child_output(match["step"], match["message"]):
                 continue
             replicas = _replicas(match["step"], match["message"])
             if replicas is not None:
