@@ -47,6 +47,8 @@ _DEPS_MILESTONE = "syncing rollout dependencies"
 
 def _child_output(step: str, message: str) -> bool:
     return step in _OUTPUT_STEPS and not message.startswith(_DEPS_MILESTONE)
+
+
 #: A ``--ray`` run's replica set changed (launcher.cluster.replicas.CHANGED): a ``replicas``
 #: event with the line's details in place of a stage.
 _REPLICAS = "replicas changed "
