@@ -40,6 +40,15 @@ _KIND_BY_STATUS = {
 }
 
 
+def answer_kind(status: int) -> str:
+    """The kind of a provider's own error answer with HTTP ``status`` (LiteLLM's name for it).
+    A 502 the provider answered is a ``BadGatewayError``: ``APIConnectionError`` (the bare
+    502 default) means no answer came at all, which the preflight treats as fatal."""
+    if status == 502:
+        return "BadGatewayError"
+    return _KIND_BY_STATUS.get(status, "APIError")
+
+
 class UpstreamError(BridgeError):
     """The provider answered with an error, or could not be reached.
 

@@ -25,7 +25,7 @@ from typing import TypeVar
 
 import trio
 
-from bridge.errors import UpstreamError
+from bridge.errors import UpstreamError, answer_kind
 
 __all__ = [
     "TRANSIENT_STATUSES",
@@ -92,6 +92,7 @@ def status_fault(
     status: int, message: str, retry_after: str | None, *, kind: str | None = None
 ) -> UpstreamError:
     """The error for a provider's non-2xx answer: a :class:`ProviderFault` when transient."""
+    kind = kind or answer_kind(status)
     if status in TRANSIENT_STATUSES:
         return ProviderFault(status, message, kind=kind, retry_after=parse_retry_after(retry_after))
     return UpstreamError(status, message, kind=kind)

@@ -140,3 +140,24 @@ async def test_the_record_names_the_model_the_provider_says_answered(
         for stream in (False, True)
     ]
     assert {c["model"] for c in records} == {"test-model"}
+
+
+def test_a_provider_answer_keeps_its_status_and_no_answer_has_none() -> None:
+    """A 502 the provider answered is its own status (``upstream_status``, kind
+    ``BadGatewayError``); a connection that failed answered nothing."""
+    from bridge.calls import CallTrace
+    from bridge.errors import UpstreamError
+    from bridge.retry import status_fault
+
+    answered = CallTrace("r", api="chat.completions", model="m", stream=False)
+    record = answered.finish(None, status_fault(502, "bad gateway", None))
+    assert (record["status"], record["upstream_status"], record["error"]) == (
+        502,
+        502,
+        "BadGatewayError",
+    )
+    unreachable = CallTrace("r", api="chat.completions", model="m", stream=False)
+    error = UpstreamError(502, "could not reach the provider", kind="APIConnectionError")
+    record = unreachable.finish(None, error)
+    assert record["status"] == 502 and "upstream_status" not in record
+    assert record["error"] == "APIConnectionError"

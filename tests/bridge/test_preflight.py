@@ -57,12 +57,20 @@ async def test_rate_limit_is_healthy(scripted: Scripted) -> None:
         assert await preflight("openai/test-model") is None
 
 
-async def test_a_lasting_server_error_is_a_warning(scripted: Scripted) -> None:
-    scripted.reply(Reply(500, "internal"))
+@pytest.mark.parametrize(
+    ("status", "name"),
+    [(500, "InternalServerError"), (502, "BadGatewayError"), (503, "ServiceUnavailableError")],
+)
+async def test_a_lasting_server_error_is_a_warning(
+    scripted: Scripted, status: int, name: str
+) -> None:
+    """A 502 the provider (or its gateway) answered is a server error like the others; only a
+    provider that cannot be reached at all stops the run."""
+    scripted.reply(Reply(status, "internal"))
     with trio.fail_after(20):
         warning = await preflight("openai/test-model", retry=QUICK)
     assert warning is not None
-    assert warning.startswith("Preflight non-fatal error: InternalServerError: ")
+    assert warning.startswith(f"Preflight non-fatal error: {name}: ")
     assert warning.endswith("(after 6 attempts)") and len(scripted.requests) == 6
 
 
