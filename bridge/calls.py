@@ -210,9 +210,10 @@ class CallTrace:
             "model": self.model,
             "stream": self.stream,
             "started_at": _iso(self._wall),
-            "ttfb_ms": None if self._first is None else round((self._first - self._t0) * 1000, 3),
-            "duration_ms": round((now - self._t0) * 1000, 3),
         }
+        if self._first is not None:  # unknown (no byte came) is left out, as docs/calls.md says
+            record["ttfb_ms"] = round((self._first - self._t0) * 1000, 3)
+        record["duration_ms"] = round((now - self._t0) * 1000, 3)
         if error is None:
             record["status"] = 200
         elif isinstance(error, Exception):
@@ -231,7 +232,7 @@ class CallTrace:
             record["error"] = "cancelled"
         if self.retries:
             record["retries"] = self.retries
-        if usage is not None:
+        if usage is not None and usage.reported:
             record["prompt_tokens"] = usage.prompt_tokens
             record["completion_tokens"] = usage.completion_tokens
             record["total_tokens"] = usage.total_tokens

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Any, Protocol
 
 
@@ -39,6 +39,9 @@ class CallUsage:
     """Completion tokens spent reasoning (part of ``completion_tokens``)."""
     cache_write_tokens: int | None = None
     """Prompt tokens written to the provider's cache (part of ``prompt_tokens``)."""
+    reported: bool = field(default=True, compare=False)
+    """Whether the provider reported a usage at all: a call's record leaves its token counts
+    out when it did not (zero would claim a count nobody made); the ledger adds the zeros."""
 
     @classmethod
     def from_json(cls, usage: Any) -> CallUsage:
@@ -48,7 +51,7 @@ class CallUsage:
         ``output_tokens``, ``total_tokens`` to their sum (a reported total is kept as is).
         """
         if not isinstance(usage, dict):
-            return cls()
+            return cls(reported=False)
         prompt = _first_int(usage.get("prompt_tokens"), usage.get("input_tokens")) or 0
         completion = _first_int(usage.get("completion_tokens"), usage.get("output_tokens")) or 0
         total = _int(usage.get("total_tokens"))

@@ -25,7 +25,7 @@ def _int(value: Any) -> int:
 def from_messages(usage: Any) -> CallUsage:
     """An Anthropic ``usage`` object, normalized."""
     if not isinstance(usage, dict):
-        return CallUsage()
+        return CallUsage(reported=False)
     read = _int(usage.get("cache_read_input_tokens"))
     written = _int(usage.get("cache_creation_input_tokens"))
     prompt = _int(usage.get("input_tokens")) + read + written

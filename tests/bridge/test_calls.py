@@ -161,3 +161,26 @@ def test_a_provider_answer_keeps_its_status_and_no_answer_has_none() -> None:
     record = unreachable.finish(None, error)
     assert record["status"] == 502 and "upstream_status" not in record
     assert record["error"] == "APIConnectionError"
+
+
+def test_what_is_unknown_is_left_out_of_a_record() -> None:
+    """docs/calls.md: no usage reported, no token counts (not zeros); no first byte, no
+    ``ttfb_ms`` (not null)."""
+    from bridge.calls import CallTrace
+    from bridge.retry import status_fault
+    from bridge.usage import CallUsage
+
+    silent = CallTrace("r", api="chat.completions", model="m", stream=True)
+    silent.chunk({"choices": [{"index": 0, "delta": {"content": "x"}, "finish_reason": "stop"}]})
+    record = silent.finish(CallUsage.from_json(None))
+    assert record["status"] == 200 and "ttfb_ms" in record
+    assert not {"prompt_tokens", "completion_tokens", "total_tokens"} & set(record)
+    zero = CallTrace("r", api="chat.completions", model="m", stream=False)
+    zero.answered({"choices": []})
+    reported = {"prompt_tokens": 0, "completion_tokens": 0, "total_tokens": 0}
+    record = zero.finish(CallUsage.from_json(reported))
+    assert {k: record[k] for k in reported} == reported  # a reported zero is a count
+    failed = CallTrace("r", api="chat.completions", model="m", stream=False)
+    record = failed.finish(None, status_fault(500, "boom", None))
+    assert "ttfb_ms" not in record and "prompt_tokens" not in record
+    assert record["duration_ms"] >= 0
