@@ -27,6 +27,7 @@ import click
 from launcher import completion as complete
 from launcher.errors import DependencyError, LocalEvalError
 from launcher.ui import UI
+from rollout_server.trajectory import RAW_ARGUMENTS
 
 __all__ = ["EXPORT_FIELDS", "eval_export", "export_rows", "trajectory_messages"]
 
@@ -66,11 +67,14 @@ def _tool_call(call: Any) -> dict[str, Any] | None:
     if not isinstance(call, dict):
         return None
     arguments = call.get("arguments")
-    # build_trajectory keeps arguments that were not JSON as {"raw": <text>}: give the text back.
+    extra = call.get("extra")
+    # build_trajectory keeps arguments that were not a JSON object as {"raw": <text>}, marked
+    # in `extra`: give the text back (an object whose one key is "raw" stays an object).
     if (
-        isinstance(arguments, dict)
-        and set(arguments) == {"raw"}
-        and isinstance(arguments["raw"], str)
+        isinstance(extra, dict)
+        and extra.get(RAW_ARGUMENTS) is True
+        and isinstance(arguments, dict)
+        and isinstance(arguments.get("raw"), str)
     ):
         text = arguments["raw"]
     else:

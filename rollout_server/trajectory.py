@@ -45,6 +45,11 @@ def _text(content: Any) -> str:
     return json.dumps(content, default=str)
 
 
+#: The ``extra`` key of an ATIF tool call whose ``arguments`` are ``{"raw": <text>}`` holding
+#: the model's arguments as it wrote them (not a JSON object).
+RAW_ARGUMENTS = "rollbridge_raw_arguments"
+
+
 def _tool_calls(calls: Any) -> list[dict[str, Any]]:
     out = []
     for call in calls if isinstance(calls, list) else []:
@@ -54,18 +59,27 @@ def _tool_calls(calls: Any) -> list[dict[str, Any]]:
         if not isinstance(function, dict):
             function = {}
         arguments: Any = function.get("arguments")
+        raw: str | None = None
         if isinstance(arguments, str):
             try:
                 arguments = json.loads(arguments)
             except ValueError:
-                arguments = {"raw": arguments}
-        out.append(
-            {
-                "tool_call_id": call.get("id"),
-                "function_name": function.get("name"),
-                "arguments": arguments if arguments is not None else {},
-            }
-        )
+                raw = arguments
+            else:
+                if not isinstance(arguments, dict):
+                    raw = function["arguments"]
+        entry: dict[str, Any] = {
+            "tool_call_id": call.get("id"),
+            "function_name": function.get("name"),
+            "arguments": arguments if arguments is not None else {},
+        }
+        if raw is not None:
+            # ATIF's arguments are an object: text that is not a JSON object is kept whole,
+            # and `extra` says so (an object whose only key is "raw" is then not mistaken
+            # for it).
+            entry["arguments"] = {"raw": raw}
+            entry["extra"] = {RAW_ARGUMENTS: True}
+        out.append(entry)
     return out
 
 

@@ -157,11 +157,28 @@ def test_bad_input(run: Path, capsys: pytest.CaptureFixture[str]) -> None:
     assert code == 2 and "Invalid value for '--format'" in err
 
 
-def test_arguments_that_were_not_json_come_back_as_text() -> None:
-    call = {"id": "c", "type": "function", "function": {"name": "f", "arguments": "not json"}}
+@pytest.mark.parametrize(
+    "arguments",
+    [
+        "not json",  # kept as the model wrote it
+        "[1, 2]",  # JSON, but not the object ATIF's arguments are
+        '"just a string"',
+        '{"raw": "ls -la"}',  # an object whose one key is "raw": still that object
+        '{"raw": "x", "other": 1}',
+    ],
+)
+def test_tool_call_arguments_come_back_as_the_model_wrote_them(arguments: str) -> None:
+    call = {"id": "c", "type": "function", "function": {"name": "f", "arguments": arguments}}
     conversation = [{"role": "assistant", "content": "", "tool_calls": [call]}]
     doc = build_trajectory("r", RolloutSample(conversation), sdk_version="0")
-    assert trajectory_messages(doc) == conversation
+    (stored,) = doc["steps"][0]["tool_calls"]
+    assert isinstance(stored["arguments"], dict)  # ATIF: an object, always
+    (message,) = trajectory_messages(doc)
+    written = message["tool_calls"][0]["function"]["arguments"]
+    if arguments.startswith("{"):
+        assert json.loads(written) == json.loads(arguments)
+    else:
+        assert written == arguments
     assert trajectory_messages(None) == []
 
 
