@@ -123,10 +123,52 @@ def describe_exception(exc: BaseException, phase: str) -> dict[str, Any]:
         if upstream is not None:
             detail["bridge_status"] = exc.status_code
         return detail
+    client = _official_client_error(exc)
+    if client is not None:
+        detail.update(client)
+        return detail
     status = getattr(exc, "status_code", None)
     if isinstance(status, int) and not isinstance(status, bool):
         detail["status"] = status
     return detail
+
+
+def _official_client_error(exc: BaseException) -> dict[str, Any] | None:
+    """The phase, status and message of an error the official ``openai`` or ``anthropic``
+    client raised on a model call (recognised by name: neither is a dependency of the SDK), as
+    for a :class:`~rollout_server.chat.ChatError`: the endpoint's JSON error is ``bridge``,
+    no connection or a page of something in front of it is ``network``. A client timeout
+    stays where it was raised (the call took too long; nothing answered an error)."""
+    kind = type(exc)
+    if kind.__module__.partition(".")[0] not in ("openai", "anthropic"):
+        return None
+    names = {base.__name__ for base in kind.__mro__}
+    if "APITimeoutError" in names:
+        return None
+    if "APIConnectionError" in names:
+        message = f"could not connect to the chat endpoint: {exc}"
+        return {"phase": "network", "message": message[:_BRIDGE_MESSAGE_LIMIT]}
+    status = getattr(exc, "status_code", None)
+    response = getattr(exc, "response", None)
+    if isinstance(status, int) and not isinstance(status, bool) and response is not None:
+        try:
+            body = str(response.text)
+        except Exception:  # a streamed answer not read: only the client's own message
+            body = json.dumps({"error": {"message": str(exc)}})
+        if not _from_an_api(body):
+            text = " ".join(body.split())[:300]
+            message = f"HTTP {status} from in front of the chat endpoint: {text}"
+            return {"phase": "network", "status": status, "message": message}
+        message, upstream = _bridge_error(body)
+        found: dict[str, Any] = {"phase": "bridge", "status": upstream or status}
+        found["message"] = message
+        if upstream is not None:
+            found["bridge_status"] = status
+        return found
+    if "APIError" in names:
+        # An error event in a stream: the endpoint's own, with no HTTP status of its own.
+        return {"phase": "bridge", "message": str(exc)[:_BRIDGE_MESSAGE_LIMIT]}
+    return None
 
 
 @dataclass

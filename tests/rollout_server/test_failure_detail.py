@@ -142,3 +142,54 @@ def test_a_proxy_page_in_front_of_the_bridge_is_a_network_failure() -> None:
     assert detail["message"].startswith("HTTP 530 from in front of the chat endpoint: <html>")
     bridge = describe_exception(ChatError(401, '{"detail": "Unauthorized"}', "u"), "agent")
     assert bridge["phase"] == "bridge"
+
+
+async def test_errors_of_the_official_clients_say_bridge_or_network(nursery: trio.Nursery) -> None:
+    """rollout-sdk.md suggests the official ``openai`` and ``anthropic`` clients: their errors on
+    a model call are placed like a ChatError's (the bridge answering an error: ``bridge`` with
+    its status; no connection: ``network``), not as the workflow's own."""
+    import pytest
+
+    openai = pytest.importorskip("openai", reason="needs the openai client (the dev extra)")
+    anthropic = pytest.importorskip("anthropic", reason="needs the anthropic client (dev extra)")
+    from bridge.server import BridgeConfig, run_bridge
+    from rollout_server.backend import describe_exception
+
+    handle = await nursery.start(run_bridge, BridgeConfig(model="rollbridge/echo", token="t" * 32))
+    url = handle.rollout_url("r1")
+    hi = [{"role": "user", "content": "hi"}]
+
+    def raised(call: Any) -> BaseException:
+        try:
+            call()
+        except Exception as exc:
+            return exc
+        raise AssertionError("no error")
+
+    def calls() -> list[BaseException]:
+        good = openai.OpenAI(base_url=url, api_key="t" * 32, max_retries=0)
+        wrong = openai.OpenAI(base_url=url, api_key="wrong", max_retries=0)
+        nowhere = openai.OpenAI(base_url="http://127.0.0.1:9/v1", api_key="k", max_retries=0)
+        claude = anthropic.Anthropic(base_url=url, api_key="wrong", max_retries=0)
+        return [
+            raised(lambda: good.chat.completions.create(model="m", messages=hi, n=2)),
+            raised(lambda: wrong.chat.completions.create(model="m", messages=hi)),
+            raised(lambda: nowhere.chat.completions.create(model="m", messages=hi)),
+            raised(lambda: claude.messages.create(model="m", max_tokens=8, messages=hi)),
+        ]
+
+    with trio.fail_after(60):
+        refused, unauthorized, unreachable, anthropic_401 = await trio.to_thread.run_sync(calls)
+    detail = describe_exception(refused, "agent")
+    assert (detail["phase"], detail["type"], detail["status"]) == ("bridge", "BadRequestError", 400)
+    assert "n" in detail["message"]
+    detail = describe_exception(unauthorized, "agent")
+    assert (detail["phase"], detail["status"]) == ("bridge", 401)
+    detail = describe_exception(unreachable, "agent")
+    assert (detail["phase"], detail["type"]) == ("network", "APIConnectionError")
+    detail = describe_exception(anthropic_401, "agent")
+    assert (detail["phase"], detail["status"]) == ("bridge", 401)
+    assert describe_exception(ValueError("mine"), "agent") == {
+        "phase": "agent",
+        "type": "ValueError",
+    }
