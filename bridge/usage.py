@@ -7,20 +7,30 @@ from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from typing import Any, Protocol
 
+#: The largest token count taken from a provider (2**53, the largest integer a JSON reader in
+#: a browser keeps exact; far past any real call). A count outside 0..this is not a count.
+MAX_TOKENS = 2**53
 
-def _int(value: Any) -> int | None:
+
+def token_count(value: Any) -> int | None:
+    """``value`` as a provider's token count: a non-negative integer (an integral float too)
+    up to :data:`MAX_TOKENS`; anything else (a bool, a string, NaN, infinity, a negative or
+    absurd number) None, so that it can break no sum, no file and no export."""
     if isinstance(value, bool):
         return None
-    if isinstance(value, int):
+    if isinstance(value, float):
+        if not value.is_integer():  # NaN and infinity included
+            return None
+        value = int(value)
+    if isinstance(value, int) and 0 <= value <= MAX_TOKENS:
         return value
-    if isinstance(value, float) and value.is_integer():
-        return int(value)
     return None
+
 
 
 def _first_int(*values: Any) -> int | None:
     for value in values:
-        number = _int(value)
+        number = token_count(value)
         if number is not None:
             return number
     return None
@@ -54,7 +64,7 @@ class CallUsage:
             return cls(reported=False)
         prompt = _first_int(usage.get("prompt_tokens"), usage.get("input_tokens")) or 0
         completion = _first_int(usage.get("completion_tokens"), usage.get("output_tokens")) or 0
-        total = _int(usage.get("total_tokens"))
+        total = token_count(usage.get("total_tokens"))
         prompt_details = usage.get("prompt_tokens_details") or usage.get("input_tokens_details")
         completion_details = usage.get("completion_tokens_details") or usage.get(
             "output_tokens_details"

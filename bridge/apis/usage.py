@@ -13,13 +13,11 @@ from __future__ import annotations
 from typing import Any
 
 from bridge.apis import Api
-from bridge.usage import CallUsage
+from bridge.usage import CallUsage, token_count
 
 
 def _int(value: Any) -> int:
-    if isinstance(value, bool) or not isinstance(value, int | float):
-        return 0
-    return int(value)
+    return token_count(value) or 0
 
 
 def from_messages(usage: Any) -> CallUsage:

@@ -38,6 +38,27 @@ def test_usage_normalization() -> None:
     assert anthropic_style.cached_tokens == 2
 
 
+def test_a_count_that_is_no_count_is_not_taken() -> None:
+    """A provider's absurd numbers (2**63, negative, NaN, infinity, text) break no sum, file or
+    Parquet export: they are not counted (an absurd total falls back to prompt + completion)."""
+    from bridge.apis.usage import from_messages
+
+    absurd = CallUsage.from_json(
+        {
+            "prompt_tokens": 2**63,
+            "completion_tokens": 5,
+            "total_tokens": float("inf"),
+            "prompt_tokens_details": {"cached_tokens": -4},
+            "completion_tokens_details": {"reasoning_tokens": float("nan")},
+        }
+    )
+    assert (absurd.prompt_tokens, absurd.completion_tokens, absurd.total_tokens) == (0, 5, 5)
+    assert absurd.cached_tokens is None and absurd.reasoning_tokens is None
+    assert CallUsage.from_json({"prompt_tokens": 3.0, "completion_tokens": "4"}).total_tokens == 3
+    anthropic = from_messages({"input_tokens": float("inf"), "output_tokens": 2**64})
+    assert (anthropic.prompt_tokens, anthropic.completion_tokens) == (0, 0)
+
+
 def test_ledger_threads_and_forget_hook() -> None:
     forgotten: list[str] = []
     ledger = UsageLedger(on_forget=forgotten.append)
