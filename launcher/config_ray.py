@@ -145,6 +145,13 @@ def resolve_ray(
             )
         return None
     minimum = min_replicas_flag if min_replicas_flag is not None else section.min_replicas
+    if address == "local" and minimum is not None and minimum > 1:
+        # A cluster of the run's own is this one machine: one node, so one replica.
+        where = "--ray-min-replicas" if min_replicas_flag is not None else "[ray] min_replicas"
+        raise ValidationError(
+            f"{where} {minimum} can never be met by --ray local: the run's own cluster is this "
+            "machine alone, with one replica; use 1, or join a cluster of several nodes"
+        )
     return RaySettings(
         address=address,
         min_replicas=minimum if minimum is not None else 1,

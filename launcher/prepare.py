@@ -133,7 +133,8 @@ class Prepared:
 
     def command(self, *extra: str) -> str:
         """A re-run command line: the config, the flags that pin the same inputs, ``extra``,
-        then the runtime flags given (tunnel, Ray: never part of the manifest)."""
+        then the runtime flags given (concurrency, secrets file, tunnel, Ray: never part of
+        the manifest)."""
         parts = [COMMAND, shlex.quote(self.display(self.workspace.config_path))]
         opts = self.options
         if opts.output is not None:
@@ -147,6 +148,12 @@ class Prepared:
         if self.shard is not None:
             parts += ["--shard", self.shard.label]
         parts += list(extra)
+        # How it ran: a resume without the secrets file fails on the first required secret,
+        # and one without --max-in-flight silently runs at another concurrency.
+        if opts.max_in_flight is not None:
+            parts += ["--max-in-flight", str(opts.max_in_flight)]
+        if opts.secrets_file is not None:
+            parts += ["--secrets-file", shlex.quote(opts.secrets_file)]
         parts += [shlex.quote(f) for f in self.tunnel_plan.resume_flags()]
         if opts.cloudflared is not None:
             parts += ["--cloudflared", shlex.quote(opts.cloudflared)]

@@ -67,11 +67,12 @@ def test_flags_win_over_the_config() -> None:
     assert resolve_ray(None, None, None) is None
     assert resolve_ray(RayConfig(min_replicas=2), None, None) is None  # no address: no Ray
     assert resolve_ray(section, None, None) == RaySettings("10.0.0.1:6379", 3, "gpu_host")
-    assert resolve_ray(section, "local", 2) == RaySettings("local", 2, "gpu_host")
+    assert resolve_ray(section, "local", 1) == RaySettings("local", 1, "gpu_host")
+    assert resolve_ray(section, "h.example:6379", 2) == RaySettings("h.example:6379", 2, "gpu_host")
     assert resolve_ray(None, "h.example:6379", None) == RaySettings(
         "h.example:6379", 1, DEFAULT_RESOURCE
     )
-    assert resolve_ray(RayConfig(min_replicas=2), "local", None) == RaySettings("local", 2)
+    assert resolve_ray(RayConfig(min_replicas=2), "h:1", None) == RaySettings("h:1", 2)
 
 
 @pytest.mark.parametrize(
@@ -106,6 +107,12 @@ def ws(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
         (["--ray", "10.0.0.1"], "", "--ray must be a Ray cluster address HOST:PORT"),
         ([], '[ray]\naddress = "nohost"', "ray.address in "),
         ([], "[ray]\nmin_replicas = -1", "ray.min_replicas in "),
+        (
+            ["--ray", "local", "--ray-min-replicas", "2"],
+            "",
+            "--ray-min-replicas 2 can never be met by --ray local",
+        ),
+        ([], '[ray]\naddress = "local"\nmin_replicas = 3', "[ray] min_replicas 3 can never"),
     ],
 )
 def test_the_cli_says_one_line_and_exits_non_zero(
