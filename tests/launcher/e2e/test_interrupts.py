@@ -82,7 +82,10 @@ async def test_one_interrupt_cancels_in_flight_and_leaves_them_pending(
 ) -> None:
     write_config(workspace, "slow", fake_model_config(batch_size=3))
     release = hang_rollout_calls(fake_upstream)
+    secrets = tmp_path / "run.env"
+    secrets.write_text("UNUSED_SETTING=1\n")
     args = ["eval", "run", "ws/configs/eval/slow.toml", "--name", "c1", "--yes"]
+    args += ["--max-in-flight", "3", "--secrets-file", str(secrets)]
     run = run_dir(workspace, "c1")
     live = await start_cli(
         args, cwd=tmp_path, env=_fake_env(env, fake_upstream), logdir=tmp_path / "o"
@@ -100,7 +103,11 @@ async def test_one_interrupt_cancels_in_flight_and_leaves_them_pending(
         in result.stdout
     )
     assert "Results (incomplete)" in result.stdout
-    assert "Resume: rollbridge eval run ws/configs/eval/slow.toml --name c1" in result.stdout
+    # How it ran is repeated: without the secrets file a resume would stop at a secret.
+    assert (
+        "Resume: rollbridge eval run ws/configs/eval/slow.toml --name c1 --max-in-flight 3 "
+        f"--secrets-file {secrets}\n" in result.stdout
+    )
     assert not (run / "server.json").exists()
     assert not processes_in_group(record["pgid"])
     assert journal(run) == []
