@@ -113,9 +113,16 @@ def _check_agree(shards: list[ShardRun]) -> None:
                 f"Changed: {', '.join(groups)}"
             )
         if run.facts != first.facts:
+            # Not inputs (a resume may change them), but the merged metrics.json has one of
+            # each: the dataset's file name, the model's and rollout's names, pass_threshold.
+            differ = "; ".join(
+                f"{key} {run.facts.get(key)!r} against {first.facts.get(key)!r}"
+                for key in sorted(set(run.facts) | set(first.facts))
+                if run.facts.get(key) != first.facts.get(key)
+            )
             raise ConflictError(
-                f"{run.path} and {first.path} differ in their metrics settings: "
-                f"{run.facts} vs {first.facts}"
+                f"{run.path} and {first.path} differ in what their metrics name: {differ}; the "
+                "merged run has one of each, so run the shards with the same ones"
             )
     ids: dict[str, Path] = {}
     for run in shards:
@@ -241,12 +248,13 @@ def eval_merge(
 
     ui = command_ui(ctx.obj, json_output, plain)
     cwd = Path.cwd()
-    sources = [resolve_run_dir(arg, cwd=cwd) for arg in runs]
+    sources = [resolve_run_dir(arg, cwd=cwd, locating_flags=None) for arg in runs]
     target = (cwd / Path(dest).expanduser()).resolve()
     result = merge_runs(sources, target)
     status = "finished" if result.complete else "incomplete"
     message = (
-        f"Merged {len(sources)} shards into {target}: {result.recorded} of "
+        f"Merged {len(sources)} shard{'' if len(sources) == 1 else 's'} into {target}: "
+        f"{result.recorded} of "
         f"{result.total_work_items} work items recorded ({status})"
     )
     if ui.mode == "json":

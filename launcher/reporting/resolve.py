@@ -31,9 +31,16 @@ def find_workspace_root(cwd: Path) -> Path | None:
 
 
 def resolve_run_dir(
-    arg: str, *, cwd: Path, workspace: str | None = None, output_root: str | None = None
+    arg: str,
+    *,
+    cwd: Path,
+    workspace: str | None = None,
+    output_root: str | None = None,
+    locating_flags: str | None = "--workspace/--output-root",
 ) -> Path:
-    """The run directory ``arg`` names (see the module docstring); NotFoundError otherwise."""
+    """The run directory ``arg`` names (see the module docstring); NotFoundError otherwise.
+    ``locating_flags`` names the calling command's options that say where runs are (None for
+    a command without them)."""
     as_path = (cwd / Path(arg).expanduser()).resolve()
     if _is_run_dir(as_path):
         return as_path
@@ -46,9 +53,14 @@ def resolve_run_dir(
             else find_workspace_root(cwd)
         )
         if ws is None:
+            how = (
+                f"{locating_flags} with the run's name"
+                if locating_flags
+                else "run the command inside the run's workspace"
+            )
             raise NotFoundError(
                 f"'{arg}' is not a run directory and no workspace was found at or above {cwd}; "
-                "pass the run directory, or --workspace/--output-root with the run's name"
+                f"pass the run directory, or {how}"
             )
         root = ws / ".osmosis" / "evals"
     if "/" not in arg and "\\" not in arg and arg not in ("", ".", ".."):

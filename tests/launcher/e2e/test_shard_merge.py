@@ -4,6 +4,7 @@ unsharded run of the same inputs; shards that do not belong together are refused
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 from typing import Any
 
@@ -85,6 +86,23 @@ async def test_two_shards_merged_equal_one_run(
     assert mixed.returncode == 1
     assert "are not shards of one evaluation. Changed: dataset" in mixed.stderr
     assert len(mixed.stderr.strip().splitlines()) == 1
+    # Shards whose metrics would name another dataset file: refused, saying what differs.
+    renamed = tmp_path / "s1-renamed"
+    shutil.copytree(s1, renamed)
+    doc = json.loads((renamed / "metrics.json").read_text())
+    doc["eval_run"]["dataset_name"] = "echo-copy.jsonl"
+    (renamed / "metrics.json").write_text(json.dumps(doc))
+    named = await run_cli(
+        ["eval", "merge", str(s0), str(renamed), "-o", str(tmp_path / "bad")], cwd=tmp_path, env=env
+    )
+    assert named.returncode == 1 and len(named.stderr.strip().splitlines()) == 1
+    assert "dataset_name 'echo-copy.jsonl' against 'echo.jsonl'" in named.stderr
+    # By name outside a workspace: the hint names no option merge lacks.
+    outside = await run_cli(["eval", "merge", "s0", "s1", "-o", "m"], cwd=tmp_path, env=env)
+    assert outside.returncode == 1 and "--workspace" not in outside.stderr
+    assert "pass the run directory, or run the command inside the run's workspace" in (
+        outside.stderr
+    )
     # A shard whose manifest is broken: the advice is merge's, not a run's (--fresh).
     (other / "manifest.json").write_text("{")
     broken = await run_cli(
