@@ -9,7 +9,8 @@ cannot import rollbridge.)
 
 A secret in the environment is the value of a variable on :data:`KNOWN_SECRET_ENV_NAMES` or of
 any variable whose name contains ``KEY``, ``TOKEN``, ``SECRET`` or ``PASSWORD``, when the value
-is at least :data:`AMBIENT_MIN_LENGTH` characters long. A secret is redacted in every spelling
+is at least :data:`AMBIENT_MIN_LENGTH` characters long, unless the variable names a file
+(:func:`names_a_file`: ``RAY_AUTH_TOKEN_PATH=/home/me/token``). A secret is redacted in every spelling
 a program is likely to print it in: as is, whitespace-stripped, JSON-escaped (with or without
 ``\\/`` for ``/``) and Python-quoted (alone, or inside a larger single-quoted ``repr``), each
 at any depth (JSON inside a repr inside JSON...), and URL-encoded.
@@ -76,12 +77,30 @@ def is_secret_env_name(name: str) -> bool:
     return name in _KNOWN or any(part in name for part in SECRET_NAME_PARTS)
 
 
+_FILE_NAME_SUFFIXES = ("_PATH", "_FILE", "_DIR")
+_A_PATH = re.compile(r"(/|~|\.{1,2}/|[A-Za-z]:[\\/])")
+
+
+def names_a_file(name: str, value: str) -> bool:
+    """Whether ``name=value`` points at a file rather than holding a secret: a name ending in
+    ``_PATH``, ``_FILE`` or ``_DIR`` (``RAY_AUTH_TOKEN_PATH``, ``AWS_WEB_IDENTITY_TOKEN_FILE``)
+    whose value is a path. Its value is left readable: it is what a user must see to fix a
+    wrong one. (The file's content is the secret; a value that is no path stays a secret.)"""
+    return (
+        name not in _KNOWN
+        and name.endswith(_FILE_NAME_SUFFIXES)
+        and _A_PATH.match(value) is not None
+    )
+
+
 def secret_env_values(environ: Mapping[str, str]) -> list[str]:
     """The secret values in ``environ`` (see the module docstring), in name order."""
     return [
         environ[name]
         for name in sorted(environ)
-        if is_secret_env_name(name) and len(environ[name]) >= AMBIENT_MIN_LENGTH
+        if is_secret_env_name(name)
+        and len(environ[name]) >= AMBIENT_MIN_LENGTH
+        and not names_a_file(name, environ[name])
     ]
 
 

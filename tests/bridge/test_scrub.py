@@ -113,12 +113,18 @@ def test_secret_env_values_is_the_one_policy() -> None:
         "TINY_SECRET": "1234567",
         "HOME": "/home/someone/long",
         "GOOGLE_APPLICATION_CREDENTIALS": "/path/to/creds.json",
+        # Names of files holding a secret: the path is what a user must see to fix it.
+        "RAY_AUTH_TOKEN_PATH": "/home/me/.ray/auth_token",
+        "AWS_WEB_IDENTITY_TOKEN_FILE": "./token.jwt",
+        # ... unless the value is no path: then it may be the secret itself.
+        "SERVICE_TOKEN_FILE": "tok-not-a-path-12345",
     }
     assert secret_env_values(env) == [
         "acme-key-value",
         "db-secret-value",
         "hf_abcdefgh",
         "pw-12345678",
+        "tok-not-a-path-12345",
     ]
     every_known = {name: f"value-of-{name}" for name in KNOWN_SECRET_ENV_NAMES}
     assert sorted(secret_env_values(every_known)) == sorted(every_known.values())
