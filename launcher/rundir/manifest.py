@@ -253,7 +253,18 @@ def resumable(run_dir: Path, run_name: str, inputs: dict[str, Any]) -> Manifest:
     existing = read_manifest(run_dir / MANIFEST_NAME)
     groups = changed_groups(existing.inputs, inputs)
     if groups:
-        raise ConflictError(changed_inputs_message(run_name, groups), details={"changed": groups})
+        message = changed_inputs_message(run_name, groups)
+        if groups == ["shard"]:
+            # Only the shard differs: the run resumes as the shard it is (--fresh would
+            # throw its results away for nothing).
+            was = existing.inputs.get("shard")
+            flag = (
+                f"--shard {was['index']}/{was['count']}"
+                if isinstance(was, dict) and {"index", "count"} <= set(was)
+                else "no --shard"
+            )
+            message += f" To resume it as it was made, run it with {flag}."
+        raise ConflictError(message, details={"changed": groups})
     return existing
 
 

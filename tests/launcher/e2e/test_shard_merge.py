@@ -126,6 +126,12 @@ async def test_a_shard_resumes_only_as_the_same_shard(
     )
     assert result.returncode == 1
     assert "Changed: shard" in result.stderr
+    assert "To resume it as it was made, run it with --shard 0/3." in result.stderr
+    unsharded = await run_cli(
+        ["eval", "run", CONFIG, "--yes", "--name", "s", "--limit", "6"], cwd=tmp_path, env=env
+    )
+    assert unsharded.returncode == 1
+    assert "run it with --shard 0/3." in unsharded.stderr
 
 
 @pytest.mark.parametrize(
