@@ -27,7 +27,6 @@ def token_count(value: Any) -> int | None:
     return None
 
 
-
 def _first_int(*values: Any) -> int | None:
     for value in values:
         number = token_count(value)
