@@ -16,10 +16,11 @@ podman-compose does not have: an upload (``cp HOST_PATH SERVICE:PATH``) becomes
 wherever compose has ``cp`` (``ROLLBRIDGE_HARBOR_FAST_CP=0`` turns that off); any other ``cp``
 fails at once as podman-compose's would, and Harbor then streams a tar through two ``exec``s.
 
-When the rollout server has taken a trial's teardown over (``ROLLBRIDGE_HARBOR_DEFER_DOWN=1``,
-see ``teardown.py``), two ``down`` calls are answered here too. The trial's final
-``down --rmi local --volumes --remove-orphans`` succeeds at once: the server removes the
-project's containers, networks, images and volumes itself after the trial. Harbor's
+When the rollout server has taken a trial's teardown over (``ROLLBRIDGE_HARBOR_DEFER_DOWN`` is
+its pid, see ``teardown.py``), two ``down`` calls are answered here too. The trial's final
+``down --rmi local --volumes --remove-orphans`` succeeds at once while that server lives: it
+removes the project's containers, networks, images and volumes itself after the trial (once it
+is dead, as when the watchdog stops a trial whose server was killed, the real ``down`` runs). Harbor's
 ``down --remove-orphans`` before ``up`` has nothing to remove in a fresh trial (the server swept
 the trial by label just before): when no container carries the project's compose label, it
 succeeds at once. Anything else goes to the real podman-compose with the same arguments.
@@ -105,15 +106,36 @@ def _down_done_here(args: list[str]) -> bool:
     project, at = _globals(args)
     if project is None or args[at : at + 1] != ["down"]:
         return False
-    if os.environ.get("ROLLBRIDGE_HARBOR_DEFER_DOWN") != "1":
+    owner = os.environ.get("ROLLBRIDGE_HARBOR_DEFER_DOWN", "")
+    if not owner.isdigit():
         return False
     options = args[at + 1 :]
     if len(options) == len(_FINAL_DOWN) and set(options) == _FINAL_DOWN:
-        return True
+        # Handed over only while the server that takes it lives: a trial stopped because its
+        # server died (the watchdog's SIGINT) tears its own containers down.
+        return _alive(int(owner))
     if options == ["--remove-orphans"]:
         listed = _podman_output(["ps", "-a", "-q", "--filter", f"label={_PROJECT_LABEL}={project}"])
         return listed is not None and not listed.strip()
     return False
+
+
+def _alive(pid: int) -> bool:
+    """Whether process ``pid`` runs (a zombie, killed but not yet reaped, does not)."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as stat:
+            state = stat.read().rpartition(b")")[2].split()[:1]
+    except FileNotFoundError:
+        return False
+    except OSError:  # no /proc here: ask the kernel instead
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return False
+        except PermissionError:
+            return True
+        return True
+    return state not in ([b"Z"], [b"X"])
 
 
 def _cp_argv(args: list[str]) -> tuple[list[str], str] | None:

@@ -507,7 +507,7 @@ class HarborBackend(ExecutionBackend):
                 wiring=sandbox.wiring if sandbox is not None else None,
             )
             if self._teardowns is not None:
-                env[DEFER_DOWN_ENV] = "1"
+                env[DEFER_DOWN_ENV] = str(os.getpid())  # deferred while this server lives
             returncode = await run_trial_process(
                 harbor,
                 staged.config,

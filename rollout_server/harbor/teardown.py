@@ -36,8 +36,9 @@ __all__ = ["DEFER_DOWN_ENV", "Teardowns"]
 
 logger = logging.getLogger("rollout_server.harbor")
 
-#: Set to ``1`` in a trial's Harbor environment: the compose shim then answers the trial's final
-#: ``down`` at once and leaves the work to :class:`Teardowns`.
+#: Set to the rollout server's pid in a trial's Harbor environment: while that process lives
+#: the compose shim answers the trial's final ``down`` at once and leaves the work to
+#: :class:`Teardowns`.
 DEFER_DOWN_ENV = "ROLLBRIDGE_HARBOR_DEFER_DOWN"
 
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import time
 import tomllib
 from pathlib import Path
 
@@ -185,10 +186,21 @@ def test_a_trials_downs_are_left_to_the_server_only_when_it_took_the_teardown_ov
     assert _compose(env, *FINAL_DOWN) == f"real {' '.join(GLOBALS)} {' '.join(FINAL_DOWN)}"
     assert _compose(env, "down", "--remove-orphans").startswith("real ")
     assert not (tmp_path / "podman.log").exists()
-    handed = dict(env, ROLLBRIDGE_HARBOR_DEFER_DOWN="1")
+    handed = dict(env, ROLLBRIDGE_HARBOR_DEFER_DOWN=str(os.getpid()))  # the live server's pid
     # The final down succeeds at once: the server removes the project afterwards.
     assert _compose(handed, *FINAL_DOWN) == ""
     assert not (tmp_path / "podman.log").exists()
+    # The server is dead (a zombie not reaped yet, or gone): the trial tears itself down.
+    with subprocess.Popen(["true"]) as dead:
+        while not Path(f"/proc/{dead.pid}/stat").read_bytes().rpartition(b")")[2].startswith(
+            b" Z"
+        ):
+            time.sleep(0.01)
+        zombie = dict(env, ROLLBRIDGE_HARBOR_DEFER_DOWN=str(dead.pid))
+        assert _compose(zombie, *FINAL_DOWN).startswith("real ")
+    gone = dict(env, ROLLBRIDGE_HARBOR_DEFER_DOWN=str(dead.pid))
+    assert _compose(gone, *FINAL_DOWN).startswith("real ")
+    assert _compose(dict(env, ROLLBRIDGE_HARBOR_DEFER_DOWN="yes"), *FINAL_DOWN).startswith("real ")
     # The down before `up` in a fresh project: one look for its containers, nothing to do.
     assert _compose(handed, "down", "--remove-orphans") == ""
     assert (tmp_path / "podman.log").read_text() == (
