@@ -68,8 +68,12 @@ MAX_CONCURRENT_ADMISSIONS = 64
 #: Consecutive failures of different rows with the same reason that make a run-wide fault
 #: (small: the rows in flight when it trips stay pending, and waiting longer only burns rows).
 RUN_WIDE_FAILURES = 5
-# Ids that differ from row to row but say nothing about the cause (uuids, long hex runs).
-_IDS = re.compile(r"[0-9a-fA-F]{8}(?:-?[0-9a-fA-F]{4}){3}-?[0-9a-fA-F]{12}|[0-9a-fA-F]{16,}")
+# Ids that differ from row to row but say nothing about the cause (uuids, long hex runs, and
+# the names Python's tempfile gives, ``tmp`` and 8 random characters: a trial's compose file).
+_IDS = re.compile(
+    r"[0-9a-fA-F]{8}(?:-?[0-9a-fA-F]{4}){3}-?[0-9a-fA-F]{12}|[0-9a-fA-F]{16,}"
+    r"|\btmp[a-z0-9_]{8}\b"
+)
 
 #: ``log(level, step, message, details)``.
 LogFn = Callable[[str, str, str, "dict[str, Any] | None"], None]

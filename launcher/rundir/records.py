@@ -128,6 +128,9 @@ class ErrorInfo(msgspec.Struct, kw_only=True, omit_defaults=True, gc=False):
             parts.append(f"HTTP {self.status}")
         head = ": ".join(parts)
         message = " ".join(self.message.split())
+        if self.type and self.status is None and message.startswith(f"{self.type}: "):
+            # The message already names its type (Harbor's `AgentTimeoutError: …`): once.
+            message = message[len(self.type) + 2 :]
         if limit is not None and len(message) > limit:
             message = message[: max(limit - 1, 0)] + "…"
         return f"{head}: {message}" if message else head

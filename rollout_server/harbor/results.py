@@ -93,6 +93,16 @@ def _diagnostics(result: dict[str, Any]) -> dict[str, Any]:
     return fields
 
 
+def _before_the_agent(result: dict[str, Any]) -> bool:
+    """Whether the trial failed while its environment was being set up: that phase began and
+    neither the agent's setup nor its run did."""
+    return (
+        isinstance(result.get("environment_setup"), dict)
+        and not result.get("agent_setup")
+        and not result.get("agent_execution")
+    )
+
+
 def _metrics(result: dict[str, Any]) -> dict[str, float]:
     # Fallback only: the bridge's counts are authoritative and are added by the supervisor.
     agent = result.get("agent_result")
@@ -153,7 +163,9 @@ def outcome_from_result(
         phase = "agent"
         if kind in _AGENT_PHASE_TIMEOUTS:
             category = RolloutErrorCategory.TIMEOUT
-        elif kind in _ENVIRONMENT_ERRORS:
+        elif kind in _ENVIRONMENT_ERRORS or _before_the_agent(result):
+            # A sandbox that could not be built or started (Harbor on podman raises a bare
+            # RuntimeError for a failed `compose build`/`up`): the agent never ran.
             category = RolloutErrorCategory.INTERNAL_ERROR
             phase = "server"
         else:

@@ -116,6 +116,25 @@ def test_a_trial_failure_says_where_it_happened(kind: str, phase: str) -> None:
     assert reported.extra_fields["failure"] == {"phase": phase, "type": kind}
 
 
+def test_a_sandbox_that_could_not_be_built_is_the_servers_failure() -> None:
+    """Harbor on podman raises a bare RuntimeError for a failed ``compose build``: that the
+    agent never set up (only the environment's timing is there) is what says where it was."""
+    setup = {"started_at": "2026-12-04T17:12:10Z", "finished_at": "2026-12-04T17:12:11Z"}
+    failed = {"exception_type": "RuntimeError", "exception_message": "Docker compose failed"}
+    result = {"trial_name": "t", "exception_info": failed, "environment_setup": setup}
+    reported = outcome_from_result(
+        {**result, "agent_setup": None, "agent_execution": None}, prompt=[], label=None, grade=True
+    ).reported()
+    assert reported.err_category == RolloutErrorCategory.INTERNAL_ERROR
+    assert reported.extra_fields is not None
+    assert reported.extra_fields["failure"] == {"phase": "server", "type": "RuntimeError"}
+    ran = {**result, "agent_setup": setup, "agent_execution": setup}
+    reported = outcome_from_result(ran, prompt=[], label=None, grade=True).reported()
+    assert reported.err_category == RolloutErrorCategory.AGENT_ERROR
+    assert reported.extra_fields is not None
+    assert reported.extra_fields["failure"]["phase"] == "agent"
+
+
 @pytest.mark.parametrize(
     ("eval_timeout", "shown", "warned"),
     [(400.0, 120.0, True), (30.0, 30.0, True), (120.0, 120.0, False), (None, 120.0, False)],

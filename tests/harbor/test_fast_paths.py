@@ -192,9 +192,7 @@ def test_a_trials_downs_are_left_to_the_server_only_when_it_took_the_teardown_ov
     assert not (tmp_path / "podman.log").exists()
     # The server is dead (a zombie not reaped yet, or gone): the trial tears itself down.
     with subprocess.Popen(["true"]) as dead:
-        while not Path(f"/proc/{dead.pid}/stat").read_bytes().rpartition(b")")[2].startswith(
-            b" Z"
-        ):
+        while not Path(f"/proc/{dead.pid}/stat").read_bytes().rpartition(b")")[2].startswith(b" Z"):
             time.sleep(0.01)
         zombie = dict(env, ROLLBRIDGE_HARBOR_DEFER_DOWN=str(dead.pid))
         assert _compose(zombie, *FINAL_DOWN).startswith("real ")

@@ -60,6 +60,9 @@ def test_error_info_describes_redacts_then_bounds() -> None:
     assert secret[:12] not in redacted.message and len(redacted.message.encode()) <= 2048
     assert redacted.describe(limit=20).startswith("bridge: ChatError: HTTP 502: xxxxxxxx")
     assert ErrorInfo(phase="agent", message="a\n  b").describe() == "agent: a b"
+    # A message that names its own type first (Harbor's) shows the type once.
+    timed_out = ErrorInfo(phase="agent", type="AgentTimeoutError", message="AgentTimeoutError: 9s")
+    assert timed_out.describe() == "agent: AgentTimeoutError: 9s"
     # A secret straddling the cut would have survived if bounding came first.
     straddle = ErrorInfo(phase="agent", message="x" * 2030 + secret)
     assert "sss" not in straddle.redacted(lambda t: t.replace(secret, "[R]")).message
@@ -105,6 +108,24 @@ async def test_identical_failures_across_rows_halt_with_the_cause(
     assert len(records) == RUN_WIDE_FAILURES
     assert len(transport.requests) <= RUN_WIDE_FAILURES + 3
     assert len(transport.cancelled) == len(transport.requests) - len(records)
+
+
+async def test_failures_that_differ_only_by_a_temporary_file_name_halt(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    """A sandbox build that fails for every row names each trial's own compose file in
+    /tmp (tempfile's ``tmp`` + 8 characters): still the same reason."""
+    import secrets
+
+    def outcome(request: RolloutInitRequest) -> Any:
+        name = "tmp" + secrets.token_hex(4)
+        return _failure(request, f"compose build failed. Command: podman-compose -f /tmp/{name}")
+
+    dispatcher, records, halts = _dispatcher(
+        [_item(r) for r in range(20)], ScriptedTransport(outcome), _interrupts(), concurrency=1
+    )
+    report = await dispatcher.run()
+    assert report.halted is not None and len(records) == RUN_WIDE_FAILURES
 
 
 async def test_no_halt_for_different_reasons_successes_timeouts_or_one_row(
