@@ -378,10 +378,14 @@ def trial_outcome(
         )
     if evidence is None:
         # A host-side agent: its turns are in its ATIF trajectory (harbor.atif).
-        return with_agent_messages(
-            outcome_from_result(
-                result, prompt=request.prompt, label=request.label, grade=request.grade
-            ),
-            agent_messages(trial_dir, secrets),
+        outcome = outcome_from_result(
+            result, prompt=request.prompt, label=request.label, grade=request.grade
         )
+        messages = agent_messages(trial_dir, secrets)
+        workflow = outcome.workflow
+        if messages and workflow.status == RolloutStatus.FAILURE and workflow.sample is None:
+            # A trial that failed (timed out, say) after turns: they are the row's record of
+            # what the agent did, as a grader's failure keeps its sample.
+            workflow.sample = RolloutSample(list(request.prompt), label=request.label)
+        return with_agent_messages(outcome, messages)
     return sandbox_outcome(trial_dir, result, request, secrets, evidence)

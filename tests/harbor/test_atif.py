@@ -102,3 +102,24 @@ def test_every_agent_turn_is_the_rows_conversation(tmp_path: Path) -> None:
 def test_without_a_trajectory_the_prompt_stays(tmp_path: Path) -> None:
     sample = _outcome(tmp_path, None)
     assert sample.messages == [{"role": "user", "content": "Create hello.txt"}]
+
+
+def test_a_trial_that_failed_after_turns_keeps_them(tmp_path: Path) -> None:
+    """The agent ran past its timeout: the row failed, and its turns are still the row's
+    record (the trajectory the export and the report read), as a grader's failure keeps its
+    sample. A trial that failed before any turn has none."""
+    from rollout_server.protocol import RolloutStatus
+
+    request = ExecutionRequest(id="r1", prompt=[{"role": "user", "content": "Create hello.txt"}])
+    trial = _trial(tmp_path, ATIF)
+    timed_out = {"exception_type": "AgentTimeoutError", "exception_message": "after 15.0 s"}
+    (trial / "result.json").write_text(json.dumps({"exception_info": timed_out}))
+    outcome = trial_outcome(trial, request, 1, tmp_path / "trial.log", [SECRET], None)
+    reported = outcome.reported()
+    assert reported.status == RolloutStatus.FAILURE and reported.err_category == "timeout"
+    assert reported.sample is not None and reported.sample.messages == EXPECTED
+    saved = outcome.saved().sample
+    assert saved is not None and saved.trajectory_messages == EXPECTED
+    (trial / "agent" / "trajectory.json").unlink()
+    bare = trial_outcome(trial, request, 1, tmp_path / "trial.log", [SECRET], None)
+    assert bare.reported().sample is None
