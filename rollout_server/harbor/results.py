@@ -53,6 +53,19 @@ _ENVIRONMENT_ERRORS = frozenset(
     {"SandboxBuildFailedError", "HealthcheckError", "ServiceOperationsUnsupportedError"}
 )
 _TOKEN_FIELDS = ("n_input_tokens", "n_output_tokens", "n_cache_tokens")
+#: LiteLLM's exceptions for an error answer (a host-side agent such as terminus-2 calls the
+#: bridge through LiteLLM), with the HTTP status each stands for.
+_MODEL_CALL_STATUS = {
+    "BadRequestError": 400,
+    "AuthenticationError": 401,
+    "PermissionDeniedError": 403,
+    "NotFoundError": 404,
+    "UnprocessableEntityError": 422,
+    "RateLimitError": 429,
+    "InternalServerError": 500,
+    "BadGatewayError": 502,
+    "ServiceUnavailableError": 503,
+}
 
 
 def read_json(path: Path) -> dict[str, Any] | None:
@@ -161,6 +174,13 @@ def outcome_from_result(
         # Where it happened, for the reason shown (``agent: AgentTimeoutError: …``): the
         # sandbox's environment is the server's side, anything else the agent's.
         phase = "agent"
+        failure: dict[str, Any] = {}
+        status = _MODEL_CALL_STATUS.get(kind)
+        if status is not None and "litellm." in message:
+            # The agent's own LiteLLM raised it on a model call: the bridge (or the provider
+            # behind it) answered an error, as a workflow's ChatError says.
+            phase = "bridge"
+            failure["status"] = status
         if kind in _AGENT_PHASE_TIMEOUTS:
             category = RolloutErrorCategory.TIMEOUT
         elif kind in _ENVIRONMENT_ERRORS or _before_the_agent(result):
@@ -175,7 +195,7 @@ def outcome_from_result(
                 RolloutStatus.FAILURE,
                 err_message=message,
                 err_category=category,
-                extra_fields={**extra, FAILURE_KEY: {"phase": phase, "type": kind}},
+                extra_fields={**extra, FAILURE_KEY: {"phase": phase, "type": kind, **failure}},
             )
         )
     workflow = ExecutionResult(RolloutStatus.SUCCESS, sample=sample, extra_fields=extra)

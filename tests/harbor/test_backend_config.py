@@ -116,6 +116,28 @@ def test_a_trial_failure_says_where_it_happened(kind: str, phase: str) -> None:
     assert reported.extra_fields["failure"] == {"phase": phase, "type": kind}
 
 
+def test_a_model_call_error_raised_in_a_host_side_agent_is_the_bridges() -> None:
+    """terminus-2 calls the bridge through LiteLLM: an error answer is raised there as
+    ``litellm.AuthenticationError: …`` and reported as the bridge's, with its status."""
+    message = 'litellm.AuthenticationError: OpenAIException - {"error": {"message": "bad key"}}'
+    failed = {"exception_type": "AuthenticationError", "exception_message": message}
+    result = {"trial_name": "t", "exception_info": failed, "agent_setup": {}}
+    reported = outcome_from_result(result, prompt=[], label=None, grade=True).reported()
+    assert reported.extra_fields is not None
+    assert reported.extra_fields["failure"] == {
+        "phase": "bridge",
+        "type": "AuthenticationError",
+        "status": 401,
+    }
+    # The same name raised by something else (the agent's own code) stays the agent's.
+    own = {"exception_type": "AuthenticationError", "exception_message": "ssh: key refused"}
+    reported = outcome_from_result(
+        {**result, "exception_info": own}, prompt=[], label=None, grade=True
+    ).reported()
+    assert reported.extra_fields is not None
+    assert reported.extra_fields["failure"] == {"phase": "agent", "type": "AuthenticationError"}
+
+
 def test_a_sandbox_that_could_not_be_built_is_the_servers_failure() -> None:
     """Harbor on podman raises a bare RuntimeError for a failed ``compose build``: that the
     agent never set up (only the environment's timing is there) is what says where it was."""
