@@ -126,6 +126,7 @@ async def test_failures_that_differ_only_by_a_temporary_file_name_halt(
     )
     report = await dispatcher.run()
     assert report.halted is not None and len(records) == RUN_WIDE_FAILURES
+    assert halts == [report.halted]
 
 
 async def test_no_halt_for_different_reasons_successes_timeouts_or_one_row(
