@@ -27,7 +27,7 @@ import click
 from launcher import completion as complete
 from launcher.errors import DependencyError, LocalEvalError
 from launcher.ui import UI
-from rollout_server.trajectory import RAW_ARGUMENTS
+from rollout_server.protocol import RAW_ARGUMENTS
 
 __all__ = ["EXPORT_FIELDS", "eval_export", "export_rows", "trajectory_messages"]
 

@@ -191,8 +191,7 @@ class _StartupFailure(LocalEvalError):
 
 
 def _after_attempts(message: str, attempts: int) -> str:
-    """``message`` of the last failed attempt, its first line saying there were ``attempts``
-    (a 90 s deadline missed twice is 180 s: the user should not be told 90)."""
+    """``message``, its first line saying there were ``attempts`` (90 s missed twice is 180)."""
     if attempts < 2:
         return message
     first, newline, rest = message.partition("\n")

@@ -43,6 +43,7 @@ __all__ = [
     "INSTANCE_ID_HEADER",
     "LEASE_HEADER",
     "PROTOCOL_VERSION",
+    "RAW_ARGUMENTS",
     "SDK_VERSION_HEADER",
     "TERMINAL_STATUSES",
     "CancelDisposition",
@@ -82,6 +83,11 @@ ENV_INSTANCE_ID: Final = "_OSMOSIS_ROLLOUT_INSTANCE_ID"
 ENV_CHAT_COMPLETIONS_URL: Final = "OSMOSIS_CHAT_COMPLETIONS_URL"
 ENV_API_KEY: Final = "OSMOSIS_API_KEY"
 ENV_ROLLOUT_ID: Final = "OSMOSIS_ROLLOUT_ID"
+
+RAW_ARGUMENTS: Final = "rollbridge_raw_arguments"
+"""The ``extra`` key of a ``trajectory.json`` tool call whose ``arguments`` are ``{"raw": <text>}``
+holding the model's arguments as written (not a JSON object): the trajectory's writer
+(:mod:`rollout_server.trajectory`) and its readers (``eval export``) agree on it here."""
 
 DEFAULT_RESULT_WAIT_TIMEOUT_SEC: Final = 30.0
 DEFAULT_POLLING_LEASE_TIMEOUT_SEC: Final = 120.0

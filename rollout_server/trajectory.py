@@ -10,6 +10,7 @@ from typing import Any
 import msgspec
 
 from .jsonsafe import json_safe
+from .protocol import RAW_ARGUMENTS
 from .sdk import RolloutSample
 
 __all__ = [
@@ -43,11 +44,6 @@ def _text(content: Any) -> str:
                 parts.append(part)
         return "\n".join(parts)
     return json.dumps(content, default=str)
-
-
-#: The ``extra`` key of an ATIF tool call whose ``arguments`` are ``{"raw": <text>}`` holding
-#: the model's arguments as it wrote them (not a JSON object).
-RAW_ARGUMENTS = "rollbridge_raw_arguments"
 
 
 def _tool_calls(calls: Any) -> list[dict[str, Any]]:

@@ -20,7 +20,7 @@ from typing import Any
 
 import trio
 
-from launcher.daemon.api import ControlApp, HttpGuard
+from launcher.daemon.api import ControlApp
 from launcher.daemon.discovery import (
     DaemonInfo,
     DaemonLock,
@@ -30,6 +30,7 @@ from launcher.daemon.discovery import (
     socket_path,
     write_discovery,
 )
+from launcher.daemon.door import HttpGuard
 from launcher.daemon.listen import bind_tcp, bind_unix, serve
 from launcher.daemon.registry import Registry
 from launcher.process import start_token

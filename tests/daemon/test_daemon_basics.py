@@ -57,7 +57,7 @@ async def test_http_listener_checks_token_host_and_origin(
                 assert refused.status_code == 403
                 own = {**good, "Origin": f"http://127.0.0.1:{port}"}
                 assert (await client.post("/v1/runs", headers=own, json={})).status_code == 400
-                # The scheme is case-insensitive (RFC 9110 §11.1); one space, nothing else.
+                # The scheme is case-insensitive (RFC 9110, section 11.1); one space, no more.
                 for scheme in ("bearer", "BEARER"):
                     lower = {"Authorization": f"{scheme} {daemon.info.token}"}
                     assert (await client.get("/v1/daemon", headers=lower)).status_code == 200

@@ -7,7 +7,8 @@ from typing import cast
 
 import trio
 
-from launcher.daemon.api import ControlApp, HttpGuard
+from launcher.daemon.api import ControlApp
+from launcher.daemon.door import HttpGuard
 from launcher.daemon.listen import bind_tcp, serve
 from launcher.daemon.registry import Registry
 from tests.wire_attacks import eight_stalled, post_head, rss, stalled_body
