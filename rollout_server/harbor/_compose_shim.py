@@ -121,7 +121,9 @@ def _down_done_here(args: list[str]) -> bool:
 
 
 def _alive(pid: int) -> bool:
-    """Whether process ``pid`` runs (a zombie, killed but not yet reaped, does not)."""
+    """Whether process ``pid`` runs (a zombie, killed but not yet reaped, does not). The rule
+    of :mod:`.containers`' owner check, restated: this file runs alone (``python -I``, a copy
+    outside the package) and can import nothing of the project."""
     try:
         with open(f"/proc/{pid}/stat", "rb") as stat:
             state = stat.read().rpartition(b")")[2].split()[:1]
