@@ -3,7 +3,8 @@
 It finds the daemon through ``.osmosis/daemon.json`` (trusted only when its pid is alive with
 the recorded start token) and talks to it over the unix socket with httpx. Every subcommand is
 one API call; ``watch`` renders the event stream and resumes with ``Last-Event-ID`` when the
-connection drops, or when the daemon restarts (it waits up to a minute for the next one). Errors are the API's one-line messages: ``Error: …`` and exit code 1.
+connection drops, or when the daemon restarts (it waits up to a minute for the next one).
+Errors are the API's one-line messages: ``Error: …`` and exit code 1.
 """
 
 from __future__ import annotations

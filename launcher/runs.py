@@ -25,7 +25,7 @@ import click
 from launcher import completion as complete
 from launcher.cli_ui import command_ui
 from launcher.errors import LocalEvalError
-from launcher.rundir.lock import is_held
+from launcher.rundir.lock import is_held, run_is_live
 from launcher.rundir.manifest import is_archive_name, is_run_dir
 from launcher.ui import UI
 from launcher.workspace import output_root
@@ -126,7 +126,7 @@ def summarize(run_dir: Path, cwd: Path) -> RunSummary:
         metrics = aggregate_metrics(rows, limit)
         pass_rate = float(metrics["pass_rate"]) if metrics["completed_samples"] else None
     status: RunStatus
-    if is_held(run_dir.parent / _LOCKS / f"{run_dir.name}.lock"):
+    if run_is_live(run_dir):
         status = "running"
     elif not records:
         status = "empty"

@@ -111,17 +111,7 @@ def describe_exception(exc: BaseException, phase: str) -> dict[str, Any]:
     # ``rollout_server.chat`` function with the module (and a ChatError implies it is loaded).
     chat_error = getattr(sys.modules.get(f"{__package__}.chat"), "ChatError", None)
     if chat_error is not None and isinstance(exc, chat_error):
-        if not _from_an_api(exc.body):
-            # Something between the rollout and the bridge answered (a proxy or tunnel at
-            # the advertised URL whose origin is down): the call never reached the bridge.
-            text = " ".join(exc.body.split())[:300]
-            message = f"HTTP {exc.status_code} from in front of the chat endpoint: {text}"
-            detail.update(phase="network", status=exc.status_code, message=message)
-            return detail
-        message, upstream = _bridge_error(exc.body)
-        detail.update(phase="bridge", status=upstream or exc.status_code, message=message)
-        if upstream is not None:
-            detail["bridge_status"] = exc.status_code
+        detail.update(_answered(exc.status_code, exc.body))
         return detail
     client = _official_client_error(exc)
     if client is not None:
@@ -131,6 +121,22 @@ def describe_exception(exc: BaseException, phase: str) -> dict[str, Any]:
     if isinstance(status, int) and not isinstance(status, bool):
         detail["status"] = status
     return detail
+
+
+def _answered(status: int, body: str) -> dict[str, Any]:
+    """Where a model call answered ``status`` with ``body`` failed: an API's JSON error is the
+    endpoint (the bridge) answering, ``bridge``, with the provider's status when the bridge
+    names one; any other body is something in front of it (a proxy or tunnel at the advertised
+    URL whose origin is down), so the call never reached the bridge: ``network``."""
+    if not _from_an_api(body):
+        text = " ".join(body.split())[:300]
+        message = f"HTTP {status} from in front of the chat endpoint: {text}"
+        return {"phase": "network", "status": status, "message": message}
+    message, upstream = _bridge_error(body)
+    found: dict[str, Any] = {"phase": "bridge", "status": upstream or status, "message": message}
+    if upstream is not None:
+        found["bridge_status"] = status
+    return found
 
 
 def _official_client_error(exc: BaseException) -> dict[str, Any] | None:
@@ -155,16 +161,7 @@ def _official_client_error(exc: BaseException) -> dict[str, Any] | None:
             body = str(response.text)
         except Exception:  # a streamed answer not read: only the client's own message
             body = json.dumps({"error": {"message": str(exc)}})
-        if not _from_an_api(body):
-            text = " ".join(body.split())[:300]
-            message = f"HTTP {status} from in front of the chat endpoint: {text}"
-            return {"phase": "network", "status": status, "message": message}
-        message, upstream = _bridge_error(body)
-        found: dict[str, Any] = {"phase": "bridge", "status": upstream or status}
-        found["message"] = message
-        if upstream is not None:
-            found["bridge_status"] = status
-        return found
+        return _answered(status, body)
     if "APIError" in names:
         # An error event in a stream: the endpoint's own, with no HTTP status of its own.
         return {"phase": "bridge", "message": str(exc)[:_BRIDGE_MESSAGE_LIMIT]}

@@ -57,13 +57,13 @@ def _tool_calls(calls: Any) -> list[dict[str, Any]]:
         arguments: Any = function.get("arguments")
         raw: str | None = None
         if isinstance(arguments, str):
+            text = arguments
             try:
-                arguments = json.loads(arguments)
+                arguments = json.loads(text)
             except ValueError:
-                raw = arguments
-            else:
-                if not isinstance(arguments, dict):
-                    raw = function["arguments"]
+                arguments = None
+            if not isinstance(arguments, dict):
+                raw = text
         entry: dict[str, Any] = {
             "tool_call_id": call.get("id"),
             "function_name": function.get("name"),

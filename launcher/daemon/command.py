@@ -1,6 +1,6 @@
-"""``rollbridge daemon [--workspace DIR] [--http] [--host H] [--port N] [--allow-origin O]``: run the control API
-in the foreground (an IDE or a service manager starts it). One per workspace: a second start
-prints ``already running (pid …, socket …)`` and exits 0."""
+"""``rollbridge daemon [--workspace DIR] [--http] [--host H] [--port N] [--allow-origin O]``:
+run the control API in the foreground (an IDE or a service manager starts it). One per
+workspace: a second start prints ``already running (pid …, socket …)`` and exits 0."""
 
 from __future__ import annotations
 
