@@ -98,6 +98,7 @@ class CallTrace:
         "_wall",
         "api",
         "billed",
+        "error",
         "finish_reason",
         "kind",
         "model",
@@ -124,6 +125,9 @@ class CallTrace:
         self.finish_reason: str | None = None
         self.billed: CallUsage | None = None
         """The usage the ledger was given for this call (when the path records it itself)."""
+        self.error: BaseException | None = None
+        """The provider's error when it came as a frame of a stream that was relayed as is
+        (nothing was raised): the record is that of a failed call."""
         self._wall = time.time()
         self._t0 = time.monotonic()
         self._first: float | None = None

@@ -223,6 +223,7 @@ class RunSink:
             totals = call_totals(calls)
             record.calls = totals["calls"]
             record.cached_tokens = totals["cached_tokens"]
+            record.cache_write_tokens = totals["cache_write_tokens"]
             record.reasoning_tokens = totals["reasoning_tokens"]
         try:
             await self._run_dir.record_result(record, wait_for_trajectory=has_sample, calls=calls)

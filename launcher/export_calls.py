@@ -28,6 +28,7 @@ CALL_FIELDS = (
     "completion_tokens",
     "total_tokens",
     "cached_tokens",
+    "cache_write_tokens",
     "reasoning_tokens",
     "finish_reason",
     "logprobs",
@@ -86,6 +87,7 @@ def call_arrow_type() -> Any:
             ("completion_tokens", pa.int64()),
             ("total_tokens", pa.int64()),
             ("cached_tokens", pa.int64()),
+            ("cache_write_tokens", pa.int64()),
             ("reasoning_tokens", pa.int64()),
             ("finish_reason", pa.string()),
             (

@@ -22,7 +22,7 @@ from bridge.apis import Api
 from bridge.apis.policy import POLICIES, forwarded_headers
 from bridge.apis.usage import StreamedMessagesUsage, normalize
 from bridge.codec import dumps, loads
-from bridge.errors import UpstreamError
+from bridge.errors import UpstreamError, answer_kind
 from bridge.upstreams.routing import OFFICIAL_OPENAI_BASE, openai_base, resolve_direct
 
 if TYPE_CHECKING:
@@ -155,16 +155,17 @@ async def call(
     content: bytes,
     model: str,
     record: Callable[[CallUsage], None],
+    answered: Callable[[dict[str, Any]], None] | None = None,
 ) -> dict[str, Any]:
-    """One non-streaming native call: the provider's object with ``model`` echoed."""
-    import httpx
+    """One non-streaming native call: the provider's object with ``model`` echoed.
 
-    from bridge.upstreams.streamed import _status_error, _transport_error
+    ``answered`` sees the provider's object before the model is rewritten (the call record
+    names the model the provider says answered). A failure while the answer's body arrives
+    is not retried: the provider has billed it (docs/bridge.md, "Retries").
+    """
+    from bridge.upstreams.streamed import _status_error
 
-    try:
-        response = await client.post(route.url, content=content, headers=route.headers)
-    except httpx.TransportError as exc:
-        raise _transport_error(exc) from exc
+    response = await _exchange(client, route, content)
     if not 200 <= response.status_code < 300:
         raise _status_error(response)
     try:
@@ -174,8 +175,42 @@ async def call(
     if not isinstance(data, dict):
         raise UpstreamError(502, "provider returned a JSON value that is not an object")
     record(normalize(api, data.get("usage")))
+    if answered is not None:
+        answered(data)
     data["model"] = model
     return data
+
+
+async def _exchange(
+    client: httpx.AsyncClient, route: NativeRoute, content: bytes
+) -> httpx.Response:
+    """POST ``content`` and read the whole answer, whatever its status.
+
+    The head and the body are read apart so that a connection lost before any answer (which
+    may be retried) is told from an answer that broke off (which may not, unless its status
+    already said to try again).
+    """
+    import httpx
+
+    from bridge.retry import status_fault
+    from bridge.upstreams.streamed import _transport_error
+
+    request = client.build_request("POST", route.url, content=content, headers=route.headers)
+    try:
+        response = await client.send(request, stream=True)
+    except httpx.TransportError as exc:
+        raise _transport_error(exc) from exc
+    try:
+        await response.aread()
+    except httpx.TransportError as exc:
+        status = response.status_code
+        if 200 <= status < 300:
+            raise _transport_error(exc, answering=True) from exc
+        message = f"provider answered HTTP {status} (its body broke off)"
+        raise status_fault(status, message, response.headers.get("retry-after")) from exc
+    finally:
+        await response.aclose()
+    return response
 
 
 Keep = Callable[[str, "dict[str, Any]"], None]
@@ -186,15 +221,40 @@ async def count_tokens(
     client: httpx.AsyncClient, route: NativeRoute, content: bytes
 ) -> tuple[int, bytes]:
     """Anthropic's ``count_tokens``, relayed as is (free: nothing is counted in the ledger)."""
-    import httpx
-
-    from bridge.upstreams.streamed import _transport_error
-
-    try:
-        response = await client.post(route.url, content=content, headers=route.headers)
-    except httpx.TransportError as exc:
-        raise _transport_error(exc) from exc
+    response = await _exchange(client, route, content)
     return response.status_code, response.content
+
+
+# The status each provider error type stands for, as its own HTTP answers give it (Anthropic's
+# error types; OpenAI's Responses error codes for the few that name one).
+_ERROR_STATUS = {
+    "invalid_request_error": 400,
+    "authentication_error": 401,
+    "permission_error": 403,
+    "not_found_error": 404,
+    "request_too_large": 413,
+    "rate_limit_error": 429,
+    "rate_limit_exceeded": 429,
+    "api_error": 500,
+    "server_error": 500,
+    "overloaded_error": 529,
+}
+
+
+def relayed_error(api: Api, data: str) -> UpstreamError:
+    """The provider's error frame (as relayed) as the error its call record names."""
+    parsed = loads(data)
+    error: Any = parsed
+    if api == "responses" and isinstance(parsed.get("response"), dict):
+        error = parsed["response"].get("error")
+    elif isinstance(parsed.get("error"), dict):
+        error = parsed["error"]
+    error = error if isinstance(error, dict) else {}
+    name = error.get("type") if api == "messages" else error.get("code")
+    status = _ERROR_STATUS.get(name, 502) if isinstance(name, str) else 502
+    message = error.get("message")
+    text = message if isinstance(message, str) and message else data
+    return UpstreamError(status, text, kind=answer_kind(status))
 
 
 class NativeStream:
@@ -208,12 +268,23 @@ class NativeStream:
         self._responses: Any = None
         self.ended = False
         """Whether a frame that ends the answer came (a terminal event or an error)."""
+        self.answered: dict[str, Any] = {}
+        """What the frames said of the answer, as a whole object would (for the call record):
+        the ``model`` the provider named, and ``stop_reason`` (Messages) or ``status``
+        (Responses)."""
+        self.failed: str | None = None
+        """The provider's own error frame (``error``, ``response.failed``), as relayed."""
 
     def usage(self) -> CallUsage:
         """The usage reported so far, normalized."""
         if self.api == "messages":
             return self._messages.call()
         return normalize("responses", self._responses)
+
+    def _take(self, source: dict[str, Any], key: str) -> None:
+        value = source.get(key)
+        if isinstance(value, str) and value:
+            self.answered[key] = value
 
     def frame(self, event: str, data: str) -> bytes:
         """One frame to relay (rewritten only when it carries the model)."""
@@ -224,12 +295,17 @@ class NativeStream:
         if isinstance(parsed, dict):
             kind = parsed.get("type", event)
             self.ended = self.ended or kind in _ENDS[self.api]
+            if kind in ("error", "response.failed") and self.failed is None:
+                self.failed = data
             if self.api == "messages":
                 self._messages.event(parsed)
                 message = parsed.get("message")
                 if kind == "message_start" and isinstance(message, dict):
+                    self._take(message, "model")
                     message["model"] = self.model
                     data = dumps(parsed).decode()
+                elif kind == "message_delta" and isinstance(parsed.get("delta"), dict):
+                    self._take(parsed["delta"], "stop_reason")
             else:
                 item = parsed.get("item")
                 if kind == "response.output_item.done" and self._keep is not None:
@@ -237,9 +313,11 @@ class NativeStream:
                         self._keep(ident, fields)
                 response = parsed.get("response")
                 if isinstance(response, dict) and "model" in response:
+                    self._take(response, "model")
                     response["model"] = self.model
                     if kind in _TERMINAL:
                         self._responses = response.get("usage")
+                        self._take(response, "status")
                     data = dumps(parsed).decode()
                 elif kind == "error" and "error" not in parsed:
                     # openai-python raises APIError on an error event only when its data has an

@@ -248,7 +248,7 @@ class ApiRoutes:
                 failure = exc
                 raise
             finally:
-                self.bridge.calls.add(trace.finish(None, failure))
+                self.bridge.calls.add(trace.finish(None, failure or trace.error))
 
         return run
 
@@ -290,11 +290,10 @@ class ApiRoutes:
             client = self._client()
             if not is_stream(body):
                 data = await retrying(
-                    lambda: nat.call(client, api, route, content, model, record),
+                    lambda: nat.call(client, api, route, content, model, record, trace.answered_as),
                     self.bridge.retry,
                     on_fault,
                 )
-                trace.answered_as(data)
                 for item_id, fields in nat.reasoning_items(data.get("output")):
                     keep(item_id, fields)
                 return data
@@ -309,7 +308,11 @@ class ApiRoutes:
             finally:
                 await frames.aclose()
                 if state.started:
+                    # A stream the provider began is billed, however it ended (docs/bridge.md).
                     record(relay.usage())
+                    trace.answered_as(relay.answered)
+                    if relay.failed is not None:
+                        trace.error = nat.relayed_error(api, relay.failed)
             if not state.started:
                 raise UpstreamError(502, "the provider's stream ended before any event")
             return None

@@ -139,10 +139,12 @@ def _wire_error(exc: WireError) -> UpstreamError:
         return ProviderFault(408, f"provider request timed out: {detail}", kind="Timeout")
     if isinstance(exc, ReadTimeout):
         return UpstreamError(408, f"provider request timed out: {detail}", kind="Timeout")
-    message = f"could not reach the provider: {detail}"
     if exc.before_answer:
+        message = f"could not reach the provider: {detail}"
         return ProviderFault(502, message, kind="APIConnectionError")
-    return UpstreamError(502, message, kind="APIConnectionError")
+    return UpstreamError(
+        502, f"the provider's answer broke off: {detail}", kind="APIConnectionError"
+    )
 
 
 def _h2c_hint(error: UpstreamError, origin: Origin, h2wire: H2Wire | None) -> UpstreamError:

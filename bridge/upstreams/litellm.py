@@ -11,7 +11,7 @@ import httpx
 
 from bridge.errors import BridgeRequestError, UpstreamError
 from bridge.policy import PreparedRequest
-from bridge.retry import status_fault
+from bridge.retry import ProviderFault, status_fault
 from bridge.upstreams._loop import LiteLLMWorker, worker
 from bridge.upstreams.routing import OFFICIAL_OPENAI_BASE, openai_base
 
@@ -99,9 +99,15 @@ def to_upstream_error(exc: BaseException) -> UpstreamError | BridgeRequestError:
     retry_after = _retry_after(exc)
     seen: set[int] = set()
     cause: BaseException | None = exc
+    lost: httpx.TransportError | None = None
+    broke_off = False
     while cause is not None and id(cause) not in seen:
         seen.add(id(cause))
+        broke_off = broke_off or _broke_off(cause)
+        if isinstance(cause, httpx.TransportError) and lost is None:
+            lost = cause
         if isinstance(cause, httpx.HTTPStatusError):
+            lost, broke_off = None, False
             status = cause.response.status_code
             retry_after = cause.response.headers.get("retry-after") or retry_after
             try:
@@ -114,9 +120,36 @@ def to_upstream_error(exc: BaseException) -> UpstreamError | BridgeRequestError:
         cause = cause.__cause__ or cause.__context__
     if type(exc).__name__ == "Timeout":
         status = 408
+    elif broke_off or (lost is not None and not isinstance(lost, httpx.TimeoutException)):
+        # LiteLLM calls a failed exchange a 500 of its own: the provider answered no status.
+        # Lost before an answer, it may be made again; broken off while arriving, it is billed.
+        if broke_off:
+            return UpstreamError(
+                502, f"the provider's answer broke off: {message}", kind="APIConnectionError"
+            )
+        return ProviderFault(
+            502, f"could not reach the provider: {message}", kind="APIConnectionError"
+        )
     if not isinstance(status, int) or isinstance(status, bool):
         status = 500
     return status_fault(status, str(message), retry_after, kind=type(exc).__name__)
+
+
+# How a body that broke off while arriving shows in LiteLLM's cause chain: aiohttp's
+# payload errors (its default transport), httpx's incomplete body, LiteLLM's stream that ended
+# before a finish reason. Named, not imported: aiohttp is LiteLLM's dependency, not ours.
+_BROKE_OFF_TYPES = frozenset(
+    {"ClientPayloadError", "ContentLengthError", "TransferEncodingError", "MidStreamFallbackError"}
+)
+_BROKE_OFF_TEXT = ("complete message body", "incomplete chunked read")
+
+
+def _broke_off(exc: BaseException) -> bool:
+    if type(exc).__name__ in _BROKE_OFF_TYPES:
+        return True
+    return isinstance(exc, httpx.RemoteProtocolError) and any(
+        text in str(exc) for text in _BROKE_OFF_TEXT
+    )
 
 
 def _retry_after(exc: BaseException) -> str | None:

@@ -157,8 +157,12 @@ def _transport_error(exc: httpx.TransportError, *, answering: bool = False) -> U
         return ProviderFault(408, f"provider request timed out: {detail}", kind="Timeout")
     if isinstance(exc, httpx.TimeoutException):
         return UpstreamError(408, f"provider request timed out: {detail}", kind="Timeout")
+    if answering:
+        return UpstreamError(
+            502, f"the provider's answer broke off: {detail}", kind="APIConnectionError"
+        )
     message = f"could not reach the provider: {detail}"
-    if not answering and isinstance(exc, httpx.NetworkError | httpx.RemoteProtocolError):
+    if isinstance(exc, httpx.NetworkError | httpx.RemoteProtocolError):
         return ProviderFault(502, message, kind="APIConnectionError")
     return UpstreamError(502, message, kind="APIConnectionError")
 

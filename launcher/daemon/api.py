@@ -363,6 +363,7 @@ def _item(run_dir: Path, row: str, run: str) -> dict[str, Any]:
             "max_context_tokens": index.get("max_context_tokens"),
             "calls": index.get("calls"),
             "cached_tokens": index.get("cached_tokens"),
+            "cache_write_tokens": index.get("cache_write_tokens"),
             "reasoning_tokens": index.get("reasoning_tokens"),
             "retries": index.get("retries"),
         },

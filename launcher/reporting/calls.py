@@ -25,6 +25,7 @@ _KEPT = (
     "prompt_tokens",
     "completion_tokens",
     "cached_tokens",
+    "cache_write_tokens",
     "reasoning_tokens",
     "finish_reason",
 )

@@ -31,7 +31,14 @@ _DIAGNOSTICS = "diagnostics.json"
 
 
 #: Index keys an item keeps beside its tokens (ours: docs/calls.md).
-USAGE_KEYS = ("calls", "cached_tokens", "reasoning_tokens", "retries", "metrics")
+USAGE_KEYS = (
+    "calls",
+    "cached_tokens",
+    "cache_write_tokens",
+    "reasoning_tokens",
+    "retries",
+    "metrics",
+)
 
 
 def _jsonl(path: Path) -> Iterator[dict[str, Any]]:

@@ -78,8 +78,8 @@ class ReportItem:
     rubric: dict[str, float] = field(default_factory=dict)
     """Judge label -> this rollout's mean rubric score (``rollbridge eval rubric --run``)."""
     usage: dict[str, Any] = field(default_factory=dict)
-    """The index row's ``calls``, ``cached_tokens``, ``reasoning_tokens``, ``retries`` and
-    ``metrics`` (those it has)."""
+    """The index row's ``calls``, ``cached_tokens``, ``cache_write_tokens``,
+    ``reasoning_tokens``, ``retries`` and ``metrics`` (those it has)."""
     calls: list[dict[str, Any]] | None = None
     """The rollout's model calls as a timeline (launcher.reporting.calls), when loaded."""
 

@@ -21,6 +21,7 @@ _BAR_W, _BAR_H = 560, 140
 _USAGE_CARDS = (
     ("calls", "model calls"),
     ("cached_tokens", "cached tokens"),
+    ("cache_write_tokens", "cache-write tokens"),
     ("reasoning_tokens", "reasoning tokens"),
     ("retries", "retried calls"),
 )

@@ -89,26 +89,22 @@ def encode_calls(
 
 
 def call_totals(records: Iterable[dict[str, Any]]) -> dict[str, int | None]:
-    """A row's totals over its call records: ``calls``, ``cached_tokens`` and
-    ``reasoning_tokens`` (None when no call reported that kind), ``retries``."""
+    """A row's totals over its call records: ``calls``, ``cached_tokens``,
+    ``cache_write_tokens`` and ``reasoning_tokens`` (None when no call reported that kind),
+    ``retries``."""
     calls = retries = 0
-    cached: int | None = None
-    reasoning: int | None = None
+    sums: dict[str, int | None] = dict.fromkeys(_SUMMED)
     for record in records:
         calls += 1
         retries += len(record.get("retries") or ())
-        value = record.get("cached_tokens")
-        if isinstance(value, int):
-            cached = (cached or 0) + value
-        value = record.get("reasoning_tokens")
-        if isinstance(value, int):
-            reasoning = (reasoning or 0) + value
-    return {
-        "calls": calls,
-        "cached_tokens": cached,
-        "reasoning_tokens": reasoning,
-        "retries": retries,
-    }
+        for key in _SUMMED:
+            value = record.get(key)
+            if isinstance(value, int):
+                sums[key] = (sums[key] or 0) + value
+    return {"calls": calls, **sums, "retries": retries}
+
+
+_SUMMED = ("cached_tokens", "cache_write_tokens", "reasoning_tokens")
 
 
 def _orphan_suffix(fd: int, size: int, acknowledged: Callable[[str], bool]) -> int:

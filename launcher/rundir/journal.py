@@ -58,6 +58,7 @@ _INT_FIELDS = (
     "retries",
     "calls",
     "cached_tokens",
+    "cache_write_tokens",
     "reasoning_tokens",
 )
 _FLOAT_FIELDS = ("reward", "duration_ms")

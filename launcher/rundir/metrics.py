@@ -134,7 +134,7 @@ _ROW, _RUN, _STATUS, _REWARD, _TOKENS = (
 )
 #: Index keys summed into the summary beside ``tokens_used`` (ours; a key no row carries is
 #: left out of the summary).
-_USAGE_KEYS = ("calls", "cached_tokens", "reasoning_tokens", "retries")
+_USAGE_KEYS = ("calls", "cached_tokens", "cache_write_tokens", "reasoning_tokens", "retries")
 _USAGE_SLOTS = tuple(INDEX_KEYS.index(key) for key in _USAGE_KEYS)
 
 
@@ -176,7 +176,7 @@ def aggregate_index_values(rows: Iterable[IndexValues], pass_threshold: float) -
         tokens = row[_TOKENS]
         if isinstance(tokens, int) and not isinstance(tokens, bool):
             tokens_used += tokens
-        if row[_USAGE_SLOTS[0]] is not None or row[_USAGE_SLOTS[3]] is not None:
+        if row[_USAGE_SLOTS[0]] is not None or row[_USAGE_SLOTS[-1]] is not None:
             usage.add(*(row[slot] for slot in _USAGE_SLOTS))
         max_run = max(max_run, row[_RUN])
         status = row[_STATUS]

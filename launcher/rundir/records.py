@@ -182,6 +182,9 @@ class TerminalRecord(msgspec.Struct, kw_only=True, gc=False):
     ``calls.jsonl``, launcher.rundir.calls)."""
     cached_tokens: int | None = None
     """Prompt tokens the provider served from its cache, summed over the calls (ours)."""
+    cache_write_tokens: int | None = None
+    """Prompt tokens the provider wrote to its cache (Anthropic's cache creation), summed
+    over the calls (ours)."""
     reasoning_tokens: int | None = None
     """Completion tokens the provider spent reasoning, summed over the calls (ours)."""
     metrics: dict[str, Any] | None = None

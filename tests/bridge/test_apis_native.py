@@ -36,13 +36,16 @@ async def fake(nursery: trio.Nursery, monkeypatch: pytest.MonkeyPatch) -> ApiUps
 @pytest.fixture
 async def openai_native(start_bridge: StartBridge, fake: ApiUpstream) -> BridgeHandle:
     return await start_bridge(
-        model="openai/gpt-native", retry=FAST, apis=ApiOptions(responses="native")
+        model="openai/gpt-native",
+        retry=FAST,
+        apis=ApiOptions(responses="native"),
+        keep_calls=True,
     )
 
 
 @pytest.fixture
 async def anthropic_native(start_bridge: StartBridge, fake: ApiUpstream) -> BridgeHandle:
-    return await start_bridge(model="anthropic/claude-native", retry=FAST)
+    return await start_bridge(model="anthropic/claude-native", retry=FAST, keep_calls=True)
 
 
 async def test_responses_pass_through(
@@ -181,10 +184,71 @@ async def test_an_error_mid_stream_reaches_the_client_in_its_shape(
             headers=AUTH,
         )
     assert events(r.text)[-1][0] == "error"
-    # Not retried (it had started), but counted: the provider began answering.
-    for handle in (anthropic_native, openai_native):
+    # Not retried (it had started), but counted: the provider began answering. Its record is
+    # that of a failed call, with the status the provider's error type stands for.
+    for handle, upstream, kind in (
+        (anthropic_native, 529, "APIError"),
+        (openai_native, 500, "InternalServerError"),
+    ):
         usage = handle.ledger.get("x")
         assert usage is not None and (usage.calls, usage.retries) == (1, 0)
+        (record,) = handle.calls.pop("x")
+        assert (record["status"], record["upstream_status"], record["error"]) == (
+            502,
+            upstream,
+            kind,
+        )
+
+
+async def test_a_whole_answer_that_breaks_off_is_not_retried(
+    anthropic_native: BridgeHandle,
+    openai_native: BridgeHandle,
+    fake: ApiUpstream,
+    client: httpx.AsyncClient,
+) -> None:
+    """The provider's 200 arrives, then its body stops short of its Content-Length: the
+    provider has billed that call, so it is answered as a failure at once, never made again,
+    and its record says the answer broke off (not that the provider was unreachable)."""
+    for handle, path, body in (
+        (anthropic_native, "/v1/messages", MSG),
+        (openai_native, "/responses", RESP),
+    ):
+        sent = len(fake.requests)
+        fake.faults.append("truncated")
+        with trio.fail_after(20):
+            answer = await client.post(f"{handle.rollout_url('b')}{path}", json=body, headers=AUTH)
+        assert answer.status_code == 502, answer.text
+        assert "broke off" in answer.text
+        assert len(fake.requests) == sent + 1  # one attempt
+        (record,) = handle.calls.pop("b")
+        assert record["error"] == "APIConnectionError" and "retries" not in record
+        assert "upstream_status" not in record
+
+
+async def test_native_call_records_name_the_answering_model_and_why_it_stopped(
+    anthropic_native: BridgeHandle,
+    openai_native: BridgeHandle,
+    client: httpx.AsyncClient,
+) -> None:
+    """The record names the model the provider says answered (its snapshot), not the client's
+    name the answer is rewritten to, streamed or not, with the stop reason of each API."""
+    for handle, path, body, model, reason in (
+        (anthropic_native, "/v1/messages", MSG, "claude-native-20250101", "end_turn"),
+        (openai_native, "/responses", RESP, "gpt-native-20250101", "completed"),
+    ):
+        with trio.fail_after(20):
+            for stream in (False, True):
+                answer = await client.post(
+                    f"{handle.rollout_url('m')}{path}",
+                    json={**body, "stream": stream},
+                    headers=AUTH,
+                )
+                assert answer.status_code == 200, answer.text
+        records = handle.calls.pop("m")
+        assert [(r["stream"], r["model"], r["finish_reason"]) for r in records] == [
+            (False, model, reason),
+            (True, model, reason),
+        ]
 
 
 async def test_a_native_stream_cut_off_before_its_last_event_is_an_error(

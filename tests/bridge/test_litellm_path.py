@@ -239,3 +239,78 @@ async def test_cancellation_reaches_upstream_through_litellm(
         while provider_env.disconnects == 0:
             await trio.sleep(0.02)
     assert provider_env.completed == 0
+
+
+async def _broken_provider(
+    how: str, seen: list[bytes], task_status: trio.TaskStatus[str] = trio.TASK_STATUS_IGNORED
+) -> None:
+    """A provider that reads each request, then closes with no answer (``"silent"``) or
+    after half of a 200's body (``"truncated"``, or ``"stream"``: an event stream's first
+    event and no more)."""
+    listeners = await trio.open_tcp_listeners(0, host="127.0.0.1")
+    task_status.started(f"http://127.0.0.1:{listeners[0].socket.getsockname()[1]}")
+
+    async def one(stream: trio.SocketStream) -> None:
+        async with stream:
+            data = b""
+            while b"\r\n\r\n" not in data:
+                data += await stream.receive_some()
+            head, _, body = data.partition(b"\r\n\r\n")
+            length = int(head.lower().split(b"content-length:")[1].split(b"\r\n")[0])
+            while len(body) < length:
+                body += await stream.receive_some()
+            seen.append(body)
+            if how == "truncated":
+                await stream.send_all(
+                    b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\n"
+                    b'content-length: 400\r\n\r\n{"id": "msg_1", "type": '
+                )
+            elif how == "stream":
+                start = {"type": "message_start", "message": anthropic_message([])}
+                await stream.send_all(
+                    b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\n\r\n"
+                    + f"event: message_start\ndata: {json.dumps(start)}\n\n".encode()
+                )
+
+    await trio.serve_listeners(one, listeners)
+
+
+@pytest.mark.parametrize(("how", "stream"), [("truncated", False), ("stream", True)])
+async def test_an_answer_that_broke_off_through_litellm_is_not_retried(
+    start_bridge: StartBridge,
+    nursery: trio.Nursery,
+    monkeypatch: pytest.MonkeyPatch,
+    how: str,
+    stream: bool,
+) -> None:
+    """LiteLLM calls any failed exchange a 500 of its own; an answer that began arriving was
+    billed, so the bridge neither retries it nor records a status the provider never sent."""
+    seen: list[bytes] = []
+    base = await nursery.start(_broken_provider, how, seen)
+    monkeypatch.setenv("ANTHROPIC_API_BASE", base)
+    monkeypatch.setenv("ANTHROPIC_API_KEY", "sk-ant-test-key-0123456789abcdef")
+    fast = RetryPolicy(max_attempts=3, base_delay=0.01, max_delay=0.02)
+    handle = await start_bridge(model=ANTHROPIC_MODEL, retry=fast, keep_calls=True)
+    response = await call(handle, {"messages": HI, "max_tokens": 5, "stream": stream})
+    assert "broke off" in response.text
+    assert len(seen) == 1
+    (record,) = handle.calls.pop("r1")
+    assert record["status"] == 502 and record["error"] == "APIConnectionError"
+    assert "upstream_status" not in record and "retries" not in record
+
+
+async def test_a_provider_lost_before_answering_through_litellm_is_retried(
+    start_bridge: StartBridge, nursery: trio.Nursery, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    seen: list[bytes] = []
+    base = await nursery.start(_broken_provider, "silent", seen)
+    monkeypatch.setenv("ANTHROPIC_API_BASE", base)
+    monkeypatch.setenv("ANTHROPIC_API_KEY", "sk-ant-test-key-0123456789abcdef")
+    fast = RetryPolicy(max_attempts=3, base_delay=0.01, max_delay=0.02)
+    handle = await start_bridge(model=ANTHROPIC_MODEL, retry=fast, keep_calls=True)
+    response = await call(handle, {"messages": HI, "max_tokens": 5})
+    assert response.status_code == 502 and "could not reach the provider" in response.text
+    assert len(seen) == 3
+    (record,) = handle.calls.pop("r1")
+    assert "upstream_status" not in record
+    assert record["retries"] == [{"status": 502, "kind": "APIConnectionError"}] * 2

@@ -6,7 +6,9 @@ get instead of an answer: ``"429"`` (with ``Retry-After: 0``), ``"500"``, ``"529
 (the connection is reset before any answer), ``"echo_key"`` (a 400 whose message quotes the
 credential the request carried) or ``"midstream"`` (a streamed answer that sends
 two events, then the provider's own error event) or ``"cutoff"`` (the same two events, then the
-connection closed cleanly, with no event that ends the answer).
+connection closed cleanly, with no event that ends the answer) or ``"truncated"`` (a whole
+answer whose body stops half-way through its ``Content-Length``). Answers name the model
+asked for with a snapshot date (``<model>-20250101``), as providers do.
 
 ``POST /v1/responses``: the reply is ``"native: " + <input text>``; usage
 ``input_tokens=100`` of which ``cached_tokens=40``, ``output_tokens=7`` of which
@@ -113,12 +115,14 @@ async def _send(
     body: bytes,
     kind: str = "application/json",
     extra: str = "",
+    *,
+    truncated: bool = False,
 ) -> None:
     head = (
         f"HTTP/1.1 {status} X\r\ncontent-type: {kind}\r\ncontent-length: {len(body)}\r\n"
         f"connection: close\r\n{extra}\r\n"
     )
-    await stream.send_all(head.encode() + body)
+    await stream.send_all(head.encode() + (body[: len(body) // 2] if truncated else body))
 
 
 def _sse(kind: str, data: dict[str, Any]) -> bytes:
@@ -133,6 +137,9 @@ def _input_text(body: dict[str, Any]) -> str:
         content = message.get("content")
         return content if isinstance(content, str) else str(content)
     return str(value)
+
+
+SNAPSHOT = "-20250101"
 
 
 async def _connection(state: ApiUpstream, stream: trio.SocketStream) -> None:
@@ -228,7 +235,7 @@ async def _responses(stream: trio.SocketStream, body: dict[str, Any], *, fault: 
         "object": "response",
         "created_at": 1,
         "status": "completed",
-        "model": body.get("model"),
+        "model": f"{body.get('model')}{SNAPSHOT}",
         "output": [item, *reasoning],
         "usage": RESPONSES_USAGE,
         "parallel_tool_calls": True,
@@ -236,7 +243,7 @@ async def _responses(stream: trio.SocketStream, body: dict[str, Any], *, fault: 
         "tools": [],
     }
     if not body.get("stream"):
-        await _send(stream, 200, json.dumps(response).encode())
+        await _send(stream, 200, json.dumps(response).encode(), truncated=fault == "truncated")
         return
     await stream.send_all(
         b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\nconnection: close\r\n\r\n"
@@ -306,14 +313,14 @@ async def _messages(stream: trio.SocketStream, body: dict[str, Any], *, fault: s
         "id": "msg_1",
         "type": "message",
         "role": "assistant",
-        "model": body.get("model"),
+        "model": f"{body.get('model')}{SNAPSHOT}",
         "content": [{"type": "text", "text": text}],
         "stop_reason": "end_turn",
         "stop_sequence": None,
         "usage": final_usage,
     }
     if not body.get("stream"):
-        await _send(stream, 200, json.dumps(message).encode())
+        await _send(stream, 200, json.dumps(message).encode(), truncated=fault == "truncated")
         return
     await stream.send_all(
         b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\nconnection: close\r\n\r\n"

@@ -89,6 +89,7 @@ def test_jsonl_rows(run: Path, capsys: pytest.CaptureFixture[str]) -> None:
         "max_context_tokens": 30,
         "calls": None,
         "cached_tokens": None,
+        "cache_write_tokens": None,
         "reasoning_tokens": None,
         "retries": None,
         "metrics": None,

@@ -183,3 +183,13 @@ async def test_sdk_rollout_tokens_reach_the_index(
     assert {r["api"] for r in routed} == {api}
     assert sum(r["total_tokens"] for r in routed) == sum(r["tokens"] for r in rows)
     assert all(r.get("cached_tokens") for r in routed)
+    # The cache kinds reach the rows and the run's totals: each row's sums over its calls.
+    for row in rows:
+        mine = [r for r in routed if r["rollout_id"] == row["rollout_id"]]
+        for key in ("cached_tokens", "cache_write_tokens"):
+            assert row.get(key) == (sum(r[key] for r in mine) if key in mine[0] else None)
+    metrics = json.loads((run / "metrics.json").read_text())["summary"]
+    assert metrics["cached_tokens"] == sum(r["cached_tokens"] for r in rows)
+    if api == "messages":
+        assert [r["cache_write_tokens"] for r in rows] == [30] * 3
+        assert metrics["cache_write_tokens"] == 90

@@ -38,12 +38,13 @@ def call(rollout_id: str, **kw: Any) -> dict[str, Any]:
 def test_totals_count_calls_retries_and_reported_token_kinds() -> None:
     calls = [
         call("a", cached_tokens=4, retries=[{"status": 429, "kind": "RateLimitError"}]),
-        call("a", cached_tokens=6, reasoning_tokens=3),
+        call("a", cached_tokens=6, reasoning_tokens=3, cache_write_tokens=7),
         call("a", status=502, error="APIError"),
     ]
     assert call_totals(calls) == {
         "calls": 3,
         "cached_tokens": 10,
+        "cache_write_tokens": 7,
         "reasoning_tokens": 3,
         "retries": 1,
     }
