@@ -229,6 +229,13 @@ class _Connection:
                 item.strip() for item in value.lower().split(b",")
             ]:
                 keep_alive = False
+            elif name == b"transfer-encoding" and b"," in value:
+                # llhttp takes any list of codings that ends in chunked, and would hand the app
+                # a body still in the others (gzip, ...): RFC 9112, section 6.1's 501. (One
+                # that does not end in chunked is llhttp's 400, as the same section says.)
+                codings = [coding.strip() for coding in value.lower().split(b",")]
+                if codings[-1] == b"chunked" and any(codings[:-1]):
+                    raise _Refused(501)
         self.started += 1
         self.in_body = True
         self.head_bytes = 0
@@ -363,10 +370,16 @@ class _Connection:
     async def write(self, data: bytes) -> None:
         if self.broken:
             return
-        try:
-            await self.stream.send_all(data)
-        except _DROPPED:
+        # A client that stops reading holds a write at most this long; then the connection is
+        # closed, which an app waiting on ``receive()`` sees as the client's going away.
+        with trio.move_on_after(self.limits.send_timeout) as bound:
+            try:
+                await self.stream.send_all(data)
+            except _DROPPED:
+                self.broken = True
+        if bound.cancelled_caught:
             self.broken = True
+            await trio.aclose_forcefully(self.stream)
 
     async def refuse(self, status: int) -> None:
         """Answer ``status`` with an empty body and ``Connection: close`` (the caller closes)."""

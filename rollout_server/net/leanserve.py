@@ -29,7 +29,7 @@ import trio
 from hypercorn.config import Config
 
 from .h1 import serve_h1
-from .limits import Limits
+from .limits import Limits, default_max_connections
 
 
 class _Signal(Protocol):
@@ -43,7 +43,7 @@ class _Signal(Protocol):
 if TYPE_CHECKING:
     from hypercorn.typing import ASGIFramework
 
-__all__ = ["IdleWatch", "LeanConfig", "serve_connection", "serve_lean"]
+__all__ = ["Admission", "IdleWatch", "LeanConfig", "serve_connection", "serve_lean"]
 
 
 class LeanConfig(Config):
@@ -56,6 +56,47 @@ class LeanConfig(Config):
     """
 
     limits: Limits = Limits()
+    _admission: Admission | None = None
+
+    @property
+    def admission(self) -> Admission:
+        """The server's connection cap (one per config: its listeners share it)."""
+        if self._admission is None:
+            self._admission = Admission(self.limits.max_connections or default_max_connections())
+        return self._admission
+
+
+class Admission:
+    """At most ``limit`` connections of one server at once (:mod:`.limits`).
+
+    A connection past the limit closes the one idle longest, or is refused (closed unread)
+    when every connection is working. Trio's accept loop would otherwise take connections
+    until the process runs out of descriptors, then log an EMFILE error ten times a second
+    while the callers that are working wait.
+    """
+
+    __slots__ = ("_open", "limit")
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self._open: set[IdleWatch] = set()
+
+    def admit(self, watch: IdleWatch) -> bool:
+        """Count ``watch``'s connection in, making room if it can; False: refuse it."""
+        if len(self._open) >= self.limit:
+            oldest = min(
+                (w for w in self._open if w.idle), key=lambda w: w.idle_until, default=None
+            )
+            if oldest is None:
+                return False
+            oldest.evict()
+            self._open.discard(oldest)
+        self._open.add(watch)
+        return True
+
+    def leave(self, watch: IdleWatch) -> None:
+        """``watch``'s connection is closed."""
+        self._open.discard(watch)
 
 
 async def serve_lean(
@@ -149,6 +190,10 @@ async def serve_connection(
     # server with a thousand connections paid ~0.2 s for them at shutdown
     # (scripts/bench/bench_wire_connect.py measures the three ways).
     idle = IdleWatch(closing, config.keep_alive_timeout, stream.aclose)
+    admission = config.admission
+    if not admission.admit(idle):
+        sock.close()
+        return
     try:
         async with trio.open_nursery() as nursery:
             nursery.start_soon(idle.watch)
@@ -165,6 +210,7 @@ async def serve_connection(
     except OSError:
         pass
     finally:
+        admission.leave(idle)
         sock.close()
 
 
@@ -177,7 +223,16 @@ class IdleWatch:
     ``close`` closes the connection, which ends its loop.
     """
 
-    __slots__ = ("_close", "_closing", "_deadline", "_idle", "_resumed", "_timeout")
+    __slots__ = (
+        "_close",
+        "_closing",
+        "_deadline",
+        "_evicted",
+        "_idle",
+        "_resumed",
+        "_sleep",
+        "_timeout",
+    )
 
     def __init__(
         self, closing: _Signal, timeout: float, close: Callable[[], Awaitable[None]]
@@ -188,6 +243,24 @@ class IdleWatch:
         self._idle = False
         self._deadline = math.inf
         self._resumed = trio.Event()
+        self._evicted = False
+        self._sleep: trio.CancelScope | None = None
+
+    @property
+    def idle(self) -> bool:
+        """Whether the connection waits for a request."""
+        return self._idle
+
+    @property
+    def idle_until(self) -> float:
+        """When the idle connection's timeout ends (the earliest went idle first)."""
+        return self._deadline
+
+    def evict(self) -> None:
+        """Close the connection now if it is idle, else as soon as it is (to make room)."""
+        self._evicted = True
+        if self._sleep is not None:
+            self._sleep.deadline = -math.inf
 
     async def enter(self) -> None:
         """The connection waits for a request: (re)start the countdown."""
@@ -207,9 +280,13 @@ class IdleWatch:
                 await self._resumed.wait()
                 continue
             # A request that came and went meanwhile moved the deadline: look again.
-            with trio.move_on_at(self._deadline):
+            with trio.move_on_at(-math.inf if self._evicted else self._deadline) as sleep:
+                self._sleep = sleep
                 await self._closing.wait()
-            if self._idle and (self._closing.is_set() or trio.current_time() >= self._deadline):
+            self._sleep = None
+            if self._idle and (
+                self._evicted or self._closing.is_set() or trio.current_time() >= self._deadline
+            ):
                 break
         with trio.CancelScope(shield=True):
             await self._close()

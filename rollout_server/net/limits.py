@@ -11,6 +11,15 @@ limit, applied by :mod:`rollout_server.net.h1` to every connection:
   or a stalled body is answered 408 (when no answer has begun) and the connection closed,
   which frees what was buffered for it;
 - a connection idle between requests closes after :data:`KEEP_ALIVE_TIMEOUT` seconds;
+- each write of an answer must be taken by the client within :data:`SEND_TIMEOUT` seconds
+  (nginx's ``send_timeout``): a client that stops reading (a streamed answer, or pipelined
+  requests whose answers it never reads) is closed, and the app's call is cancelled with it;
+- a server holds at most ``max_connections`` connections at once (by default its process's
+  open-file limit less a reserve, :func:`default_max_connections`): a connection past it
+  closes the one idle longest (it waits for a request, or for the rest of a head; its client
+  reconnects as after a keep-alive timeout), or is closed at once when none is idle. A flood
+  of idle connections then costs the server neither its accept loop (no EMFILE there, which
+  trio logs ten times a second) nor the callers that are working;
 - nothing past the current request is read from the socket once :data:`MAX_PENDING` bytes of
   it are buffered, until the app has answered: bytes a client pipelines (or floods) after a
   request's body wait in the kernel's buffers, not in ours;
@@ -34,7 +43,9 @@ __all__ = [
     "MAX_HEADERS",
     "MAX_PENDING",
     "MAX_RECV",
+    "SEND_TIMEOUT",
     "Limits",
+    "default_max_connections",
 ]
 
 MAX_HEAD: Final = 16 * 1024
@@ -51,6 +62,22 @@ BODY_READ_TIMEOUT: Final = 60.0
 """Seconds one read of a request body may wait for bytes."""
 KEEP_ALIVE_TIMEOUT: Final = 75.0
 """Seconds an idle keep-alive connection stays open (servers may set their own)."""
+SEND_TIMEOUT: Final = 60.0
+"""Seconds one write of an answer may wait for the client to take its bytes."""
+
+
+def default_max_connections() -> int:
+    """The connections one server holds at once when its :class:`Limits` names no number:
+    the process's soft open-file limit less the reserve the supervisor's budget keeps free
+    for what does not grow with the rollouts in flight (a quarter of the limit, at most 256:
+    launcher.fdbudget.RESERVE). The rollouts in flight are fitted below that, so the calls
+    of working rollouts always fit under the cap; at least 64."""
+    import resource
+
+    soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft == resource.RLIM_INFINITY:
+        soft = 1 << 20
+    return max(64, soft - min(256, soft // 4))
 
 
 @dataclass(frozen=True, slots=True)
@@ -62,4 +89,7 @@ class Limits:
     max_headers: int = MAX_HEADERS
     head_timeout: float = HEAD_TIMEOUT
     body_read_timeout: float = BODY_READ_TIMEOUT
+    send_timeout: float = SEND_TIMEOUT
+    max_connections: int | None = None
+    """None: :func:`default_max_connections`, read when the server takes its first one."""
     max_pending: int = MAX_PENDING

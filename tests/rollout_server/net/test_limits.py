@@ -16,6 +16,8 @@ from rollout_server.net.limits import (
     MAX_HEAD,
     MAX_HEADERS,
     MAX_PENDING,
+    SEND_TIMEOUT,
+    Limits,
 )
 from tests.wire_attacks import read_to_eof, rss
 
@@ -185,3 +187,114 @@ async def test_a_connection_idle_after_a_get_closes_after_the_keep_alive_timeout
             answer = await read_to_eof(stream)
     assert answer.startswith(b"HTTP/1.1 401 ")
     assert b"connection: close" not in answer.lower()  # closed later, by the idle timer
+
+
+stream_gone = trio.Event()
+
+
+async def _endless(scope: dict[str, Any], receive: Any, send: Any) -> None:
+    """``/endless``: a streamed answer that never ends, which notes the client's going away."""
+    if scope["path"] != "/endless":
+        await _app(scope, receive, send)
+        return
+    await receive()  # the (empty) request body
+    start = {"type": "http.response.start", "status": 200, "headers": []}
+    await send(start)
+    async with trio.open_nursery() as nursery:
+
+        async def watch() -> None:
+            await receive()  # returns when the client is gone
+            stream_gone.set()
+            nursery.cancel_scope.cancel()
+
+        nursery.start_soon(watch)
+        while True:
+            await send({"type": "http.response.body", "body": b"x" * 65536, "more_body": True})
+
+
+async def _serve(nursery: trio.Nursery, app: Any, limits: Limits | None = None) -> int:
+    config = LeanConfig()
+    config.bind = ["127.0.0.1:0"]
+    config.accesslog = None
+    config.keep_alive_timeout = 3600.0
+    if limits is not None:
+        config.limits = limits
+    binds = await nursery.start(partial(serve_lean, app, config))
+    return int(binds[0].rsplit(":", 1)[1])
+
+
+async def test_a_client_that_stops_reading_is_closed_after_the_send_timeout(
+    nursery: trio.Nursery, autojump_clock: Any
+) -> None:
+    """The answer's writes wait for the client at most SEND_TIMEOUT: then the connection is
+    closed and the app sees the client gone (the bridge cancels its provider call then)."""
+    global stream_gone
+    stream_gone = trio.Event()
+    port = await _serve(nursery, _endless)
+    stream = await trio.open_tcp_stream("127.0.0.1", port)
+    async with stream:
+        await stream.send_all(b"GET /endless HTTP/1.1\r\nhost: x\r\n\r\n")
+        with trio.fail_after(SEND_TIMEOUT * 3):
+            await stream_gone.wait()  # never read: the kernel's buffers fill, the write waits
+
+
+async def _answered(stream: trio.SocketStream) -> bytes:
+    await stream.send_all(b"GET /refuse HTTP/1.1\r\nhost: x\r\n\r\n")
+    answer = b""
+    while not answer.endswith(b"no"):
+        piece = await stream.receive_some(65536)
+        if not piece:
+            return answer
+        answer += piece
+    return answer
+
+
+async def test_past_the_connection_cap_the_longest_idle_connection_makes_room(
+    nursery: trio.Nursery,
+) -> None:
+    port = await _serve(nursery, _app, Limits(max_connections=3))
+    with trio.fail_after(20):
+        streams = [await trio.open_tcp_stream("127.0.0.1", port) for _ in range(3)]
+        for stream in streams:  # answered one after another: the first is idle longest
+            assert (await _answered(stream)).startswith(b"HTTP/1.1 401 ")
+        late = await trio.open_tcp_stream("127.0.0.1", port)
+        assert (await _answered(late)).startswith(b"HTTP/1.1 401 ")
+        assert await read_to_eof(streams[0]) == b""  # closed to make room
+        for stream in (*streams[1:], late):  # the others are still served
+            assert (await _answered(stream)).startswith(b"HTTP/1.1 401 ")
+    for stream in (*streams, late):
+        await stream.aclose()
+
+
+async def test_past_the_connection_cap_with_none_idle_a_new_one_is_refused(
+    nursery: trio.Nursery,
+) -> None:
+    global entered_wait, release
+    entered_wait, release = trio.Event(), trio.Event()
+    port = await _serve(nursery, _app, Limits(max_connections=1))
+    busy = await trio.open_tcp_stream("127.0.0.1", port)
+    async with busy:
+        with trio.fail_after(20):
+            await busy.send_all(b"POST /wait HTTP/1.1\r\nhost: x\r\ncontent-length: 2\r\n\r\nok")
+            await entered_wait.wait()
+            refused = await trio.open_tcp_stream("127.0.0.1", port)
+            async with refused:
+                # Closed unread: the connection that works is not disturbed.
+                assert await read_to_eof(refused) == b""
+            release.set()
+            assert (await busy.receive_some(65536)).startswith(b"HTTP/1.1 200 ")
+
+
+async def test_codings_other_than_chunked_get_501(port: int) -> None:
+    """llhttp takes `gzip, chunked` as chunked; the body would reach the app still gzipped."""
+    head = b"POST / HTTP/1.1\r\nhost: x\r\ntransfer-encoding: gzip, chunked\r\n\r\n2\r\nok\r\n0\r\n\r\n"
+    with trio.fail_after(10):
+        answer = await _exchange(port, head)
+    assert answer.startswith(b"HTTP/1.1 501 ")
+    assert answered == []
+    plain = b"POST / HTTP/1.1\r\nhost: x\r\ntransfer-encoding: Chunked\r\n\r\n2\r\nok\r\n0\r\n\r\n"
+    with trio.fail_after(10):
+        stream = await trio.open_tcp_stream("127.0.0.1", port)
+        async with stream:
+            await stream.send_all(plain)
+            assert (await stream.receive_some(65536)).startswith(b"HTTP/1.1 200 ")
