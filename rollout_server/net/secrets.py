@@ -10,7 +10,8 @@ cannot import rollbridge.)
 A secret in the environment is the value of a variable on :data:`KNOWN_SECRET_ENV_NAMES` or of
 any variable whose name contains ``KEY``, ``TOKEN``, ``SECRET`` or ``PASSWORD``, when the value
 is at least :data:`AMBIENT_MIN_LENGTH` characters long, unless the variable names a file
-(:func:`names_a_file`: ``RAY_AUTH_TOKEN_PATH=/home/me/token``). A secret is redacted in every spelling
+(:func:`names_a_file`: ``RAY_AUTH_TOKEN_PATH=/home/me/token``) or a place
+(:func:`names_a_place`: ``OSMOSIS_TOKEN_PLATFORM_URL=https://platform.example``). A secret is redacted in every spelling
 a program is likely to print it in: as is, whitespace-stripped, JSON-escaped (with or without
 ``\\/`` for ``/``) and Python-quoted (alone, or inside a larger single-quoted ``repr``), each
 at any depth (JSON inside a repr inside JSON...), and URL-encoded.
@@ -93,6 +94,23 @@ def names_a_file(name: str, value: str) -> bool:
     )
 
 
+_PLACE_NAME_SUFFIXES = ("_URL", "_URI")
+# A URL with no credentials in it: no user information, query or fragment.
+_A_BARE_URL = re.compile(r"[A-Za-z][A-Za-z0-9+.-]*://[^\s/@?#]+(?:/[^\s@?#]*)?")
+
+
+def names_a_place(name: str, value: str) -> bool:
+    """Whether ``name=value`` is where something is rather than a secret: a name ending in
+    ``_URL`` or ``_URI`` (``OSMOSIS_TOKEN_PLATFORM_URL``: the platform a token is bound to)
+    whose value is a URL with no user information, query or fragment. Redacted, it hid every
+    platform address from the user; a URL that may carry a credential stays a secret."""
+    return (
+        name not in _KNOWN
+        and name.endswith(_PLACE_NAME_SUFFIXES)
+        and _A_BARE_URL.fullmatch(value) is not None
+    )
+
+
 def secret_env_values(environ: Mapping[str, str]) -> list[str]:
     """The secret values in ``environ`` (see the module docstring), in name order."""
     return [
@@ -101,6 +119,7 @@ def secret_env_values(environ: Mapping[str, str]) -> list[str]:
         if is_secret_env_name(name)
         and len(environ[name]) >= AMBIENT_MIN_LENGTH
         and not names_a_file(name, environ[name])
+        and not names_a_place(name, environ[name])
     ]
 
 

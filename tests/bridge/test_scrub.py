@@ -118,9 +118,19 @@ def test_secret_env_values_is_the_one_policy() -> None:
         "AWS_WEB_IDENTITY_TOKEN_FILE": "./token.jwt",
         # ... unless the value is no path: then it may be the secret itself.
         "SERVICE_TOKEN_FILE": "tok-not-a-path-12345",
+        # Where a token is bound to: the platform's address is what a user must read.
+        "OSMOSIS_TOKEN_PLATFORM_URL": "https://platform.example.com",
+        "MY_TOKEN_URL": "http://127.0.0.1:8080/v1/auth",
+        # ... unless it may carry a credential (user information, a query), or is no URL.
+        "A_TOKEN_URL": "https://user:pw@host.example",
+        "B_TOKEN_URL": "https://host.example/x?token=abcdef",
+        "C_TOKEN_URI": "not-a-url-value-1",
     }
-    assert secret_env_values(env) == [
+    assert secret_env_values(env) == [  # in name order
         "acme-key-value",
+        "https://user:pw@host.example",
+        "https://host.example/x?token=abcdef",
+        "not-a-url-value-1",
         "db-secret-value",
         "hf_abcdefgh",
         "pw-12345678",
