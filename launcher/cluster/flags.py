@@ -12,6 +12,7 @@ from launcher.errors import DependencyError, ValidationError
 
 __all__ = [
     "DEADMAN_ENV",
+    "DEADMAN_MIN_S",
     "DEADMAN_S",
     "check_ray_flag",
     "deadman_seconds",
@@ -25,6 +26,10 @@ __all__ = [
 #: that does not heal); ``0`` turns the switch off.
 DEADMAN_ENV = "ROLLBRIDGE_RAY_DEADMAN_S"
 DEADMAN_S = 60.0
+#: The shortest switch taken: five of the supervisor's pings (launcher.cluster.replicas.PING_S,
+#: 2 s). A shorter one stopped healthy nodes' servers between two pings (a busy supervisor
+#: answers late), losing every replica but the head's.
+DEADMAN_MIN_S = 10.0
 
 
 def deadman_seconds(environ: Mapping[str, str]) -> float:
@@ -39,6 +44,11 @@ def deadman_seconds(environ: Mapping[str, str]) -> float:
     if not 0 <= value < float("inf"):
         raise ValidationError(
             f"{DEADMAN_ENV} must be a number of seconds (0 turns it off), not {text!r}"
+        )
+    if 0 < value < DEADMAN_MIN_S:
+        raise ValidationError(
+            f"{DEADMAN_ENV} must be at least {DEADMAN_MIN_S:g} seconds (five of the "
+            f"supervisor's pings; 0 turns it off), not {text!r}"
         )
     return value
 

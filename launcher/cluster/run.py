@@ -56,6 +56,10 @@ __all__ = ["HOST_RESOURCE", "clustered", "open_cluster"]
 #: A custom resource a cluster may give the nodes meant for replicas (one agent per unit).
 HOST_RESOURCE = "rollbridge_host"
 POLL_S = 1.0
+#: A node whose replica was lost while the node stayed (its server or agent died) gets a new
+#: one after this many seconds per loss so far, and none after :data:`MAX_LOSSES` losses.
+RESTART_DELAY_S = 5.0
+MAX_LOSSES = 3
 AGENT_START_S = 180.0
 
 
@@ -99,6 +103,41 @@ def _one_line(exc: BaseException) -> str:
     return " ".join(f"{type(shown).__name__}: {shown}".split())[:500]
 
 
+def nodes_to_start(
+    alive: dict[str, str],
+    replicas: list[Replica],
+    skip: set[str],
+    lost_at: dict[int, float],
+    now: float,
+) -> tuple[dict[str, str], set[str]]:
+    """The alive nodes (id -> address) that should get a node agent now, and the nodes whose
+    replicas were lost :data:`MAX_LOSSES` times (to refuse from now on).
+
+    The supervisor's node (``replicas[0]``) has its local replica. A node with a replica that
+    is not lost, or in ``skip`` (starting, refused), gets none. A node whose replicas were all
+    lost while it stayed alive (a killed server or agent) gets a new one
+    :data:`RESTART_DELAY_S` seconds per loss after its last loss (``lost_at``: ``id`` of a
+    replica -> when it was seen lost), so a node whose server keeps dying is not restarted in a loop.
+    """
+    own = replicas[0].node_id
+    working = {r.node_id for r in replicas if r.state != "lost"}
+    losses: dict[str, list[float]] = {}
+    for replica in replicas:
+        if replica.state == "lost":
+            losses.setdefault(replica.node_id, []).append(lost_at.get(id(replica), now))
+    wanted: dict[str, str] = {}
+    spent: set[str] = set()
+    for node_id, address in alive.items():
+        if node_id == own or node_id in working or node_id in skip:
+            continue
+        times = losses.get(node_id, [])
+        if len(times) >= MAX_LOSSES:
+            spent.add(node_id)
+        elif not times or now >= max(times) + RESTART_DELAY_S * len(times):
+            wanted[node_id] = address
+    return wanted, spent
+
+
 class _Cluster:
     def __init__(
         self,
@@ -123,6 +162,9 @@ class _Cluster:
         self.tagged = False
         self.starting: set[str] = set()
         self.refused: set[str] = set()
+        self.lost_at: dict[int, float] = {}
+        """When each lost replica (by ``id``: a node's replicas share its address as their
+        name) was first seen lost."""
         self.actor_class = ray.remote(NodeAgent)
         self.nursery: trio.Nursery | None = None
 
@@ -185,9 +227,23 @@ class _Cluster:
         return len(self.starting)
 
     def wanted(self, alive: dict[str, str]) -> dict[str, str]:
-        own = self.transport.replicas[0].node_id
-        have = {r.node_id for r in self.transport.replicas} | self.starting | self.refused
-        return {n: a for n, a in alive.items() if n != own and n not in have}
+        replicas = self.transport.replicas
+        now = trio.current_time()
+        for replica in replicas:
+            if replica.state == "lost":
+                self.lost_at.setdefault(id(replica), now)
+        wanted, spent = nodes_to_start(
+            alive, replicas, self.starting | self.refused, self.lost_at, now
+        )
+        for node_id in spent:
+            self.refused.add(node_id)
+            self.ctx.log(
+                "WARNING",
+                "cluster",
+                "node refused: its replica was lost too often",
+                {"node": alive[node_id], "losses": MAX_LOSSES},
+            )
+        return wanted
 
     async def poll(self) -> dict[str, str]:
         nodes, draining = await trio.to_thread.run_sync(_node_list, self.ray)

@@ -15,7 +15,8 @@ import psutil
 import pytest
 
 from launcher.cluster.agent import AgentSpec, NodeAgent, ReplicaStopped
-from launcher.cluster.flags import DEADMAN_ENV, DEADMAN_S, deadman_seconds
+from launcher.cluster.flags import DEADMAN_ENV, DEADMAN_MIN_S, DEADMAN_S, deadman_seconds
+from launcher.cluster.replicas import PING_S
 from launcher.errors import ValidationError
 from tests.cluster.conftest import slow_workspace
 
@@ -77,7 +78,12 @@ def test_the_switch_stops_the_server_only_once_the_supervisor_falls_silent(
 
 def test_the_switch_time_comes_from_the_environment_and_bad_values_are_refused() -> None:
     assert deadman_seconds({}) == DEADMAN_S
-    assert deadman_seconds({DEADMAN_ENV: " 7.5 "}) == 7.5
+    assert deadman_seconds({DEADMAN_ENV: " 12.5 "}) == 12.5
+    # Below five pings a healthy node would stop its server between two of them.
+    assert DEADMAN_MIN_S >= 5 * PING_S
+    for short in ("0.5", "2", "9.9"):
+        with pytest.raises(ValidationError, match="at least 10 seconds"):
+            deadman_seconds({DEADMAN_ENV: short})
     assert deadman_seconds({DEADMAN_ENV: "0"}) == 0.0  # off
     for bad in ("-1", "soon", "inf", "nan"):
         with pytest.raises(ValidationError, match=DEADMAN_ENV):
