@@ -29,6 +29,7 @@ when none is configured, before the import.
 from __future__ import annotations
 
 import logging
+import math
 import os
 import re
 import secrets
@@ -50,6 +51,7 @@ from rollout_server.net.hosts import is_loopback_host
 
 __all__ = [
     "CONNECT_S",
+    "JOIN_S",
     "LOCAL_LOGS",
     "MAX_KEPT",
     "Fd2Capture",
@@ -65,6 +67,10 @@ __all__ = [
 
 #: How long the TCP check waits for each address before calling it unreachable.
 CONNECT_S = 5.0
+#: How long joining a cluster at an address may take (a join takes seconds; a refused token,
+#: about 20). Something that answers TCP there but is not a Ray head (another service on the
+#: port) kept Ray's connect loop going for about 14 minutes.
+JOIN_S = 60.0
 #: The most captured bytes read back (the tail: a failure's cause comes last).
 MAX_KEPT = 64 * 1024
 _PREFIX = re.compile(r"^\[[^\]]*\]\s*")
@@ -270,9 +276,18 @@ async def join(
     started = time.time()
     try:
         with capture:
-            return await trio.to_thread.run_sync(
-                partial(_init, ray, address, resource), abandon_on_cancel=True
+            with trio.move_on_after(math.inf if address == "local" else JOIN_S):
+                return await trio.to_thread.run_sync(
+                    partial(_init, ray, address, resource), abandon_on_cancel=True
+                )
+            # Abandoned: the thread goes on in Ray's loop, and ends with the process.
+            raise LocalEvalError(
+                f"could not join the Ray cluster at {address}: no Ray cluster answered "
+                f"within {JOIN_S:g} s (something listens there: is it the head's GCS port, "
+                f"6379 unless `ray start --head --port` said otherwise?)\nLogs: {logs_hint}"
             )
+    except LocalEvalError:
+        raise
     except Exception as exc:
         cause = failure(exc, distinct_lines(capture.restore()))
         if address == "local" and (

@@ -17,6 +17,7 @@ import pytest
 import trio
 
 from launcher.cluster.join import (
+    JOIN_S,
     Fd2Capture,
     distinct_lines,
     failure,
@@ -379,3 +380,22 @@ async def test_a_wrong_token_is_named_as_such(
     assert len(errors) == 1, result.stderr
     assert "the cluster refused the token" in errors[0]
     assert "gcs_client" not in result.stderr
+
+
+async def test_a_join_that_never_ends_is_given_up_with_one_line(autojump_clock: Any) -> None:
+    """Something answers at the address but never as a Ray head (another service on the
+    port): Ray's loop would go on for about 14 minutes; the join gives up after JOIN_S."""
+    fake = _FakeRay(block=True)
+    before = _fd2_identity()
+    try:
+        with trio.fail_after(JOIN_S * 2):
+            with pytest.raises(LocalEvalError) as raised:
+                await join(fake, "127.0.0.1:6398", "r", lambda *e: None, "logs.txt")
+        assert str(raised.value).startswith(
+            f"could not join the Ray cluster at 127.0.0.1:6398: no Ray cluster answered "
+            f"within {JOIN_S:g} s"
+        )
+        assert str(raised.value).endswith("\nLogs: logs.txt")
+        assert _fd2_identity() == before
+    finally:
+        fake.release.set()
