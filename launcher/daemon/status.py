@@ -48,6 +48,9 @@ class LogFacts:
     tunnel_url: str | None = None
     error: str | None = None
     """The error that stopped the latest invocation, from its ``ERROR [run]`` line."""
+    halted: str | None = None
+    """Why the latest invocation halted dispatch (its ``ERROR [dispatch] halting dispatch``
+    line: the same failure again and again, too few cluster replicas, no descriptors)."""
 
 
 def log_facts(logs_path: Path, offset: int) -> LogFacts:
@@ -65,11 +68,13 @@ def log_facts(logs_path: Path, offset: int) -> LogFacts:
             message = match["message"]
             if message.startswith(RUN_FAILED):
                 facts.error = message[len(RUN_FAILED) :]
+        elif match is not None and match["level"] == "ERROR" and match["step"] == "dispatch":
+            facts.halted = _halt_reason(match["message"]) or facts.halted
         if match is None or match["level"] != "INFO":
             continue
         step = match["step"]
         if step == "run":
-            facts.error = None  # a later invocation began
+            facts.error = facts.halted = None  # a later invocation began
         facts.stage, facts.stage_message = step, match["message"]
         if step == _DISPATCH_STEP:
             facts.dispatching = True
@@ -77,6 +82,21 @@ def log_facts(logs_path: Path, offset: int) -> LogFacts:
             url = _URL.search(match["message"])
             facts.tunnel_url = url.group(0) if url else facts.tunnel_url
     return facts
+
+
+_HALTING = "halting dispatch "
+
+
+def _halt_reason(message: str) -> str | None:
+    """The reason of a ``halting dispatch {"reason": …}`` line, or None."""
+    if not message.startswith(_HALTING):
+        return None
+    try:
+        details = json.loads(message[len(_HALTING) :])
+    except ValueError:
+        return None
+    reason = details.get("reason") if isinstance(details, dict) else None
+    return reason if isinstance(reason, str) and reason else None
 
 
 def percentile(values: list[int], q: float) -> int | None:
@@ -155,6 +175,8 @@ def _state(
         return "cancelled", f"cancelled through the daemon (stage {record.cancel_stage})"
     if error is not None:
         return "failed", error
+    if facts.halted is not None and pending > 0:
+        return "failed", f"dispatch halted: {facts.halted}"
     code = record.returncode if record is not None else None
     if code is not None and code < 0:
         return "interrupted", f"the run's process was killed by {_signal_name(-code)}"
