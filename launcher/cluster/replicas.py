@@ -11,6 +11,9 @@
 - :func:`replica_line` is the progress view's line, ``replicas: head 12 in flight ·
   10.203.0.2 11 in flight · 1 lost``; :func:`announcer` logs each change of the set as a
   ``replicas changed`` line of ``logs.txt`` (the daemon's ``replicas`` event) and tells the UI.
+- :func:`nodes_to_start` picks the nodes that get a node agent: those without a working
+  replica, a node whose replica was lost while it stayed after a delay per loss, none after
+  :data:`MAX_LOSSES`.
 """
 
 from __future__ import annotations
@@ -26,10 +29,13 @@ from launcher.cluster.transport import RayTransport, Replica
 __all__ = [
     "CHANGED",
     "LOST_AFTER",
+    "MAX_LOSSES",
     "PING_S",
+    "RESTART_DELAY_S",
     "START_GRACE_S",
     "announcer",
     "hold_minimum",
+    "nodes_to_start",
     "ping_replicas",
     "replica_line",
     "replica_states",
@@ -169,3 +175,44 @@ async def _ping(
         transport.lose(replica, f"{missed} pings in a row failed; the last: {cause}")
     else:
         transport.suspect(replica, cause)
+
+
+#: A node whose replica was lost while the node stayed (its server or agent died) gets a new
+#: one after this many seconds per loss so far, and none after :data:`MAX_LOSSES` losses.
+RESTART_DELAY_S = 5.0
+MAX_LOSSES = 3
+
+
+def nodes_to_start(
+    alive: dict[str, str],
+    replicas: list[Replica],
+    skip: set[str],
+    lost_at: dict[int, float],
+    now: float,
+) -> tuple[dict[str, str], set[str]]:
+    """The alive nodes (id -> address) that should get a node agent now, and the nodes whose
+    replicas were lost :data:`MAX_LOSSES` times (to refuse from now on).
+
+    The supervisor's node (``replicas[0]``) has its local replica. A node with a replica that
+    is not lost, or in ``skip`` (starting, refused), gets none. A node whose replicas were all
+    lost while it stayed alive (a killed server or agent) gets a new one
+    :data:`RESTART_DELAY_S` seconds per loss after its last loss (``lost_at``: ``id`` of a
+    replica -> when it was seen lost), so a node whose server keeps dying is not restarted in a loop.
+    """
+    own = replicas[0].node_id
+    working = {r.node_id for r in replicas if r.state != "lost"}
+    losses: dict[str, list[float]] = {}
+    for replica in replicas:
+        if replica.state == "lost":
+            losses.setdefault(replica.node_id, []).append(lost_at.get(id(replica), now))
+    wanted: dict[str, str] = {}
+    spent: set[str] = set()
+    for node_id, address in alive.items():
+        if node_id == own or node_id in working or node_id in skip:
+            continue
+        times = losses.get(node_id, [])
+        if len(times) >= MAX_LOSSES:
+            spent.add(node_id)
+        elif not times or now >= max(times) + RESTART_DELAY_S * len(times):
+            wanted[node_id] = address
+    return wanted, spent

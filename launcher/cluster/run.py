@@ -39,7 +39,14 @@ from launcher.cluster.flags import deadman_seconds
 from launcher.cluster.join import import_ray, join, local_auth
 from launcher.cluster.refs import await_ref
 from launcher.cluster.relay import AllowedPeers, serve_relay
-from launcher.cluster.replicas import announcer, hold_minimum, ping_replicas, replica_line
+from launcher.cluster.replicas import (
+    MAX_LOSSES,
+    announcer,
+    hold_minimum,
+    nodes_to_start,
+    ping_replicas,
+    replica_line,
+)
 from launcher.cluster.ship import Shipment
 from launcher.cluster.transport import RayTransport, Replica
 from launcher.dispatch import resolve_concurrency
@@ -56,10 +63,6 @@ __all__ = ["HOST_RESOURCE", "clustered", "open_cluster"]
 #: A custom resource a cluster may give the nodes meant for replicas (one agent per unit).
 HOST_RESOURCE = "rollbridge_host"
 POLL_S = 1.0
-#: A node whose replica was lost while the node stayed (its server or agent died) gets a new
-#: one after this many seconds per loss so far, and none after :data:`MAX_LOSSES` losses.
-RESTART_DELAY_S = 5.0
-MAX_LOSSES = 3
 AGENT_START_S = 180.0
 
 
@@ -101,41 +104,6 @@ def _one_line(exc: BaseException) -> str:
     cause = getattr(exc, "cause", None)
     shown = cause if isinstance(cause, BaseException) else exc
     return " ".join(f"{type(shown).__name__}: {shown}".split())[:500]
-
-
-def nodes_to_start(
-    alive: dict[str, str],
-    replicas: list[Replica],
-    skip: set[str],
-    lost_at: dict[int, float],
-    now: float,
-) -> tuple[dict[str, str], set[str]]:
-    """The alive nodes (id -> address) that should get a node agent now, and the nodes whose
-    replicas were lost :data:`MAX_LOSSES` times (to refuse from now on).
-
-    The supervisor's node (``replicas[0]``) has its local replica. A node with a replica that
-    is not lost, or in ``skip`` (starting, refused), gets none. A node whose replicas were all
-    lost while it stayed alive (a killed server or agent) gets a new one
-    :data:`RESTART_DELAY_S` seconds per loss after its last loss (``lost_at``: ``id`` of a
-    replica -> when it was seen lost), so a node whose server keeps dying is not restarted in a loop.
-    """
-    own = replicas[0].node_id
-    working = {r.node_id for r in replicas if r.state != "lost"}
-    losses: dict[str, list[float]] = {}
-    for replica in replicas:
-        if replica.state == "lost":
-            losses.setdefault(replica.node_id, []).append(lost_at.get(id(replica), now))
-    wanted: dict[str, str] = {}
-    spent: set[str] = set()
-    for node_id, address in alive.items():
-        if node_id == own or node_id in working or node_id in skip:
-            continue
-        times = losses.get(node_id, [])
-        if len(times) >= MAX_LOSSES:
-            spent.add(node_id)
-        elif not times or now >= max(times) + RESTART_DELAY_S * len(times):
-            wanted[node_id] = address
-    return wanted, spent
 
 
 class _Cluster:
@@ -192,11 +160,16 @@ class _Cluster:
             with trio.fail_after(AGENT_START_S):
                 facts = await await_ref(actor.start.remote(spec, shipped))
         except Exception as exc:
+            cause = _one_line(exc)
             self.ctx.log(
                 "WARNING",
                 "cluster",
                 "node refused: its replica did not start",
-                {"node": address, "error": _one_line(exc)},
+                {"node": address, "error": cause},
+            )
+            # On the terminal too: the run goes on without that node's slots.
+            self.ctx.ui.warning(
+                f"node {address} refused: its replica did not start: {cause}", "NODE_REFUSED"
             )
             self.refused.add(node_id)
             if actor is not None:
@@ -422,10 +395,15 @@ async def open_cluster(ctx: RunContext, services: Services) -> AsyncIterator[Ser
                 transport.on_change()
                 remote = [r.name for r in transport.replicas if r.actor is not None]
                 count = len(transport.replicas)
+                others = ", ".join(remote) or (
+                    f"{len(cluster.refused)} other node{'s' if len(cluster.refused) != 1 else ''}"
+                    " refused"
+                    if cluster.refused
+                    else "no other node"
+                )
                 ctx.stage(
                     f"{count} replica{'s' if count != 1 else ''} "
-                    f"({', '.join(remote) or 'no other node'}"
-                    f" besides the supervisor's), capacity {transport.capacity}",
+                    f"({others} besides the supervisor's), capacity {transport.capacity}",
                     step="cluster",
                 )
                 concurrency = resolve_concurrency(

@@ -1,10 +1,10 @@
-"""Which nodes get a node agent (launcher.cluster.run.nodes_to_start): a node whose replica was
+"""Which nodes get a node agent (launcher.cluster.replicas.nodes_to_start): a node whose replica was
 lost while the node stayed alive gets a new one after a delay that grows with its losses, and
 none after MAX_LOSSES (the drills in test_ray_testbed.py cover losses of whole nodes)."""
 
 from __future__ import annotations
 
-from launcher.cluster.run import MAX_LOSSES, RESTART_DELAY_S, nodes_to_start
+from launcher.cluster.replicas import MAX_LOSSES, RESTART_DELAY_S, nodes_to_start
 from launcher.cluster.transport import Replica
 
 ALIVE = {"head": "10.0.0.1", "n2": "10.0.0.2", "n3": "10.0.0.3"}
