@@ -88,8 +88,35 @@ def read_shard(path: Path) -> ShardRun:
                 f"{path}: row {record.row_index} is recorded but belongs to shard "
                 f"{record.row_index % shard.count}/{shard.count}, not {shard.label}"
             )
+    _check_trials(path)
     inputs = {k: v for k, v in manifest.inputs.items() if k != SHARD_INPUT}
     return ShardRun(path, shard, inputs, manifest.provenance, facts, replay.records)
+
+
+def _check_trials(path: Path) -> None:
+    """Refuse a shard whose index names trajectories its ``rollout_trials/`` lacks (a shard
+    copied without that directory): merged, those rows would have no conversation."""
+    missing = 0
+    try:
+        lines = (path / "index.jsonl").read_bytes().splitlines()
+    except OSError:
+        return  # an index is rewritten from the journal; nothing to compare against
+    for line in lines:
+        try:
+            row = json.loads(line)
+        except ValueError:
+            continue
+        if not isinstance(row, dict) or not row.get("trajectory_filename"):
+            continue
+        rollout_id = row.get("rollout_id")
+        if isinstance(rollout_id, str) and not (path / "rollout_trials" / rollout_id).is_dir():
+            missing += 1
+    if missing:
+        raise LocalEvalError(
+            f"{path}: {missing} rollout{'s' if missing != 1 else ''} with a trajectory "
+            f"{'have' if missing != 1 else 'has'} no directory in rollout_trials/ (was the "
+            "shard copied without it?): copy the whole run directory, then merge again"
+        )
 
 
 def _check_agree(shards: list[ShardRun]) -> None:
@@ -205,6 +232,13 @@ def merge_runs(sources: list[Path], dest: Path) -> FinalizeResult:
     validate_run_name(dest.name)
     if dest.exists() or dest.is_symlink():
         raise ConflictError(f"{dest} already exists; choose another -o")
+    target = dest.resolve()
+    for source in sources:
+        shard = source.resolve()
+        if target.is_relative_to(shard) or shard.is_relative_to(target):
+            raise ValidationError(
+                f"-o {dest} is inside the shard {source}: choose a directory beside the shards"
+            )
     shards = [read_shard(path) for path in sources]
     _check_agree(shards)
     first = shards[0]

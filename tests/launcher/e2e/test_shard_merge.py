@@ -111,6 +111,21 @@ async def test_two_shards_merged_equal_one_run(
     assert broken.returncode == 1 and len(broken.stderr.strip().splitlines()) == 1
     assert "manifest.json is unreadable" in broken.stderr and "--fresh" not in broken.stderr
     assert "Run that shard again under a new name" in broken.stderr
+    # A shard copied without its trial directories: its rows would have no conversation.
+    bare = tmp_path / "s1-bare"
+    shutil.copytree(s1, bare)
+    shutil.rmtree(bare / "rollout_trials")
+    lacking = await run_cli(
+        ["eval", "merge", str(s0), str(bare), "-o", str(tmp_path / "bad")], cwd=tmp_path, env=env
+    )
+    assert lacking.returncode == 1 and len(lacking.stderr.strip().splitlines()) == 1
+    assert "have no directory in rollout_trials/" in lacking.stderr
+    # The merged run inside a shard's directory: refused.
+    inside = await run_cli(
+        ["eval", "merge", str(s0), str(s1), "-o", str(s0 / "sub")], cwd=tmp_path, env=env
+    )
+    assert inside.returncode == 1 and len(inside.stderr.strip().splitlines()) == 1
+    assert "is inside the shard" in inside.stderr and not (s0 / "sub").exists()
     assert not (tmp_path / "bad").exists()
 
 
