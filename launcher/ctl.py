@@ -225,8 +225,9 @@ _DETAILS = re.compile(r"\s+\{.*\}$")
 
 class _Renderer:
     """The readable form: ``row 3 run 0: success, reward 1`` per finished item (as a piped
-    ``eval run`` prints it), ``→ message`` per milestone, a state line when the state changes,
-    and ``finished 21/21, pass 100%`` at the end."""
+    ``eval run`` prints it), ``→ message`` per milestone and per change of a ``--ray`` run's
+    replicas, a state line when the state changes, and ``finished 21/21, pass 100%`` at the
+    end."""
 
     def __init__(self) -> None:
         self.state: str | None = None
@@ -242,6 +243,9 @@ class _Renderer:
                 click.echo(f"row {data.get('row_index')} run {data.get('run_index')}: ?")
         elif event == "stage":
             click.echo(f"→ {_DETAILS.sub('', str(data.get('message', '')))}")
+        elif event == "replicas" and isinstance(data, dict) and data.get("line"):
+            # A --ray run's replica set changed (a replica suspect, lost, draining, added).
+            click.echo(f"→ {data['line']}")
         elif event == "state" and data.get("state") != self.state:
             self.state = data.get("state")
             stage = f" ({data['stage']})" if data.get("stage") else ""

@@ -45,7 +45,14 @@ _OUTPUT_STEPS = frozenset({"deps", "rollout-server"})
 _DEPS_MILESTONE = "syncing rollout dependencies"
 
 
+#: The cluster's line per work item run on another node (launcher.cluster.transport): no
+#: milestone either (the ``record`` event tells it).
+_PER_ITEM_CLUSTER = "rollout finished on replica"
+
+
 def _child_output(step: str, message: str) -> bool:
+    if step == "cluster":
+        return message.startswith(_PER_ITEM_CLUSTER)
     return step in _OUTPUT_STEPS and not message.startswith(_DEPS_MILESTONE)
 
 

@@ -210,6 +210,8 @@ async def test_a_change_is_a_logs_line_and_the_daemon_s_replicas_event(tmp_path:
             )
             transport.add(Replica("10.203.0.2", "n2", 4, actor=object()))
             log.log("INFO", "cluster", "bridge relay listening", {"host": "10.203.0.1"})
+            # One line per item run on another node: the record events tell it, no stage.
+            log.log("INFO", "cluster", "rollout finished on replica", {"replica": "10.203.0.2"})
             live[0] = False  # the stream reads to the end, then stops
     text = "".join(frames)
     events = [
@@ -230,3 +232,4 @@ async def test_a_change_is_a_logs_line_and_the_daemon_s_replicas_event(tmp_path:
     stages = [json.loads(data)["message"] for name, data in events if name == "stage"]
     assert any(s.startswith("bridge relay listening") for s in stages)
     assert not any(CHANGED in s for s in stages)
+    assert not any(s.startswith("rollout finished on replica") for s in stages)

@@ -85,3 +85,14 @@ async def test_watch_follows_the_run_across_a_daemon_restart(
     rows = sorted(line for line in lines if line.startswith("row "))
     assert rows == [f"row {row} run 0: success, reward 1" for row in range(6)]
     assert lines[-1] == "finished 6/6, pass 100%"
+
+
+def test_watch_shows_a_ray_run_s_replica_changes(capsys: pytest.CaptureFixture[str]) -> None:
+    """The ``replicas`` event (a replica lost, suspect, added) is a line of its own."""
+    from launcher.ctl import _Renderer
+
+    render = _Renderer()
+    line = "replicas: head 4 in flight · 10.203.0.2 lost · 1 lost"
+    assert render("replicas", 7, {"line": line, "replicas": []}) is False
+    assert render("replicas", 8, {"replicas": []}) is False  # no line: nothing to show
+    assert capsys.readouterr().out == f"→ {line}\n"
