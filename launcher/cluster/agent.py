@@ -275,33 +275,39 @@ class NodeAgent:
         listeners = await nursery.start(partial(trio.serve_tcp, handler, 0, host="127.0.0.1"))
         self._forward_port = int(listeners[0].socket.getsockname()[1])
         self._root = Path(tempfile.mkdtemp(prefix="rollbridge-agent-"))
-        launch = ServerLaunch(
-            python=Path(python),
-            entrypoint=Path(entrypoint),
-            rollout_dir=Path(rollout_dir),
-            run_dir=self._root,
-            base_env=base_env,
-            config_env=spec.config_env,
-            secrets=spec.secrets,
-        )
-        server = await start_rollout_server(
-            nursery,
-            launch,
-            sink=self._tail.append,
-            log=lambda *_: None,
-            stage=lambda _: None,
-            redact=str,
-        )
-        self._server = server
-        server.batched_wait = batched_wait_wanted(server.health)  # as asked: each node its own
-        self._transport = RolloutClientTransport(server.client, server)
-        self._lifeline = await trio.to_thread.run_sync(
-            _spawn_lifeline,
-            server.child.pid,
-            spec.stop_grace_s,
-            self._root,
-            server.health.backend == "harbor",
-        )
+        try:
+            launch = ServerLaunch(
+                python=Path(python),
+                entrypoint=Path(entrypoint),
+                rollout_dir=Path(rollout_dir),
+                run_dir=self._root,
+                base_env=base_env,
+                config_env=spec.config_env,
+                secrets=spec.secrets,
+            )
+            server = await start_rollout_server(
+                nursery,
+                launch,
+                sink=self._tail.append,
+                log=lambda *_: None,
+                stage=lambda _: None,
+                redact=str,
+            )
+            self._server = server
+            server.batched_wait = batched_wait_wanted(server.health)  # each node its own
+            self._transport = RolloutClientTransport(server.client, server)
+            self._lifeline = await trio.to_thread.run_sync(
+                _spawn_lifeline,
+                server.child.pid,
+                spec.stop_grace_s,
+                self._root,
+                server.health.backend == "harbor",
+            )
+        except BaseException:
+            # No lifeline yet to remove the directory: a server that did not start (or a
+            # supervisor gone meanwhile) left it on the node for good.
+            shutil.rmtree(self._root, ignore_errors=True)
+            raise
         if spec.deadman_s > 0:
             nursery.start_soon(self._deadman, spec.deadman_s)
         capacity = await server.probe_capacity()

@@ -88,3 +88,37 @@ def test_the_switch_time_comes_from_the_environment_and_bad_values_are_refused()
     for bad in ("-1", "soon", "inf", "nan"):
         with pytest.raises(ValidationError, match=DEADMAN_ENV):
             deadman_seconds({DEADMAN_ENV: bad})
+
+
+@pytest.mark.slow
+def test_a_replica_that_does_not_start_leaves_no_directory_on_the_node(
+    slow_env: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The agent's directory is the lifeline's to remove; a server that never started has no
+    lifeline, so the agent removes it itself."""
+    ws = slow_workspace(tmp_path / "ws", 0.0)
+    main = ws / "rollouts" / "echo" / "main.py"
+    main.write_text("raise SystemExit('boom on this node')\n")
+    node_tmp = tmp_path / "node-tmp"
+    node_tmp.mkdir()
+    monkeypatch.setenv("TMPDIR", str(node_tmp))
+    monkeypatch.setattr("tempfile.tempdir", None)  # read TMPDIR again
+    spec = AgentSpec(
+        python=str(slow_env / "bin" / "python"),
+        entrypoint=str(main),
+        rollout_dir=str(ws / "rollouts" / "echo"),
+        config_env={},
+        secrets={},
+        relay_host="127.0.0.1",
+        relay_port=9,
+        stop_grace_s=1.0,
+        deadman_s=0.0,
+    )
+
+    async def scenario() -> None:
+        agent = NodeAgent()
+        with pytest.raises(Exception):  # noqa: B017 - whatever the server's failure is
+            await agent.start(msgspec.json.encode(spec))
+
+    asyncio.run(asyncio.wait_for(scenario(), timeout=120))
+    assert [p.name for p in node_tmp.iterdir() if p.name.startswith("rollbridge-agent-")] == []
