@@ -24,7 +24,7 @@ from typing import Any
 import trio
 
 from launcher.cluster.refs import await_ref
-from launcher.cluster.transport import RayTransport, Replica
+from launcher.cluster.transport import GONE, RayTransport, Replica
 
 __all__ = [
     "CHANGED",
@@ -61,6 +61,8 @@ def replica_line(replicas: Sequence[Replica], starting: int = 0) -> str:
     for replica in replicas:
         if replica.state == "lost":
             lost += 1
+            continue
+        if replica.state == "left":
             continue
         name = "head" if replica.actor is None else replica.name
         state = "" if replica.state == "healthy" else f" {replica.state}"
@@ -200,7 +202,7 @@ def nodes_to_start(
     replica -> when it was seen lost), so a node whose server keeps dying is not restarted in a loop.
     """
     own = replicas[0].node_id
-    working = {r.node_id for r in replicas if r.state != "lost"}
+    working = {r.node_id for r in replicas if r.state not in GONE}
     losses: dict[str, list[float]] = {}
     for replica in replicas:
         if replica.state == "lost":

@@ -48,7 +48,7 @@ from launcher.cluster.replicas import (
     replica_line,
 )
 from launcher.cluster.ship import Shipment
-from launcher.cluster.transport import RayTransport, Replica
+from launcher.cluster.transport import GONE, RayTransport, Replica
 from launcher.dispatch import resolve_concurrency
 from launcher.dispatch_io import RolloutClientTransport
 from launcher.errors import LocalEvalError
@@ -251,7 +251,7 @@ class _Cluster:
         (which waits for every worker of the node to be released) can end."""
         await self.transport.drained(replica)
         await self._stop_one(replica)
-        self.transport.lose(replica, "its node is leaving the cluster")
+        self.transport.lose(replica, "its node left the cluster (drained)", left=True)
 
     async def manage(
         self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED
@@ -272,7 +272,7 @@ class _Cluster:
     async def stop_all(self) -> None:
         async with trio.open_nursery() as nursery:
             for replica in self.transport.replicas:
-                if replica.actor is not None and replica.state != "lost":
+                if replica.actor is not None and replica.state not in GONE:
                     nursery.start_soon(self._stop_one, replica)
 
     async def _stop_one(self, replica: Replica) -> None:

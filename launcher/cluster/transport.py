@@ -32,10 +32,14 @@ from launcher.dispatch import RolloutHandle, RolloutRefused, RolloutTransport
 from launcher.requeue import RolloutLost
 from rollout_server.protocol import RolloutInitRequest, RolloutResultResponse
 
-__all__ = ["RayTransport", "Replica"]
+__all__ = ["GONE", "RayTransport", "Replica"]
 
 #: ``log(level, step, message, details)``.
 LogFn = Callable[[str, str, str, "dict[str, Any] | None"], None]
+
+
+#: States of a replica that is gone for good.
+GONE = ("lost", "left")
 
 
 @dataclass(eq=False)
@@ -48,7 +52,8 @@ class Replica:
     actor: Any = None
     state: str = "healthy"
     """``healthy``, ``suspect`` (its last ping failed: no new work until one answers),
-    ``draining`` (its node is leaving: no new work) or ``lost``."""
+    ``draining`` (its node is leaving: no new work), ``left`` (its node drained) or
+    ``lost``."""
     in_flight: int = 0
     finished: int = 0
     rollouts: set[str] = field(default_factory=set)
@@ -167,15 +172,21 @@ class RayTransport:
         self._wake()
         self.on_change()
 
-    def lose(self, replica: Replica, cause: str) -> None:
+    def lose(self, replica: Replica, cause: str, *, left: bool = False) -> None:
         """Mark ``replica`` lost (once): no new work; its actor is killed so every call still
-        running on it fails and its items are requeued."""
-        if replica.state == "lost" or replica.actor is None:
+        running on it fails and its items are requeued. ``left``: its node drained, every
+        item of it finished first (state ``left``, an INFO line: nothing was lost)."""
+        if replica.state in GONE or replica.actor is None:
             return
-        replica.state = "lost"
-        self.log("WARNING", "cluster", "replica lost", {"replica": replica.name, "cause": cause})
+        replica.state = "left" if left else "lost"
+        if left:
+            self.log("INFO", "cluster", "replica left", {"replica": replica.name, "cause": cause})
+        else:
+            self.log(
+                "WARNING", "cluster", "replica lost", {"replica": replica.name, "cause": cause}
+            )
         if replica.link is not None:
-            replica.link.fail(f"replica lost: {cause}")
+            replica.link.fail(f"replica {replica.state}: {cause}")
         self._kill(replica)
         self._wake()
         self.on_change()
@@ -259,7 +270,7 @@ class RayTransport:
         if replica is None or replica.actor is None:
             await self._local.cancel(rollout_id)
             return
-        if replica.state != "lost":
+        if replica.state not in GONE:
             await await_ref(replica.actor.cancel.remote(rollout_id))
 
     async def explain(self, exc: BaseException) -> str | None:

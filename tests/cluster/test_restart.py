@@ -46,3 +46,13 @@ def test_a_node_that_keeps_losing_its_replica_is_refused() -> None:
     replicas = _replicas(*[("n2", "lost")] * MAX_LOSSES)
     lost_at = {id(r): 0.0 for r in replicas[1:]}
     assert nodes_to_start(ALIVE, replicas, set(), lost_at, 1e9) == ({"n3": "10.0.0.3"}, {"n2"})
+
+
+def test_a_node_that_left_is_not_counted_lost_and_may_return() -> None:
+    from launcher.cluster.replicas import replica_line
+
+    replicas = _replicas(("n2", "left"), ("n3", "lost"))
+    assert replica_line(replicas) == "replicas: head 0 in flight · 1 lost"
+    # A drained node that comes back (under the same id) is served again at once.
+    wanted, spent = nodes_to_start(ALIVE, replicas, set(), {id(replicas[2]): 0.0}, 0.0)
+    assert wanted == {"n2": "10.0.0.2"} and spent == set()
