@@ -132,7 +132,7 @@ def resolve_ray(
     section = config or RayConfig()
     if address_flag is not None:
         if not address_flag.strip():
-            raise ValidationError("--ray needs a cluster address (host:port) or 'local'")
+            raise ValidationError("--ray needs a cluster address (host:port), 'local' or 'auto'")
         address: str | None = check_address(address_flag, "--ray")
     else:
         address = section.address

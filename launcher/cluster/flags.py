@@ -62,7 +62,7 @@ def check_ray_flag(address: str, environ: Mapping[str, str]) -> None:
     ``RAY_AUTH_TOKEN_PATH``) unless the user opts out with ``RAY_AUTH_MODE=disabled`` on a
     network they trust."""
     if not address.strip():
-        raise ValidationError("--ray needs a cluster address (host:port) or 'local'")
+        raise ValidationError("--ray needs a cluster address (host:port), 'local' or 'auto'")
     deadman_seconds(environ)
     if importlib.util.find_spec("ray") is None:
         raise DependencyError(
