@@ -156,6 +156,7 @@ class _Connection:
         "stream",
         "timed_out",
         "url",
+        "writing_since",
     )
 
     def __init__(
@@ -190,6 +191,8 @@ class _Connection:
         self.hosts = 0
         self.size = 0
         self.parser = httptools.HttpRequestParser(self)
+        self.writing_since = inf
+        """When the write in progress began (trio clock); ``inf`` when none is."""
 
     # -- the parser's callbacks -------------------------------------------------------------
 
@@ -369,17 +372,22 @@ class _Connection:
 
     async def write(self, data: bytes) -> None:
         if self.broken:
+            # Still a checkpoint: an app that keeps sending to a connection that is gone
+            # (without reading receive()) must not hold the loop.
+            await trio.lowlevel.checkpoint()
             return
-        # A client that stops reading holds a write at most this long; then the connection is
-        # closed, which an app waiting on ``receive()`` sees as the client's going away.
-        with trio.move_on_after(self.limits.send_timeout) as bound:
-            try:
-                await self.stream.send_all(data)
-            except _DROPPED:
-                self.broken = True
-        if bound.cancelled_caught:
+        # When the write began, for the connection's watch (leanserve.IdleWatch), which closes
+        # a connection whose write the client has not taken within the send timeout (the
+        # write then fails as dropped, and the app's receive() says the client is gone). Not a
+        # cancel scope per write: entering one cost 7 us of the loop's 22 per request, moving
+        # one connection-wide scope's deadline 4.5 (scripts/bench/bench_h1fast.py).
+        self.writing_since = trio.current_time()
+        try:
+            await self.stream.send_all(data)
+        except _DROPPED:
             self.broken = True
-            await trio.aclose_forcefully(self.stream)
+        finally:
+            self.writing_since = inf
 
     async def refuse(self, status: int) -> None:
         """Answer ``status`` with an empty body and ``Connection: close`` (the caller closes)."""
@@ -583,16 +591,22 @@ async def serve_h1(
     on_idle: Callable[[], Awaitable[None]],
     on_busy: Callable[[], Awaitable[None]],
     sock: trio.socket.SocketType,
+    writes: Callable[[Callable[[], float]], None] | None = None,
 ) -> None:
     """Serve HTTP/1.1 requests on ``stream`` until the client or the answer ends the connection.
 
     ``on_idle``/``on_busy`` are awaited when the connection starts and stops waiting for a
-    request (the idle timer's ``restart``/``stop``). ``sock`` is the TCP socket under
-    ``stream`` (``stream`` may be TLS over it). The caller closes ``stream``.
+    request (the idle timer's ``restart``/``stop``). ``writes`` is given a function that
+    says when the write in progress began (``inf``: none), for the caller's watch to bound
+    it. ``sock`` is the TCP socket under ``stream`` (``stream`` may be TLS over it). The
+    caller closes ``stream``.
     """
     client = _socket_addr(sock.family, sock.getpeername())
     server = _socket_addr(sock.family, sock.getsockname())
-    await _Connection(config, stream, on_idle, on_busy).serve(app, client, server, state)
+    connection = _Connection(config, stream, on_idle, on_busy)
+    if writes is not None:
+        writes(lambda: connection.writing_since)
+    await connection.serve(app, client, server, state)
 
 
 def _socket_addr(family: int, address: Any) -> tuple[str, int] | None:

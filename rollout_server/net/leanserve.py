@@ -189,7 +189,7 @@ async def serve_connection(
     # would wrap each in a cancelled scope, whose Cancelled costs ~0.1 ms per connection: a
     # server with a thousand connections paid ~0.2 s for them at shutdown
     # (scripts/bench/bench_wire_connect.py measures the three ways).
-    idle = IdleWatch(closing, config.keep_alive_timeout, stream.aclose)
+    idle = IdleWatch(closing, config.keep_alive_timeout, stream.aclose, config.limits.send_timeout)
     admission = config.admission
     if not admission.admit(idle):
         sock.close()
@@ -205,6 +205,7 @@ async def serve_connection(
                 on_idle=idle.enter,
                 on_busy=idle.leave,
                 sock=sock,
+                writes=idle.watch_writes,
             )
             nursery.cancel_scope.cancel()
     except OSError:
@@ -215,12 +216,16 @@ async def serve_connection(
 
 
 class IdleWatch:
-    """Closes a connection once it has been idle ``timeout`` seconds, or is idle at shutdown.
+    """Closes a connection once it has been idle ``timeout`` seconds, or is idle at shutdown,
+    or has waited ``send_timeout`` seconds for its client to take a write (limits.SEND_TIMEOUT).
 
-    One task per connection (:meth:`watch`) sleeps until the idle deadline and looks again; a
-    request costs two attribute writes (:meth:`leave`, then :meth:`enter` when it is answered).
-    ``closing`` is the server's shutdown signal (anything with ``wait()`` and ``is_set()``);
-    ``close`` closes the connection, which ends its loop.
+    One task per connection (:meth:`watch`) sleeps until the next of those deadlines and looks
+    again; a request costs two attribute writes (:meth:`leave`, then :meth:`enter` when it is
+    answered), a write two more (its start, read through :meth:`watch_writes`). The task
+    wakes at least every ``send_timeout`` (and when a write it saw would be late), so a
+    stalled write is closed within twice that. ``closing`` is the server's shutdown signal
+    (anything with ``wait()`` and ``is_set()``); ``close`` closes the connection, which ends
+    its loop (a write waiting on it fails, and the app's ``receive()`` says the client left).
     """
 
     __slots__ = (
@@ -230,21 +235,29 @@ class IdleWatch:
         "_evicted",
         "_idle",
         "_resumed",
+        "_send_timeout",
         "_sleep",
         "_timeout",
+        "_writing",
     )
 
     def __init__(
-        self, closing: _Signal, timeout: float, close: Callable[[], Awaitable[None]]
+        self,
+        closing: _Signal,
+        timeout: float,
+        close: Callable[[], Awaitable[None]],
+        send_timeout: float = math.inf,
     ) -> None:
         self._closing = closing
         self._timeout = timeout
         self._close = close
+        self._send_timeout = send_timeout
         self._idle = False
         self._deadline = math.inf
         self._resumed = trio.Event()
         self._evicted = False
         self._sleep: trio.CancelScope | None = None
+        self._writing: Callable[[], float] = _no_write
 
     @property
     def idle(self) -> bool:
@@ -255,6 +268,11 @@ class IdleWatch:
     def idle_until(self) -> float:
         """When the idle connection's timeout ends (the earliest went idle first)."""
         return self._deadline
+
+    def watch_writes(self, writing_since: Callable[[], float]) -> None:
+        """Bound the connection's writes: ``writing_since()`` says when the write in progress
+        began (``inf``: none)."""
+        self._writing = writing_since
 
     def evict(self) -> None:
         """Close the connection now if it is idle, else as soon as it is (to make room)."""
@@ -273,20 +291,33 @@ class IdleWatch:
         self._idle = False
 
     async def watch(self) -> None:
-        """Run until the connection has been idle too long (or is idle at shutdown), then close it."""
+        """Run until the connection must close (see the class), then close it."""
         while True:
-            if not self._idle:
-                self._resumed = trio.Event()
-                await self._resumed.wait()
-                continue
+            now = trio.current_time()
+            if self._idle:
+                if self._evicted or self._closing.is_set() or now >= self._deadline:
+                    break
+                # Not past the send timeout either: a request that comes meanwhile does not
+                # wake this task (leave() is an attribute write), and its answer's write must
+                # still be looked at in time.
+                wake = min(self._deadline, now + self._send_timeout)
+            else:
+                began = self._writing()
+                if now - began >= self._send_timeout:
+                    break  # the client has not taken this write for send_timeout
+                wake = min(began, now) + self._send_timeout
             # A request that came and went meanwhile moved the deadline: look again.
-            with trio.move_on_at(-math.inf if self._evicted else self._deadline) as sleep:
+            with trio.move_on_at(wake) as sleep:
                 self._sleep = sleep
-                await self._closing.wait()
+                if self._idle and not self._closing.is_set():
+                    await self._closing.wait()
+                else:  # busy (or closing): until it is idle again, or the wake
+                    self._resumed = trio.Event()
+                    await self._resumed.wait()
             self._sleep = None
-            if self._idle and (
-                self._evicted or self._closing.is_set() or trio.current_time() >= self._deadline
-            ):
-                break
         with trio.CancelScope(shield=True):
             await self._close()
+
+
+def _no_write() -> float:
+    return math.inf

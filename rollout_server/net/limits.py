@@ -12,8 +12,9 @@ limit, applied by :mod:`rollout_server.net.h1` to every connection:
   which frees what was buffered for it;
 - a connection idle between requests closes after :data:`KEEP_ALIVE_TIMEOUT` seconds;
 - each write of an answer must be taken by the client within :data:`SEND_TIMEOUT` seconds
-  (nginx's ``send_timeout``): a client that stops reading (a streamed answer, or pipelined
-  requests whose answers it never reads) is closed, and the app's call is cancelled with it;
+  (nginx's ``send_timeout``; the connection's watch looks at least that often, so within
+  twice that): a client that stops reading (a streamed answer, or pipelined requests whose
+  answers it never reads) is closed, and the app's ``receive()`` says it is gone;
 - a server holds at most ``max_connections`` connections at once (by default its process's
   open-file limit less a reserve, :func:`default_max_connections`): a connection past it
   closes the one idle longest (it waits for a request, or for the rest of a head; its client

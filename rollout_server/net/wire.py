@@ -156,6 +156,7 @@ class Connection:
     response parser that reads every answer on it."""
 
     __slots__ = (
+        "answered",
         "error",
         "events",
         "fields",
@@ -181,6 +182,9 @@ class Connection:
         """The last complete answer allows the connection to be used again."""
         self.started = False
         """A message has begun and not ended: after an answer, bytes nobody asked for."""
+        self.answered = False
+        """The answer to the last request has ended: any message after it (even a whole
+        ``1xx``, which is skipped) was not asked for, and the connection is not fit to use."""
         self.parser = httptools.HttpResponseParser(self)
         transport = stream
         while isinstance(transport, trio.SSLStream):
@@ -192,6 +196,8 @@ class Connection:
     def on_message_begin(self) -> None:
         self.fields = []
         self.started = True
+        if self.answered:
+            self.error = "unexpected data after the answer"
 
     def on_status(self, reason: bytes) -> None:
         # llhttp takes any byte but CR and LF in a reason phrase; h11 (RFC 9112, section 4) refuses
@@ -215,6 +221,7 @@ class Connection:
     def on_message_complete(self) -> None:
         self.started = False
         if self.parser.get_status_code() >= 200:
+            self.answered = True
             # h11's rule, stricter than llhttp's: an HTTP/1.0 answer, or one whose
             # Connection header says close anywhere, ends the connection.
             self.keep_alive = self.parser.get_http_version() == "1.1" and not any(
@@ -353,6 +360,7 @@ class WirePool:
         try:
             await self._write(connection, data, bound)
             response._step = _READING
+            connection.answered = False  # what comes now answers this request
             events = connection.events
             while True:
                 if events:
