@@ -253,10 +253,21 @@ class Supervisor:
                     partial(rd.finalize, cancelled=self._cut_short(rd))
                 )
         assert result is not None
+        cancelled = self._cut_short(rd)  # a Ctrl-C during the upload leaves the run complete
         if self.after_run is not None:
-            complete = result.complete and not self._cut_short(rd)
-            await self.after_run(rd.path, complete, p.workspace.config_relpath)
-        return self._report(rd, result)
+            complete = result.complete and not cancelled
+            if complete:
+                # logs.txt is uploaded: sealed before it is hashed, so nothing (a Ctrl-C's
+                # warnings) is appended to the bytes the platform holds.
+                rd.log.close()
+            await self._after_run(rd.path, complete)
+        return self._report(rd, result, cancelled)
+
+    async def _after_run(self, run_dir: Path, complete: bool) -> None:
+        """The after-run step (``--upload``), which the first Ctrl-C cancels like any work."""
+        assert self.after_run is not None
+        with self.interrupts.work_scope():
+            await self.after_run(run_dir, complete, self.prepared.workspace.config_relpath)
 
     async def _ask(self, prompt: str, *, default: bool) -> bool:
         """A yes/no question, answered in a thread so Ctrl-C still works (it answers "no")."""
@@ -386,7 +397,7 @@ class Supervisor:
             return _Request(new_name, fresh=False, retry_failed=False)
         self.ui.stage(f"{name}: all {total} work items already have results")
         if self.after_run is not None:
-            await self.after_run(run_dir, True, p.workspace.config_relpath)
+            await self._after_run(run_dir, True)
         records = list(latest.values())
         summary = read_summary(run_dir) or aggregate_metrics(
             [r.to_dict() for r in records], p.spec.pass_threshold
@@ -429,9 +440,8 @@ class Supervisor:
         )
         return 0
 
-    def _report(self, rd: RunDirectory, result: FinalizeResult) -> int:
+    def _report(self, rd: RunDirectory, result: FinalizeResult, cancelled: bool) -> int:
         p = self.prepared
-        cancelled = self._cut_short(rd)
         counts = Counts(result.succeeded, result.failed, result.skipped)
         latest = rd.journal.latest  # its records (not FailedRow) carry each failure's reason
         failed: list[FailedItem] = [latest[(r.row_index, r.run_index)] for r in result.failed_rows]

@@ -6,7 +6,8 @@ it created would only be clutter under a generated name. :func:`settle_failed_ru
 such a directory and its lock file, under the run's lock, and only when this invocation
 created the directory and it holds no record (:class:`DiscardIfEmpty` wraps the named run). Its ``logs.txt``, when the error points at it,
 moves to ``<output_root>/.failed-starts/<name>.log`` and the error says so. A directory that
-stays (an existing run, a ``--name`` run whose start failed) is named at the end of the error.
+stays (an existing run, a ``--name`` run whose start failed) is named at the end of the error,
+unless the error is a :class:`CompleteRunError` (a complete run has nothing to resume).
 """
 
 from __future__ import annotations
@@ -22,10 +23,23 @@ from launcher.errors import CLIError, Declined, InteractiveRequiredError, except
 from launcher.rundir.atomic import ensure_dir
 from launcher.rundir.lock import RunLock
 
-__all__ = ["FAILED_STARTS", "DiscardIfEmpty", "holds_no_record", "settle_failed_run"]
+__all__ = [
+    "FAILED_STARTS",
+    "CompleteRunError",
+    "DiscardIfEmpty",
+    "holds_no_record",
+    "settle_failed_run",
+]
 
 #: Where the log of a removed run directory is kept (hidden: no command reads it as a run).
 FAILED_STARTS = ".failed-starts"
+
+
+class CompleteRunError(CLIError):
+    """A failure after every result was recorded (the ``--upload`` step): the error says what
+    to do, and no "resume with --name" advice is added, there being nothing to resume."""
+
+    default_code = "LOCAL_EVAL"
 
 
 def holds_no_record(run_dir: Path) -> bool:
@@ -84,7 +98,8 @@ def settle_failed_run(
             lock.remove()
             return
     for leaf in errors:
-        _rewrite(leaf, f"{leaf.message} (run '{name}' kept: resume with --name {name})")
+        if not isinstance(leaf, CompleteRunError):
+            _rewrite(leaf, f"{leaf.message} (run '{name}' kept: resume with --name {name})")
 
 
 class DiscardIfEmpty:

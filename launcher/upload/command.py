@@ -14,6 +14,7 @@ import os
 import shlex
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from typing import Any, Literal
 
@@ -22,29 +23,36 @@ import httpx
 import trio
 
 from launcher.cli_ui import ambient_redactor, command_ui
-from launcher.errors import CLIError, NotFoundError
+from launcher.errors import CLIError, ConflictError, NotFoundError
 from launcher.prepare import EvalOptions
 from launcher.redact import Redactor
 from launcher.reporting.resolve import find_workspace_root
-from launcher.rundir.lock import RunLock
+from launcher.rundir.discard import CompleteRunError
+from launcher.rundir.lock import RunLock, lock_path
 from launcher.ui import UI, OutputMode
 from launcher.upload.files import UploadError, scrub_logs_file
 from launcher.upload.identity import PlatformIdentity, resolve_identity
 from launcher.upload.import038 import Import038
 from launcher.upload.plan import UploadPlan, build_plan
 from launcher.upload.progress import UploadProgress, format_bytes
-from launcher.upload.transport import PlatformError, Published, Transport
+from launcher.upload.transport import PlatformError, Published, Transport, printable
+from launcher.workspace import resolve_workspace
 
 __all__ = [
     "AfterRunUpload",
     "UploadingUI",
+    "check_run_dir",
     "eval_upload",
     "platform_identity",
     "resolve_upload_dir",
+    "retry_command",
+    "run_workspace",
     "upload_step",
 ]
 
 COMMAND = "rollbridge eval upload"
+#: The 409 of a start whose manifest digest is not the imported run's (``--replace`` is no help).
+MANIFEST_MISMATCH = "EVAL_IMPORT_MANIFEST_MISMATCH"
 _RUN_NAME_CHARS = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789._-")
 
 
@@ -70,10 +78,28 @@ def resolve_upload_dir(arg: str, *, cwd: Path) -> Path:
     return workspace / ".osmosis" / "evals" / arg
 
 
-def platform_identity(ui: UI, workspace_name: str | None) -> PlatformIdentity:
-    """Resolve the platform identity and teach ``ui``'s redactor its token."""
+def run_workspace(run_dir: Path) -> Path:
+    """Where the run's git work tree is looked for: ``<workspace>`` of
+    ``<workspace>/.osmosis/evals/<name>``, else the run directory itself."""
+    if run_dir.parent.name == "evals" and run_dir.parent.parent.name == ".osmosis":
+        return run_dir.parent.parent.parent
+    return run_dir
+
+
+def check_run_dir(run_dir: Path) -> None:
+    """``run_dir`` must look like a run (a directory with a ``manifest.json``) before anything
+    touches it: the lock file, the re-redaction of ``logs.txt``."""
+    if not run_dir.is_dir():
+        raise NotFoundError(f"no run directory at {run_dir}")
+    if not (run_dir / "manifest.json").is_file():
+        raise NotFoundError(f"{run_dir} is not a run directory (no manifest.json)")
+
+
+def platform_identity(ui: UI, workspace_name: str | None, workspace: Path) -> PlatformIdentity:
+    """Resolve the platform identity (the git scope from ``workspace``'s work tree) and teach
+    ``ui``'s redactor its token."""
     identity = resolve_identity(
-        os.environ, cwd=Path.cwd(), home=Path.home(), workspace_name=workspace_name
+        os.environ, cwd=workspace, home=Path.home(), workspace_name=workspace_name
     )
     if isinstance(ui, UploadingUI):
         ui.secret = identity.token
@@ -83,9 +109,34 @@ def platform_identity(ui: UI, workspace_name: str | None) -> PlatformIdentity:
     return identity
 
 
-def upload_command_line(arg: str, *, replace: bool) -> str:
-    """``rollbridge eval upload <arg>[ --replace]``, quoted for a shell."""
-    return f"{COMMAND} {shlex.quote(arg)}{' --replace' if replace else ''}"
+def upload_command_line(arg: str, *, replace: bool, workspace_name: str | None = None) -> str:
+    """``rollbridge eval upload <arg>[ --replace][ --workspace NAME]``, quoted for a shell."""
+    line = f"{COMMAND} {shlex.quote(arg)}{' --replace' if replace else ''}"
+    if workspace_name is not None:
+        line += f" --workspace {shlex.quote(workspace_name)}"
+    return line
+
+
+def retry_command(run_dir: Path, *, replace: bool, workspace_name: str | None, cwd: Path) -> str:
+    """The command that publishes ``run_dir`` when typed in ``cwd``: by its name when the name
+    resolves to it there, else by its path."""
+    arg = str(run_dir)
+    try:
+        if resolve_upload_dir(run_dir.name, cwd=cwd) == Path(os.path.abspath(run_dir)):
+            arg = run_dir.name
+    except NotFoundError:
+        pass
+    return upload_command_line(arg, replace=replace, workspace_name=workspace_name)
+
+
+def _lock(run_dir: Path) -> RunLock:
+    try:
+        return RunLock.acquire(run_dir.parent, run_dir.name)
+    except ConflictError:
+        raise ConflictError(
+            f"another `rollbridge eval run` or `{COMMAND}` of this run holds "
+            f"{lock_path(run_dir.parent, run_dir.name)}; wait for it to finish, then retry."
+        ) from None
 
 
 async def publish_run(
@@ -100,7 +151,10 @@ async def publish_run(
     await trio.to_thread.run_sync(
         lambda: scrub_logs_file(run_dir / "logs.txt", os.environ, (identity.token,))
     )
-    plan = await trio.to_thread.run_sync(lambda: build_plan(run_dir, config_path=config_path))
+    # Hashing only reads: a Ctrl-C need not wait for the last file's hash.
+    plan = await trio.to_thread.run_sync(
+        partial(build_plan, run_dir, config_path=config_path), abandon_on_cancel=True
+    )
     async with httpx.AsyncClient(follow_redirects=False) as http:
         # The one transport today; the 0.3.10 archive protocol would be chosen here.
         transport: Transport = Import038(
@@ -127,21 +181,28 @@ def _resource(plan: UploadPlan, published: Published, identity: PlatformIdentity
     }
 
 
-async def _upload(arg: str, replace: bool, identity: PlatformIdentity, ui: UI) -> dict[str, Any]:
-    run_dir = resolve_upload_dir(arg, cwd=Path.cwd())
-    if not run_dir.is_dir():
-        raise NotFoundError(f"no run directory at {run_dir}")
-    lock = RunLock.acquire(run_dir.parent, run_dir.name, command="rollbridge eval run")
-    with lock:
+async def _upload(
+    run_dir: Path, arg: str, replace: bool, identity: PlatformIdentity, ui: UI
+) -> dict[str, Any]:
+    with _lock(run_dir):
         try:
             plan, published = await publish_run(
                 run_dir, identity, replace=replace, progress=UploadProgress(ui)
             )
         except PlatformError as exc:
-            if exc.status == 409 and not replace:
+            if exc.status == 409 and exc.code == MANIFEST_MISMATCH:
                 raise CLIError(
-                    f"{exc.message} Re-run it with --retry-failed, then republish with: "
-                    + upload_command_line(arg, replace=True),
+                    f"{exc.message} The run's manifest.json differs from the one imported "
+                    "for this local run; --replace cannot change it.",
+                    code=exc.code,
+                    details=exc.details,
+                ) from None
+            if exc.status == 409 and not replace:
+                again = upload_command_line(
+                    arg, replace=True, workspace_name=identity.workspace_name
+                )
+                raise CLIError(
+                    f"{exc.message} Re-run it with --retry-failed, then republish with: {again}",
                     code=exc.code,
                     details=exc.details,
                 ) from None
@@ -183,9 +244,13 @@ def eval_upload(
     Interrupted uploads resume: run the same command again.
     """
     ui = command_ui(ctx.obj, json_output, plain)
-    identity = platform_identity(ui, platform_workspace)
-    resource = trio.run(_upload, run, replace, identity, ui)
-    message = f"Uploaded local evaluation: {resource['eval_run_name']}"
+    if not run.strip():
+        raise click.UsageError("RUN must be a run name or a run directory, not empty")
+    run_dir = resolve_upload_dir(run, cwd=Path.cwd())
+    check_run_dir(run_dir)
+    identity = platform_identity(ui, platform_workspace, run_workspace(run_dir))
+    resource = trio.run(_upload, run_dir, run, replace, identity, ui)
+    message = f"Uploaded local evaluation: {printable(resource['eval_run_name'])}"
     if ui.mode == "json":
         ui.envelope("eval.upload", message, resource)
         return
@@ -193,7 +258,7 @@ def eval_upload(
     ui.result(
         status="success",
         message=f"{message} ({sent})",
-        next_steps=[f"View: {resource['platform_url']}"],
+        next_steps=[f"View: {printable(resource['platform_url'])}"],
     )
 
 
@@ -201,14 +266,16 @@ def eval_upload(
 class AfterRunUpload:
     """The upload step of ``eval run --upload``: after a complete, terminal run and under the
     run's lock, publish it (``replace`` follows ``--retry-failed``); an incomplete or cancelled
-    run is not uploaded and the final message says why. It amends the run's result through
-    :meth:`amend`."""
+    run is not uploaded and the final message says why. Any failure of the upload keeps the
+    run and says how to retry; a Ctrl-C stops it and the final message says how to resume. It
+    amends the run's result through :meth:`amend`."""
 
     identity: PlatformIdentity
     replace: bool
     ui: UI
     outcome: dict[str, Any] | None = None
     skipped: bool = False
+    interrupted: str | None = None  # the command that resumes an interrupted upload
 
     async def __call__(self, run_dir: Path, complete: bool, config_path: str | None) -> None:
         """Upload ``run_dir`` when ``complete``; otherwise remember that it was skipped."""
@@ -216,10 +283,11 @@ class AfterRunUpload:
             self.skipped = True
             return
         self.ui.close_progress()
-        # A run in its workspace's default place is named; any other is given by its path.
-        default_place = run_dir.parent.name == "evals" and run_dir.parent.parent.name == ".osmosis"
-        retry = upload_command_line(
-            run_dir.name if default_place else str(run_dir), replace=self.replace
+        retry = retry_command(
+            run_dir,
+            replace=self.replace,
+            workspace_name=self.identity.workspace_name,
+            cwd=Path.cwd(),
         )
         where = f"Local evaluation results are complete at {run_dir}, but"
         try:
@@ -230,17 +298,23 @@ class AfterRunUpload:
                 progress=UploadProgress(self.ui),
                 config_path=config_path,
             )
+        except trio.Cancelled:
+            self.interrupted = retry
+            raise
         except UploadError as exc:
-            raise CLIError(f"{where} cannot be uploaded: {exc.message}") from None
+            raise CompleteRunError(
+                f"{where} cannot be uploaded: {exc.message}\nRetry with: {retry}", code=exc.code
+            ) from None
         except PlatformError as exc:
-            raise CLIError(
+            raise CompleteRunError(
                 f"{where} the platform upload failed: {exc.message}\nRetry with: {retry}",
                 code=exc.code,
                 details=exc.details,
             ) from None
-        except (OSError, RuntimeError, ValueError) as exc:
-            raise CLIError(
-                f"{where} the local evaluation upload failed: {exc}\nRetry with: {retry}",
+        except Exception as exc:  # whatever stopped it, the results stay and a retry may do
+            detail = exc.message if isinstance(exc, CLIError) else f"{type(exc).__name__}: {exc}"
+            raise CompleteRunError(
+                f"{where} the local evaluation upload failed: {detail}\nRetry with: {retry}",
                 code="UPLOAD",
             ) from None
         self.outcome = _resource(plan, published, self.identity)
@@ -255,6 +329,9 @@ class AfterRunUpload:
                 next_steps,
                 resource,
             )
+        if self.interrupted is not None:
+            note = f" Upload interrupted; run `{self.interrupted}` to resume."
+            return message + note, next_steps, {**resource, "upload": {"status": "interrupted"}}
         if self.outcome is None:
             return message, next_steps, resource
         upload = {
@@ -269,7 +346,8 @@ class AfterRunUpload:
             )
         }
         resource = {**resource, "upload": upload, "platform_url": self.outcome["platform_url"]}
-        return message, [*next_steps, f"View: {self.outcome['platform_url']}"], resource
+        view = f"View: {printable(self.outcome['platform_url'])}"
+        return message, [*next_steps, view], resource
 
 
 def upload_step(
@@ -278,7 +356,10 @@ def upload_step(
     """The UI and the after-run step of ``eval run --upload``; the login is resolved now, so a
     missing one fails before any work runs."""
     ui = UploadingUI(mode, verbose=options.verbose, redact=ambient_redactor())
-    step = AfterRunUpload(platform_identity(ui, workspace_name), options.retry_failed, ui)
+    workspace = resolve_workspace(Path(options.config), Path.cwd()).root
+    step = AfterRunUpload(
+        platform_identity(ui, workspace_name, workspace), options.retry_failed, ui
+    )
     ui.upload = step
     return ui, step
 
@@ -307,4 +388,6 @@ class UploadingUI(UI):
         steps, body = list(next_steps), dict(resource or {})
         if self.upload is not None:
             message, steps, body = self.upload.amend(message, steps, body)
+            if self.upload.interrupted is not None:
+                status = "partial"
         super().result(status=status, message=message, next_steps=steps, resource=body)

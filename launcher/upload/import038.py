@@ -18,11 +18,11 @@ from urllib.parse import quote
 import httpx
 
 from launcher.upload.files import PlanFile
-from launcher.upload.identity import PlatformIdentity
+from launcher.upload.identity import PlatformIdentity, is_loopback_url
 from launcher.upload.plan import UploadPlan
 from launcher.upload.progress import UploadProgress
 from launcher.upload.put import UploadInfo, put_file
-from launcher.upload.transport import PlatformError, Published
+from launcher.upload.transport import PlatformError, Published, printable
 
 __all__ = ["BATCH", "Import038", "ImportState"]
 
@@ -140,9 +140,10 @@ class ImportState:
 
 
 def _error_message(body: dict[str, Any]) -> str | None:
+    """The platform's message and its issues, one line each, every piece :func:`printable`."""
     message = next(
         (
-            v.strip()
+            printable(v.strip())
             for v in (body.get("message"), body.get("error"))
             if isinstance(v, str) and v.strip()
         ),
@@ -155,12 +156,13 @@ def _error_message(body: dict[str, Any]) -> str | None:
         lines = []
         for issue in issues:
             if isinstance(issue, str):
-                lines.append(issue)
+                lines.append(printable(issue))
             elif isinstance(issue, dict) and isinstance(issue.get("message"), str):
                 where = issue.get("path")
                 if isinstance(where, list):
                     where = ".".join(str(p) for p in where)
-                lines.append(f"{where}: {issue['message']}" if where else issue["message"])
+                text = f"{where}: {issue['message']}" if where else issue["message"]
+                lines.append(printable(text))
         if lines:
             message += "\n" + "\n".join(f"  - {line}" for line in lines)
     return message
@@ -181,8 +183,9 @@ def _platform_error(response: httpx.Response, env_token: bool) -> PlatformError:
         )
     message = _error_message(body)
     if message is None:
+        excerpt = printable(text[:200])
         detail = (
-            f" Response: {text[:200]}{'...(truncated)' if len(text) > 200 else ''}" if text else ""
+            f" Response: {excerpt}{'...(truncated)' if len(text) > 200 else ''}" if text else ""
         )
         message = f"API error: HTTP {status}.{detail}"
     return PlatformError(message, status=status, code=code or "PLATFORM", details=body or None)
@@ -214,6 +217,10 @@ class Import038:
             ) from None
         except httpx.TransportError as exc:
             raise PlatformError(f"Could not connect to platform: {exc}") from None
+        except (httpx.HTTPError, httpx.InvalidURL, httpx.StreamError) as exc:
+            # A body that cannot be decoded, a URL that cannot be requested: the platform's
+            # request failed, whatever httpx calls it.
+            raise PlatformError(f"Platform request failed ({type(exc).__name__})") from None
         if not 200 <= response.status_code < 300:
             raise _platform_error(response, self._env_token)
         if response.status_code == 204 or not response.content:
@@ -232,7 +239,14 @@ class Import038:
         info = UploadInfo.parse(upload)
         progress.file(local.path)
         with local.open_verified() as handle:
-            parts = await put_file(self._client, handle, local.size, info, progress.advance)
+            parts = await put_file(
+                self._client,
+                handle,
+                local.size,
+                info,
+                progress.advance,
+                loopback_http=is_loopback_url(self._identity.platform_url),
+            )
         body: dict[str, Any] = {"path": local.path}
         if parts is not None:
             numbers = [p["part_number"] for p in parts]

@@ -269,11 +269,20 @@ def _lstat_mode(path: Path) -> int | None:
         return None
 
 
+def _utf8(path: str) -> bool:
+    try:
+        path.encode("utf-8")
+    except UnicodeEncodeError:  # a name that is not UTF-8 on disk (surrogate escapes)
+        return False
+    return True
+
+
 def _check_upload_path(path: str) -> None:
     if (
         len(path) > _MAX_PATH
         or "\\" in path
-        or any(ord(c) < 32 or ord(c) == 127 for c in path)
+        or not _utf8(path)
+        or any(ord(c) < 32 or 127 <= ord(c) < 160 for c in path)  # C0, DEL, C1
         or path.startswith("/")
         or any(part in ("", ".", "..") for part in path.split("/"))
         or PurePosixPath(path).as_posix() != path
@@ -301,13 +310,13 @@ def _artifacts(run_dir: Path, rollout_id: str) -> list[PlanFile]:
         with os.scandir(directory) as entries:
             for entry in entries:
                 rel = f"{prefix}{entry.name}"
+                path = f"{base}/{rel}"
+                _check_upload_path(path)  # first: a name is shown only once it is safe to show
                 if entry.is_symlink():
-                    raise UploadError(f"{base}/{rel} must not be a symlink")
+                    raise UploadError(f"{path} must not be a symlink")
                 if entry.is_dir(follow_symlinks=False):
                     pending.append((Path(entry.path), f"{rel}/"))
                 elif entry.is_file(follow_symlinks=False) and rel != "manifest.json":
-                    path = f"{base}/{rel}"
-                    _check_upload_path(path)
                     found.append(hash_file(Path(entry.path), path))
     return found
 

@@ -15,7 +15,7 @@ from typing import Any, BinaryIO
 import httpx
 import trio
 
-from launcher.upload.identity import is_loopback_url
+from rollout_server.net.hosts import is_loopback_host
 
 __all__ = ["PUT_CHUNK", "PutError", "UploadInfo", "put_file"]
 
@@ -71,10 +71,26 @@ class UploadInfo:
         )
 
 
-def _require_secure(url: object, context: str) -> str:
+def _loopback(host: str) -> bool:
+    try:
+        return is_loopback_host(host.lower())
+    except ValueError:
+        return False
+
+
+def _require_secure(url: object, context: str, loopback_http: bool) -> str:
+    """``url`` if it is ``https://`` (or ``http://`` to loopback when ``loopback_http``, the
+    platform itself being on loopback); any other scheme or a malformed URL is refused."""
     if not isinstance(url, str) or not url:
         raise PutError(f"{context} is invalid. Refusing to upload.")
-    if not (url.lower().startswith("https://") or is_loopback_url(url)):
+    try:
+        parsed = httpx.URL(url)
+    except httpx.InvalidURL:
+        raise PutError(f"{context} is not a valid URL. Refusing to upload.") from None
+    if not parsed.host or not (
+        parsed.scheme == "https"
+        or (parsed.scheme == "http" and loopback_http and _loopback(parsed.host))
+    ):
         raise PutError(f"{context} must use HTTPS. Refusing to upload over an insecure connection.")
     return url
 
@@ -106,7 +122,8 @@ async def _put(
     limit_s: float,
     progress: Progress,
 ) -> httpx.Response:
-    """PUT the window, retrying 429/5xx and transport errors with backoff (1, 2, 4, 8 s)."""
+    """PUT the window, retrying 429/5xx and transport errors with backoff (1, 2, 4, 8 s); a
+    request that cannot be sent as instructed (bad headers) fails at once."""
     last = "unknown upload error"
     for attempt in range(MAX_ATTEMPTS):
         if attempt:
@@ -119,10 +136,20 @@ async def _put(
                 headers={**headers, "Content-Length": str(length)},
                 timeout=httpx.Timeout(limit_s, connect=CONNECT_TIMEOUT_S),
             )
+        except httpx.LocalProtocolError:
+            # The request cannot be sent as instructed (the upload headers): no retry can help.
+            progress(-sent[0])
+            raise PutError(
+                "Upload failed: the upload instruction's headers cannot be sent "
+                "(LocalProtocolError)"
+            ) from None
         except httpx.TransportError as exc:
             progress(-sent[0])
             last = type(exc).__name__
             continue
+        except (httpx.HTTPError, httpx.InvalidURL, httpx.StreamError) as exc:
+            progress(-sent[0])
+            raise PutError(f"Upload failed: {type(exc).__name__}") from None
         if 200 <= response.status_code < 300:
             return response
         progress(-sent[0])
@@ -132,7 +159,9 @@ async def _put(
     raise PutError(f"Upload failed after {MAX_ATTEMPTS} attempts (last failure: {last})")
 
 
-def _parts(info: UploadInfo, size: int) -> tuple[int, int, dict[int, tuple[str, int | None]]]:
+def _parts(
+    info: UploadInfo, size: int, loopback_http: bool = False
+) -> tuple[int, int, dict[int, tuple[str, int | None]]]:
     part_size, total = info.part_size, info.total_parts
     if not isinstance(part_size, int) or not isinstance(total, int) or part_size <= 0 or total <= 0:
         raise PutError("Multipart upload instructions lack a valid part_size and total_parts")
@@ -151,7 +180,8 @@ def _parts(info: UploadInfo, size: int) -> tuple[int, int, dict[int, tuple[str, 
         if number in urls:
             raise PutError(f"Multipart upload instructions repeat part {number}")
         signed = entry.get("size")
-        urls[number] = (_require_secure(entry.get("presigned_url"), f"Part {number} URL"), signed)
+        url = _require_secure(entry.get("presigned_url"), f"Part {number} URL", loopback_http)
+        urls[number] = (url, signed)
     missing = [n for n in range(1, total + 1) if n not in urls]
     if missing:
         raise PutError(
@@ -167,14 +197,17 @@ async def put_file(
     size: int,
     info: UploadInfo,
     progress: Progress,
+    *,
+    loopback_http: bool = False,
 ) -> list[dict[str, Any]] | None:
     """Upload the open file as ``info`` says; the ``[{part_number, etag}]`` of a multipart
-    upload (for the complete request), None for a single PUT."""
+    upload (for the complete request), None for a single PUT. URLs must be ``https://``;
+    ``loopback_http`` (a platform on loopback) also allows ``http://`` to loopback."""
     if info.method != "multipart":
-        url = _require_secure(info.presigned_url, "Upload URL")
+        url = _require_secure(info.presigned_url, "Upload URL", loopback_http)
         await _put(client, url, handle, 0, size, info.upload_headers, SIMPLE_TIMEOUT_S, progress)
         return None
-    part_size, total, urls = _parts(info, size)
+    part_size, total, urls = _parts(info, size, loopback_http)
     parts: list[dict[str, Any]] = []
     for number in range(1, total + 1):
         offset = (number - 1) * part_size

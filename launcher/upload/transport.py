@@ -15,7 +15,16 @@ from launcher.errors import CLIError
 from launcher.upload.plan import UploadPlan
 from launcher.upload.progress import UploadProgress
 
-__all__ = ["PlatformError", "Published", "Transport"]
+__all__ = ["PlatformError", "Published", "Transport", "printable"]
+
+
+def printable(text: str) -> str:
+    """``text`` from the platform as it may be shown on a terminal: every character that is
+    not printable (C0 and C1 controls, escape sequences' introducers, bidi and other format
+    characters, line breaks) written as its Python escape, ``\\x9b``."""
+    return "".join(
+        c if c.isprintable() else c.encode("unicode_escape").decode("ascii") for c in text
+    )
 
 
 class PlatformError(CLIError):

@@ -12,6 +12,8 @@ a 500 before the request is processed, or (``complete``) after it was, or a 422 
 validation ``issues`` (``invalid``). ``reset_put`` resets
 the connection in the middle of a PUT body; ``on_part`` is called when the PUT of a given part
 arrives (before its body is read), for a test that kills the client between two parts.
+``stall_puts`` holds every PUT unanswered (``put_stalled`` is set when the first arrives),
+for a test that interrupts the client in the middle of an upload.
 
 Every listener checks its route and the bearer (or the presigned signature) before it reads a
 body. HTTP is spoken with h11 on trio sockets, so a reset is a real RST.
@@ -72,6 +74,8 @@ class StandIn:
     faults: dict[str, list[str]] = field(default_factory=dict)  # route -> ["before"|"after"...]
     reset_put: set[str] = field(default_factory=set)  # upload paths to reset once mid-PUT
     on_part: Callable[[str, int], None] | None = None
+    stall_puts: bool = False
+    put_stalled: trio.Event = field(default_factory=trio.Event)
     conflict_message: str = "This local evaluation was already imported with different results."
     imports: dict[str, _Import] = field(default_factory=dict)
     objects: dict[tuple[str, str, int], bytes] = field(default_factory=dict)
@@ -347,6 +351,9 @@ class StandIn:
             return False
         if self.on_part is not None and part:
             self.on_part(path, part)
+        if self.stall_puts:
+            self.put_stalled.set()
+            await trio.sleep_forever()
         fault = self._fault("put")
         data = bytearray()
         while isinstance(event := await self._next(conn, stream), h11.Data):

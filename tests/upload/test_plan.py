@@ -100,6 +100,30 @@ def test_symlinks_are_refused(run_dir: Path, tmp_path: Path) -> None:
         build_plan(tmp_path / "link")
 
 
+@pytest.mark.parametrize(
+    ("name", "shown"),
+    [
+        ("csi\x9b31m.txt".encode(), r"'csi\x9b31m.txt'"),  # C1 control: a terminal escape
+        (b"latin1-\xe9.txt", r"'latin1-\udce9.txt'"),  # not UTF-8: no JSON string holds it
+    ],
+)
+def test_artifact_names_that_cannot_be_sent_or_shown_are_refused(
+    run_dir: Path, name: bytes, shown: str
+) -> None:
+    first = json.loads((run_dir / "index.jsonl").read_text().splitlines()[0])["rollout_id"]
+    artifacts = run_dir / "rollout_trials" / first / "artifacts"
+    fd = os.open(os.fsencode(artifacts) + b"/" + name, os.O_WRONLY | os.O_CREAT, 0o600)
+    os.close(fd)
+    with pytest.raises(UploadError) as caught:
+        build_plan(run_dir)
+    message = caught.value.message
+    assert (
+        message
+        == f"{shown[0]}rollout_trials/{first}/artifacts/{shown[1:]} is not a safe upload path"
+    )
+    assert message.isascii()
+
+
 def test_a_trajectory_of_another_rollout_is_refused(run_dir: Path) -> None:
     entries = [json.loads(line) for line in (run_dir / "index.jsonl").read_text().splitlines()]
     a, b = entries[0]["rollout_id"], entries[1]["rollout_id"]

@@ -1,5 +1,7 @@
 """Presigned PUTs stream the file in bounded pieces (never the whole file or part in memory),
-send exactly each part's window, and retry only what the spec retries."""
+send exactly each part's window, and retry only what the spec retries: a URL that is not
+https (or loopback http for a loopback platform), a request that cannot be sent as instructed
+and an answer that cannot be read fail at once, as the upload's own one-line errors."""
 
 from __future__ import annotations
 
@@ -88,6 +90,63 @@ async def test_retry_policy(
     with trio.fail_after(60):
         async with httpx.AsyncClient(transport=httpx.MockTransport(handler)) as client:
             with source.open("rb") as handle, pytest.raises(PutError, match=message):
-                await put_file(client, handle, 1000, info, sent.append)
+                await put_file(client, handle, 1000, info, sent.append, loopback_http=True)
     assert calls[0] == attempts
     assert put.MAX_ATTEMPTS == 5
+
+
+@pytest.mark.parametrize(
+    ("url", "loopback_http", "message"),
+    [
+        ("file://localhost/etc/passwd", True, "Upload URL must use HTTPS"),
+        ("ftp://127.0.0.1/o", True, "Upload URL must use HTTPS"),
+        ("http://127.0.0.1:1/o", False, "Upload URL must use HTTPS"),
+        ("http://s3.example/o", True, "Upload URL must use HTTPS"),
+        ("https://[::1/x", True, "Upload URL is not a valid URL"),
+    ],
+)
+async def test_urls_other_than_https_are_refused_at_once(
+    tmp_path: Path, url: str, loopback_http: bool, message: str
+) -> None:
+    source = tmp_path / "f.txt"
+    source.write_bytes(b"x" * 10)
+    calls = [0]
+
+    async def handler(request: httpx.Request) -> httpx.Response:
+        calls[0] += 1
+        return httpx.Response(200)
+
+    info = UploadInfo.parse({"presigned_url": url})
+    with trio.fail_after(10):
+        async with httpx.AsyncClient(transport=httpx.MockTransport(handler)) as client:
+            with source.open("rb") as handle, pytest.raises(PutError, match=message):
+                await put_file(client, handle, 10, info, [].append, loopback_http=loopback_http)
+    assert calls[0] == 0
+
+
+@pytest.mark.parametrize(
+    ("raised", "message"),
+    [
+        (httpx.LocalProtocolError("Illegal header value"), "headers cannot be sent"),
+        (httpx.DecodingError("bad gzip"), r"Upload failed: DecodingError$"),
+    ],
+)
+async def test_what_a_retry_cannot_fix_is_not_retried(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, raised: Exception, message: str
+) -> None:
+    monkeypatch.setattr(put, "BACKOFF_BASE_S", 0.001)  # were it retried, it would fail fast
+    source = tmp_path / "f.txt"
+    source.write_bytes(b"x" * 10)
+    calls = [0]
+
+    async def handler(request: httpx.Request) -> httpx.Response:
+        calls[0] += 1
+        raise raised
+
+    sent: list[int] = []
+    info = UploadInfo.parse({"presigned_url": "https://s3.example/o"})
+    with trio.fail_after(10):
+        async with httpx.AsyncClient(transport=httpx.MockTransport(handler)) as client:
+            with source.open("rb") as handle, pytest.raises(PutError, match=message):
+                await put_file(client, handle, 10, info, sent.append)
+    assert calls[0] == 1 and sum(sent) == 0

@@ -10,10 +10,11 @@ import subprocess
 from pathlib import Path
 
 import pytest
+import trio
 
 from launcher.errors import CLIError
 from launcher.ui import UI
-from launcher.upload.command import AfterRunUpload, resolve_upload_dir
+from launcher.upload.command import AfterRunUpload, resolve_upload_dir, retry_command
 from launcher.upload.identity import (
     AuthError,
     PlatformIdentity,
@@ -147,8 +148,6 @@ def test_progress_line_has_bytes_rate_and_eta() -> None:
 
 
 def test_incomplete_run_is_not_uploaded_and_says_why(tmp_path: Path) -> None:
-    import trio
-
     ui = UI("plain", stdout=io.StringIO(), stderr=io.StringIO())
     step = AfterRunUpload(PlatformIdentity("http://127.0.0.1:9", "t" * 12, "a/b", None), False, ui)
     trio.run(step, tmp_path, False, None)
@@ -168,3 +167,94 @@ def test_run_argument_resolution(tmp_path: Path) -> None:
     (ws / "here").mkdir()
     assert resolve_upload_dir("here", cwd=ws) == ws / "here"
     assert resolve_upload_dir("/abs/run", cwd=ws) == Path("/abs/run")
+
+
+def test_retry_command_is_one_that_works_where_it_is_typed(tmp_path: Path) -> None:
+    ws = tmp_path / "ws"
+    (ws / "configs" / "eval").mkdir(parents=True)
+    run_dir = ws / ".osmosis" / "evals" / "w1"
+    run_dir.mkdir(parents=True)
+    assert (
+        retry_command(run_dir, replace=False, workspace_name=None, cwd=ws)
+        == "rollbridge eval upload w1"
+    )
+    assert (
+        retry_command(run_dir, replace=True, workspace_name="team a", cwd=ws / "configs")
+        == "rollbridge eval upload w1 --replace --workspace 'team a'"
+    )
+    (tmp_path / "away").mkdir()
+    assert (
+        retry_command(run_dir, replace=False, workspace_name="t", cwd=tmp_path / "away")
+        == f"rollbridge eval upload {run_dir} --workspace t"
+    )
+
+
+async def test_an_unreadable_platform_answer_is_a_platform_error(tmp_path: Path) -> None:
+    import httpx
+
+    from launcher.upload.import038 import Import038
+    from launcher.upload.plan import build_plan
+    from launcher.upload.transport import PlatformError
+    from tests.upload.rundir import write_finished_run
+
+    plan = build_plan(write_finished_run(tmp_path / "evals"))
+
+    async def handler(request: httpx.Request) -> httpx.Response:
+        return httpx.Response(200, headers={"Content-Encoding": "gzip"}, content=b"not gzip")
+
+    identity = PlatformIdentity("http://127.0.0.1:9", "t" * 12, "a/b", None)
+    with trio.fail_after(10):
+        async with httpx.AsyncClient(transport=httpx.MockTransport(handler)) as client:
+            with pytest.raises(PlatformError, match=r"^Platform request failed \(DecodingError\)$"):
+                await Import038(identity, client).publish(
+                    plan, replace=False, progress=UploadProgress(None)
+                )
+
+
+async def test_any_failure_of_the_after_run_upload_keeps_the_run_and_says_how_to_retry(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import httpx
+
+    from launcher.rundir.discard import CompleteRunError
+    from launcher.upload import command
+
+    async def broken(*args: object, **kwargs: object) -> None:
+        raise httpx.InvalidURL("Invalid IPv6 URL")
+
+    monkeypatch.setattr(command, "publish_run", broken)
+    monkeypatch.chdir(tmp_path)
+    run_dir = tmp_path / "ws" / ".osmosis" / "evals" / "w1"
+    ui = UI("plain", stdout=io.StringIO(), stderr=io.StringIO())
+    step = AfterRunUpload(PlatformIdentity("http://127.0.0.1:9", "t" * 12, None, "team"), False, ui)
+    with trio.fail_after(10), pytest.raises(CompleteRunError) as caught:
+        await step(run_dir, True, None)
+    assert caught.value.message == (
+        f"Local evaluation results are complete at {run_dir}, but the local evaluation upload "
+        "failed: InvalidURL: Invalid IPv6 URL\n"
+        f"Retry with: rollbridge eval upload {run_dir} --workspace team"
+    )
+
+
+async def test_the_platforms_error_text_reaches_the_terminal_escaped(tmp_path: Path) -> None:
+    import httpx
+
+    from launcher.upload.import038 import Import038
+    from launcher.upload.plan import build_plan
+    from launcher.upload.transport import PlatformError
+    from tests.upload.rundir import write_finished_run
+
+    plan = build_plan(write_finished_run(tmp_path / "evals"))
+    body = {"error": "bad \x1b]0;owned\x07 \x9b2J", "issues": [{"path": ["a\x85"], "message": "m"}]}
+
+    async def handler(request: httpx.Request) -> httpx.Response:
+        return httpx.Response(422, json=body)
+
+    identity = PlatformIdentity("http://127.0.0.1:9", "t" * 12, "a/b", None)
+    with trio.fail_after(10):
+        async with httpx.AsyncClient(transport=httpx.MockTransport(handler)) as client:
+            with pytest.raises(PlatformError) as caught:
+                await Import038(identity, client).publish(
+                    plan, replace=False, progress=UploadProgress(None)
+                )
+    assert caught.value.message == "bad \\x1b]0;owned\\x07 \\x9b2J\n  - a\\x85: m"

@@ -248,7 +248,11 @@ async def test_the_run_lock_and_an_unfinished_run_refuse(setup, standin: StandIn
     with RunLock.acquire(run_dir.parent, NAME):
         held = await run(ours("eval", "upload", NAME), cwd=ws, env=env)
     assert held.returncode == 1
-    assert held.stderr.startswith("Error: another `rollbridge eval run` already holds ")
+    lock = run_dir.parent / ".locks" / f"{NAME}.lock"
+    assert held.stderr == (
+        "Error: another `rollbridge eval run` or `rollbridge eval upload` of this run holds "
+        f"{lock}; wait for it to finish, then retry.\n"
+    )
     metrics = json.loads((run_dir / "metrics.json").read_text())
     metrics["eval_run"]["status"] = "running"
     (run_dir / "metrics.json").write_text(json.dumps(metrics))
@@ -272,3 +276,45 @@ async def test_uploads_are_asked_for_in_batches_of_100(setup, standin: StandIn) 
     assert [len(b) for b in batches] == [100, len(expected_paths(run_dir)) + 130 - 100]
     assert [p for b in batches for p in b] == sorted(p for b in batches for p in b)
     assert len(standin.stored) == len(expected_paths(run_dir)) + 130
+
+
+async def test_a_manifest_mismatch_409_gets_no_replace_advice(setup, standin: StandIn) -> None:
+    ws, run_dir, env = setup
+    assert (await run(ours("eval", "upload", NAME), cwd=ws, env=env)).returncode == 0
+    manifest = run_dir / "manifest.json"
+    manifest.write_text(json.dumps(json.loads(manifest.read_text()), indent=2))  # other bytes
+    refused = await run(ours("eval", "upload", NAME), cwd=ws, env=env)
+    assert refused.returncode == 1
+    assert refused.stderr == (
+        "Error: The manifest digest differs from the imported run. The run's manifest.json "
+        "differs from the one imported for this local run; --replace cannot change it.\n"
+    )
+
+
+async def test_the_scope_is_the_runs_workspace_not_the_cwd(
+    setup, standin: StandIn, tmp_path: Path
+) -> None:
+    _, run_dir, env = setup
+    other = make_workspace(tmp_path / "other", "https://github.com/Other/Repo")
+    done = await run(ours("eval", "upload", str(run_dir), "--json"), cwd=other, env=env)
+    assert done.returncode == 0, done.stderr
+    assert done.envelope()["result"]["git"]["identity"] == "acme/rollouts"
+    api = [r for r in standin.requests if r.method == "POST"]
+    assert {r.headers["x-osmosis-git"] for r in api} == {"acme/rollouts"}
+
+
+async def test_what_is_not_a_run_is_left_untouched(setup, standin: StandIn, tmp_path: Path) -> None:
+    ws, _, env = setup
+    stray = tmp_path / "notarun"
+    stray.mkdir()
+    (stray / "logs.txt").write_text(f"key {PROVIDER_KEY}\n")
+    done = await run(ours("eval", "upload", str(stray), "--workspace", "t"), cwd=ws, env=env)
+    assert done.returncode == 1
+    assert done.stderr == f"Error: {stray} is not a run directory (no manifest.json)\n"
+    assert (stray / "logs.txt").read_text() == f"key {PROVIDER_KEY}\n"
+    assert not (tmp_path / ".locks").exists()
+    assert [p.name for p in stray.iterdir()] == ["logs.txt"]
+    empty = await run(ours("eval", "upload", ""), cwd=stray, env=env)
+    assert empty.returncode == 2 and "RUN must be a run name or a run directory" in empty.stderr
+    assert (stray / "logs.txt").read_text() == f"key {PROVIDER_KEY}\n"
+    assert standin.requests == []
