@@ -206,6 +206,18 @@ async def _upload(
                     code=exc.code,
                     details=exc.details,
                 ) from None
+            if exc.status is None or exc.status == 429 or exc.status >= 500:
+                # No answer, or one that says later: what was sent counts, so the same command
+                # goes on from there.
+                again = upload_command_line(
+                    arg, replace=replace, workspace_name=identity.workspace_name
+                )
+                raise PlatformError(
+                    f"{exc.message} Run `{again}` again to resume the upload.",
+                    status=exc.status,
+                    code=exc.code,
+                    details=exc.details,
+                ) from None
             raise
         except (UploadError, CLIError):
             raise
@@ -249,7 +261,12 @@ def eval_upload(
     run_dir = resolve_upload_dir(run, cwd=Path.cwd())
     check_run_dir(run_dir)
     identity = platform_identity(ui, platform_workspace, run_workspace(run_dir))
-    resource = trio.run(_upload, run_dir, run, replace, identity, ui)
+    try:
+        resource = trio.run(_upload, run_dir, run, replace, identity, ui)
+    except KeyboardInterrupt:
+        again = upload_command_line(run, replace=replace, workspace_name=platform_workspace)
+        ui.warning(f"Upload interrupted; run `{again}` to resume.", "INTERRUPTED")
+        raise
     message = f"Uploaded local evaluation: {printable(resource['eval_run_name'])}"
     if ui.mode == "json":
         ui.envelope("eval.upload", message, resource)

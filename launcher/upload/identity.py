@@ -247,6 +247,11 @@ def resolve_identity(
             f"Refusing to send credentials over plain HTTP to {platform_url}; "
             "use an https:// OSMOSIS_PLATFORM_URL."
         )
+    if workspace_name is not None and not _header_safe(workspace_name):
+        raise CLIError(
+            f"--workspace {workspace_name!r} is not a workspace name: it must be printable "
+            "ASCII without line breaks, and not empty"
+        )
     identity, repo_url = (None, None) if workspace_name else git_identity(cwd)
     if workspace_name is None and identity is None:
         raise CLIError(
@@ -256,4 +261,22 @@ def resolve_identity(
     token = _env_token(environ, platform_url) or _file_token(home, platform_url)
     if token is None:
         raise AuthError(f"Not logged in to {platform_url}. {LOGIN_HINT}")
+    token = token.strip()  # a pasted token's line break or spaces around it
+    if len(token) < MIN_TOKEN_LENGTH or not _header_safe(token) or " " in token:
+        # Said without the token: it may still be one (a short one would also be "redacted"
+        # in every message it happens to occur in).
+        raise AuthError(
+            f"The platform token for {platform_url} is malformed (it must be at least "
+            f"{MIN_TOKEN_LENGTH} printable ASCII characters, without spaces). {LOGIN_HINT}",
+            code="TOKEN_MALFORMED",
+        )
     return PlatformIdentity(platform_url, token, identity, workspace_name, repo_url)
+
+
+#: The shortest platform token taken (the redaction policy's shortest secret as well).
+MIN_TOKEN_LENGTH = 8
+
+
+def _header_safe(value: str) -> bool:
+    """Printable ASCII (an HTTP header can carry it as is), not empty."""
+    return bool(value) and value.isascii() and value.isprintable()

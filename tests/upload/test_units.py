@@ -89,6 +89,26 @@ def test_token_sources(tmp_path: Path) -> None:
         resolve_identity(env, cwd=ws, home=tmp_path / "home", workspace_name=None)
 
 
+def test_malformed_tokens_and_workspace_names_are_refused_in_one_line(tmp_path: Path) -> None:
+    """A token a header cannot carry, or too short to be one (redacting it would mangle every
+    message it occurs in), is refused without being shown; spaces around one are a paste's."""
+    ws = _repo(tmp_path / "ws", "https://github.com/acme/r")
+    url = "http://127.0.0.1:9"
+    env = {"OSMOSIS_PLATFORM_URL": url, "OSMOSIS_TOKEN_PLATFORM_URL": url}
+    home = tmp_path / "home"
+    for bad in ("t", "tok en-with-a-space", "tøken-not-ascii", "token\nwith-a-break"):
+        with pytest.raises(AuthError, match="malformed") as raised:
+            resolve_identity({**env, "OSMOSIS_TOKEN": bad}, cwd=ws, home=home, workspace_name=None)
+        assert len(bad) == 1 or bad not in str(raised.value)
+    pasted = {**env, "OSMOSIS_TOKEN": "  env-token-1234\n"}
+    assert resolve_identity(pasted, cwd=ws, home=home, workspace_name=None).token == (
+        "env-token-1234"
+    )
+    for name in ("", "a\nb"):
+        with pytest.raises(CLIError, match="is not a workspace name"):
+            resolve_identity(pasted, cwd=ws, home=home, workspace_name=name)
+
+
 def test_scope_and_insecure_platform(tmp_path: Path) -> None:
     write_credentials(tmp_path / "home", "http://127.0.0.1:9")
     env = {"OSMOSIS_PLATFORM_URL": "http://127.0.0.1:9"}
