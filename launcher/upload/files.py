@@ -13,7 +13,7 @@ import contextlib
 import hashlib
 import os
 import stat
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import BinaryIO
@@ -130,17 +130,49 @@ def scrub_logs_file(path: Path, environ: Mapping[str, str], extra: tuple[str, ..
     )
     if not values:
         return False
+    # Line by line, in two passes (find, then rewrite): a run's log can be gigabytes, and the
+    # whole text held as str took twice its size in memory. A value that spans lines (none of
+    # the known ones does) is looked for in the whole text.
+    if any("\n" in value for value in values):
+        return _scrub_whole(path, values)
+
+    def scrubbed(line: bytes) -> bytes:
+        text = line.decode("utf-8", "surrogateescape")
+        for value in values:
+            text = text.replace(value, REDACTED)
+        return text.encode("utf-8", "surrogateescape")
+
+    with open_stable(path, "logs.txt") as (handle, _):
+        if all(scrubbed(line) == line for line in handle):
+            return False
+
+    def write(out: BinaryIO) -> None:
+        with open_stable(path, "logs.txt") as (handle, _):
+            for line in handle:
+                out.write(scrubbed(line))
+
+    _replace_file(path, write)
+    return True
+
+
+def _scrub_whole(path: Path, values: list[str]) -> bool:
     original = read_stable(path, "logs.txt").decode("utf-8", "surrogateescape")
     text = original
     for value in values:
         text = text.replace(value, REDACTED)
     if text == original:
         return False
+    _replace_file(path, lambda out: out.write(text.encode("utf-8", "surrogateescape")))
+    return True
+
+
+def _replace_file(path: Path, write: Callable[[BinaryIO], object]) -> None:
+    """Replace ``path`` (0600) with what ``write`` writes, durably and atomically."""
     temporary = path.with_name(f".{path.name}.scrub-{os.getpid()}")
     fd = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
     try:
         with os.fdopen(fd, "wb") as out:
-            out.write(text.encode("utf-8", "surrogateescape"))
+            write(out)
             out.flush()
             os.fsync(out.fileno())
         os.chmod(temporary, 0o600)
@@ -149,4 +181,3 @@ def scrub_logs_file(path: Path, environ: Mapping[str, str], extra: tuple[str, ..
         with contextlib.suppress(OSError):
             os.unlink(temporary)
         raise
-    return True

@@ -163,3 +163,26 @@ def test_scrub_replaces_known_values_longest_first(tmp_path: Path) -> None:
     logs.symlink_to(target)
     assert not scrub_logs_file(logs, env)
     assert target.read_text() == "sk-LONGKEY\n"
+
+
+def test_scrub_reads_a_large_log_line_by_line(tmp_path: Path) -> None:
+    """Every line is scrubbed, the last one without a line break too, and the memory it takes
+    does not grow with the file (a 300 MB log took 657 MB when it was read whole)."""
+    import tracemalloc
+
+    logs = tmp_path / "logs.txt"
+    line = b"2026-12-04T00:00:00Z INFO [x] " + b"y" * 200 + b"\n"
+    with logs.open("wb") as out:
+        for _ in range(100_000):  # 23 MB
+            out.write(line)
+        out.write(b"key sk-LONGKEY-123456 \xff last")
+    env = {"OPENAI_API_KEY": "sk-LONGKEY-123456"}
+    tracemalloc.start()
+    try:
+        assert scrub_logs_file(logs, env)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert peak < 5 * 1024 * 1024
+    data = logs.read_bytes()
+    assert data.endswith(b"key [REDACTED] \xff last") and data.count(b"\n") == 100_000
