@@ -395,12 +395,9 @@ async def open_cluster(ctx: RunContext, services: Services) -> AsyncIterator[Ser
                 transport.on_change()
                 remote = [r.name for r in transport.replicas if r.actor is not None]
                 count = len(transport.replicas)
-                others = ", ".join(remote) or (
-                    f"{len(cluster.refused)} other node{'s' if len(cluster.refused) != 1 else ''}"
-                    " refused"
-                    if cluster.refused
-                    else "no other node"
-                )
+                others = ", ".join(remote) or "no other node"
+                if not remote and cluster.refused:
+                    others += f", {len(cluster.refused)} refused"
                 ctx.stage(
                     f"{count} replica{'s' if count != 1 else ''} "
                     f"({others} besides the supervisor's), capacity {transport.capacity}",

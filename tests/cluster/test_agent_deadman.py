@@ -117,8 +117,11 @@ def test_a_replica_that_does_not_start_leaves_no_directory_on_the_node(
 
     async def scenario() -> None:
         agent = NodeAgent()
-        with pytest.raises(Exception):  # noqa: B017 - whatever the server's failure is
-            await agent.start(msgspec.json.encode(spec))
+        try:
+            with pytest.raises(Exception):  # noqa: B017 - whatever the server's failure is
+                await agent.start(msgspec.json.encode(spec))
+        finally:
+            await agent.stop(1.0)  # Ray kills the actor; here its loop's thread must end
 
     asyncio.run(asyncio.wait_for(scenario(), timeout=120))
     assert [p.name for p in node_tmp.iterdir() if p.name.startswith("rollbridge-agent-")] == []

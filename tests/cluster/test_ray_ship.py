@@ -166,6 +166,9 @@ async def test_a_failed_build_on_node2_leaves_the_run_to_the_head(
         assert len(refused) == 1, refused
         assert "ShipError: cannot build the rollout environment" in refused[0]
         assert f'"node":"{N2_IP}"' in refused[0]
+        # Said on the terminal too, and the replica line does not hide it.
+        assert f"node {N2_IP} refused: its replica did not start" in result.stderr
+        assert _log_lines(run, "1 replica (no other node, 1 refused besides the supervisor's)")
         assert not _remote_rollouts(run)
         _shipped_once(run)
         await _no_leftovers(ws, testbed)
