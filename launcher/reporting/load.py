@@ -20,6 +20,7 @@ from launcher.reporting.calls import attach_calls
 from launcher.reporting.invocations import Invocation, parse_invocations
 from launcher.reporting.model import ItemError, ReportItem, RunData, TranscriptStep
 from launcher.rubric.store import read_rubric_scores
+from launcher.rundir.metrics import USAGE_KEYS as SUMMED_USAGE
 from launcher.rundir.projections import load_valid_trajectory
 
 __all__ = ["LOG_MAX_CHARS", "MESSAGE_MAX_CHARS", "load_run", "transcript_steps"]
@@ -31,14 +32,7 @@ _DIAGNOSTICS = "diagnostics.json"
 
 
 #: Index keys an item keeps beside its tokens (ours: docs/calls.md).
-USAGE_KEYS = (
-    "calls",
-    "cached_tokens",
-    "cache_write_tokens",
-    "reasoning_tokens",
-    "retries",
-    "metrics",
-)
+USAGE_KEYS = (*SUMMED_USAGE, "metrics")
 
 
 def _jsonl(path: Path) -> Iterator[dict[str, Any]]:

@@ -20,6 +20,7 @@ from typing import Any, TypeGuard
 from launcher.rundir.projections import INDEX_KEYS, IndexValues
 
 __all__ = [
+    "USAGE_KEYS",
     "LiveCounters",
     "aggregate_index_values",
     "aggregate_metrics",
@@ -100,7 +101,7 @@ def aggregate_metrics(rows: Iterable[Mapping[str, Any]], pass_threshold: float) 
         tokens = row.get("tokens")
         if isinstance(tokens, int) and not isinstance(tokens, bool):
             tokens_used += tokens
-        usage.add(*(row.get(key) for key in _USAGE_KEYS))
+        usage.add(*(row.get(key) for key in USAGE_KEYS))
         run_index = row.get("run_index", 0)
         max_run = max(max_run, run_index)
         status = row.get("status")
@@ -133,18 +134,18 @@ _ROW, _RUN, _STATUS, _REWARD, _TOKENS = (
     INDEX_KEYS.index(key) for key in ("row_index", "run_index", "status", "reward", "tokens")
 )
 #: Index keys summed into the summary beside ``tokens_used`` (ours; a key no row carries is
-#: left out of the summary).
-_USAGE_KEYS = ("calls", "cached_tokens", "cache_write_tokens", "reasoning_tokens", "retries")
-_USAGE_SLOTS = tuple(INDEX_KEYS.index(key) for key in _USAGE_KEYS)
+#: left out of the summary). The report keeps the same keys per item.
+USAGE_KEYS = ("calls", "cached_tokens", "cache_write_tokens", "reasoning_tokens", "retries")
+_USAGE_SLOTS = tuple(INDEX_KEYS.index(key) for key in USAGE_KEYS)
 
 
 class _UsageTotals:
-    """Sums of :data:`_USAGE_KEYS` over index rows; a key stays None until a row has it."""
+    """Sums of :data:`USAGE_KEYS` over index rows; a key stays None until a row has it."""
 
     __slots__ = ("sums",)
 
     def __init__(self) -> None:
-        self.sums: list[int | None] = [None] * len(_USAGE_KEYS)
+        self.sums: list[int | None] = [None] * len(USAGE_KEYS)
 
     def add(self, *values: Any) -> None:
         for i, value in enumerate(values):
@@ -154,7 +155,7 @@ class _UsageTotals:
 
     def into(self, summary: dict[str, Any]) -> dict[str, Any]:
         """``summary`` with each sum that some row had."""
-        for key, value in zip(_USAGE_KEYS, self.sums, strict=True):
+        for key, value in zip(USAGE_KEYS, self.sums, strict=True):
             if value is not None:
                 summary[key] = value
         return summary
