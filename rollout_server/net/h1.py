@@ -65,6 +65,8 @@ _DISCONNECT: Final = {"type": "http.disconnect"}
 _ASGI: Final = {"spec_version": "2.1", "version": "3.0"}
 CLOSE: Final = (b"connection", b"close")
 _END: Final = object()
+_SLICE: Final = 64 * 1024
+"""The largest piece written at once (each must be taken within the send timeout)."""
 """Queue marker: the end of a message."""
 
 
@@ -381,9 +383,17 @@ class _Connection:
         # write then fails as dropped, and the app's receive() says the client is gone). Not a
         # cancel scope per write: entering one cost 7 us of the loop's 22 per request, moving
         # one connection-wide scope's deadline 4.5 (scripts/bench/bench_h1fast.py).
-        self.writing_since = trio.current_time()
+        # The bound is on progress, as nginx's send_timeout: a large answer goes in slices,
+        # each of which must be taken in time (a slow reader of a big one is not cut off).
         try:
-            await self.stream.send_all(data)
+            if len(data) <= _SLICE:
+                self.writing_since = trio.current_time()
+                await self.stream.send_all(data)
+            else:
+                view = memoryview(data)
+                for start in range(0, len(data), _SLICE):
+                    self.writing_since = trio.current_time()
+                    await self.stream.send_all(view[start : start + _SLICE])
         except _DROPPED:
             self.broken = True
         finally:

@@ -4,12 +4,14 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator
 from functools import partial
+from math import inf
 from typing import Any
 
 import pytest
 import trio
 
-from rollout_server.net.leanserve import LeanConfig, serve_lean
+from rollout_server.net import h1
+from rollout_server.net.leanserve import IdleWatch, LeanConfig, serve_lean
 from rollout_server.net.limits import (
     BODY_READ_TIMEOUT,
     HEAD_TIMEOUT,
@@ -303,3 +305,60 @@ async def test_codings_other_than_chunked_get_501(port: int) -> None:
         async with stream:
             await stream.send_all(plain)
             assert (await stream.receive_some(65536)).startswith(b"HTTP/1.1 200 ")
+
+
+async def test_the_send_timeout_bounds_progress_not_the_whole_answer(autojump_clock: Any) -> None:
+    """A large answer is written in slices (h1._SLICE), each of which must be taken within
+    SEND_TIMEOUT: a slow reader that keeps taking slices is never cut off; one that stops is,
+    within twice the timeout. (The watch alone, on the trio clock: with real sockets the mock
+    clock may jump before the kernel says a socket is writable again.)"""
+    closed = trio.Event()
+
+    async def close() -> None:
+        closed.set()
+
+    began = [trio.current_time()]
+    watch = IdleWatch(trio.Event(), 3600.0, close, SEND_TIMEOUT)
+    watch.watch_writes(lambda: began[0])
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(watch.watch)
+        for _ in range(30):  # twenty minutes of slices, each taken after 40 s
+            await trio.sleep(40)
+            assert not closed.is_set()
+            began[0] = trio.current_time()
+        stalled = trio.current_time()
+        with trio.fail_after(SEND_TIMEOUT * 2 + 1):
+            await closed.wait()
+        assert trio.current_time() - stalled >= SEND_TIMEOUT
+
+
+async def test_a_large_answer_is_written_in_slices() -> None:
+    class Recording(trio.abc.Stream):
+        def __init__(self) -> None:
+            self.sizes: list[int] = []
+
+        async def send_all(self, data: bytes | bytearray | memoryview) -> None:
+            await trio.lowlevel.checkpoint()
+            self.sizes.append(len(data))
+
+        async def wait_send_all_might_not_block(self) -> None:
+            await trio.lowlevel.checkpoint()
+
+        async def receive_some(self, max_bytes: int | None = None) -> bytes:
+            await trio.sleep_forever()
+            raise AssertionError
+
+        async def aclose(self) -> None:
+            await trio.lowlevel.checkpoint()
+
+    stream = Recording()
+    connection = h1._Connection(LeanConfig(), stream, _nothing, _nothing)
+    with trio.fail_after(10):
+        await connection.write(b"z" * (h1._SLICE * 3 + 5))
+        await connection.write(b"small")
+    assert stream.sizes == [h1._SLICE] * 3 + [5, 5]
+    assert connection.writing_since == inf
+
+
+async def _nothing() -> None:
+    await trio.lowlevel.checkpoint()
