@@ -26,7 +26,7 @@ from typing import Any
 from launcher.daemon.children import ChildRecord
 from launcher.daemon.live_usage import read_live_usage
 from launcher.rundir.journal import TerminalRecord, replay_journal
-from launcher.rundir.logs import RUN_FAILED
+from launcher.rundir.logs import RUN_FAILED, line_details
 from launcher.rundir.metrics import LiveCounters
 from launcher.rundir.peek import read_metrics
 
@@ -89,13 +89,8 @@ _HALTING = "halting dispatch "
 
 def _halt_reason(message: str) -> str | None:
     """The reason of a ``halting dispatch {"reason": …}`` line, or None."""
-    if not message.startswith(_HALTING):
-        return None
-    try:
-        details = json.loads(message[len(_HALTING) :])
-    except ValueError:
-        return None
-    reason = details.get("reason") if isinstance(details, dict) else None
+    details = line_details(message, _HALTING)
+    reason = details.get("reason") if details is not None else None
     return reason if isinstance(reason, str) and reason else None
 
 

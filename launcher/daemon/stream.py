@@ -27,6 +27,7 @@ from launcher.daemon.live_usage import (
     live_rollouts,
     read_live_usage,
 )
+from launcher.rundir.logs import line_details
 
 __all__ = ["LineTail", "journal_events", "log_events", "sse"]
 
@@ -191,13 +192,7 @@ async def journal_events(
 
 def _replicas(step: str, message: str) -> dict[str, Any] | None:
     """The details of a ``replicas changed`` line, or None for any other line."""
-    if step != "cluster" or not message.startswith(_REPLICAS):
-        return None
-    with contextlib.suppress(ValueError):
-        details = json.loads(message.removeprefix(_REPLICAS))
-        if isinstance(details, dict):
-            return details
-    return None
+    return line_details(message, _REPLICAS) if step == "cluster" else None
 
 
 class _LiveUsage:

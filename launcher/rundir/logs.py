@@ -24,7 +24,14 @@ from typing import Any
 from launcher.redact import Redactor
 from launcher.rundir.atomic import WriteFailure, fast_sorted_json
 
-__all__ = ["INVOCATION_ENDED", "INVOCATION_STEP", "RUN_FAILED", "RunLog", "utc_now_iso"]
+__all__ = [
+    "INVOCATION_ENDED",
+    "INVOCATION_STEP",
+    "RUN_FAILED",
+    "RunLog",
+    "line_details",
+    "utc_now_iso",
+]
 
 #: The ``INFO [finalize] invocation ended {"duration_ms", "started_at", "status"}`` line each
 #: invocation of a run writes when it finalizes (the report sums them into the run's wall time).
@@ -63,6 +70,18 @@ def _now_iso() -> str:
     if cached[0] != seconds:
         cached = _second = (seconds, time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(seconds)))
     return f"{cached[1]}.{micros:06d}Z"
+
+
+def line_details(message: str, prefix: str) -> dict[str, Any] | None:
+    """The details object a ``logs.txt`` message carries after ``prefix`` (``message {json}``,
+    as :meth:`RunLog.log` writes it), or None when it starts otherwise or has none."""
+    if not message.startswith(prefix):
+        return None
+    try:
+        details = json.loads(message[len(prefix) :])
+    except ValueError:
+        return None
+    return details if isinstance(details, dict) else None
 
 
 def _details_json(details: dict[str, Any]) -> str:
