@@ -260,7 +260,12 @@ class Supervisor:
                 # logs.txt is uploaded: sealed before it is hashed, so nothing (a Ctrl-C's
                 # warnings) is appended to the bytes the platform holds.
                 rd.log.close()
-            await self._after_run(rd.path, complete)
+            try:
+                await self._after_run(rd.path, complete)
+            except CLIError:
+                # The run's results stand whatever the upload did: show them, then its error.
+                self._show_results(rd, result, cancelled)
+                raise
         return self._report(rd, result, cancelled)
 
     async def _after_run(self, run_dir: Path, complete: bool) -> None:
@@ -440,8 +445,9 @@ class Supervisor:
         )
         return 0
 
-    def _report(self, rd: RunDirectory, result: FinalizeResult, cancelled: bool) -> int:
-        p = self.prepared
+    def _show_results(
+        self, rd: RunDirectory, result: FinalizeResult, cancelled: bool
+    ) -> tuple[Counts, list[FailedItem]]:
         counts = Counts(result.succeeded, result.failed, result.skipped)
         latest = rd.journal.latest  # its records (not FailedRow) carry each failure's reason
         failed: list[FailedItem] = [latest[(r.row_index, r.run_index)] for r in result.failed_rows]
@@ -455,6 +461,11 @@ class Supervisor:
             duration_ms=result.duration_ms,
             counts=counts,
         )
+        return counts, failed
+
+    def _report(self, rd: RunDirectory, result: FinalizeResult, cancelled: bool) -> int:
+        p = self.prepared
+        counts, failed = self._show_results(rd, result, cancelled)
         display = p.display(rd.path)
         failure = result.write_failure  # a full disk, an I/O error: the file and what to do
         self.ui.result(

@@ -178,6 +178,8 @@ async def test_a_failed_upload_prints_a_retry_that_works_from_where_it_ran(
         "failed: injected fault Retry with: rollbridge eval upload "
     )
     assert error.count("\n") == 1 and "kept" not in error and "--name" not in error
+    # The run's results are shown before the upload's error: the run itself went well.
+    assert "Results" in failed.stdout and "w1" in failed.stdout, failed.stdout
     retry = error.split("Retry with: rollbridge ")[1]
     assert shlex.split(retry) == ["eval", "upload", str(run_dir)]
     done = await run(ours(*shlex.split(retry), "--json"), cwd=elsewhere, env=cli_env)
