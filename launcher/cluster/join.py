@@ -37,7 +37,7 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Callable, MutableMapping
+from collections.abc import Callable, Mapping, MutableMapping
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -62,6 +62,7 @@ __all__ = [
     "local_auth",
     "local_start_cause",
     "node_ip",
+    "token_file_problem",
     "unreachable",
 ]
 
@@ -243,6 +244,22 @@ def local_auth(environ: MutableMapping[str, str]) -> str | None:
     return token
 
 
+def token_file_problem(environ: Mapping[str, str]) -> str | None:
+    """Why the token file ``RAY_AUTH_TOKEN_PATH`` names cannot serve (Ray's own message is a
+    paragraph with a link); None when it can, or when no file is in use."""
+    path = environ.get("RAY_AUTH_TOKEN_PATH")
+    if not path or environ.get("RAY_AUTH_TOKEN") or environ.get("RAY_AUTH_MODE") == "disabled":
+        return None
+    try:
+        with open(path, "rb") as file:
+            empty = not file.read(4096).strip()
+    except OSError as exc:
+        return f"RAY_AUTH_TOKEN_PATH names {path}, which cannot be read ({_why(exc)})"
+    if empty:
+        return f"RAY_AUTH_TOKEN_PATH names {path}, which is empty"
+    return None
+
+
 def _init(ray: Any, address: str, resource: str) -> tuple[str, str]:
     os.environ["RAY_USAGE_STATS_ENABLED"] = "0"
     os.environ.setdefault("RAY_ENABLE_UV_RUN_RUNTIME_ENV", "0")
@@ -272,6 +289,11 @@ async def join(
     """Join the cluster at ``address`` (or start a local one for ``"local"``) as the driver;
     this node's id and address. Raises :class:`LocalEvalError` (one line, pointing at the
     run's log) when it cannot."""
+    if problem := token_file_problem(os.environ):
+        raise LocalEvalError(
+            f"could not join the Ray cluster at {address}: {problem}; point it at the file "
+            "holding the token the cluster's nodes were started with (or set RAY_AUTH_TOKEN)"
+        )
     capture = Fd2Capture()
     started = time.time()
     try:

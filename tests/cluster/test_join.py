@@ -24,6 +24,7 @@ from launcher.cluster.join import (
     join,
     local_auth,
     local_start_cause,
+    token_file_problem,
     unreachable,
 )
 from launcher.errors import LocalEvalError
@@ -399,3 +400,37 @@ async def test_a_join_that_never_ends_is_given_up_with_one_line(autojump_clock: 
         assert _fd2_identity() == before
     finally:
         fake.release.set()
+
+
+async def test_a_token_file_that_cannot_serve_is_refused_before_ray_is_asked(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    missing, empty, good = tmp_path / "missing", tmp_path / "empty", tmp_path / "token"
+    empty.write_text(" \n")
+    good.write_text("abc\n")
+    assert token_file_problem({"RAY_AUTH_TOKEN_PATH": str(missing)}) == (
+        f"RAY_AUTH_TOKEN_PATH names {missing}, which cannot be read (No such file or directory)"
+    )
+    assert token_file_problem({"RAY_AUTH_TOKEN_PATH": str(empty)}) == (
+        f"RAY_AUTH_TOKEN_PATH names {empty}, which is empty"
+    )
+    assert token_file_problem({"RAY_AUTH_TOKEN_PATH": str(tmp_path)}) is not None  # a directory
+    assert token_file_problem({"RAY_AUTH_TOKEN_PATH": str(good)}) is None
+    # A token in the environment, or no authentication: the file is not used.
+    assert token_file_problem({"RAY_AUTH_TOKEN_PATH": str(missing), "RAY_AUTH_TOKEN": "t"}) is None
+    off = {"RAY_AUTH_TOKEN_PATH": str(missing), "RAY_AUTH_MODE": "disabled"}
+    assert token_file_problem(off) is None
+    assert token_file_problem({}) is None
+
+    monkeypatch.setenv("RAY_AUTH_TOKEN_PATH", str(missing))
+    monkeypatch.delenv("RAY_AUTH_TOKEN", raising=False)
+    monkeypatch.delenv("RAY_AUTH_MODE", raising=False)
+    fake = _FakeRay(block=False)
+    with trio.fail_after(20), pytest.raises(LocalEvalError) as raised:
+        await join(fake, "10.0.0.1:6379", "r", lambda *e: None, "logs.txt")
+    assert str(raised.value) == (
+        f"could not join the Ray cluster at 10.0.0.1:6379: RAY_AUTH_TOKEN_PATH names {missing}, "
+        "which cannot be read (No such file or directory); point it at the file holding the "
+        "token the cluster's nodes were started with (or set RAY_AUTH_TOKEN)"
+    )
+    assert not fake.entered.is_set()  # Ray was not asked
