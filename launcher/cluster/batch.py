@@ -30,6 +30,8 @@ from typing import Any
 
 import trio
 
+from launcher.cluster.refs import ray_cause
+
 __all__ = ["AgentLink", "CallFailed", "Pending"]
 
 #: Items per ``submit`` call (requests are small; this bounds a pickle, not a delay).
@@ -149,7 +151,7 @@ class AgentLink:
             ref = getattr(self._actor, method).remote(*args)
             future = ref.future()
         except Exception as exc:
-            self.fail(f"{type(exc).__name__}: {exc}")
+            self.fail(ray_cause(exc))
             return
         self._refs.add(ref)
         token = self._token
@@ -166,7 +168,7 @@ class AgentLink:
         try:
             result.result()
         except Exception as exc:  # RayActorError, a task error, a cancelled future ...
-            self.fail(f"{type(exc).__name__}: {exc}")
+            self.fail(ray_cause(exc))
 
     def _collected(self, ref: Any, result: Future[Any]) -> None:
         self._refs.discard(ref)
@@ -177,7 +179,7 @@ class AgentLink:
                 if pending is not None:
                     pending.resolve(tuple(answer))
         except Exception as exc:
-            self.fail(f"{type(exc).__name__}: {exc}")
+            self.fail(ray_cause(exc))
             return
         if self._pending and self._failed is None:
             self._flush()  # the next collect, with the items waiting to go (an exchange)

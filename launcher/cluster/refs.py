@@ -8,11 +8,15 @@ Cancelling the trio side does not cancel the Ray task: cancel through the agent.
 from __future__ import annotations
 
 import contextlib
+import re
 from typing import Any
 
 import trio
 
-__all__ = ["await_ref"]
+__all__ = ["await_ref", "ray_cause"]
+
+# A CSI escape sequence (Ray colours a task error's traceback with them).
+_CSI = re.compile(r"\x1b\[[0-9;?]*[ -/]*[@-~]")
 
 
 async def await_ref(ref: Any) -> Any:
@@ -28,3 +32,15 @@ async def await_ref(ref: Any) -> Any:
     future.add_done_callback(wake)
     await done.wait()
     return future.result()
+
+
+def ray_cause(exc: BaseException, limit: int = 300) -> str:
+    """``exc`` as one printable line for a log's cause: Ray's messages span several lines, and
+    a task error's traceback carries ANSI colours. A long one keeps its start and its end (the
+    exception that ended the traceback)."""
+    text = " ".join(_CSI.sub("", f"{type(exc).__name__}: {exc}").split())
+    text = "".join(c if c.isprintable() else c.encode("unicode_escape").decode() for c in text)
+    if len(text) <= limit:
+        return text
+    half = (limit - 3) // 2
+    return f"{text[:half]} … {text[-half:]}"

@@ -23,7 +23,7 @@ from typing import Any
 
 import trio
 
-from launcher.cluster.refs import await_ref
+from launcher.cluster.refs import await_ref, ray_cause
 from launcher.cluster.transport import GONE, RayTransport, Replica
 
 __all__ = [
@@ -171,7 +171,7 @@ async def _ping(
                 return
             cause = "its rollout server does not answer /health"
         except Exception as exc:  # RayActorError, ActorUnavailableError, ...
-            cause = f"{type(exc).__name__}: {exc}"[:300]
+            cause = ray_cause(exc)
     missed = misses[replica.node_id] = misses.get(replica.node_id, 0) + 1
     if missed >= lost_after:
         transport.lose(replica, f"{missed} pings in a row failed; the last: {cause}")

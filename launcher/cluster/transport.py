@@ -26,7 +26,7 @@ import msgspec
 import trio
 
 from launcher.cluster.batch import AgentLink, Pending
-from launcher.cluster.refs import await_ref
+from launcher.cluster.refs import await_ref, ray_cause
 from launcher.cluster.trial import is_small, unpack_trial
 from launcher.dispatch import RolloutHandle, RolloutRefused, RolloutTransport
 from launcher.requeue import RolloutLost
@@ -106,7 +106,7 @@ class _RemoteHandle:
             if answer[0] == "error":  # the agent's item failed (a batched item's task error)
                 raise RuntimeError(answer[1])
         except Exception as exc:  # RayActorError, ActorUnavailableError, a task error ...
-            self._transport.lose(self._replica, f"{type(exc).__name__}: {exc}")
+            self._transport.lose(self._replica, ray_cause(exc))
             return RolloutLost(f"replica {self._replica.name} lost: {type(exc).__name__}")
         finally:
             self._transport.release(self._replica, self._rollout_id)

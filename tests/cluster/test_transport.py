@@ -20,6 +20,7 @@ import trio.testing
 
 from launcher.cluster.agent import _loopback
 from launcher.cluster.batch import RIDE_S
+from launcher.cluster.refs import ray_cause
 from launcher.cluster.transport import RayTransport, Replica
 from launcher.cluster.trial import Packed
 from launcher.dispatch import Dispatcher, ItemLimits, RolloutRefused
@@ -188,7 +189,9 @@ class FakeAgent:
         self.collector = None
         for ref in self.pending:
             if not ref.fut.done():
-                ref.fut.set_exception(RuntimeError("ActorDiedError: the node died"))
+                # As Ray words it: several lines, a task's name in ANSI colours.
+                died = "ActorDiedError: \x1b[36mray::Agent.run()\x1b[39m died\n\tactor_id: a1"
+                ref.fut.set_exception(RuntimeError(died))
 
     def hang(self) -> None:
         self.hung = True
@@ -200,12 +203,13 @@ def _transport(
     trials: Path,
     killed: list[str],
     batch: bool = True,
+    logged: list[tuple[Any, ...]] | None = None,
 ) -> RayTransport:
     return RayTransport(
         local,
         Replica("head (supervisor)", "n1", local_capacity),
         trials,
-        lambda *a: None,
+        (lambda *a: None) if logged is None else (lambda *a: logged.append(a)),
         lambda replica: killed.append(replica.name),
         batch=batch,
     )
@@ -280,7 +284,8 @@ async def test_a_lost_replica_s_items_are_requeued_under_new_ids(
 ) -> None:
     local = ScriptedTransport(_success, delay=1.0)
     killed: list[str] = []
-    transport = _transport(local, 2, tmp_path, killed, batch)
+    logged: list[tuple[Any, ...]] = []
+    transport = _transport(local, 2, tmp_path, killed, batch, logged)
     async with trio.open_nursery() as nursery:
         agent = FakeAgent(nursery, delay=10.0)
         replica = Replica("node2", "n2", 2, actor=agent)
@@ -303,6 +308,10 @@ async def test_a_lost_replica_s_items_are_requeued_under_new_ids(
     assert {rid for kind, rid in events if kind == "revoke"} == lost  # the bridge refuses them
     assert killed == ["node2"] and replica.state == "lost" and replica.in_flight == 0
     assert transport.capacity == 2
+    # The cause is one printable line: Ray's colours and line breaks do not reach logs.txt.
+    causes = [a[3]["cause"] for a in logged if a[2] == "replica lost"]
+    assert len(causes) == 1, causes
+    assert causes[0].endswith("RuntimeError: ActorDiedError: ray::Agent.run() died actor_id: a1")
 
 
 def test_chat_url_is_rewritten_to_the_node_s_loopback_relay() -> None:
@@ -417,3 +426,10 @@ async def test_a_replica_lost_by_its_pings_fails_its_items_though_its_calls_hang
                     await handle.wait()
             nursery.cancel_scope.cancel()
     assert killed == ["node2"] and replica.in_flight == 0 and replica.state == "lost"
+
+
+def test_a_ray_cause_is_one_printable_line_that_keeps_its_end() -> None:
+    assert ray_cause(ValueError("a\x1b[1;31mb\x1b[0m\r\n\tc\x07")) == "ValueError: ab c\\x07"
+    long = ray_cause(RuntimeError("start " + "x" * 1000 + " TheRealError: why"), limit=100)
+    assert len(long) <= 100 and long.startswith("RuntimeError: start")
+    assert long.endswith("TheRealError: why")
