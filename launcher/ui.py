@@ -225,7 +225,14 @@ class UI:
             self._err.write(f"warning: {message}\n")
             self._err.flush()
         else:
-            self.err_console.print(Text(f"⚠ {message}", style="yellow"))
+            text = Text(f"⚠ {message}", style="yellow")
+            live = self._progress
+            if live is not None and live.live.is_started and self._err.isatty():
+                # Both on the terminal: written to stderr it would land across the live view
+                # (rich redraws over the lines it counts); the view prints it above itself.
+                live.console.print(text)
+            else:
+                self.err_console.print(text)
 
     def error(self, message: str, *, code: str = "ERROR", details: Any = None) -> None:
         """The one-line ``Error: ...`` (stderr), or the JSON error envelope (stdout)."""

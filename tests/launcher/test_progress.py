@@ -198,3 +198,30 @@ def test_in_flight_names_the_limit_while_adaptive_concurrency_lowers_it() -> Non
         "0/30 pass 0% · failed 0 · 3 in flight (limit 4)",
         "0/30 pass 0% · failed 0 · 3 in flight",
     ]
+
+
+def test_a_warning_during_the_live_view_is_printed_above_it_not_across_it(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv("COLUMNS", "120")
+    terminal, clock = TTY(), FakeClock()  # stdout and stderr on one terminal
+    ui = UI("rich", stdout=terminal, stderr=terminal, clock=clock)
+    counters = FakeCounters()
+    ui.open_progress(30, counters, 30, lambda: 2)
+    counters.completed += 1
+    ui.progress_update("row 0 run 0: success")
+    ui.warning("node n2 refused: its replica did not start")
+    counters.completed += 1
+    ui.progress_update("row 1 run 0: success")
+    ui.close_progress()
+    before, _, after = terminal.getvalue().partition("⚠ node n2 refused")
+    # The view erased its own lines first, so the warning starts a line of its own.
+    assert before.endswith("\r\x1b[2K\x1b[33m"), repr(before[-60:])
+    assert after.startswith(": its replica did not start")
+    # Piped stderr: the warning goes there, whatever stdout is.
+    out, err = TTY(), io.StringIO()
+    ui = UI("rich", stdout=out, stderr=err, clock=clock)
+    ui.open_progress(30, counters, 30, lambda: 2)
+    ui.warning("to the log")
+    ui.close_progress()
+    assert "to the log" in err.getvalue() and "to the log" not in out.getvalue()
