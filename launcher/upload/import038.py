@@ -215,8 +215,14 @@ class Import038:
             raise PlatformError(
                 "Connection to the platform timed out. Check your connection and try again."
             ) from None
-        except httpx.TransportError as exc:
+        except httpx.ConnectError as exc:
             raise PlatformError(f"Could not connect to platform: {exc}") from None
+        except httpx.TransportError as exc:  # connected, then the connection failed
+            why = str(exc) or type(exc).__name__
+            raise PlatformError(
+                f"The connection to the platform broke off ({why}). Check your connection and "
+                "try again."
+            ) from None
         except (httpx.HTTPError, httpx.InvalidURL, httpx.StreamError) as exc:
             # A body that cannot be decoded, a URL that cannot be requested: the platform's
             # request failed, whatever httpx calls it.

@@ -9,7 +9,7 @@ same files as finalized again, and one with other files with a 409 unless ``reim
 
 Faults are injected per route (``start``, ``uploads``, ``complete``, ``finalize``, ``put``):
 a 500 before the request is processed, or (``complete``) after it was, or a 422 with
-validation ``issues`` (``invalid``). ``reset_put`` resets
+validation ``issues`` (``invalid``), or a reset with no answer (``reset``). ``reset_put`` resets
 the connection in the middle of a PUT body; ``on_part`` is called when the PUT of a given part
 arrives (before its body is read), for a test that kills the client between two parts.
 ``stall_puts`` holds every PUT unanswered (``put_stalled`` is set when the first arrives),
@@ -163,6 +163,9 @@ class StandIn:
         self.requests[-1].body = parsed
         kind = route.rsplit("/", 1)[-1] if session else "start"
         fault = self._fault(kind)
+        if fault == "reset":  # the connection reset with the request read, no answer sent
+            stream.socket.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+            return False
         if fault == "before":
             await self._send(conn, stream, 500, {"error": "injected fault"})
             return True

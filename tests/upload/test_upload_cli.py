@@ -121,6 +121,23 @@ async def test_a_500_then_a_rerun_ends_in_one_import(
         assert max(_puts(standin).values()) == 1
 
 
+async def test_a_connection_reset_is_not_called_a_failure_to_connect(
+    setup, standin: StandIn
+) -> None:
+    ws, _, env = setup
+    standin.faults["uploads"] = ["reset"]
+    failed = await run(ours("eval", "upload", NAME), cwd=ws, env=env)
+    assert failed.returncode == 1
+    assert failed.stderr.count("\n") == 1, failed.stderr
+    assert failed.stderr.startswith("Error: The connection to the platform broke off ("), (
+        failed.stderr
+    )
+    assert "Could not connect" not in failed.stderr
+    assert f"Run `rollbridge eval upload {NAME}` again to resume the upload." in failed.stderr
+    again = await run(ours("eval", "upload", NAME, "--json"), cwd=ws, env=env)
+    assert again.returncode == 0, again.stderr
+
+
 async def test_server_validation_errors_are_one_line(setup, standin: StandIn) -> None:
     ws, _, env = setup
     standin.faults["finalize"] = ["invalid"]
