@@ -247,7 +247,9 @@ class ControlApp:
         except BodyTooLarge as exc:
             raise ApiError(413, "TOO_LARGE", str(exc)) from None
         except ClientDisconnected:
-            raise ApiError(400, "VALIDATION", "the client went away") from None
+            raise ApiError(
+                400, "VALIDATION", "the request body did not arrive whole (cut off or malformed)"
+            ) from None
         if not raw.strip():
             return {}
         try:

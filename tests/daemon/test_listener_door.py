@@ -41,3 +41,24 @@ async def test_tokenless_and_unknown_requests_are_refused_unread(nursery: trio.N
     assert after - before < 10 * MIB
     assert unknown.startswith(b"HTTP/1.1 404 ")
     assert b"connection: close" in unknown.lower()
+
+
+async def test_a_body_that_breaks_its_framing_is_named_as_such(nursery: trio.Nursery) -> None:
+    sock = bind_tcp("127.0.0.1", 0)
+    port = sock.getsockname()[1]
+    app = ControlApp(cast(Registry, None), lambda: {}, _shutdown, HttpGuard(TOKEN, port))
+    await nursery.start(serve, [(sock, app)])
+    head = (
+        f"POST /v1/runs HTTP/1.1\r\nhost: 127.0.0.1:{port}\r\n"
+        f"authorization: Bearer {TOKEN}\r\ntransfer-encoding: chunked\r\n\r\n"
+    )
+    with trio.fail_after(30):
+        stream = await trio.open_tcp_stream("127.0.0.1", port)
+        async with stream:
+            await stream.send_all(head.encode() + b'5\r\n{"a":\r\nZZ\r\n')  # not a chunk size
+            answer = b""
+            while chunk := await stream.receive_some(4096):
+                answer += chunk
+    assert answer.startswith(b"HTTP/1.1 400 "), answer[:80]
+    body = answer.partition(b"\r\n\r\n")[2]
+    assert b"did not arrive whole" in body and b"went away" not in body
