@@ -234,13 +234,18 @@ class _Connection:
                 item.strip() for item in value.lower().split(b",")
             ]:
                 keep_alive = False
-            elif name == b"transfer-encoding" and b"," in value:
-                # llhttp takes any list of codings that ends in chunked, and would hand the app
-                # a body still in the others (gzip, ...): RFC 9112, section 6.1's 501. (One
-                # that does not end in chunked is llhttp's 400, as the same section says.)
-                codings = [coding.strip() for coding in value.lower().split(b",")]
-                if codings[-1] == b"chunked" and any(codings[:-1]):
-                    raise _Refused(501)
+            elif name == b"transfer-encoding":
+                if http10:
+                    # RFC 9112, section 6.1: Transfer-Encoding in an HTTP/1.0 message means
+                    # faulty framing (a 1.0 hop may have left the chunks as they were): 400.
+                    raise _Refused(400)
+                if b"," in value:
+                    # llhttp takes any list of codings that ends in chunked, and would hand the
+                    # app a body still in the others (gzip, ...): RFC 9112, section 6.1's 501.
+                    # (One that does not end in chunked is llhttp's 400, as that section says.)
+                    codings = [coding.strip() for coding in value.lower().split(b",")]
+                    if codings[-1] == b"chunked" and any(codings[:-1]):
+                        raise _Refused(501)
         self.started += 1
         self.in_body = True
         self.head_bytes = 0

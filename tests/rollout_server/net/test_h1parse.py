@@ -303,6 +303,8 @@ MALFORMED = {
     "a length list": _HEAD + b"Content-Length: 5, 5\r\n\r\nhello",
     "signed length": _HEAD + b"Content-Length: +5\r\n\r\nhello",
     "unknown coding": _HEAD + b"Transfer-Encoding: gzip\r\n\r\nhello",
+    "chunked in HTTP/1.0": b"POST / HTTP/1.0\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n"
+    + b"0\r\n\r\n",
     "bare LF": b"GET / HTTP/1.1\nHost: x\n\n",
     "obs-fold": b"GET / HTTP/1.1\r\nHost: x\r\nX-A: a\r\n  b\r\n\r\n",
     "NUL in a value": b"GET / HTTP/1.1\r\nHost: x\r\nX-A: a\x00b\r\n\r\n",

@@ -307,6 +307,18 @@ async def test_codings_other_than_chunked_get_501(port: int) -> None:
             assert (await stream.receive_some(65536)).startswith(b"HTTP/1.1 200 ")
 
 
+async def test_transfer_encoding_in_http_1_0_is_faulty_framing(port: int) -> None:
+    """RFC 9112, section 6.1: refused (400) and closed, not de-chunked."""
+    head = b"POST / HTTP/1.0\r\nhost: x\r\ntransfer-encoding: chunked\r\n\r\n2\r\nok\r\n0\r\n\r\n"
+    with trio.fail_after(10):
+        answer = await _exchange(port, head)
+    assert answer.startswith(b"HTTP/1.1 400 ")
+    assert answered == []
+    plain = b"POST / HTTP/1.0\r\nhost: x\r\ncontent-length: 2\r\n\r\nok"
+    with trio.fail_after(10):
+        assert (await _exchange(port, plain)).startswith(b"HTTP/1.1 200 ")
+
+
 async def test_the_send_timeout_bounds_progress_not_the_whole_answer(autojump_clock: Any) -> None:
     """A large answer is written in slices (h1._SLICE), each of which must be taken within
     SEND_TIMEOUT: a slow reader that keeps taking slices is never cut off; one that stops is,
