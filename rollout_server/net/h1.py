@@ -225,7 +225,10 @@ class _Connection:
 
     def on_headers_complete(self) -> None:
         parser = self.parser
-        http10 = parser.get_http_version() != "1.1"
+        version = parser.get_http_version()
+        if version != "1.1" and version != "1.0":
+            raise _Refused(505)  # RFC 9112, section 2.3: HTTP/2.0 (or 0.9) is not this major
+        http10 = version == "1.0"
         if self.hosts > 1 or (not http10 and not self.hosts):
             raise _Refused(400)  # RFC 9112, section 3.2: one Host (and one in an HTTP/1.1 request)
         keep_alive = not http10

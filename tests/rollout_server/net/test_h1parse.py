@@ -258,10 +258,11 @@ def _check(data: bytes, cuts: list[int]) -> list[Any]:
     expected, _ = _h11_requests(data)
     assert seen == expected[: len(seen)], (data, seen, expected)
     statuses = _statuses(out)
-    assert all(status < 500 for status in statuses), (data, out)
+    # 505: an HTTP/2.0 request line, which h11 serves as 1.x (RFC 9112, section 2.3).
+    assert all(status < 500 or status == 505 for status in statuses), (data, out)
     if len(seen) < len(expected):
         # Stopped short of h11: refused with a 4xx (h11 read something llhttp does not).
-        assert statuses and 400 <= statuses[-1] < 500, (data, out)
+        assert statuses and (400 <= statuses[-1] < 500 or statuses[-1] == 505), (data, out)
     return seen
 
 

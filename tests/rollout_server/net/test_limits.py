@@ -319,6 +319,13 @@ async def test_transfer_encoding_in_http_1_0_is_faulty_framing(port: int) -> Non
         assert (await _exchange(port, plain)).startswith(b"HTTP/1.1 200 ")
 
 
+async def test_a_version_other_than_1_0_and_1_1_gets_505(port: int) -> None:
+    with trio.fail_after(10):
+        answer = await _exchange(port, b"GET / HTTP/2.0\r\nhost: x\r\n\r\n")
+    assert answer.startswith(b"HTTP/1.1 505 ")
+    assert answered == []
+
+
 async def test_the_send_timeout_bounds_progress_not_the_whole_answer(autojump_clock: Any) -> None:
     """A large answer is written in slices (h1._SLICE), each of which must be taken within
     SEND_TIMEOUT: a slow reader that keeps taking slices is never cut off; one that stops is,
