@@ -1,7 +1,7 @@
 """The bridge's retry policy for transient provider faults (docs/bridge.md, "Retries").
 
-A call is made again only when the fault says nothing about the request itself: a 429, a
-500/502/503/504/529, or a connection that failed or was reset before any answer arrived. The
+A call is made again only when the fault says nothing about the request itself: a 429 (but
+not OpenAI's ``insufficient_quota``, an account out of credit), a 500/502/503/504/529, or a connection that failed or was reset before any answer arrived. The
 upstream paths mark those faults by raising :class:`ProviderFault`; every other failure (any
 other 4xx, a timeout, an answer that broke off while arriving, which the provider has billed)
 goes back to the rollout at once. The request is sent again unchanged: no parameter is ever
@@ -28,6 +28,7 @@ import trio
 from bridge.errors import UpstreamError, answer_kind
 
 __all__ = [
+    "QUOTA_CODE",
     "TRANSIENT_STATUSES",
     "ProviderFault",
     "RetryPolicy",
@@ -42,6 +43,9 @@ T = TypeVar("T")
 #: Provider statuses that say "try again later" rather than "this request is wrong" (529 is
 #: Anthropic's "overloaded").
 TRANSIENT_STATUSES = frozenset({429, 500, 502, 503, 504, 529})
+#: OpenAI's 429 for an account out of credit (its error ``code`` and ``type``): no wait ends it,
+#: so it is answered at once rather than retried and counted as rate-limit pressure.
+QUOTA_CODE = "insufficient_quota"
 
 
 class ProviderFault(UpstreamError):
@@ -93,7 +97,7 @@ def status_fault(
 ) -> UpstreamError:
     """The error for a provider's non-2xx answer: a :class:`ProviderFault` when transient."""
     kind = kind or answer_kind(status)
-    if status in TRANSIENT_STATUSES:
+    if status in TRANSIENT_STATUSES and not (status == 429 and QUOTA_CODE in message):
         return ProviderFault(status, message, kind=kind, retry_after=parse_retry_after(retry_after))
     return UpstreamError(status, message, kind=kind)
 

@@ -25,6 +25,13 @@ _ANTHROPIC_TYPES = {
 }
 
 
+#: Every ``error.type`` of Anthropic's API: a provider's own is kept on Messages only when it
+#: is one of these (a translated call's provider speaks OpenAI's, ``server_error``, ...).
+_ANTHROPIC_KINDS = frozenset(
+    {*_ANTHROPIC_TYPES.values(), "api_error", "billing_error", "timeout_error"}
+)
+
+
 def anthropic_type(status: int) -> str:
     """Anthropic's error ``type`` for an HTTP status."""
     found = _ANTHROPIC_TYPES.get(status)
@@ -37,18 +44,26 @@ def dialect_error(api: Api, status: int, message: str, upstream: int | None = No
     """The JSON body of an error answer on ``api``'s route.
 
     A provider's own error (its body, redacted, is the message) is unwrapped: its ``message``
-    becomes the message, and on Messages its ``type`` is kept, so a client reads the
-    provider's words rather than a JSON document inside a string.
+    becomes the message, on Messages its ``type`` is kept when it is one of Anthropic's, and on
+    Responses its ``type``, ``code`` and ``param`` are kept, so a client reads the provider's
+    words rather than a JSON document inside a string.
     """
     kind = anthropic_type(status)
     inner = _provider_error(message)
     if inner is not None:
         message = str(inner.get("message"))
-        if isinstance(inner.get("type"), str) and inner["type"]:
+        if inner.get("type") in _ANTHROPIC_KINDS:  # not an OpenAI-shaped provider's types
             kind = inner["type"]
     if api == "messages":
         return dumps({"type": "error", "error": {"type": kind, "message": message}})
-    return dumps(error_body(status, message, upstream))
+    body = error_body(status, message, upstream)
+    if api == "responses" and inner is not None:
+        # The provider's own type, code and param, which SDK users test (`insufficient_quota`,
+        # `rate_limit_exceeded`); the chat route keeps the reference's shape (docs/spec §12).
+        for key in ("type", "code", "param"):
+            if inner.get(key) is not None:
+                body["error"][key] = inner[key]
+    return dumps(body)
 
 
 def _provider_error(message: str) -> dict[str, Any] | None:
@@ -64,23 +79,26 @@ def _provider_error(message: str) -> dict[str, Any] | None:
     return None
 
 
-def sse_error(api: Api, payload: dict[str, Any], status: int, sequence: int = 0) -> bytes:
-    """The SSE event that reports a failure after a stream has started.
+def sse_error(api: Api, body: bytes, status: int, sequence: int = 0) -> bytes:
+    """The SSE event that reports a failure once a stream's 200 has left; ``body`` is the
+    failure's :func:`dialect_error` body, so the event says what the plain answer would.
 
-    ``payload`` is the OpenAI-shaped error object of :meth:`bridge.handler.Bridge.error`. On
-    Responses the event's data carries an ``error`` object too (openai-python raises
-    ``APIError`` only when it does); on Messages it is Anthropic's ``error`` event.
+    On Messages that body is Anthropic's ``error`` event as it is. On Responses the event's data
+    has the error's code, message and param at the top, as OpenAI's own ``error`` event, and the
+    ``error`` object too (openai-python raises ``APIError`` only when it is there).
     """
-    message = str(payload.get("error", {}).get("message", "bridge error"))
     if api == "messages":
-        shaped = {"type": "error", "error": {"type": anthropic_type(status), "message": message}}
-        return b"event: error\ndata: " + dumps(shaped) + b"\n\n"
+        return b"event: error\ndata: " + body + b"\n\n"
+    parsed = loads(body)
+    error = parsed.get("error") if isinstance(parsed, dict) else None
+    if not isinstance(error, dict):
+        error = {"message": "bridge error", "type": "bridge_error", "code": status}
     data: dict[str, Any] = {
         "type": "error",
-        "code": str(status),
-        "message": message,
-        "param": None,
+        "code": str(error.get("code", status)),
+        "message": str(error.get("message", "bridge error")),
+        "param": error.get("param"),
         "sequence_number": sequence,
-        "error": payload.get("error"),
+        "error": error,
     }
     return b"event: error\ndata: " + dumps(data) + b"\n\n"

@@ -100,6 +100,22 @@ def is_client_tool(policy: ApiPolicy, kind: str) -> bool:
     return any(kind.startswith(t) if t.endswith("_") else kind == t for t in policy.client_tools)
 
 
+def without_defaults(policy: ApiPolicy, body: dict[str, Any]) -> dict[str, Any]:
+    """``body`` without the refused or blocked fields it sets to their default (``null``, or
+    ``background: false``): such a field asks for nothing the policy refuses, so it neither
+    refuses the request nor reaches the provider (SDKs and agents write them out)."""
+    shared = policy.owned | policy.core
+    inert = [
+        name
+        for name, value in body.items()
+        if (value is None or (name == "background" and value is False))
+        and (name in policy.refused or (name not in shared and is_blocked(name)))
+    ]
+    if not inert:
+        return body
+    return {name: value for name, value in body.items() if name not in inert}
+
+
 def check(policy: ApiPolicy, body: dict[str, Any], hosted_tools: Collection[str] = ()) -> None:
     """Refuse a request that breaks ``policy``: a 400 naming the first field or tool at fault.
 

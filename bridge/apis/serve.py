@@ -25,7 +25,7 @@ import trio
 from bridge.apis import Api, ApiOptions, translate
 from bridge.apis import native as nat
 from bridge.apis.errors import dialect_error, sse_error
-from bridge.apis.policy import POLICIES, check
+from bridge.apis.policy import POLICIES, check, without_defaults
 from bridge.calls import CallTrace
 from bridge.codec import dumps, loads
 from bridge.door import Route
@@ -106,8 +106,17 @@ def messages_auth(authorization: str | None, api_key: str | None, token: str) ->
 
 
 class _Failure:
-    def __init__(self, status: int, body: bytes, payload: dict[str, Any]) -> None:
-        self.status, self.body, self.payload = status, body, payload
+    def __init__(self, api: Api, status: int, body: bytes) -> None:
+        self.api, self.status, self.body = api, status, body
+
+    def event(self, sequence: int = 0) -> bytes:
+        """The failure as an SSE ``error`` event, for a stream whose 200 has left."""
+        return sse_error(self.api, self.body, self.status, sequence)
+
+    def message(self) -> str:
+        parsed = loads(self.body)
+        inner = parsed.get("error") if isinstance(parsed, dict) else None
+        return str(inner.get("message")) if isinstance(inner, dict) else "bridge error"
 
 
 class ApiRoutes:
@@ -172,9 +181,7 @@ class ApiRoutes:
         status, payload = self.bridge.error(exc)
         error = payload["error"]
         return _Failure(
-            status,
-            dialect_error(api, status, error["message"], error.get("upstream_status")),
-            payload,
+            api, status, dialect_error(api, status, error["message"], error.get("upstream_status"))
         )
 
     async def _answer(
@@ -192,6 +199,7 @@ class ApiRoutes:
             return
         headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope["headers"]}
         try:
+            body = without_defaults(POLICIES[api], body)
             check(POLICIES[api], body, self.options.hosted_tools)
             native = nat.native_api(self.bridge.model, api, getattr(self.options, api))
             if match.action == "count":
@@ -425,11 +433,10 @@ class ApiRoutes:
                 if not state.started:
                     await out.send(failure)
                     return
-                sequence = getattr(state.translator, "sequence", 0)
-                await out.send(sse_error(api, failure.payload, failure.status, sequence))
+                await out.send(failure.event(getattr(state.translator, "sequence", 0)))
                 translator = state.translator
                 if api == "responses" and translator is not None and hasattr(translator, "failed"):
-                    await out.send(translator.failed(str(failure.payload["error"]["message"])))
+                    await out.send(translator.failed(failure.message()))
 
     async def _relay(
         self, send: ASGISendCallable, frames: trio.MemoryReceiveChannel[bytes | _Failure]
@@ -458,7 +465,7 @@ class ApiRoutes:
                 await _body(send, PING)
             elif isinstance(item, _Failure):
                 # Failed before any event but after the 200 left: an error event instead.
-                await _body(send, _failure_event(item))
+                await _body(send, item.event())
             else:
                 await _body(send, item)
         await send({"type": "http.response.body", "body": b"", "more_body": False})
@@ -470,12 +477,3 @@ async def _no_emit(_: bytes) -> None:
 
 async def _body(send: ASGISendCallable, data: bytes) -> None:
     await send({"type": "http.response.body", "body": data, "more_body": True})
-
-
-def _failure_event(failure: _Failure) -> bytes:
-    # The dialect body already has the caller's shape; Anthropic's `error` event carries it as
-    # is, and OpenAI's `error` objects are read from the data's `error` key.
-    data = loads(failure.body)
-    if isinstance(data, dict) and data.get("type") != "error":
-        data = {"type": "error", **data}
-    return b"event: error\ndata: " + dumps(data) + b"\n\n"

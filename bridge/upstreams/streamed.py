@@ -16,7 +16,7 @@ from typing import Any
 import httpx
 
 from bridge.codec import parse_provider_json
-from bridge.errors import UpstreamError
+from bridge.errors import UpstreamError, answer_kind
 from bridge.retry import ProviderFault, status_fault
 from rollout_server.net.httpclient import ShardedTransport, skip_empty_cookies
 from rollout_server.net.wire import WirePool
@@ -119,7 +119,9 @@ async def stream_chunks(
             if data == "[DONE]":
                 return
             parsed = parse_provider_json(data)
-            if event == "error" or (isinstance(parsed, dict) and "error" in parsed):
+            # A chunk's `"error": null` is no error (some OpenAI-compatible servers always
+            # write the field; openai-python also looks only at a truthy one).
+            if event == "error" or (isinstance(parsed, dict) and parsed.get("error")):
                 raise _stream_error(parsed)
             if isinstance(parsed, dict):
                 finished = finished or _has_finish_reason(parsed)
@@ -174,12 +176,15 @@ def _status_error(response: httpx.Response) -> UpstreamError:
 
 
 def _stream_error(parsed: Any) -> UpstreamError:
+    """The provider's own error event: it answered (the kind is an answer's, never "could not
+    reach"), with the status its error names, or 502."""
     error = parsed.get("error") if isinstance(parsed, dict) else None
+    status = 502
     if isinstance(error, dict):
         code = error.get("code")
-        status = code if isinstance(code, int) and not isinstance(code, bool) else 502
-        return UpstreamError(status, json.dumps(parsed, ensure_ascii=False))
-    return UpstreamError(502, json.dumps(parsed, ensure_ascii=False))
+        if isinstance(code, int) and not isinstance(code, bool):
+            status = code
+    return UpstreamError(status, json.dumps(parsed, ensure_ascii=False), kind=answer_kind(status))
 
 
 async def _sse_events(response: httpx.Response) -> AsyncGenerator[tuple[str, str], None]:

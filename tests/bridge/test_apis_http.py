@@ -440,3 +440,41 @@ async def test_a_stream_cut_off_without_a_finish_reason_is_a_failure(
     assert "ended before its answer did" in answer.text
     (call,) = handle.calls.pop("cut")
     assert call["status"] == 502
+
+
+@pytest.mark.parametrize("path", ["/responses", "/v1/messages"])
+async def test_a_failure_after_the_first_heartbeat_is_an_error_event_in_the_caller_s_shape(
+    start_bridge: StartBridge, scripted: Any, path: str
+) -> None:
+    """The 200 left with a heartbeat, then the provider refused: the error event says what the
+    plain answer would (on Responses, OpenAI's event: code, message and sequence at the top)."""
+    from bridge.retry import RetryPolicy
+    from tests.bridge.scripted import Reply
+
+    release = trio.Event()
+    refusal = b'{"error": {"type": "invalid_request_error", "code": "bad_thing", "message": "no"}}'
+    scripted.reply(Reply(400, parts=[(release, refusal)]))
+    handle = await start_bridge(heartbeat_interval=0.01, retry=RetryPolicy(max_attempts=1))
+    body = {**(RESP if path == "/responses" else MSG), "stream": True}
+    received = b""
+    with trio.fail_after(20):
+        async with (
+            httpx.AsyncClient() as client,
+            client.stream("POST", handle.rollout_url("h") + path, json=body, headers=AUTH) as r,
+        ):
+            assert r.status_code == 200
+            async for part in r.aiter_bytes():
+                received += part
+                if b": ping" in received:
+                    release.set()
+    [(kind, data)] = events(received.decode())
+    assert kind == "error"
+    if path == "/responses":
+        assert data["type"] == "error" and data["message"] == "no"
+        assert data["code"] == "bad_thing" and data["sequence_number"] == 0
+        assert data["error"]["message"] == "no"
+    else:
+        assert data == {
+            "type": "error",
+            "error": {"type": "invalid_request_error", "message": "no"},
+        }

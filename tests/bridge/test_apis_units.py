@@ -8,7 +8,8 @@ from typing import Any
 import pytest
 
 from bridge.apis import messages, responses
-from bridge.apis.policy import MESSAGES, RESPONSES, check
+from bridge.apis.errors import dialect_error
+from bridge.apis.policy import MESSAGES, RESPONSES, check, without_defaults
 from bridge.apis.usage import StreamedMessagesUsage, from_messages, normalize
 from bridge.errors import BridgeRequestError
 from bridge.policy import PreparedRequest, prepare
@@ -413,3 +414,60 @@ def test_chat_carried_over_responses_with_tools() -> None:
     assert chunks[3]["usage"] == {"input_tokens": 3}
     with pytest.raises(BridgeRequestError, match="'seed'"):
         to_responses(PreparedRequest([], {"seed": 1}), "o1-pro", stream=False)
+
+
+def test_fields_set_to_their_default_are_dropped_not_refused() -> None:
+    body = {
+        "input": "hi",
+        "background": False,
+        "service_tier": None,
+        "prompt": None,
+        "previous_response_id": None,
+        "temperature": None,
+    }
+    kept = without_defaults(RESPONSES, body)
+    assert kept == {"input": "hi", "temperature": None}
+    check(RESPONSES, kept)
+    assert "background" in refusal(RESPONSES, {"input": "hi", "background": True})
+    assert "service_tier" in refusal(RESPONSES, {"input": "hi", "service_tier": "priority"})
+    msg = {"messages": [], "max_tokens": 5, "service_tier": None, "inference_geo": None}
+    assert without_defaults(MESSAGES, msg) == {"messages": [], "max_tokens": 5}
+    plain = {"input": "hi"}
+    assert without_defaults(RESPONSES, plain) is plain
+
+
+def test_messages_errors_keep_only_anthropic_s_own_types() -> None:
+    # A translated call's OpenAI-shaped provider: the type follows the status.
+    openai_429 = '{"error": {"type": "requests", "message": "slow down"}}'
+    assert json.loads(dialect_error("messages", 429, openai_429)) == {
+        "type": "error",
+        "error": {"type": "rate_limit_error", "message": "slow down"},
+    }
+    openai_500 = '{"error": {"type": "server_error", "message": "oops"}}'
+    assert json.loads(dialect_error("messages", 502, openai_500))["error"]["type"] == "api_error"
+    # Anthropic's own type is kept (a 529 the rollout sees as 502 is still overloaded).
+    native = '{"type": "error", "error": {"type": "overloaded_error", "message": "busy"}}'
+    assert json.loads(dialect_error("messages", 502, native))["error"] == {
+        "type": "overloaded_error",
+        "message": "busy",
+    }
+
+
+def test_responses_errors_keep_the_provider_s_type_code_and_param() -> None:
+    quota = (
+        '{"error": {"type": "insufficient_quota", "code": "insufficient_quota", '
+        '"param": null, "message": "You exceeded your current quota"}}'
+    )
+    error = json.loads(dialect_error("responses", 429, quota, 429))["error"]
+    assert error == {
+        "message": "You exceeded your current quota",
+        "type": "insufficient_quota",
+        "code": "insufficient_quota",
+    }
+    # The bridge's own refusals keep the documented shape.
+    own = json.loads(dialect_error("responses", 400, "Request field 'x' is not accepted"))
+    assert own["error"] == {
+        "message": "Request field 'x' is not accepted",
+        "type": "invalid_request_error",
+        "code": 400,
+    }

@@ -64,6 +64,14 @@ def test_transient_statuses_are_faults(status: int) -> None:
     assert fault.status == status
 
 
+def test_a_429_for_an_account_out_of_credit_is_final() -> None:
+    quota = '{"error": {"message": "You exceeded your current quota", "type": "insufficient_quota", "code": "insufficient_quota"}}'
+    assert not isinstance(status_fault(429, quota, "1"), ProviderFault)
+    assert isinstance(
+        status_fault(429, '{"error": {"code": "rate_limit_exceeded"}}', "1"), ProviderFault
+    )
+
+
 @pytest.mark.parametrize("status", [400, 401, 403, 404, 408, 409, 413, 422, 501])
 def test_other_statuses_are_final(status: int) -> None:
     assert not isinstance(status_fault(status, "no", "1"), ProviderFault)

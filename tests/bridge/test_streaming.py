@@ -240,6 +240,27 @@ async def test_error_mid_stream(start_bridge: StartBridge, scripted: Scripted) -
     assert body[3] == "data: [DONE]"
 
 
+async def test_a_null_error_field_in_a_chunk_is_no_error(
+    start_bridge: StartBridge, scripted: Scripted
+) -> None:
+    """Some OpenAI-compatible servers write `"error": null` in every chunk."""
+    scripted.reply(
+        Reply(200, content_type="text/event-stream", parts=sse(
+            chunk({"content": "fine"}, error=None), chunk({}, "stop", error=None), USAGE_CHUNK
+        ))
+    )  # fmt: skip
+    handle = await start_bridge(retry=NO_RETRY)
+    with trio.fail_after(20):
+        async with httpx.AsyncClient() as client:
+            response = await client.post(
+                url(handle), json={"messages": HI, "stream": True}, headers=AUTH
+            )
+    assert "event: error" not in response.text and "fine" in response.text
+    assert frames(response.text)[-1] == "data: [DONE]"
+    usage = handle.ledger.pop("r1")
+    assert usage is not None and usage.total_tokens == 18
+
+
 async def test_client_gone_mid_stream_cancels_provider_and_counts_call(
     start_bridge: StartBridge, scripted: Scripted
 ) -> None:
