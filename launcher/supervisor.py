@@ -94,6 +94,7 @@ class Supervisor:
         self.ui = ui
         self.halted: str | None = None
         self.dispatch_report = DispatchReport()
+        self._dispatching = 0  # the work items this invocation dispatches
         self._interrupts: Interrupts | None = None
         self._run_dir: RunDirectory | None = None
         self._facts = RunFacts(
@@ -142,9 +143,15 @@ class Supervisor:
 
     def _cut_short(self, rd: RunDirectory) -> bool:
         """Whether the run ends incomplete because it was stopped: an interrupt always; a halt
-        only when it left items without a result (one that fired as the last items finished
-        cut nothing short, and the run is complete)."""
-        return self.interrupts.interrupted or (self.halted is not None and not rd.is_complete())
+        only when it left items of this invocation without a new result (one that fired as
+        the last items finished cut nothing short, and the run is complete). Older records do
+        not count: a ``--retry-failed`` halted half-way still holds every failure it was asked
+        to retry."""
+        if self.interrupts.interrupted:
+            return True
+        if self.halted is None:
+            return False
+        return not rd.is_complete() or self.dispatch_report.recorded < self._dispatching
 
     # -- the story of a run --------------------------------------------------------------
 
@@ -239,6 +246,7 @@ class Supervisor:
         else:
             self.stage(f"{rd.name}: all {total} work items already have results", step="resume")
         result: FinalizeResult | None = None
+        self._dispatching = len(pending)
         try:
             if pending:
                 await self._start_and_dispatch(rd, pending)

@@ -33,6 +33,10 @@ class Probe(AgentWorkflow):
         if out:
             Path(out).write_text(json.dumps(sorted(os.environ)))
         text = ctx.prompt[-1]["content"]
+        if text.startswith("explode-from "):  # the reason read from a file at each run
+            _, path, tag = text.split(" ")
+            mode = Path(path).read_text().strip()
+            raise ValueError(mode if mode == "same" else f"{mode} {tag}")
         if text.startswith("explode "):
             raise ValueError(text.removeprefix("explode "))
         if text.startswith("leak "):
@@ -206,3 +210,28 @@ async def test_a_halt_that_cut_nothing_short_leaves_the_run_complete(
         assert result.returncode == 1, result.stderr + out
         assert status == "incomplete" and "Results (incomplete)" in out
         assert len(journal(run)) < rows
+
+
+async def test_a_retry_halted_half_way_is_not_reported_as_finished(
+    workspace: Path, env: dict[str, str], tmp_path: Path
+) -> None:
+    """Nine rows fail, each its own way (no halt). Their --retry-failed fails them all the same
+    way, so it halts at the fifth: the four left keep their old failures, which make every item
+    look answered, but the retry did not run them: exit 1, not "finished"."""
+    mode = tmp_path / "mode.txt"
+    mode.write_text("differs")
+    _probe_workspace(workspace, [f"explode-from {mode} {i}" for i in range(9)])
+    write_config(workspace, "probe", _config().replace("batch_size = 2", "batch_size = 1"))
+    args = ["eval", "run", "ws/configs/eval/probe.toml", "--name", "rh", "--yes"]
+    first = await run_cli(args, cwd=tmp_path, env=env)
+    assert first.returncode == 0 and "stopping dispatch" not in first.stdout, first.stdout
+    mode.write_text("same")
+    retry = await run_cli([*args, "--retry-failed"], cwd=tmp_path, env=env)
+    out = retry.stdout
+    assert "stopping dispatch: all recent rows failed the same way" in out, out
+    assert retry.returncode == 1, retry.stderr + out
+    assert "Evaluation run finished" not in out
+    assert "Evaluation run interrupted" in out  # the partial result's words (spec 10.6)
+    assert "Results (incomplete)" in out
+    run = run_dir(workspace, "rh")
+    assert json.loads((run / "metrics.json").read_text())["eval_run"]["status"] == "incomplete"
