@@ -142,7 +142,17 @@ class Door:
 
 def bridge_routes(*, plain_chat_route: bool, probe: bool) -> list[Route]:
     """The routes a bridge serves (:func:`bridge.app.create_app`); a new route is one entry."""
-    routes = [Route.post(r"/v1/rollouts/[^/]+/chat/completions")]
+    routes = [
+        Route.post(r"/v1/rollouts/[^/]+/chat/completions"),
+        # What OpenAI and Anthropic clients ask besides a call: the model list, and the stored
+        # responses this stateless bridge does not keep (bridge.fallback answers both).
+        Route.get(r"/v1/rollouts/[^/]+(?:/v1)?/models"),
+        Route(
+            re.compile(r"/v1/rollouts/[^/]+/responses/[^/]+(?:/cancel|/input_items)?"),
+            frozenset({"GET", "HEAD", "POST", "DELETE"}),
+            max_body=GET_BODY_CAP,
+        ),
+    ]
     if plain_chat_route:
         routes += [
             Route.post(r"/v1/chat/completions"),

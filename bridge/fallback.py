@@ -15,6 +15,7 @@ from quart import Response
 from quart_trio import QuartTrio
 
 from bridge.codec import dumps
+from bridge.errors import error_body
 from bridge.handler import Bridge
 from bridge.policy import check_auth
 from bridge.probe import PROBE_PREFIX, ProbeKey, valid_nonce
@@ -33,6 +34,53 @@ def _usage_doc(bridge: Bridge) -> dict[str, Any]:
     totals = {key: sum(doc.get(key, 0) for doc in rollouts.values()) for key in keys}
     largest = max((doc["max_context_tokens"] for doc in rollouts.values()), default=0)
     return {"rollouts": rollouts, "totals": {**totals, "max_context_tokens": largest}}
+
+
+def models_doc(model: str) -> dict[str, Any]:
+    """``GET …/models``: the one model this bridge calls, in a list both SDKs read (OpenAI's
+    ``object``/``data`` entries with Anthropic's fields beside them, and Anthropic's paging)."""
+    entry = {
+        "id": model,
+        "object": "model",
+        "created": 0,
+        "owned_by": "rollbridge",
+        "type": "model",
+        "display_name": model,
+        "created_at": "1970-01-01T00:00:00Z",
+    }
+    return {
+        "object": "list",
+        "data": [entry],
+        "has_more": False,
+        "first_id": model,
+        "last_id": model,
+    }
+
+
+#: Why a stored response cannot be retrieved, cancelled, deleted or listed here.
+STATELESS = (
+    "The bridge is stateless: no response is stored at the provider (store is false), so none "
+    "can be retrieved, cancelled, deleted or have its input items listed; send the "
+    "conversation in input"
+)
+
+
+def _rollout_routes(app: QuartTrio, bridge: Bridge) -> None:
+    """Under a rollout's URL (the door has checked the token): the model list, and a 404 in
+    OpenAI's shape saying why for the stored-response endpoints."""
+
+    async def models(rollout_id: str) -> Response:
+        return Response(dumps(models_doc(bridge.model)), content_type="application/json")
+
+    async def stored(rollout_id: str, response_id: str) -> Response:
+        body = error_body(404, STATELESS)
+        return Response(dumps(body), status=404, content_type="application/json")
+
+    for path in ("/v1/rollouts/<rollout_id>/models", "/v1/rollouts/<rollout_id>/v1/models"):
+        app.add_url_rule(path, path, models, methods=["GET"])
+    for tail in ("", "/cancel", "/input_items"):
+        path = f"/v1/rollouts/<rollout_id>/responses/<response_id>{tail}"
+        app.add_url_rule(path, path, stored, methods=["GET", "POST", "DELETE"])
 
 
 def _daemon_routes(app: QuartTrio, bridge: Bridge, token: str) -> None:
@@ -54,8 +102,7 @@ def _daemon_routes(app: QuartTrio, bridge: Bridge, token: str) -> None:
         refused = unauthorized()
         if refused is not None:
             return refused
-        entry = {"id": bridge.model, "object": "model", "created": 0, "owned_by": "rollbridge"}
-        return Response(dumps({"object": "list", "data": [entry]}), content_type="application/json")
+        return Response(dumps(models_doc(bridge.model)), content_type="application/json")
 
     @app.get("/v1/usage")
     async def usage() -> Response:
@@ -103,6 +150,7 @@ def build_app(
         declared_only,
         methods=["POST"],
     )
+    _rollout_routes(app, bridge)
     if plain_chat_route:
         app.add_url_rule("/v1/chat/completions", "plain_chat", declared_only, methods=["POST"])
         _daemon_routes(app, bridge, token)

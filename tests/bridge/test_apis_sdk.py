@@ -314,3 +314,42 @@ async def test_echo_model_on_the_chat_route(start_bridge: StartBridge) -> None:
     assert got["streamed"] == {"command": "ls"}
     assert got["json"] == {"echo": "hi"}
     assert got["logprobs"] == [3, 3]
+
+
+def _lists_and_lookups(base_url: str) -> dict[str, Any]:
+    """The calls besides a model call: both SDKs' model lists, and what openai's stored-response
+    methods get from a stateless bridge (a 404 saying why, in OpenAI's shape)."""
+    client = openai.OpenAI(base_url=base_url, api_key=TOKEN, max_retries=0, timeout=20)
+    claude = anthropic.Anthropic(base_url=base_url, api_key=TOKEN, max_retries=0, timeout=20)
+    found: dict[str, Any] = {
+        "openai": [m.id for m in client.models.list()],
+        "anthropic": [m.id for m in claude.models.list()],
+    }
+    for name, call in (
+        ("retrieve", lambda: client.responses.retrieve("resp_1")),
+        ("cancel", lambda: client.responses.cancel("resp_1")),
+        ("delete", lambda: client.responses.delete("resp_1")),
+        ("input_items", lambda: list(client.responses.input_items.list("resp_1"))),
+    ):
+        try:
+            call()
+        except openai.NotFoundError as exc:
+            found[name] = exc.message
+    wrong = openai.OpenAI(base_url=base_url, api_key="wrong-token", max_retries=0, timeout=20)
+    try:
+        wrong.models.list()
+    except openai.AuthenticationError:
+        found["wrong token"] = 401
+    return found
+
+
+async def test_model_lists_and_stored_response_lookups(start_bridge: StartBridge) -> None:
+    handle = await start_bridge(model="rollbridge/echo")
+    with trio.fail_after(60):
+        found = await trio.to_thread.run_sync(_lists_and_lookups, handle.rollout_url("sdk"))
+    assert found.pop("openai") == found.pop("anthropic") == ["rollbridge/echo"]
+    assert found.pop("wrong token") == 401
+    assert set(found) == {"retrieve", "cancel", "delete", "input_items"}
+    assert all("The bridge is stateless" in message for message in found.values()), found
+    usage = handle.ledger.get("sdk")
+    assert usage is None or usage.calls == 0
