@@ -102,6 +102,7 @@ class CallTrace:
         "finish_reason",
         "kind",
         "model",
+        "response_id",
         "retries",
         "rollout_id",
         "stream",
@@ -122,6 +123,9 @@ class CallTrace:
         self.model = model
         self.stream = stream
         self.retries: list[dict[str, Any]] = []
+        self.response_id: str | None = None
+        """The provider's id of its answer (``chatcmpl-…``, ``resp_…``, ``msg_…``): what its
+        support asks for."""
         self.finish_reason: str | None = None
         self.billed: CallUsage | None = None
         """The usage the ledger was given for this call (when the path records it itself)."""
@@ -196,6 +200,9 @@ class CallTrace:
         model = data.get("model")
         if isinstance(model, str) and model:
             self.model = model
+        ident = data.get("id")
+        if self.response_id is None and isinstance(ident, str) and ident:
+            self.response_id = ident[:200]
 
     def finish(
         self,
@@ -215,6 +222,8 @@ class CallTrace:
             "stream": self.stream,
             "started_at": _iso(self._wall),
         }
+        if self.response_id is not None:
+            record["response_id"] = self.response_id
         if self._first is not None:  # unknown (no byte came) is left out, as docs/calls.md says
             record["ttfb_ms"] = round((self._first - self._t0) * 1000, 3)
         record["duration_ms"] = round((now - self._t0) * 1000, 3)

@@ -270,8 +270,8 @@ class NativeStream:
         """Whether a frame that ends the answer came (a terminal event or an error)."""
         self.answered: dict[str, Any] = {}
         """What the frames said of the answer, as a whole object would (for the call record):
-        the ``model`` the provider named, and ``stop_reason`` (Messages) or ``status``
-        (Responses)."""
+        the ``model`` and ``id`` the provider named, and ``stop_reason`` (Messages) or
+        ``status`` (Responses)."""
         self.failed: str | None = None
         """The provider's own error frame (``error``, ``response.failed``), as relayed."""
 
@@ -302,6 +302,7 @@ class NativeStream:
                 message = parsed.get("message")
                 if kind == "message_start" and isinstance(message, dict):
                     self._take(message, "model")
+                    self._take(message, "id")
                     message["model"] = self.model
                     data = dumps(parsed).decode()
                 elif kind == "message_delta" and isinstance(parsed.get("delta"), dict):
@@ -314,6 +315,7 @@ class NativeStream:
                 response = parsed.get("response")
                 if isinstance(response, dict) and "model" in response:
                     self._take(response, "model")
+                    self._take(response, "id")
                     response["model"] = self.model
                     if kind in _TERMINAL:
                         self._responses = response.get("usage")

@@ -249,6 +249,9 @@ async def test_native_call_records_name_the_answering_model_and_why_it_stopped(
             (False, model, reason),
             (True, model, reason),
         ]
+        # The provider's id of its answer, what its support asks for.
+        ident = "msg_1" if path == "/v1/messages" else "resp_1"
+        assert [r["response_id"] for r in records] == [ident, ident]
 
 
 async def test_a_native_stream_cut_off_before_its_last_event_is_an_error(

@@ -68,6 +68,8 @@ async def test_each_call_crosses_the_hop_before_its_answer(
     assert done["logprobs"] == {"token": ["echo:", "hi"], "logprob": [0.0, -0.5]}
     assert done["duration_ms"] >= done["ttfb_ms"] >= 0
     assert stream["stream"] is True and stream["finish_reason"] == "stop"
+    assert done["response_id"].startswith("chatcmpl-") and stream["response_id"]
+    assert "response_id" not in failed
     assert stream["logprobs"]["token"] == ["echo:", " hi"]
     assert stream["total_tokens"] == 3 and stream["cached_tokens"] == 2
     assert failed["status"] == 400 and failed["upstream_status"] == 400
