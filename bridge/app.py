@@ -59,7 +59,11 @@ ROLLOUT_ID_HEADER = "X-Rollbridge-Rollout-Id"
 DEFAULT_ROLLOUT_ID = "default"
 
 # The route with a trailing slash redirects to the route (as the reference's Starlette does).
-_TRAILING_SLASH = re.compile(r"/v1/rollouts/[^/]+/chat/completions/")
+# A call's path with a trailing slash gets a 307 to the path without it (the reference's
+# redirect of the chat route, extended to the other two APIs' calls).
+_TRAILING_SLASH = re.compile(
+    r"/v1/rollouts/[^/]+/(?:chat/completions|responses|(?:v1/)?messages(?:/count_tokens)?)/"
+)
 
 _SSE_HEADERS = {
     "Content-Type": "text/event-stream; charset=utf-8",

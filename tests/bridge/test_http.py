@@ -79,6 +79,10 @@ async def test_other_methods_and_paths(bridge: BridgeHandle, client: httpx.Async
         response = await client.post(url(bridge) + "/", headers=AUTH)
         assert response.status_code == 307
         assert response.headers["location"] == "/v1/rollouts/r1/chat/completions"
+        for call in ("responses", "v1/messages", "messages", "v1/messages/count_tokens"):
+            response = await client.post(f"{bridge.base_url}/v1/rollouts/r1/{call}/")
+            assert response.status_code == 307, call
+            assert response.headers["location"] == f"/v1/rollouts/r1/{call}"
 
 
 @pytest.mark.parametrize("rid", ["a%5Cb", "%2E%2E", "a%00b", "%2E", "%ff", "a%c3"])
