@@ -341,6 +341,15 @@ async def stream(
 
     response = await open_stream(client, route.url, route.headers, content)
     try:
+        kind = response.headers.get("content-type", "")
+        if "event-stream" not in kind:
+            # A 2xx that is not a stream (a proxy's HTML page, a JSON answer): say what came.
+            excerpt = (await response.aread())[:200].decode("utf-8", "replace")
+            raise UpstreamError(
+                502,
+                f"the provider answered a streamed call with {kind or 'no content type'}, "
+                f"not an event stream: {' '.join(excerpt.split())}",
+            )
         async for event, data in _sse_events(response):
             yield relay.frame(event, data)
         if not relay.ended:

@@ -281,6 +281,24 @@ async def test_a_native_stream_cut_off_before_its_last_event_is_an_error(
     assert "response.completed" not in [kind for kind, _ in responses]
 
 
+async def test_a_streamed_call_answered_with_a_page_says_what_came(
+    openai_native: BridgeHandle, fake: ApiUpstream, client: httpx.AsyncClient
+) -> None:
+    fake.faults.append("html")
+    with trio.fail_after(20):
+        answer = await client.post(
+            f"{openai_native.rollout_url('h')}/responses",
+            json={**RESP, "stream": True},
+            headers=AUTH,
+        )
+    # Before any event: the failure is the answer's status (502) in the caller's shape.
+    assert answer.status_code == 502
+    assert answer.json()["error"]["message"] == (
+        "the provider answered a streamed call with text/html, not an event stream: "
+        "<html><body>Gateway says hi</body></html>"
+    )
+
+
 async def test_native_refusals_happen_before_anything_is_sent(
     anthropic_native: BridgeHandle, fake: ApiUpstream, client: httpx.AsyncClient
 ) -> None:

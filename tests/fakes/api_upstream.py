@@ -7,7 +7,8 @@ get instead of an answer: ``"429"`` (with ``Retry-After: 0``), ``"500"``, ``"529
 credential the request carried) or ``"midstream"`` (a streamed answer that sends
 two events, then the provider's own error event) or ``"cutoff"`` (the same two events, then the
 connection closed cleanly, with no event that ends the answer) or ``"truncated"`` (a whole
-answer whose body stops half-way through its ``Content-Length``). Answers name the model
+answer whose body stops half-way through its ``Content-Length``) or ``"html"`` (a 200 page of
+``text/html``, as a proxy in the way answers). Answers name the model
 asked for with a snapshot date (``<model>-20250101``), as providers do.
 
 ``POST /v1/responses``: the reply is ``"native: " + <input text>``; usage
@@ -163,6 +164,9 @@ async def _connection(state: ApiUpstream, stream: trio.SocketStream) -> None:
                 "error": {"type": "invalid_request_error", "message": f"bad request for key {key}"},
             }
             await _send(stream, 400, json.dumps(error).encode())
+            return
+        if fault == "html":  # a 200 that is a proxy's page, not the API's answer
+            await _send(stream, 200, b"<html><body>Gateway says hi</body></html>", "text/html")
             return
         if fault in ("429", "500", "529"):
             error = {"type": "error", "error": {"type": "overloaded_error", "message": "busy"}}
