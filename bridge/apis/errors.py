@@ -59,7 +59,8 @@ def dialect_error(api: Api, status: int, message: str, upstream: int | None = No
     body = error_body(status, message, upstream)
     if api == "responses" and inner is not None:
         # The provider's own type, code and param, which SDK users test (`insufficient_quota`,
-        # `rate_limit_exceeded`); the chat route keeps the reference's shape (docs/spec §12).
+        # `rate_limit_exceeded`); the chat route keeps the reference's shape
+        # (docs/spec/bridge.md §12).
         for key in ("type", "code", "param"):
             if inner.get(key) is not None:
                 body["error"][key] = inner[key]
