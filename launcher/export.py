@@ -283,6 +283,7 @@ def export_command(
         sys.stdout.flush()
         return 0
     target = (cwd / output).resolve() if output else run_dir / f"export.{fmt}"
+    _check_target(target, run_dir, cwd)
     tmp = target.with_name(f".{target.name}.tmp-{os.getpid()}")
     try:
         if fmt == "parquet":
@@ -306,19 +307,33 @@ def export_command(
     return 0
 
 
-def _run_dir(run: str, output_root: str | None, cwd: Path) -> Path:
-    from launcher.runs import output_root as find_root
+def _check_target(target: Path, run_dir: Path, cwd: Path) -> None:
+    """Refuse an output file among runs' own files: inside a run directory (one with a
+    manifest or a journal) or anywhere under a workspace's ``.osmosis/evals``, except this
+    run's own ``export.<format>`` (the default). Overwriting a journal loses results."""
+    from launcher.reporting.resolve import find_workspace_root
+    from launcher.rundir.manifest import is_run_dir
 
-    as_path = (cwd / Path(run).expanduser()).resolve()
-    if (as_path / "manifest.json").is_file():
-        return as_path
-    root = find_root(output_root, cwd)
-    if "/" not in run and run not in ("", ".", "..") and (root / run / "manifest.json").is_file():
-        return root / run
-    raise LocalEvalError(
-        f"no run '{run}' under {root} (and it is not a run directory); "
-        "`rollbridge eval list` shows the runs"
-    )
+    run_dir = run_dir.resolve()
+    if target.parent == run_dir and target.name in ("export.jsonl", "export.parquet"):
+        return
+    roots = {run_dir.parent} if run_dir.parent.parts[-2:] == (".osmosis", "evals") else set()
+    workspace = find_workspace_root(cwd)
+    if workspace is not None:
+        roots.add((workspace / ".osmosis" / "evals").resolve())
+    if target.is_dir():
+        raise LocalEvalError(f"-o {target} is a directory; -o takes the file to write")
+    if any(p in roots or is_run_dir(p) for p in target.parents):
+        raise LocalEvalError(
+            f"-o {target} is among the files of runs; write the export outside run "
+            f"directories and .osmosis/evals (the default is {run_dir / 'export.jsonl'})"
+        )
+
+
+def _run_dir(run: str, output_root: str | None, cwd: Path) -> Path:
+    from launcher.reporting.resolve import resolve_run_dir
+
+    return resolve_run_dir(run, cwd=cwd, output_root=output_root, locating_flags="--output-root")
 
 
 @click.command("export")

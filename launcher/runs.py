@@ -6,6 +6,9 @@ Listing only reads: the journal is the authority for what is done, ``progress.js
 manifest) for the total, the run's lock for whether a supervisor is working on it now.
 Archived runs (``<name>.archive-<stamp>``, from ``--fresh``) are not listed.
 
+A run whose journal is missing, empty or unreadable while other files hold results (index rows,
+model calls, rollout files) is ``damaged``, never ``empty``: its done count is its index rows.
+
 ``clean`` removes the runs with nothing recorded (a failure before dispatch leaves one behind)
 and lock files without a run, after a confirmation. It takes each run's lock first, so it never
 touches a run a supervisor holds, and it leaves a run alone whose rollout server or tunnel may
@@ -38,11 +41,12 @@ __all__ = [
     "eval_list",
     "latest_records",
     "output_root",
+    "planned_total",
     "scan_runs",
     "summarize",
 ]
 
-RunStatus = Literal["running", "complete", "incomplete", "empty"]
+RunStatus = Literal["running", "complete", "incomplete", "empty", "damaged"]
 _LOCKS = ".locks"
 _LIVE_CHILD_FILES = ("server.json", "tunnel.json")
 
@@ -90,7 +94,48 @@ def latest_records(run_dir: Path) -> dict[tuple[int, int], dict[str, Any]]:
     return latest
 
 
-def _total(run_dir: Path, inputs: dict[str, Any]) -> int | None:
+def _index_rows(run_dir: Path) -> int:
+    """How many work items ``index.jsonl`` holds a row for (0 when it is missing)."""
+    keys: set[tuple[Any, Any]] = set()
+    try:
+        with (run_dir / "index.jsonl").open("rb") as fh:
+            for line in fh:
+                try:
+                    row = json.loads(line)
+                except ValueError:
+                    continue
+                if isinstance(row, dict):
+                    keys.add((row.get("row_index"), row.get("run_index")))
+    except OSError:
+        return 0
+    return len(keys)
+
+
+def _has_content(path: Path) -> bool:
+    try:
+        return path.stat().st_size > 0
+    except OSError:
+        return False
+
+
+def recorded_anything(run_dir: Path) -> bool:
+    """Whether the run recorded anything at all: a journal with any bytes (even ones that do
+    not parse), index rows, model calls or rollout files. Only a run without any of them is
+    ``empty`` (and ``clean`` removes nothing else)."""
+    if any(_has_content(run_dir / f) for f in ("events.jsonl", "index.jsonl", "calls.jsonl")):
+        return True
+    for sub in ("rollout_trials", "trajectories", "artifacts"):
+        try:
+            if any((run_dir / sub).iterdir()):
+                return True
+        except OSError:
+            continue
+    return False
+
+
+def planned_total(run_dir: Path, inputs: dict[str, Any]) -> int | None:
+    """How many work items the run has in all: ``progress.json``'s ``total_runs``, else the
+    manifest's selected rows times ``n`` (None when neither says)."""
     total = _json_file(run_dir / "progress.json").get("total_runs")
     if isinstance(total, int):
         return total
@@ -116,7 +161,7 @@ def summarize(run_dir: Path, cwd: Path) -> RunSummary:
     inputs = manifest.get("inputs") if isinstance(manifest.get("inputs"), dict) else {}
     assert isinstance(inputs, dict)
     records = list(latest_records(run_dir).values())
-    total = _total(run_dir, inputs)
+    total = planned_total(run_dir, inputs)
     summary = _json_file(run_dir / "metrics.json").get("summary")
     threshold = summary.get("pass_threshold") if isinstance(summary, dict) else None
     pass_rate: float | None = None
@@ -125,11 +170,17 @@ def summarize(run_dir: Path, cwd: Path) -> RunSummary:
         limit = float(threshold) if isinstance(threshold, int | float) else 1.0
         metrics = aggregate_metrics(rows, limit)
         pass_rate = float(metrics["pass_rate"]) if metrics["completed_samples"] else None
+    done = len(records)
     status: RunStatus
     if run_is_live(run_dir):
         status = "running"
-    elif not records:
+    elif not records and not recorded_anything(run_dir):
         status = "empty"
+    elif not records:
+        # Results exist but the journal (the resume authority) is missing, empty or unreadable:
+        # never "empty", so clean keeps it; done counts the index rows instead.
+        status = "damaged"
+        done = _index_rows(run_dir)
     elif total is not None and len(records) >= total:
         status = "complete"
     else:
@@ -143,7 +194,7 @@ def summarize(run_dir: Path, cwd: Path) -> RunSummary:
     return RunSummary(
         name=run_dir.name,
         status=status,
-        done=len(records),
+        done=done,
         total=total,
         pass_rate=pass_rate,
         model=model if isinstance(model, str) else None,
@@ -167,6 +218,8 @@ def scan_runs(root: Path, cwd: Path) -> list[RunSummary]:
         entries = sorted(p for p in root.iterdir() if p.is_dir() and not p.is_symlink())
     except FileNotFoundError:
         return []
+    except OSError as exc:
+        raise LocalEvalError(f"cannot read the output root {root}: {exc.strerror or exc}") from None
     runs = [
         summarize(p, cwd)
         for p in entries
@@ -310,7 +363,7 @@ def clean_command(ui: UI, root: Path, cwd: Path, *, yes: bool) -> int:
             run_dir = root / run.name
             # Checked again under the lock: a run may have recorded something since the scan.
             if (
-                not latest_records(run_dir)
+                not recorded_anything(run_dir)
                 and not any((run_dir / f).exists() for f in _LIVE_CHILD_FILES)
                 and _made_by_a_supervisor(run_dir)
             ):
@@ -341,6 +394,16 @@ _json = click.option("--json", "json_output", is_flag=True, help="Print one JSON
 _plain = click.option("--plain", is_flag=True, help="Plain text: one tab-separated line per run.")
 
 
+def _checked_root(output: str | None, cwd: Path) -> Path:
+    """The output root; a one-line error when ``-o`` names nothing or a file."""
+    root = output_root(output, cwd)
+    if output is not None and not root.exists():
+        raise LocalEvalError(f"{root} does not exist; -o takes the output root of your runs")
+    if root.exists() and not root.is_dir():
+        raise LocalEvalError(f"{root} is not a directory; -o takes the output root of your runs")
+    return root
+
+
 @click.command("list")
 @_output
 @_json
@@ -350,7 +413,7 @@ def eval_list(ctx: click.Context, /, output: str | None, json_output: bool, plai
     """List the local runs: name, status, done/total, pass rate, model, started, path."""
     ui = command_ui(ctx.obj, json_output, plain)
     cwd = Path.cwd()
-    ctx.exit(list_command(ui, output_root(output, cwd), cwd))
+    ctx.exit(list_command(ui, _checked_root(output, cwd), cwd))
 
 
 @click.command("clean")
@@ -365,4 +428,4 @@ def eval_clean(
     """Remove runs with nothing recorded (and lock files without a run), after confirmation."""
     ui = command_ui(ctx.obj, json_output, plain)
     cwd = Path.cwd()
-    ctx.exit(clean_command(ui, output_root(output, cwd), cwd, yes=yes))
+    ctx.exit(clean_command(ui, _checked_root(output, cwd), cwd, yes=yes))

@@ -15,6 +15,7 @@ import json
 import sys
 import traceback
 from collections.abc import AsyncIterator, Awaitable, Callable
+from functools import partial
 from pathlib import Path
 from typing import Any
 from urllib.parse import parse_qs
@@ -25,6 +26,7 @@ from launcher.daemon.door import HttpGuard, with_headers
 from launcher.daemon.live_usage import dispatched_keys, live_rollouts, read_live_usage
 from launcher.daemon.registry import ApiError, Registry, parse_start
 from launcher.daemon.routes_extra import ExtraRoutes, send_html
+from launcher.daemon.status import RUN_STATES
 from launcher.daemon.stream import journal_events, log_events, tail_lines
 from launcher.errors import CLIError
 from launcher.rundir.calls import CALLS_FILENAME, read_calls
@@ -141,6 +143,9 @@ class ControlApp:
             if method == "GET":
                 states = query.get("state")
                 state = states[0] if states else None
+                if state is not None and state not in RUN_STATES:
+                    valid = ", ".join(RUN_STATES)
+                    raise ApiError(400, "VALIDATION", f"state must be one of: {valid}")
                 runs = await trio.to_thread.run_sync(self.registry.summaries, state)
                 return await send_json(send, 200, _json({"runs": runs}))
             if method == "POST":
@@ -231,10 +236,12 @@ class ControlApp:
             count = int((query.get("tail") or ["100"])[0])
         except ValueError:
             raise ApiError(400, "VALIDATION", "tail must be an integer") from None
+        follow = (query.get("follow") or ["0"])[0] in ("1", "true")
+        # A follow streams its backlog in bounded frames: only where it starts is needed here.
         start, lines = await trio.to_thread.run_sync(
-            tail_lines, run_dir / "logs.txt", max(0, count)
+            partial(tail_lines, run_dir / "logs.txt", max(0, count), keep=not follow)
         )
-        if (query.get("follow") or ["0"])[0] not in ("1", "true"):
+        if not follow:
             return await send_json(send, 200, _json({"first_line": start + 1, "lines": lines}))
         stream = log_events(
             run_dir / "logs.txt", after=start, live=lambda: self.registry.live(name)
@@ -256,6 +263,8 @@ class ControlApp:
             return json.loads(raw)
         except ValueError:
             raise ApiError(400, "VALIDATION", "the request body is not valid JSON") from None
+        except RecursionError:
+            raise ApiError(400, "VALIDATION", "the request body is nested too deeply") from None
 
     async def _stream(
         self, receive: ASGIReceiveCallable, send: ASGISendCallable, frames: AsyncIterator[bytes]

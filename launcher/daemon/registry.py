@@ -22,11 +22,11 @@ from launcher.daemon.children import RunChild, envelope, read_records, spawn_run
 from launcher.daemon.discovery import state_dir
 from launcher.daemon.status import RunView, run_view
 from launcher.errors import CLIError, ValidationError
-from launcher.rundir.journal import replay_journal
+from launcher.rundir.journal import replay_tolerant
 from launcher.rundir.manifest import is_archive_name, is_run_dir
 from launcher.rundir.names import generate_run_name, validate_run_name
 
-__all__ = ["ApiError", "Registry", "StartRequest", "parse_start"]
+__all__ = ["ApiError", "Registry", "StartRequest", "inside_workspace", "parse_start"]
 
 #: How long ``POST /v1/runs`` waits for the child to open its run directory or fail.
 START_WAIT_S = 30.0
@@ -54,6 +54,25 @@ class ApiError(Exception):
         """The API form of a CLI error."""
         code = code or "ERROR"
         return cls(_STATUS_BY_CODE.get(code, 422), code, message)
+
+
+def inside_workspace(workspace: Path, key: str, value: str) -> str:
+    """``value`` (relative to ``workspace``, or absolute) as an absolute path inside
+    ``workspace``, symlinks resolved; a 400 otherwise. Paths a request names are confined to
+    the daemon's workspace, as a start's ``config`` is."""
+    if "\x00" in value:
+        raise ApiError(400, "VALIDATION", f"{key} must not contain a NUL character")
+    root = workspace.resolve()
+    path = (root / Path(value).expanduser()).resolve()
+    if not path.is_relative_to(root):
+        raise ApiError(400, "VALIDATION", f"{key} {value} is outside the workspace {root}")
+    return str(path)
+
+
+def _no_nul(key: str, value: Any) -> None:
+    """A NUL cannot be in a path, an argument or an environment value: a 400, not a crash."""
+    if isinstance(value, str) and "\x00" in value:
+        raise ApiError(400, "VALIDATION", f"{key} must not contain a NUL character")
 
 
 #: ``POST /v1/runs`` fields that become ``eval run`` flags, with their JSON types.
@@ -90,9 +109,11 @@ def parse_start(body: Any) -> StartRequest:
     config = body.get("config")
     if not isinstance(config, str) or not config:
         raise ApiError(400, "VALIDATION", "config (a path to an eval config) is required")
+    _no_nul("config", config)
     name = body.get("name")
     if name is not None and not isinstance(name, str):
         raise ApiError(400, "VALIDATION", "name must be a string")
+    _no_nul("name", name)
     known = {"config", "name", "secrets", *_FLAG_TYPES}
     unknown = sorted(set(body) - known)
     if unknown:
@@ -106,12 +127,15 @@ def parse_start(body: Any) -> StartRequest:
             raise ApiError(
                 400, "VALIDATION", f"{key} must be of type {getattr(kind, '__name__', kind)}"
             )
+        _no_nul(key, value)
         flags[key] = value
     secrets = body.get("secrets") or {}
     if not isinstance(secrets, dict) or not all(
         isinstance(k, str) and _ENV_NAME.match(k) and isinstance(v, str) for k, v in secrets.items()
     ):
         raise ApiError(400, "VALIDATION", "secrets must map environment variable names to strings")
+    for key, value in secrets.items():
+        _no_nul(f"secrets.{key}", value)
     return StartRequest(config=config, name=name, flags=flags, secrets=dict(secrets))
 
 
@@ -236,7 +260,8 @@ class Registry:
                 raise ApiError.from_cli(exc.code, exc.message) from None
             run_dir = self.output_root / name
             logs = run_dir / "logs.txt"
-            done = len(replay_journal(run_dir / "events.jsonl").latest) if run_dir.is_dir() else 0
+            # A corrupt journal is the child's to refuse, in its own words.
+            done = len(replay_tolerant(run_dir / "events.jsonl")[0]) if run_dir.is_dir() else 0
             child = await spawn_run(
                 workspace=self.workspace,
                 runs_dir=self.runs_dir,
@@ -303,6 +328,9 @@ class Registry:
         record = child.record if child is not None else records.get(name)
         if not run_dir.is_dir() and record is None:
             raise ApiError(404, "NOT_FOUND", f"no run named {name!r}")
+        if record is None and not is_run_dir(run_dir):
+            # An empty directory, or one of the user's own: not listed, and no run to show.
+            raise ApiError(404, "NOT_FOUND", f"{name!r} is not a run directory")
         alive = child is not None and child.alive
         return run_view(
             run_dir,

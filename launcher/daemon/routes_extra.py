@@ -141,14 +141,15 @@ class ExtraRoutes:
             raise ApiError(400, "VALIDATION", "the request body must be a JSON object")
         workspace = self.registry.workspace
         if rest == ["export"]:
-            doc = await run_tool(workspace, export_args(view.name, body))
+            doc = await run_tool(workspace, export_args(workspace, view.name, body))
         else:
             secrets = body.get("secrets") or {}
             if not isinstance(secrets, dict) or not all(
-                isinstance(k, str) and isinstance(v, str) for k, v in secrets.items()
+                isinstance(k, str) and isinstance(v, str) and "\x00" not in k + v
+                for k, v in secrets.items()
             ):
                 raise ApiError(400, "VALIDATION", "secrets must map names to strings")
-            args = rubric_args(view.name, body)
+            args = rubric_args(workspace, view.name, body)
             doc = await run_tool(workspace, args, secrets=secrets, timeout_s=RUBRIC_TIMEOUT_S)
         await send_json(send, 200, _json(doc))
         return True

@@ -25,12 +25,23 @@ from typing import Any
 
 from launcher.daemon.children import ChildRecord
 from launcher.daemon.live_usage import read_live_usage
-from launcher.rundir.journal import TerminalRecord, replay_journal
+from launcher.rundir.journal import TerminalRecord, replay_tolerant
 from launcher.rundir.logs import RUN_FAILED, line_details
 from launcher.rundir.metrics import LiveCounters
 from launcher.rundir.peek import read_metrics
 
-__all__ = ["LogFacts", "RunView", "log_facts", "percentile", "run_view"]
+__all__ = ["RUN_STATES", "LogFacts", "RunView", "log_facts", "percentile", "run_view"]
+
+#: Every state a run can be in (``GET /v1/runs?state=`` takes one of them).
+RUN_STATES = (
+    "starting",
+    "running",
+    "cancelling",
+    "finished",
+    "cancelled",
+    "failed",
+    "interrupted",
+)
 
 _LOG_STEP = re.compile(r"^\S+ (?P<level>[A-Z]+) \[(?P<step>[^\]]+)\] (?P<message>.*)$")
 _URL = re.compile(r"https://[^\s\"',)]+")
@@ -156,10 +167,14 @@ def _state(
     record: ChildRecord | None,
     facts: LogFacts,
     pending: int,
+    total: int | None,
     status: str | None,
     error: str | None,
+    corrupt: str | None,
 ) -> tuple[str, str | None]:
     """The state and, once the run has ended, its cause in words."""
+    if corrupt is not None and not alive:
+        return "failed", f"its journal (events.jsonl) is corrupt {corrupt}"
     if alive:
         if record is not None and record.cancel_stage:
             return "cancelling", None
@@ -179,10 +194,13 @@ def _state(
         return "interrupted", "the run's process was interrupted (SIGINT, a Ctrl-C)"
     if code not in (None, 0):
         return "failed", f"the run's process exited with code {code}"
-    if pending == 0 and status is not None:
+    if pending == 0 and (status is not None or total is not None):
+        # metrics.json may be unreadable: the journal and the total alone say it is done.
         return "finished", "every work item has a result"
     if record is not None and code is None:
         return "interrupted", "the run's process ended while no daemon watched it"
+    if total is None:
+        return "interrupted", "its total is unknown (no progress.json) and no process runs it"
     return "interrupted", "work items are pending and no process runs them"
 
 
@@ -195,7 +213,12 @@ def run_view(
 ) -> RunView:
     """The merged view of one run (reads the run directory; cheap for a few thousand items)."""
     name = run_dir.name
-    latest = replay_journal(run_dir / "events.jsonl").latest if run_dir.is_dir() else {}
+    latest: Mapping[tuple[int, int], TerminalRecord] = {}
+    corrupt = None
+    if run_dir.is_dir():
+        # A corrupt line must not hide the run (nor, in a listing, every other run): the view
+        # counts the lines that parse and says where the journal is corrupt.
+        latest, corrupt = replay_tolerant(run_dir / "events.jsonl")
     total = _read_json(run_dir / "progress.json").get("total_runs")
     total = total if isinstance(total, int) else None
     done = len(latest)
@@ -214,7 +237,14 @@ def run_view(
     live = read_live_usage(run_dir, record.pid) if alive and record is not None else None
     live_totals = live.get("totals") if live is not None else None
     state, cause = _state(
-        alive=alive, record=record, facts=facts, pending=pending, status=status, error=message
+        alive=alive,
+        record=record,
+        facts=facts,
+        pending=pending,
+        total=total,
+        status=status,
+        error=message,
+        corrupt=corrupt,
     )
     doc: dict[str, Any] = {
         "name": name,
@@ -243,7 +273,9 @@ def run_view(
         doc["started_at"] = record.started_at
         doc["returncode"] = record.returncode
         doc["eta_s"] = _eta(record, done, pending, alive)
-    if isinstance(error, dict):
+    if corrupt is not None:
+        doc["error"] = {"code": "JOURNAL_CORRUPT", "message": f"events.jsonl is corrupt {corrupt}"}
+    elif isinstance(error, dict):
         doc["error"] = {"code": error.get("code"), "message": error.get("message")}
     elif state == "failed" and facts.error is not None:
         doc["error"] = {"code": None, "message": facts.error}

@@ -15,6 +15,7 @@ import contextlib
 import json
 import os
 import re
+from collections import deque
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import Any
@@ -29,7 +30,7 @@ from launcher.daemon.live_usage import (
 )
 from launcher.rundir.logs import line_details
 
-__all__ = ["LineTail", "journal_events", "log_events", "sse"]
+__all__ = ["READ_LIMIT", "LineTail", "journal_events", "log_events", "sse", "tail_lines"]
 
 #: How often a live stream looks for new lines (an ``os.stat`` per look).
 POLL_S = 0.02
@@ -69,24 +70,35 @@ def sse(event: str, data: Any, event_id: int | None = None) -> bytes:
     return f"{head}event: {event}\n".encode() + b"data: " + payload + b"\n\n"
 
 
+#: The most bytes one read of a file takes (a line longer than this is read whole, in pieces):
+#: a replay of a large journal or log goes out in frames of about this size, never all at once.
+READ_LIMIT = 256 * 1024
+
+
 class LineTail:
     """Complete lines of a growing file from line ``after`` + 1 on, with their line numbers.
 
     Only whole lines are returned: a trailing fragment waits until its newline arrives. When
     the file is replaced (another inode, for example after ``--fresh`` archived the run) or
-    shrinks, :attr:`reset` is set and numbering restarts at 1.
+    shrinks, :attr:`reset` is set and numbering restarts at 1. One call reads at most about
+    ``limit`` bytes; :attr:`behind` says whether more were there to read.
     """
 
-    def __init__(self, path: Path, after: int = 0) -> None:
+    def __init__(self, path: Path, after: int = 0, limit: int = READ_LIMIT) -> None:
         self.path = path
         self.line = 0
         self.reset = False
+        self.behind = True
+        """Whether the last call left bytes unread (true before the first call)."""
         self._offset = 0
         self._inode: int | None = None
         self._skip = max(0, after)
+        self._limit = limit
 
     def read_new(self) -> list[tuple[int, bytes]]:
-        """The complete lines added since the last call (and not skipped)."""
+        """The complete lines added since the last call (and not skipped), from at most about
+        ``limit`` bytes."""
+        self.behind = False
         try:
             info = os.stat(self.path)
         except FileNotFoundError:
@@ -96,13 +108,21 @@ class LineTail:
         self._inode = info.st_ino
         if info.st_size <= self._offset:
             return []
+        data = b""
+        end = -1
         with open(self.path, "rb") as fh:
             fh.seek(self._offset)
-            data = fh.read(info.st_size - self._offset)
-        end = data.rfind(b"\n")
-        if end < 0:
-            return []
+            while end < 0:
+                want = min(self._limit, info.st_size - self._offset - len(data))
+                piece = fh.read(want) if want > 0 else b""
+                if not piece:
+                    return []  # only a fragment without its newline so far
+                end = piece.rfind(b"\n")
+                if end >= 0:
+                    end += len(data)
+                data += piece
         self._offset += end + 1
+        self.behind = self._offset < info.st_size
         out = []
         for raw in data[: end + 1].splitlines():
             self.line += 1
@@ -111,16 +131,29 @@ class LineTail:
         return out
 
 
+async def _read(tail: LineTail) -> list[tuple[int, bytes]]:
+    """``tail.read_new()``: on a worker thread while it is behind (a backlog), else here (the
+    few bytes written since the last look)."""
+    if tail.behind:
+        return await trio.to_thread.run_sync(tail.read_new)
+    return tail.read_new()
+
+
 async def _lines_until_end(
     tail: LineTail, live: Callable[[], bool], poll_s: float
 ) -> AsyncIterator[list[tuple[int, bytes]]]:
-    """Batches of new lines (an empty batch at most every ``poll_s``) until the file is drained
-    and ``live()`` is false (checked before the final read, so no line is missed)."""
+    """Batches of new lines (an empty batch at most every ``poll_s``; a backlog in batches of
+    at most ``READ_LIMIT`` bytes) until the file is drained and ``live()`` is false (checked
+    before the final reads, so no line is missed)."""
     while True:
         running = live()
-        yield tail.read_new()
+        yield await _read(tail)
+        if tail.behind:
+            continue
         if not running:
-            yield tail.read_new()
+            yield await _read(tail)
+            while tail.behind:
+                yield await _read(tail)
             return
         await trio.sleep(poll_s)
 
@@ -242,11 +275,22 @@ async def log_events(
     yield sse("end", {})
 
 
-def tail_lines(path: Path, count: int) -> tuple[int, list[str]]:
-    """The last ``count`` lines of ``path`` and the line number before the first of them."""
+def tail_lines(path: Path, count: int, *, keep: bool = True) -> tuple[int, list[str]]:
+    """The last ``count`` lines of ``path`` and the line number before the first of them
+    (read a line at a time: only those lines are held, whatever the file's size; none of
+    them without ``keep``, when only the line number is wanted)."""
+    kept: deque[bytes] = deque(maxlen=max(0, count) if keep else 0)
+    total = 0
     try:
-        lines = path.read_text(encoding="utf-8", errors="replace").splitlines()
+        with path.open("rb") as fh:
+            for raw in fh:
+                # Split as LineTail splits, so that a follow resumes after exactly these lines.
+                parts = raw.splitlines()
+                total += len(parts)
+                kept.extend(parts)
     except OSError:
         return 0, []
-    start = max(0, len(lines) - count)
-    return start, lines[start:]
+    if not keep:
+        return max(0, total - count), []
+    lines = [raw.decode("utf-8", "replace") for raw in kept]
+    return total - len(lines), lines

@@ -23,7 +23,7 @@ import trio
 
 from launcher.daemon.children import spawn_logged
 from launcher.daemon.discovery import state_dir
-from launcher.daemon.registry import ApiError
+from launcher.daemon.registry import ApiError, inside_workspace
 from launcher.rundir.atomic import ensure_dir
 
 __all__ = ["TOOL_TIMEOUT_S", "export_args", "rubric_args", "run_tool"]
@@ -39,6 +39,8 @@ def _field(body: Mapping[str, Any], key: str, kind: type | tuple[type, ...]) -> 
         return None
     if (isinstance(value, bool) and kind is not bool) or not isinstance(value, kind):
         raise ApiError(400, "VALIDATION", f"{key} has the wrong type")
+    if isinstance(value, str) and "\x00" in value:
+        raise ApiError(400, "VALIDATION", f"{key} must not contain a NUL character")
     return value
 
 
@@ -48,8 +50,9 @@ def _known(body: Mapping[str, Any], keys: set[str]) -> None:
         raise ApiError(400, "VALIDATION", f"unknown field(s): {', '.join(unknown)}")
 
 
-def export_args(name: str, body: Mapping[str, Any]) -> list[str]:
-    """``eval export NAME [--format F] [-o PATH]`` from ``{"format", "output"}``."""
+def export_args(workspace: Path, name: str, body: Mapping[str, Any]) -> list[str]:
+    """``eval export NAME [--format F] [-o PATH]`` from ``{"format", "output"}``; the output
+    file must be inside ``workspace``."""
     _known(body, {"format", "output"})
     args = ["export", name]
     fmt = _field(body, "format", str)
@@ -60,7 +63,7 @@ def export_args(name: str, body: Mapping[str, Any]) -> list[str]:
     output = _field(body, "output", str)
     if output == "-":
         raise ApiError(400, "VALIDATION", "output must be a file path")
-    return args + (["-o", output] if output else [])
+    return args + (["-o", inside_workspace(workspace, "output", output)] if output else [])
 
 
 _RUBRIC_FLAGS: dict[str, tuple[str, type | tuple[type, ...]]] = {
@@ -75,16 +78,23 @@ _RUBRIC_FLAGS: dict[str, tuple[str, type | tuple[type, ...]]] = {
 }
 
 
-def rubric_args(name: str, body: Mapping[str, Any]) -> list[str]:
-    """``eval rubric --run NAME …`` from the body's fields (``secrets`` is taken apart)."""
+def rubric_args(workspace: Path, name: str, body: Mapping[str, Any]) -> list[str]:
+    """``eval rubric --run NAME …`` from the body's fields (``secrets`` is taken apart). An
+    ``@path`` rubric and the output file must be inside ``workspace``: a request must not make
+    the daemon read (and send to a judge) or write a file elsewhere on the machine."""
     _known(body, {*_RUBRIC_FLAGS, "secrets"})
     if not _field(body, "rubric", str):
         raise ApiError(400, "VALIDATION", "rubric (the text, or @path) is required")
     args = ["rubric", "--run", name]
     for key, (flag, kind) in _RUBRIC_FLAGS.items():
         value = _field(body, key, kind)
-        if value is not None:
-            args += [flag, str(value)]
+        if value is None:
+            continue
+        if key == "rubric" and value.startswith("@"):
+            value = "@" + inside_workspace(workspace, "rubric @path", value[1:])
+        elif key == "output":
+            value = inside_workspace(workspace, key, value)
+        args += [flag, str(value)]
     return args
 
 

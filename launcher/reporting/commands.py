@@ -87,8 +87,21 @@ def report_command(
         ui.envelope(
             "eval.report",
             message,
-            {"path": str(target), "run_dir": str(run_dir), "status": summary.status, "summary": m},
+            {
+                "path": str(target),
+                "run_dir": str(run_dir),
+                "status": summary.status,
+                "done": m["total_samples"],
+                "total": summary.total,
+                "pending": summary.pending,
+                "progress": summary.progress,
+                "summary": m,
+            },
         )
+        return 0
+    if ui.mode == "plain":
+        # docs/report.md: --plain prints only the page's path (for scripts).
+        ui.console.print(str(target), markup=False, highlight=False, soft_wrap=True)
         return 0
     if ui.rich:
         ui.results_table(
@@ -99,7 +112,10 @@ def report_command(
                     "pass rate",
                     f"{fmt_pct(m['pass_rate'])} ({m['passed']}/{m['completed_samples']})",
                 ),
-                ("items", f"{m['total_samples']} ({m['failed']} failed, {m['skipped']} skipped)"),
+                (
+                    "items",
+                    f"{summary.progress} ({m['failed']} failed, {m['skipped']} skipped)",
+                ),
                 ("tokens", f"{m['tokens_used']:,}"),
             ],
         )

@@ -237,6 +237,9 @@ def load_run(run_dir: Path, *, transcripts: bool = True) -> RunData:
     eval_run = metrics.get("eval_run")
     invocations = _invocations(run_dir, eval_run if isinstance(eval_run, dict) else {})
     name = manifest.get("run_name") or metrics.get("eval_run", {}).get("name") or run_dir.name
+    from launcher.runs import planned_total
+
+    inputs = manifest.get("inputs")
     return RunData(
         path=run_dir,
         name=str(name),
@@ -248,6 +251,7 @@ def load_run(run_dir: Path, *, transcripts: bool = True) -> RunData:
         log_truncated=truncated,
         rubrics=rubrics,
         invocations=invocations,
+        total=planned_total(run_dir, inputs if isinstance(inputs, dict) else {}),
     )
 
 

@@ -129,6 +129,8 @@ class RunData:
     """Labels of the rubric verdict files of the run (one column each on the page)."""
     invocations: list[Invocation] = field(default_factory=list)
     """Each ``eval run`` that worked on the run, oldest first (from ``logs.txt``)."""
+    total: int | None = None
+    """How many work items the run has in all (``progress.json``, else the manifest)."""
 
     @property
     def inputs(self) -> dict[str, Any]:

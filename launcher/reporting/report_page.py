@@ -45,7 +45,7 @@ def _summary_html(s: RunSummary, invocations: int = 1, extra: str = "") -> str:
             m["pass_rate"],
             fmt_pct(m["pass_rate"]),
         ),
-        _stat("total_samples", "items", m["total_samples"], fmt_num(m["total_samples"])),
+        _stat("total_samples", "items", m["total_samples"], s.progress),
         _stat("passed", "passed", m["passed"], fmt_num(m["passed"])),
         _stat("failed", "failed", m["failed"], fmt_num(m["failed"])),
         _stat("skipped", "skipped", m["skipped"], fmt_num(m["skipped"])),

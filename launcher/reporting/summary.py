@@ -41,6 +41,24 @@ class RunSummary:
     context: Distribution
     duration: Distribution
     wall_ms: float | None
+    total: int | None = None
+    """Work items in all (None when unknown); ``metrics["total_samples"]`` have a result."""
+
+    @property
+    def pending(self) -> int | None:
+        """Work items without a result yet (None when the total is unknown)."""
+        if self.total is None:
+            return None
+        return max(0, self.total - int(self.metrics["total_samples"]))
+
+    @property
+    def progress(self) -> str:
+        """``1,265 of 5,000 (3,735 pending)``, or the count alone when every item is done or
+        the total is unknown."""
+        done = int(self.metrics["total_samples"])
+        if self.total is None or not self.pending:
+            return f"{done:,}"
+        return f"{done:,} of {self.total:,} ({self.pending:,} pending)"
 
 
 def _distribution(label: str, values: list[float | None]) -> Distribution:
@@ -73,6 +91,7 @@ def summarize(run: RunData) -> RunSummary:
         context=_distribution("max_context_tokens", [i.max_context_tokens for i in items]),
         duration=_distribution("duration_ms", [i.duration_ms for i in items]),
         wall_ms=float(wall) if isinstance(wall, int | float) else None,
+        total=run.total,
     )
 
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from operator import attrgetter
 from pathlib import Path
@@ -46,6 +46,7 @@ __all__ = [
     "WorkKey",
     "bounded_text",
     "replay_journal",
+    "replay_tolerant",
     "validate_record",
 ]
 
@@ -215,6 +216,33 @@ def replay_journal(path: Path) -> JournalReplay:
         raise LocalEvalError(f"cannot read {path}: {exc}") from None
     replay.torn_bytes = len(carry)
     return replay
+
+
+def replay_tolerant(path: Path) -> tuple[Mapping[WorkKey, TerminalRecord], str | None]:
+    """The latest record per work key for a view (a listing, the daemon), and where and why
+    the journal is corrupt (``at line N: …``, its first bad line) or None. Bad
+    lines are skipped here; resuming still refuses them (:func:`replay_journal`)."""
+    try:
+        return replay_journal(path).latest, None
+    except JournalCorruptError as exc:
+        # "<path>:<line>: <what>" -> "at line <line>: <what>"
+        where, _, what = exc.message.removeprefix(f"{path}:").partition(": ")
+        problem = f"at line {where}: {what}" if where.isdigit() else exc.message
+    latest: dict[WorkKey, TerminalRecord] = {}
+    try:
+        with open(path, "rb") as fh:
+            for lineno, raw in enumerate(fh, start=1):
+                if not raw.endswith(b"\n"):
+                    break  # a torn tail
+                try:
+                    records = _slow_parse(path, raw, lineno)
+                except JournalCorruptError:
+                    continue
+                for record in records:
+                    latest[record.key] = record
+    except OSError:
+        pass
+    return latest, problem
 
 
 @dataclass(eq=False)

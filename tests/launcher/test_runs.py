@@ -194,6 +194,7 @@ def test_list_outside_a_workspace(
     code, out, err = _run(capsys, "eval", "list")
     assert code == 1 and out == ""
     assert err.startswith("Error: no workspace at or above") and len(err.splitlines()) == 1
+    (tmp_path / "elsewhere").mkdir()
     code, out, _ = _run(capsys, "eval", "list", "-o", str(tmp_path / "elsewhere"), "--plain")
     assert (code, out) == (0, "")
 
@@ -281,3 +282,52 @@ def test_clean_and_list_leave_directories_that_are_not_runs_alone(
     code, out, _ = _run(capsys, "eval", "clean", "-o", str(root), "--yes")
     assert code == 0 and "Nothing to clean" in out
     assert (root / "configs" / "eval").is_dir()
+
+
+@pytest.mark.parametrize("journal", ["missing", "zero bytes", "zero-filled"])
+def test_clean_keeps_a_run_with_results_whatever_its_journal(
+    ws: Path, capsys: pytest.CaptureFixture[str], journal: str
+) -> None:
+    """Results in index.jsonl, calls.jsonl or rollout_trials keep a run, whether its journal
+    is missing, empty or unreadable: it lists as damaged, counting its index rows."""
+    run = make_run(ws, "kept", records=[ok(0), ok(1)])
+    rows = "".join(json.dumps({"row_index": i, "run_index": 0}) + "\n" for i in range(2))
+    (run / "index.jsonl").write_text(rows)
+    (run / "rollout_trials" / "r0").mkdir()
+    size = (run / "events.jsonl").stat().st_size
+    if journal == "missing":
+        (run / "events.jsonl").unlink()
+    else:
+        (run / "events.jsonl").write_bytes(b"" if journal == "zero bytes" else b"\0" * size)
+    code, out, _ = _run(capsys, "eval", "list", "--plain")
+    assert code == 0 and out.split("\t")[:3] == ["kept", "damaged", "2/3"]
+    code, out, _ = _run(capsys, "eval", "clean", "--yes")
+    assert code == 0 and "Nothing to clean" in out
+    assert (run / "index.jsonl").read_text() == rows
+
+
+@pytest.mark.parametrize("only", ["calls.jsonl", "rollout_trials"])
+def test_clean_keeps_a_run_whose_only_record_is_a_call_or_a_trial(
+    ws: Path, capsys: pytest.CaptureFixture[str], only: str
+) -> None:
+    run = make_run(ws, "calls")
+    if only == "calls.jsonl":
+        (run / "calls.jsonl").write_text('{"rollout_id": "r0"}\n')
+    else:
+        (run / "rollout_trials" / "r0").mkdir()
+    code, out, _ = _run(capsys, "eval", "clean", "--yes")
+    assert code == 0 and "Nothing to clean" in out and run.is_dir()
+
+
+@pytest.mark.parametrize("command", ["list", "clean"])
+def test_an_output_root_that_is_missing_or_a_file_is_one_line(
+    ws: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str], command: str
+) -> None:
+    afile = tmp_path / "afile"
+    afile.write_text("x")
+    for root, says in ((tmp_path / "nowhere", "does not exist"), (afile, "is not a directory")):
+        flag = "--yes" if command == "clean" else "--plain"
+        code, out, err = _run(capsys, "eval", command, "-o", str(root), flag)
+        assert code == 1, (out, err)
+        lines = [line for line in err.splitlines() if line.strip()]
+        assert len(lines) == 1 and str(root) in lines[0] and says in lines[0], err

@@ -1,0 +1,85 @@
+"""``rollbridge eval export`` never writes among runs' own files, and names a run it cannot find
+as ``eval report`` does."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from launcher.cli import main
+from tests.launcher.test_runs import make_run, ok
+
+
+def _run(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, str, str]:
+    with pytest.raises(SystemExit) as exc:
+        main(list(args))
+    out, err = capsys.readouterr()
+    return int(exc.value.code or 0), out, err
+
+
+@pytest.fixture
+def evals(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    (tmp_path / "configs" / "eval").mkdir(parents=True)
+    monkeypatch.chdir(tmp_path)
+    root = tmp_path / ".osmosis" / "evals"
+    make_run(root, "demo", records=[ok(0)], total=1)
+    make_run(root, "other", records=[ok(0), ok(1)], total=2)
+    return root
+
+
+@pytest.mark.parametrize(
+    "output",
+    [
+        ".osmosis/evals/other/events.jsonl",
+        ".osmosis/evals/demo/events.jsonl",
+        ".osmosis/evals/demo/manifest.json",
+        ".osmosis/evals/other/rollout_trials/r0/x.jsonl",
+        ".osmosis/evals/.locks/other.lock",
+        ".osmosis/evals/newdir/x.jsonl",
+    ],
+)
+def test_export_refuses_a_file_among_the_runs(
+    evals: Path, capsys: pytest.CaptureFixture[str], output: str
+) -> None:
+    journal = (evals / "other" / "events.jsonl").read_bytes()
+    own = (evals / "demo" / "events.jsonl").read_bytes()
+    code, out, err = _run(capsys, "eval", "export", "demo", "-o", output)
+    assert code == 1 and out == ""
+    assert len(err.splitlines()) == 1 and "is among the files of runs" in err
+    assert (evals / "other" / "events.jsonl").read_bytes() == journal
+    assert (evals / "demo" / "events.jsonl").read_bytes() == own
+
+
+def test_export_writes_its_default_file_and_files_elsewhere(
+    evals: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    code, _, err = _run(capsys, "eval", "export", "demo")
+    assert (code, err) == (0, "") and (evals / "demo" / "export.jsonl").is_file()
+    code, _, err = _run(capsys, "eval", "export", "demo", "-o", "out/train.jsonl")
+    assert code == 1 and "No such file" in err  # not refused as a run's file: just no dir
+    code, _, err = _run(capsys, "eval", "export", "demo", "-o", "train.jsonl")
+    assert (code, err) == (0, "") and (tmp_path / "train.jsonl").is_file()
+    code, _, err = _run(capsys, "eval", "export", "demo", "-o", str(tmp_path))
+    assert code == 1 and "is a directory" in err and len(err.splitlines()) == 1
+
+
+@pytest.mark.parametrize("name", ["notarun", "empty"])
+def test_export_of_what_is_not_a_run_says_so_as_report_does(
+    evals: Path, capsys: pytest.CaptureFixture[str], name: str
+) -> None:
+    (evals / "empty").mkdir()
+    code, _, export_err = _run(capsys, "eval", "export", name)
+    assert code == 1
+    code, _, report_err = _run(capsys, "eval", "report", name)
+    assert code == 1
+    assert export_err == report_err
+    assert f"no run '{name}' under " in export_err and "is not a run directory" in export_err
+
+
+def test_export_outside_a_workspace_says_the_argument_is_no_run(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    code, _, err = _run(capsys, "eval", "export", "notarun")
+    assert code == 1 and err.startswith("Error: 'notarun' is not a run directory")
