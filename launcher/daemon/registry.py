@@ -25,8 +25,16 @@ from launcher.errors import CLIError, ValidationError
 from launcher.rundir.journal import replay_tolerant
 from launcher.rundir.manifest import is_archive_name, is_run_dir
 from launcher.rundir.names import generate_run_name, validate_run_name
+from rollout_server.net.secrets import is_secret_env_name
 
-__all__ = ["ApiError", "Registry", "StartRequest", "inside_workspace", "parse_start"]
+__all__ = [
+    "ApiError",
+    "Registry",
+    "StartRequest",
+    "check_secrets",
+    "inside_workspace",
+    "parse_start",
+]
 
 #: How long ``POST /v1/runs`` waits for the child to open its run directory or fail.
 START_WAIT_S = 30.0
@@ -67,6 +75,35 @@ def inside_workspace(workspace: Path, key: str, value: str) -> str:
     if not path.is_relative_to(root):
         raise ApiError(400, "VALIDATION", f"{key} {value} is outside the workspace {root}")
     return str(path)
+
+
+#: Names of variables that say where something is, or which file to read: never taken as a
+#: request's secret, even when their name says TOKEN or KEY (``OSMOSIS_TOKEN_PLATFORM_URL``).
+_PLACE_SUFFIXES = ("_URL", "_URI", "_BASE", "_ENDPOINT", "_HOST", "_PATH", "_FILE", "_DIR")
+
+
+def check_secrets(secrets: Any) -> dict[str, str]:
+    """A request's ``secrets``, checked: environment variable names that hold a credential
+    (``KEY``, ``TOKEN``, ``SECRET``, ``PASSWORD`` in the name, or a known provider key) mapped
+    to strings. Anything else is a 400: a variable such as ``OPENAI_BASE_URL``,
+    ``HTTPS_PROXY`` or ``UV_INDEX_URL`` set by a request would send the daemon's own keys, or
+    the run's code, where the request says; those belong in the eval config or the daemon's
+    environment."""
+    if not isinstance(secrets, dict) or not all(
+        isinstance(k, str) and _ENV_NAME.match(k) and isinstance(v, str) for k, v in secrets.items()
+    ):
+        raise ApiError(400, "VALIDATION", "secrets must map environment variable names to strings")
+    for key, value in secrets.items():
+        _no_nul(f"secrets.{key}", value)
+        if not is_secret_env_name(key) or key.endswith(_PLACE_SUFFIXES):
+            raise ApiError(
+                400,
+                "VALIDATION",
+                f"secrets.{key} is not a credential's name (one with KEY, TOKEN, SECRET or "
+                "PASSWORD in it); set other variables in the eval config or the daemon's "
+                "environment",
+            )
+    return dict(secrets)
 
 
 def _no_nul(key: str, value: Any) -> None:
@@ -129,14 +166,8 @@ def parse_start(body: Any) -> StartRequest:
             )
         _no_nul(key, value)
         flags[key] = value
-    secrets = body.get("secrets") or {}
-    if not isinstance(secrets, dict) or not all(
-        isinstance(k, str) and _ENV_NAME.match(k) and isinstance(v, str) for k, v in secrets.items()
-    ):
-        raise ApiError(400, "VALIDATION", "secrets must map environment variable names to strings")
-    for key, value in secrets.items():
-        _no_nul(f"secrets.{key}", value)
-    return StartRequest(config=config, name=name, flags=flags, secrets=dict(secrets))
+    secrets = check_secrets(body.get("secrets") or {})
+    return StartRequest(config=config, name=name, flags=flags, secrets=secrets)
 
 
 def _prepare_check(workspace: Path, request: StartRequest, name: str | None) -> dict[str, Any]:

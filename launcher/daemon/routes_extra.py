@@ -16,7 +16,7 @@ import trio
 
 from launcher.daemon.catalog import diff_doc, list_configs, list_datasets, list_rollouts
 from launcher.daemon.openapi import openapi_doc
-from launcher.daemon.registry import ApiError, Registry, parse_start
+from launcher.daemon.registry import ApiError, Registry, check_secrets, parse_start
 from launcher.daemon.status import RunView
 from launcher.daemon.tools import RUBRIC_TIMEOUT_S, export_args, rubric_args, run_tool
 from launcher.daemon.watch import workspace_events
@@ -143,12 +143,7 @@ class ExtraRoutes:
         if rest == ["export"]:
             doc = await run_tool(workspace, export_args(workspace, view.name, body))
         else:
-            secrets = body.get("secrets") or {}
-            if not isinstance(secrets, dict) or not all(
-                isinstance(k, str) and isinstance(v, str) and "\x00" not in k + v
-                for k, v in secrets.items()
-            ):
-                raise ApiError(400, "VALIDATION", "secrets must map names to strings")
+            secrets = check_secrets(body.get("secrets") or {})
             args = rubric_args(workspace, view.name, body)
             doc = await run_tool(workspace, args, secrets=secrets, timeout_s=RUBRIC_TIMEOUT_S)
         await send_json(send, 200, _json(doc))

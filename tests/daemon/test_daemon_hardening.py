@@ -78,6 +78,16 @@ BAD_REQUESTS: list[tuple[str, str, Any, str]] = [
     ("POST", "/v1/runs", {"config": "configs/eval/echo.toml\u0000x"}, "NUL"),
     ("POST", "/v1/runs", {"config": "c.toml", "secrets": {"K": "a\u0000"}}, "NUL"),
     ("POST", "/v1/runs", "[" * 100_000 + "]" * 100_000, "nested too deeply"),
+    # A request's secrets are credentials only: an address or a file would send the daemon's
+    # keys (or the run's code) where the request says.
+    *[
+        ("POST", path, {**body, "secrets": {name: "x"}}, name)
+        for path, body in (
+            ("/v1/runs", {"config": "configs/eval/echo.toml"}),
+            ("/v1/runs/good/rubric", {"rubric": "be kind", "model": "openai/x"}),
+        )
+        for name in ("OPENAI_BASE_URL", "HTTPS_PROXY", "UV_INDEX_URL", "OSMOSIS_TOKEN_PLATFORM_URL")
+    ],
     ("POST", "/v1/runs/good/export", {"output": "/etc/x"}, "outside the workspace"),
     ("POST", "/v1/runs/good/export", {"output": "../elsewhere.jsonl"}, "outside the"),
     (
