@@ -189,6 +189,7 @@ CALL = {
     "index": 0,
     "api": "chat.completions",
     "model": "gpt-4o-mini",
+    "response_id": "chatcmpl-9x",
     "stream": True,
     "started_at": "2026-12-02T00:00:00.000000Z",
     "ttfb_ms": 12.5,
@@ -255,7 +256,7 @@ def test_calls_and_usage_per_row_in_jsonl_and_parquet(
         "logprob": [-0.1, -0.2],
         "top": [[{"token": "An", "logprob": -2.5}], []],
     }
-    assert call["token_ids"] == [32, 14098]
+    assert call["token_ids"] == [32, 14098] and call["response_id"] == "chatcmpl-9x"
     pq = pytest.importorskip("pyarrow.parquet")
     code, _, err = _run(capsys, "eval", "export", "calls", "--format", "parquet", "-o", "c.pq")
     assert (code, err) == (0, "")
