@@ -228,8 +228,10 @@ def result_resource(
     cancelled: bool,
     resumed: int,
     duration_ms: float,
+    halted: str | None = None,
 ) -> dict[str, Any]:
-    """The ``resource`` object of the JSON result envelope (§10.6)."""
+    """The ``resource`` object of the JSON result envelope (§10.6); ``halted`` is why dispatch
+    stopped on its own (the same failure again and again, the rollout server gone, ...)."""
     return {
         "run_name": name,
         "local_run_id": local_run_id,
@@ -242,6 +244,7 @@ def result_resource(
         "skipped": counts.skipped,
         "resumed": resumed,
         "cancelled": cancelled,
+        "halted": halted,
         "duration_ms": duration_ms,
         "metrics": summary,
         "failed_rows": [

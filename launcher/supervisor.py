@@ -134,7 +134,10 @@ class Supervisor:
 
     def _halt(self, reason: str) -> None:
         self.halted = reason
-        self.ui.note(f"stopping dispatch: {reason}")
+        if self.ui.rich:
+            self.ui.note(f"stopping dispatch: {reason}")
+        else:  # --plain and --json show no notes: the reason must reach them too
+            self.ui.warning(f"stopping dispatch: {reason}", "DISPATCH_HALTED")
         self.ui.progress_stopping("stopping")
 
     @property
@@ -500,6 +503,7 @@ class Supervisor:
                 cancelled=cancelled,
                 resumed=result.resumed,
                 duration_ms=result.duration_ms,
+                halted=self.halted,
             ),
         )
         if self.interrupts.interrupted:

@@ -235,3 +235,22 @@ async def test_a_retry_halted_half_way_is_not_reported_as_finished(
     assert "Results (incomplete)" in out
     run = run_dir(workspace, "rh")
     assert json.loads((run / "metrics.json").read_text())["eval_run"]["status"] == "incomplete"
+
+
+@pytest.mark.parametrize("mode", ["--plain", "--json"])
+async def test_plain_and_json_say_why_dispatch_halted(
+    workspace: Path, env: dict[str, str], tmp_path: Path, mode: str
+) -> None:
+    """Without the rich view's notes, the halt's reason still reaches the user: a warning on
+    stderr, and in --json the result's ``halted``."""
+    _probe_workspace(workspace, ["explode same"] * 9)
+    write_config(workspace, "probe", _config().replace("batch_size = 2", "batch_size = 1"))
+    args = ["eval", "run", "ws/configs/eval/probe.toml", "--name", "hp", "--yes", mode]
+    result = await run_cli(args, cwd=tmp_path, env=env)
+    assert result.returncode == 1, result.stderr + result.stdout
+    reason = "all recent rows failed the same way: agent: ValueError: same"
+    assert f"stopping dispatch: {reason}" in result.stderr, result.stderr
+    if mode == "--json":
+        envelope = json.loads(result.stdout.strip().splitlines()[-1])
+        assert envelope["status"] == "partial"
+        assert envelope["result"]["halted"].startswith(reason)
