@@ -195,7 +195,8 @@ class LocalBackend(ExecutionBackend):
                 if trio.current_time() < deadline:
                     sample = await self._to_sample(output, request)
                     return ExecutionResult(status=RolloutStatus.SUCCESS, sample=sample)
-        except Exception as exc:
+        except (Exception, SystemExit) as raised:
+            exc = _as_error(raised, "workflow")
             return ExecutionResult(
                 status=RolloutStatus.FAILURE,
                 err_message=str(exc) or type(exc).__name__,
@@ -264,7 +265,8 @@ class LocalBackend(ExecutionBackend):
                 await grader.grade(grader_ctx)
                 if trio.current_time() < deadline:
                     return _graded(sample)
-        except Exception as exc:
+        except (Exception, SystemExit) as raised:
+            exc = _as_error(raised, "grader")
             return ExecutionResult(
                 status=RolloutStatus.FAILURE,
                 sample=sample,
@@ -279,3 +281,12 @@ class LocalBackend(ExecutionBackend):
             err_category=RolloutErrorCategory.TIMEOUT,
             extra_fields={FAILURE_KEY: {"phase": "grader"}},
         )
+
+
+def _as_error(raised: BaseException, who: str) -> Exception:
+    """What a workflow or grader raised, as the rollout's failure: a ``sys.exit()`` in one ends
+    that rollout (and says so), not the server with every rollout on it."""
+    if isinstance(raised, SystemExit):
+        return RuntimeError(f"the {who} called sys.exit({raised.code!r})")
+    assert isinstance(raised, Exception)
+    return raised

@@ -4,12 +4,13 @@ Behaviour is steered per rollout through ``metadata`` so one server serves many 
 ``sleep`` (seconds in the workflow), ``gate`` (wait for ``GATES[name]``), ``raise`` (exception
 class name raised by the workflow), ``return`` (``"none"``, ``"bad"``, ``"nomessages"``),
 ``reward`` (set by the grader), ``remove`` (grader marks the sample removed), ``grader_sleep``,
-``grader_raise``, ``metrics`` (returned as workflow metrics), ``bad_metrics`` (non-JSON values).
+``grader_raise``, ``exit`` and ``grader_exit`` (``sys.exit`` with that code), ``metrics`` (returned as workflow metrics), ``bad_metrics`` (non-JSON values).
 """
 
 from __future__ import annotations
 
 import math
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -56,6 +57,8 @@ class ScriptedWorkflow(AgentWorkflow[Any]):
         except trio.Cancelled:
             CANCELLED.append(rollout.rollout_id)
             raise
+        if "exit" in meta:
+            sys.exit(meta["exit"])
         if "raise" in meta:
             raise {
                 "ValueError": ValueError,
@@ -87,6 +90,8 @@ class ScriptedGrader(Grader):
             await trio.sleep(meta["grader_sleep"])
         if "grader_raise" in meta:
             raise RuntimeError("grader says no")
+        if "grader_exit" in meta:
+            sys.exit(meta["grader_exit"])
         assert ctx.sample is not None
         if meta.get("bad_metrics"):
             ctx.sample.metrics.update({"nan": math.nan, 1: "one", (1, 2): "tuple", "ok": 2})

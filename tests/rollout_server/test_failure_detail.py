@@ -37,6 +37,17 @@ async def test_workflow_and_grader_exceptions_name_phase_and_type(served: Served
     assert not (served.root / "ok" / "diagnostics.json").exists()
 
 
+async def test_sys_exit_in_a_workflow_or_grader_fails_that_rollout_only(served: Served) -> None:
+    result = await run(served, "ex", label="L", metadata={"exit": 3})
+    assert triple(result) == ("failure", "agent_error", "the workflow called sys.exit(3)")
+    assert _failure(served.root, "ex") == {"phase": "agent", "type": "RuntimeError"}
+    result = await run(served, "gx", label="L", metadata={"grader_exit": 0})
+    assert triple(result)[2] == "the grader called sys.exit(0)"
+    # The server is still up and serves the next rollout.
+    result = await run(served, "after", label="L")
+    assert triple(result)[0] == "success"
+
+
 async def test_a_grader_failure_without_a_sample_keeps_its_reason(served: Served) -> None:
     # The workflow succeeds without messages; the grader then has nothing to grade. The saved
     # result is the workflow's, but the reported failure is the grader's: its reason is kept.
