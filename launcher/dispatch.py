@@ -469,9 +469,11 @@ class Dispatcher:
     async def _settle(self, slot: _Slot) -> None:
         """Cancel the rollout on the server and wait (bounded) for its cleanup to finish."""
         with self.interrupts.settle_scope(CANCEL_SETTLE_S):
+            taken = False
             with trio.move_on_after(5.0):
                 try:
                     await self.transport.cancel(slot.rollout_id)
+                    taken = True
                 except Exception as exc:  # the server may be gone; nothing more to do
                     self.log(
                         "WARNING",
@@ -479,6 +481,11 @@ class Dispatcher:
                         "cancel request failed",
                         {"rollout_id": slot.rollout_id, "error": str(exc)},
                     )
+            if not taken:
+                # A server that cannot take a cancel in 5 s (gone, or its loop blocked by a
+                # workflow) will not answer the long-poll either: waiting out the settle bound
+                # only held the run (the item stays pending whatever comes).
+                return
             if slot.admitted is not None:
                 try:
                     final = await slot.admitted.wait()

@@ -181,13 +181,15 @@ class RolloutClientTransport:
 
     async def explain(self, exc: BaseException) -> str | None:
         """The server's exit as the cause of a transport failure (it may take a moment for the
-        exit to be observable after its sockets closed)."""
+        exit to be observable after its sockets closed), or, while it runs, that it does not
+        answer (a workflow blocking its event loop, say): either way the items it holds will
+        not end, so the halt cancels them rather than waiting out their deadlines."""
         if not isinstance(exc, RolloutServerUnreachable):
             return None
         with trio.move_on_after(1.0):
             code = await self._server.child.process.wait()
             return f"the rollout server exited with code {code}; see logs.txt"
-        return None
+        return f"the rollout server does not answer ({exc}); see logs.txt"
 
 
 class RunSink:

@@ -13,8 +13,8 @@ sizes the worker pool and starts the tunnel. It yields typed handles
 
 On exit, whatever happened, the stop order is: rollout server (after a run that finished, once
 its ``/health`` counts no active rollouts, so a backend's background teardown is not cut short;
-then its process group: 5 s grace, or 330 s after an interrupt or halt unless a second Ctrl-C
-hurries it), tunnel, bridge, then the
+then its process group: 5 s grace, or 330 s after an interrupt or halt when it still answers
+``/health``, unless a second Ctrl-C hurries it), tunnel, bridge, then the
 environment is restored. Foreign errors (bridge, tunnel, preflight) become
 :class:`LocalEvalError` with their one-line message here, so the supervisor sees only ours.
 
@@ -592,11 +592,26 @@ async def _settle(server: RolloutServer, hurry: trio.Event) -> None:
             await trio.sleep(0.1)
 
 
+async def _answers(server: RolloutServer) -> bool:
+    """Whether the server answers ``/health`` within 5 s."""
+    with trio.move_on_after(5.0):
+        try:
+            await server.client.health()
+        except (RolloutClientError, httpx.HTTPError):
+            return False
+        return True
+    return False
+
+
 async def _shutdown(ctx: RunContext, started: _Started) -> None:
     """Stop the rollout server, then the tunnel (the bridge stops with the nursery)."""
     if started.server is not None:
-        grace = LONG_STOP_GRACE_S if ctx.long_stop() else STOP_GRACE_S
-        if not ctx.long_stop() and not started.server.stopping:
+        grace = STOP_GRACE_S
+        if ctx.long_stop():
+            # The long grace lets a server drain its rollouts (sandbox teardowns): only one
+            # that still answers can. A blocked or dead one would hold the run 330 s for nothing.
+            grace = LONG_STOP_GRACE_S if await _answers(started.server) else STOP_GRACE_S
+        elif not started.server.stopping:
             await _settle(started.server, ctx.interrupts.hurry)
         await started.server.stop(grace, hurry=ctx.interrupts.hurry)
     if started.tunnel is not None:

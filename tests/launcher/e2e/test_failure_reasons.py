@@ -22,6 +22,7 @@ pytestmark = pytest.mark.slow
 PROBE = """
 import json
 import os
+import time
 from pathlib import Path
 
 from rollout_server import AgentWorkflow, AgentWorkflowOutput, Grader, LocalBackend, serve
@@ -37,6 +38,8 @@ class Probe(AgentWorkflow):
             _, path, tag = text.split(" ")
             mode = Path(path).read_text().strip()
             raise ValueError(mode if mode == "same" else f"{mode} {tag}")
+        if text.startswith("block "):  # blocks the server's event loop, as a sync call would
+            time.sleep(float(text.removeprefix("block ")))
         if text.startswith("explode "):
             raise ValueError(text.removeprefix("explode "))
         if text.startswith("leak "):
@@ -254,3 +257,23 @@ async def test_plain_and_json_say_why_dispatch_halted(
         envelope = json.loads(result.stdout.strip().splitlines()[-1])
         assert envelope["status"] == "partial"
         assert envelope["result"]["halted"].startswith(reason)
+
+
+async def test_a_workflow_that_blocks_the_server_does_not_hold_the_run(
+    workspace: Path, env: dict[str, str], tmp_path: Path
+) -> None:
+    """A workflow that blocks the rollout server's event loop (a sync sleep) makes it answer
+    nothing: dispatch halts, and then neither the cancels' settle bound (120 s) nor the long
+    stop grace (330 s, for a server draining its rollouts) is waited out for a server that
+    cannot answer. The bound below is a hang guard (the halt comes at about 31 s, the
+    admission's read timeout): the run took 7.5 minutes before."""
+    _probe_workspace(workspace, ["block 900"] * 3)
+    config = _config().replace("agent_workflow_timeout_s = 60", "agent_workflow_timeout_s = 5")
+    write_config(workspace, "probe", config)
+    args = ["eval", "run", "ws/configs/eval/probe.toml", "--name", "blk", "--yes", "--plain"]
+    result = await run_cli(args, cwd=tmp_path, env=env, timeout=150)
+    assert result.returncode == 1, result.stderr + result.stdout
+    assert "stopping dispatch: the rollout server does not answer (POST /rollout: " in (
+        result.stderr
+    ), result.stderr
+    assert journal(run_dir(workspace, "blk")) == []  # nothing recorded: every row stays pending
