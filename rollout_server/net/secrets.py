@@ -202,7 +202,8 @@ class SecretMatcher:
 
     def add(self, value: str | None, *, min_length: int = 1) -> None:
         """Know ``value`` and its whitespace-stripped form, each when at least ``min_length``
-        long (so that a long padded value does not turn a short stripped form into a secret).
+        long (so that a long padded value does not turn a short stripped form into a secret),
+        and each line of a value of several lines.
 
         A blank value is ignored: it would turn every space into a mask.
         """
@@ -212,6 +213,11 @@ class SecretMatcher:
         if new:
             self._values |= new
             self._dirty = True
+        if "\n" in value or "\r" in value:
+            # A value of several lines (a PEM key, a pasted key broken in two) reaches a log a
+            # line at a time: each line of it is a secret too (when not too short to be one).
+            for line in re.split(r"[\r\n]+", value):
+                self.add(line, min_length=max(min_length, AMBIENT_MIN_LENGTH))
 
     @property
     def values(self) -> frozenset[str]:

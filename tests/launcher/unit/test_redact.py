@@ -35,6 +35,17 @@ def test_whitespace_stripped_form() -> None:
     assert r("got padded-secret-value!") == f"got {REDACTED}!"
 
 
+def test_each_line_of_a_secret_of_several_lines() -> None:
+    """A log is written a line at a time: a key broken in two, or a PEM key, leaves no line."""
+    r = Redactor(["sk-test-\nSECRETVALUE123"])
+    assert r("KEY= sk-test-") == f"KEY= {REDACTED}"
+    assert r("SECRETVALUE123") == REDACTED
+    pem = "-----BEGIN KEY-----\r\nMIIEvQIBADANBgkq\r\nab\r\n-----END KEY-----"
+    r = Redactor([pem])
+    assert r("line MIIEvQIBADANBgkq") == f"line {REDACTED}"
+    assert r("ab cd") == "ab cd"  # a line too short to be a secret on its own stays
+
+
 def test_json_escaped_form() -> None:
     secret = 'sk"quote\\back\nline\u00e9'
     r = Redactor([secret])
