@@ -154,7 +154,9 @@ class RolloutClientTransport:
             if self.results is None:
                 child = server.child
                 self.results = _WAITERS[client] = ResultWaiter(
-                    server.base_url, server_alive=lambda: child.returncode is None
+                    server.base_url,
+                    api_key=server.token,
+                    server_alive=lambda: child.returncode is None,
                 )
                 client.admission_headers.update(self.results.admission_headers)
 

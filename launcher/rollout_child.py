@@ -17,13 +17,20 @@ that kind only when the eval config names it in ``[env]`` or ``[secrets]``.
 makes one client, right after the spawn (building it loads the CA bundle and the HTTP pools,
 which overlaps the server's own start-up), and a healthy server keeps it for the run: the
 health wait, the capacity probe and the whole dispatch share its keep-alive connections, so
-nothing of the kind is built between "healthy" and the first dispatch.
+nothing of the kind is built between "healthy" and the first dispatch. Each attempt also makes
+the server's bearer (``ENV_SERVER_TOKEN``), which that client sends: a sandbox that reaches the
+host's loopback cannot drive the server.
+
+Why one module of this size: the child's environment, its spawn, the record for orphan
+cleanup, the bearer and the health handshake are one start-up contract, each step depending on
+the one before; split, a reader would follow one attempt across files.
 """
 
 from __future__ import annotations
 
 import contextlib
 import re
+import secrets
 import socket
 import uuid
 from collections.abc import Callable, Mapping, Sequence
@@ -46,7 +53,13 @@ from launcher.process import (
 )
 from rollout_server.client import RolloutClient, RolloutClientError
 from rollout_server.net.secrets import is_secret_env_name
-from rollout_server.protocol import ENV_ARTIFACT_ROOT, ENV_INSTANCE_ID, ENV_PORT, HealthReport
+from rollout_server.protocol import (
+    ENV_ARTIFACT_ROOT,
+    ENV_INSTANCE_ID,
+    ENV_PORT,
+    ENV_SERVER_TOKEN,
+    HealthReport,
+)
 
 __all__ = [
     "HEALTH_DEADLINE_S",
@@ -64,7 +77,7 @@ HEALTH_DEADLINE_S = 90.0
 HEALTH_POLL_S = 0.05
 HEALTH_REQUEST_TIMEOUT_S = 5.0
 OUTPUT_DRAIN_S = 0.5
-SUPERVISOR_OWNED = (ENV_PORT, ENV_ARTIFACT_ROOT, ENV_INSTANCE_ID)
+SUPERVISOR_OWNED = (ENV_PORT, ENV_ARTIFACT_ROOT, ENV_INSTANCE_ID, ENV_SERVER_TOKEN)
 #: Provider settings that are not secrets by name but belong to the bridge: where a provider
 #: is (base URLs: besides these, every ``*_API_BASE`` LiteLLM reads), which account, project
 #: or region it bills, and credential files and profiles.
@@ -149,6 +162,8 @@ class RolloutServer:
     record_path: Path
     client: RolloutClient
     """The run's client of this server (health, capacity, dispatch); :meth:`stop` closes it."""
+    token: str | None = None
+    """The bearer the server requires (an SDK older than this one ignores it)."""
     stopping: bool = False
     batched_wait: bool = False
     """Whether the run waits for this server's results through its batched wait
@@ -267,7 +282,7 @@ def rollout_base_env(base: Mapping[str, str]) -> dict[str, str]:
     return {name: value for name, value in base.items() if not is_provider_env_name(name)}
 
 
-def _child_env(launch: ServerLaunch, port: int, instance_id: str) -> dict[str, str]:
+def _child_env(launch: ServerLaunch, port: int, instance_id: str, token: str) -> dict[str, str]:
     clash = sorted(set(SUPERVISOR_OWNED) & (set(launch.config_env) | set(launch.secrets)))
     if clash:
         raise LocalEvalError(
@@ -283,6 +298,9 @@ def _child_env(launch: ServerLaunch, port: int, instance_id: str) -> dict[str, s
             ENV_PORT: str(port),
             ENV_ARTIFACT_ROOT: str(launch.run_dir / "rollout_trials"),
             ENV_INSTANCE_ID: instance_id,
+            # The server's own bearer: a sandbox reaching the host's loopback (slirp) finds
+            # the server there, and must not be able to drive it.
+            ENV_SERVER_TOKEN: token,
             "PYTHONUNBUFFERED": "1",
         },
     )
@@ -306,11 +324,12 @@ def _loopback_url(port: int) -> str:
     return f"http://127.0.0.1:{port}"
 
 
-def _run_client(child: Child, port: int) -> RolloutClient:
+def _run_client(child: Child, port: int, token: str) -> RolloutClient:
     """The client of a server just spawned on ``port``: it retries a connect-phase failure of
     an admission or a long-poll while ``child`` runs (the server may be slow to accept)."""
     return RolloutClient(
         _loopback_url(port),
+        api_key=token,
         health_timeout_sec=HEALTH_REQUEST_TIMEOUT_S,
         server_alive=lambda: child.returncode is None,
     )
@@ -395,6 +414,7 @@ async def start_rollout_server(
     for attempt in range(1, attempts + 1):
         port = launch.fixed_port if launch.fixed_port is not None else _free_port()
         instance_id = uuid.uuid4().hex
+        token = secrets.token_urlsafe(32)
         stage(f"starting rollout server ({launch.entrypoint.name})")
         log(
             "INFO",
@@ -402,7 +422,7 @@ async def start_rollout_server(
             f"starting rollout server ({launch.entrypoint.name})",
             {"attempt": attempt, "port": port},
         )
-        env = _child_env(launch, port, instance_id)
+        env = _child_env(launch, port, instance_id, token)
         announced = trio.Event()
         try:
             child = await spawn_child(
@@ -425,7 +445,13 @@ async def start_rollout_server(
                 f"could not record the rollout server process for orphan cleanup: {exc}"
             ) from None
         server = RolloutServer(
-            child, port, instance_id, HealthReport(), record_path, _run_client(child, port)
+            child,
+            port,
+            instance_id,
+            HealthReport(),
+            record_path,
+            _run_client(child, port, token),
+            token,
         )
         try:
             server.health = await _wait_healthy(

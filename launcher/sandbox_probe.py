@@ -122,6 +122,8 @@ class SandboxRouting:
     log: LogFn
     run_dir: Path
     rounds: list[dict[str, Any]] = field(default_factory=list)
+    server_token: str | None = None
+    """The bearer the rollout server requires (launcher.rollout_child)."""
 
     @property
     def kind(self) -> str:
@@ -171,7 +173,7 @@ async def _probe_round(
     candidates = [_loopback(routing.bridge), *extra]
     began = utc_now_iso()
     try:
-        async with RolloutClient(routing.server_url) as client:
+        async with RolloutClient(routing.server_url, api_key=routing.server_token) as client:
             report = await client.probe_chat_endpoint(
                 nonce=nonce,
                 expect=routing.bridge.probe_answer(nonce),
@@ -219,6 +221,7 @@ async def _write_diagnostics(routing: SandboxRouting) -> None:
 async def route_sandbox(
     *,
     server_url: str,
+    server_token: str | None = None,
     health: HealthReport,
     bridge: ProbeBridge,
     decision: TunnelDecision,
@@ -239,7 +242,9 @@ async def route_sandbox(
     if probe_path is None:
         return None
     stage("probing how the sandbox reaches the bridge", step=STEP)
-    routing = SandboxRouting(server_url, probe_path, bridge, {}, tunnel, log, run_dir)
+    routing = SandboxRouting(
+        server_url, probe_path, bridge, {}, tunnel, log, run_dir, server_token=server_token
+    )
     advertise = decision.advertise_url if decision.mode == "advertise" else None
     if advertise is not None:
         first = await _probe_round(

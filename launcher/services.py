@@ -281,6 +281,7 @@ async def _start(
 
     routing = await route_sandbox(
         server_url=server.base_url,
+        server_token=server.token,
         health=server.health,
         bridge=bridge,
         decision=decision,

@@ -40,6 +40,7 @@ __all__ = [
     "ENV_INSTANCE_ID",
     "ENV_PORT",
     "ENV_ROLLOUT_ID",
+    "ENV_SERVER_TOKEN",
     "INSTANCE_ID_HEADER",
     "LEASE_HEADER",
     "PROTOCOL_VERSION",
@@ -80,6 +81,10 @@ SDK_VERSION_HEADER: Final = "x-osmosis-rollout-sdk-version"
 ENV_PORT: Final = "_OSMOSIS_ROLLOUT_PORT"
 ENV_ARTIFACT_ROOT: Final = "_OSMOSIS_ROLLOUT_ARTIFACT_ROOT"
 ENV_INSTANCE_ID: Final = "_OSMOSIS_ROLLOUT_INSTANCE_ID"
+ENV_SERVER_TOKEN: Final = "_ROLLBRIDGE_ROLLOUT_SERVER_TOKEN"
+"""The bearer a supervisor gives the server it starts (``serve``'s ``api_key`` when none is
+passed): a sandbox that reaches the host's loopback must not drive the server (cancel every
+rollout). The server takes it out of its environment, so nothing it starts inherits it."""
 ENV_CHAT_COMPLETIONS_URL: Final = "OSMOSIS_CHAT_COMPLETIONS_URL"
 ENV_API_KEY: Final = "OSMOSIS_API_KEY"
 ENV_ROLLOUT_ID: Final = "OSMOSIS_ROLLOUT_ID"

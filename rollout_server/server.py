@@ -33,6 +33,7 @@ from .protocol import (
     DEFAULT_RESULT_RETENTION_SEC,
     DEFAULT_RESULT_WAIT_TIMEOUT_SEC,
     ENV_PORT,
+    ENV_SERVER_TOKEN,
     sdk_version,
 )
 from .sdk import shared_client
@@ -176,6 +177,7 @@ async def serve_async(
     """
     from .net.leanserve import serve_lean
 
+    api_key = _server_token(api_key)
     host = host or "127.0.0.1"
     port = _env_port() if port is None else port
     config = _hypercorn_config(host, port)
@@ -312,4 +314,18 @@ def create_app(
     ``service_options`` are :class:`~rollout_server.service.RolloutService` keyword arguments.
     """
     service = _service(backend, **service_options)
-    return RolloutApp(service, api_key=api_key, max_body_bytes=max_body_bytes, manage_service=True)
+    return RolloutApp(
+        service,
+        api_key=_server_token(api_key),
+        max_body_bytes=max_body_bytes,
+        manage_service=True,
+    )
+
+
+def _server_token(api_key: str | None) -> str | None:
+    """``api_key``, else the supervisor's bearer (``ENV_SERVER_TOKEN``), taken out of the
+    environment so that workflows and what they start do not inherit it."""
+    given = os.environ.pop(ENV_SERVER_TOKEN, None)
+    if api_key is not None:
+        return api_key
+    return given if given and given.strip() else None

@@ -23,6 +23,10 @@ PROBE = """
 import json
 import os
 import time
+import urllib.error
+import urllib.request
+
+import trio
 from pathlib import Path
 
 from rollout_server import AgentWorkflow, AgentWorkflowOutput, Grader, LocalBackend, serve
@@ -38,6 +42,23 @@ class Probe(AgentWorkflow):
             _, path, tag = text.split(" ")
             mode = Path(path).read_text().strip()
             raise ValueError(mode if mode == "same" else f"{mode} {tag}")
+        if text == "cancel everything":  # as a sandbox reaching the host's loopback could
+            port = os.environ["_OSMOSIS_ROLLOUT_PORT"]
+            tokens = [k for k in os.environ if "ROLLOUT_SERVER_TOKEN" in k]
+            request = urllib.request.Request(
+                f"http://127.0.0.1:{port}/rollout/cancel", data=b'{"all": true}', method="POST"
+            )
+
+
+            def send():
+                try:
+                    with urllib.request.urlopen(request, timeout=10) as answer:
+                        return answer.status
+                except urllib.error.HTTPError as exc:
+                    return exc.code
+
+            code = await trio.to_thread.run_sync(send)  # the server answers on this loop
+            raise ValueError(f"cancel answered {code}; token variables seen: {tokens}")
         if text.startswith("block "):  # blocks the server's event loop, as a sync call would
             time.sleep(float(text.removeprefix("block ")))
         if text.startswith("explode "):
@@ -277,3 +298,19 @@ async def test_a_workflow_that_blocks_the_server_does_not_hold_the_run(
         result.stderr
     ), result.stderr
     assert journal(run_dir(workspace, "blk")) == []  # nothing recorded: every row stays pending
+
+
+async def test_the_rollout_server_takes_no_order_without_the_supervisor_s_token(
+    workspace: Path, env: dict[str, str], tmp_path: Path
+) -> None:
+    """A sandbox reaching the host's loopback (slirp) finds the rollout server there: without
+    the bearer the supervisor gave it, a cancel of every rollout is refused (401), and the
+    workflow's environment does not hold that bearer."""
+    _probe_workspace(workspace, ["cancel everything", "hello"])
+    write_config(workspace, "probe", _config())
+    args = ["eval", "run", "ws/configs/eval/probe.toml", "--name", "tok", "--yes"]
+    result = await run_cli(args, cwd=tmp_path, env=env)
+    assert result.returncode == 0, result.stderr + result.stdout
+    records = {r["row_index"]: r for r in journal(run_dir(workspace, "tok"))}
+    assert records[1]["status"] == "success"
+    assert "cancel answered 401; token variables seen: []" in json.dumps(records[0]), records[0]

@@ -44,7 +44,7 @@ def test_child_env_drops_ambient_credentials_but_keeps_what_the_config_names(
         config_env={"OPENAI_BASE_URL": "http://config/v1"},
         secrets={"GITHUB_TOKEN": "ghp-resolved"},
     )
-    env = _child_env(launch, 4242, "iid")
+    env = _child_env(launch, 4242, "iid", "server-token-0123456789")
     assert set(env) - {"PYTHONUNBUFFERED"} == {
         "PATH",
         "HOME",
@@ -54,7 +54,9 @@ def test_child_env_drops_ambient_credentials_but_keeps_what_the_config_names(
         ENV_PORT,
         "_OSMOSIS_ROLLOUT_ARTIFACT_ROOT",
         "_OSMOSIS_ROLLOUT_INSTANCE_ID",
+        "_ROLLBRIDGE_ROLLOUT_SERVER_TOKEN",
     }
+    assert env["_ROLLBRIDGE_ROLLOUT_SERVER_TOKEN"] == "server-token-0123456789"
     assert env["OPENAI_BASE_URL"] == "http://config/v1" and env["GITHUB_TOKEN"] == "ghp-resolved"
 
 
