@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -11,6 +12,7 @@ from bridge.errors import PreflightError, UpstreamError
 from bridge.policy import PreparedRequest
 from bridge.retry import ProviderFault, RetryPolicy, retrying
 from bridge.scrub import ErrorScrubber
+from bridge.upstreams.routing import missing_key, model_problem
 from bridge.usage import CallUsage
 from rollout_server.net.secrets import is_secret_env_name
 
@@ -52,12 +54,24 @@ _CREDENTIAL_PREFIXES = {
 }
 
 
-def non_ascii_credential(model: str, environ: Mapping[str, str]) -> str | None:
-    """The name of a credential variable of ``model``'s provider whose value is not ASCII.
+#: Characters no HTTP header value may hold (a tab inside a key is no key either).
+_CONTROL = re.compile(r"[\x00-\x1f\x7f]")
 
-    HTTP headers carry keys as ASCII, so such a key fails every call, and fails it before the
-    provider sees it, with an encoding error that does not say which variable is wrong; a
-    pasted typographic quote or a non-breaking space is the usual cause. Only the provider's
+#: How LiteLLM words a provider key that is not set when it reports it as a 500 (the OpenAI
+#: SDK's "Missing credentials", older versions' "api_key client option must be set").
+_MISSING_CREDENTIALS = re.compile(r"Missing credentials|api_key client option must be set")
+_KEY_VARIABLE = re.compile(r"\b[A-Z][A-Z0-9]*(?:_[A-Z0-9]+)*_API_KEY\b")
+
+
+def unsendable_credential(model: str, environ: Mapping[str, str]) -> str | None:
+    """Why a credential variable of ``model``'s provider cannot be sent, naming the variable
+    (never its value): ``OPENAI_API_KEY contains non-ASCII characters, so ...``; None when
+    every one can.
+
+    HTTP headers carry keys as visible ASCII, so such a key fails every call, and fails it
+    before the provider sees it, with an encoding or protocol error that does not say which
+    variable is wrong. A pasted typographic quote or non-breaking space is the usual non-ASCII
+    cause; a dotenv value that spans lines the usual control character. Only the provider's
     own secret-named variables are looked at (others may hold anything).
     """
     provider = model.split("/", 1)[0].lower() if "/" in model else ""
@@ -65,9 +79,32 @@ def non_ascii_credential(model: str, environ: Mapping[str, str]) -> str | None:
         return None
     prefixes = _CREDENTIAL_PREFIXES.get(provider, (provider.upper() + "_",))
     for name in sorted(environ):
-        if name.startswith(prefixes) and is_secret_env_name(name) and not environ[name].isascii():
-            return name
+        if not (name.startswith(prefixes) and is_secret_env_name(name)):
+            continue
+        value = environ[name]
+        if not value.isascii():
+            return (
+                f"{name} contains non-ASCII characters, so no request can carry it (often a "
+                f"pasted typographic quote or non-breaking space); set {name} to the key "
+                "exactly as the provider issued it"
+            )
+        if _CONTROL.search(value):
+            return (
+                f"{name} contains a line break or other control character, so no request can "
+                f"carry it (often a quoted value that spans lines in a dotenv file); set {name} "
+                "to the key exactly as the provider issued it, on one line"
+            )
     return None
+
+
+def missing_credentials(model: str, fault: UpstreamError) -> UpstreamError | None:
+    """The authentication failure ``fault`` is when it says that the provider's key is not
+    set (which LiteLLM reports as a 500, a transient fault), else None: no retry can help,
+    and the message is the direct path's own (:func:`bridge.upstreams.routing.missing_key`)."""
+    if not _MISSING_CREDENTIALS.search(fault.message):
+        return None
+    variable = _KEY_VARIABLE.search(fault.message)
+    return missing_key(variable.group() if variable else "the provider's API key", model)
 
 
 class _Busy(Exception):
@@ -91,17 +128,15 @@ async def preflight(
 
     Returns None on success, a warning text for a failure that does not stop the run, and
     raises :class:`PreflightError` (``model preflight failed for '<model>': <ExcName>: <msg>``)
-    for a fatal one. A provider key that is not ASCII is fatal before any call is made (the
-    message names the variable, never its value). ``on_call`` gets the probe's call record
+    for a fatal one. A model name that names no model (:func:`model_problem`) and a provider
+    key no header can carry (:func:`unsendable_credential`) are fatal before any call is made
+    (the message names the variable, never its value); so is a key LiteLLM reports missing,
+    however it words it (:func:`missing_credentials`), without a retry. ``on_call`` gets the probe's call record
     (bridge.calls, ``kind`` "preflight"): it is billed like any call, to no rollout.
     """
-    bad = non_ascii_credential(model, os.environ)
+    bad = model_problem(model) or unsendable_credential(model, os.environ)
     if bad is not None:
-        raise PreflightError(
-            f"model preflight failed for '{model}': {bad} contains non-ASCII characters, so no "
-            "request can carry it (often a pasted typographic quote or non-breaking space); "
-            f"set {bad} to the key exactly as the provider issued it"
-        )
+        raise PreflightError(f"model preflight failed for '{model}': {bad}")
     from bridge.upstreams import make_upstream
     from bridge.upstreams.direct import LazyClient
 
@@ -131,6 +166,9 @@ async def preflight(
             except ProviderFault as fault:
                 if fault.status == 429:
                     raise _Busy from fault
+                missing = missing_credentials(model, fault)
+                if missing is not None:
+                    raise missing from fault
                 raise
 
         def traced(fault: ProviderFault, again: bool) -> None:

@@ -17,9 +17,10 @@ from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
 from bridge.apis import ApiOptions
-from bridge.upstreams.routing import OFFICIAL_OPENAI_BASE, OFFLINE_MODEL
+from bridge.upstreams.routing import OFFICIAL_OPENAI_BASE, OFFLINE_MODEL, model_problem
 from launcher.config_bridge import bridge_options, upstream_http2
 from launcher.config_ray import RayConfig, ray_section
+from launcher.config_tables import check_env_entry
 from launcher.errors import ValidationError
 
 __all__ = [
@@ -30,6 +31,7 @@ __all__ = [
     "ExperimentConfig",
     "RunSpec",
     "advanced_keys_warning",
+    "ignored_batch_size_warning",
     "load_eval_config",
     "resolve_run_spec",
     "upstream_base_url",
@@ -257,6 +259,9 @@ def load_eval_config(path: Path) -> EvalConfig:
             },
         )
 
+    problem = model_problem(experiment["model_path"])
+    if problem is not None:
+        raise ValidationError(f"Invalid model_path in [experiment] of {path}: {problem}")
     for name in env:
         if not _ENV_NAME.match(name):
             raise ValidationError(
@@ -267,6 +272,7 @@ def load_eval_config(path: Path) -> EvalConfig:
                 f"Invalid env var name '{name}' in [env] of {path}: env var names starting with "
                 "_OSMOSIS_ are reserved by the platform; choose a different name."
             )
+        check_env_entry(name, env[name], path)
     duplicates = sorted({name for name in required if required.count(name) > 1})
     if duplicates:
         raise ValidationError(
@@ -306,6 +312,16 @@ def load_eval_config(path: Path) -> EvalConfig:
     )
 
 
+def ignored_batch_size_warning(spec: RunSpec) -> str | None:
+    """The warning for a ``batch_size`` of 0 or less (ignored, as the reference reads it)."""
+    if spec.batch_size is None or spec.batch_size > 0:
+        return None
+    return (
+        f"evaluation.batch_size = {spec.batch_size} is ignored (0 or less, as osmosis-ai reads "
+        "it): concurrency comes from --max-in-flight, else the rollout server's capacity"
+    )
+
+
 def _is_int(value: Any) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
 
@@ -316,6 +332,20 @@ def _number(key: str, value: Any) -> float:
     if not math.isfinite(value):
         raise ValidationError(f"evaluation.{key} must be finite, got {value!r}")
     return float(value)
+
+
+def _timeout(ev: dict[str, Any], key: str) -> float | None:
+    """A timeout of ``[evaluation]``: absent, or a positive number of seconds. The reference
+    takes any sign, and every row then fails at its deadline while the run exits 0."""
+    if ev.get(key) is None:
+        return None
+    seconds = _number(key, ev[key])
+    if seconds <= 0:
+        raise ValidationError(
+            f"evaluation.{key} must be a positive number of seconds, got {ev[key]!r} "
+            "(leave it out for no timeout)"
+        )
+    return seconds
 
 
 def resolve_run_spec(config: EvalConfig, *, limit_override: int | None = None) -> RunSpec:
@@ -348,12 +378,8 @@ def resolve_run_spec(config: EvalConfig, *, limit_override: int | None = None) -
                 f"evaluation.batch_size must be an integer, got {ev['batch_size']!r}"
             )
         batch_size = ev["batch_size"]
-    agent = None
-    if ev.get("agent_workflow_timeout_s") is not None:
-        agent = _number("agent_workflow_timeout_s", ev["agent_workflow_timeout_s"])
-    grader = None
-    if ev.get("grader_timeout_s") is not None:
-        grader = _number("grader_timeout_s", ev["grader_timeout_s"])
+    agent = _timeout(ev, "agent_workflow_timeout_s")
+    grader = _timeout(ev, "grader_timeout_s")
     keep_logprobs = ev.get("keep_logprobs", True)
     if not isinstance(keep_logprobs, bool):
         raise ValidationError(

@@ -3,10 +3,11 @@
 
 Built from the constants :mod:`launcher.config` validates with, so the two cannot drift on
 names; docs/schema/eval-config.schema.json is this schema written out (a test keeps it equal).
-The schema states what a document can: the sections, keys, types and name patterns. Three
+The schema states what a document can: the sections, keys, types and name patterns. Some
 checks of :func:`launcher.config.load_eval_config` and :func:`launcher.config.resolve_run_spec`
-are beyond it and stay the CLI's: a name in both ``[env]`` and ``[secrets].required``, NaN (JSON
-has none), and an integer written as a float (``n = 1.0``: JSON Schema counts 1.0 as an integer).
+are beyond it and stay the CLI's: a name in both ``[env]`` and ``[secrets].required``, a secret
+in ``[env]``, a ``model_path`` that names no model, a timeout of 0 or less, NaN (JSON has none),
+and an integer written as a float (``n = 1.0``: JSON Schema counts 1.0 as an integer).
 """
 
 from __future__ import annotations

@@ -11,6 +11,7 @@ import csv
 import hashlib
 import json
 import re
+import sys
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -39,6 +40,15 @@ _TOO_DEEP = "JSON nested too deeply to read; flatten the value"
 # An out-of-range --rows error lists at most this many offsets (else it shows ranges).
 _LISTED_OFFSETS = 20
 _ROWS_SYNTAX = re.compile(r"^\d+(?:-\d+)?(?:,\d+(?:-\d+)?)*$")
+#: The columns a row is built from (:func:`normalize_row`); a Parquet file's others are not read.
+_ROW_COLUMNS = ("system_prompt", "user_prompt", "ground_truth", "label", "metadata")
+_BIG_NUMBER = "holds an integer too long to read (over {digits} digits); store it as a string"
+
+
+def _big_number() -> str:
+    """What a JSON value is when :func:`json.loads` refuses it past a JSON syntax error: only
+    an integer over Python's digit limit (a ``ValueError`` that names neither file nor line)."""
+    return _BIG_NUMBER.format(digits=sys.get_int_max_str_digits())
 
 
 def _messages(system_prompt: str | None, user_prompt: str | None) -> list[dict[str, str]]:
@@ -198,6 +208,8 @@ def _iter_jsonl(path: Path) -> Iterator[dict[str, Any]]:
                 raise ValidationError(f"{path}:{lineno}: invalid JSON ({exc})") from None
             except RecursionError:
                 raise ValidationError(f"{path}:{lineno}: {_TOO_DEEP}") from None
+            except ValueError:
+                raise ValidationError(f"{path}:{lineno}: {_big_number()}") from None
             if not isinstance(obj, dict):
                 raise ValidationError(f"{path}:{lineno}: each line must be a JSON object")
             yield obj
@@ -230,11 +242,31 @@ def _iter_parquet(path: Path) -> Iterator[dict[str, Any]]:
         ) from None
     try:
         parquet = pq.ParquetFile(path)
-        for batch in parquet.iter_batches():
-            yield from batch.to_pylist()
+        # Only the columns a row is built from are read: another column (a pandas timestamp
+        # with nanoseconds, which pyarrow converts only with pandas) can never fail the read.
+        wanted = [name for name in parquet.schema_arrow.names if name in _ROW_COLUMNS]
+        for batch in parquet.iter_batches(columns=wanted):
+            if not wanted:
+                yield from ({} for _ in range(batch.num_rows))
+                continue
+            columns = [_parquet_column(path, name, batch.column(name)) for name in wanted]
+            for values in zip(*columns, strict=True):
+                yield dict(zip(wanted, values, strict=True))
     except (OSError, ValueError) as exc:
         # pyarrow raises ArrowInvalid (a ValueError) / OSError for files it cannot parse.
         raise ValidationError(f"{path} is not a readable Parquet file: {exc}") from None
+
+
+def _parquet_column(path: Path, name: str, column: Any) -> list[Any]:
+    """``column``'s values as Python objects, or an error naming the column."""
+    try:
+        values: list[Any] = column.to_pylist()
+    except (ValueError, TypeError, OverflowError) as exc:
+        reason = str(exc).split(". ")[0]
+        raise ValidationError(
+            f"{path}: column '{name}' cannot be converted ({reason}); store it as a string"
+        ) from None
+    return values
 
 
 def iter_raw_rows(path: Path, extension: str | None = None) -> Iterator[dict[str, Any]]:
@@ -283,6 +315,8 @@ def _metadata(value: Any, source_index: int) -> dict[str, Any] | None:
             ) from None
         except RecursionError:
             raise ValidationError(f"row {source_index}: metadata {_TOO_DEEP}") from None
+        except ValueError:
+            raise ValidationError(f"row {source_index}: metadata {_big_number()}") from None
         if not isinstance(parsed, dict):
             raise ValidationError(f"row {source_index}: metadata must be a JSON object")
         return parsed or None

@@ -5,7 +5,8 @@ The config and the dataset are checked while the run is prepared (:mod:`launcher
 these need the run's environment (the secrets file's provider keys are in it by then):
 
 - the model and its key: a direct-path model (``openai/...``, ``openrouter/...``, ...) whose
-  key variable is unset or not ASCII fails here, with the preflight's own message;
+  key variable is unset, and a provider key that is not ASCII or holds a control character (a
+  line break), fail here, with the preflight's own message;
 - cloudflared, when the run is told to use a managed tunnel (``--tunnel cloudflared`` or
   ``--cloudflared PATH``) without ``--download-cloudflared``: the binary must be there;
 - ``--advertise-url``: its host must resolve (the listener it points at does not run yet, so
@@ -62,17 +63,15 @@ async def early_checks(prepared: Prepared) -> None:
 
 def check_model_key(model: str, redact: Callable[[str], str]) -> None:
     """Raise :class:`LocalEvalError` when ``model`` cannot be called with this environment:
-    a direct-path model without its key, or with a key that is not ASCII."""
+    a name that names no model, a direct-path model without its key, or a provider key no
+    request can carry (not ASCII, or holding a line break or other control character)."""
     from bridge.errors import UpstreamError
-    from bridge.preflight import non_ascii_credential
-    from bridge.upstreams.routing import path_kind, resolve_direct
+    from bridge.preflight import unsendable_credential
+    from bridge.upstreams.routing import model_problem, path_kind, resolve_direct
 
-    bad = non_ascii_credential(model, os.environ)
+    bad = model_problem(model) or unsendable_credential(model, os.environ)
     if bad is not None:
-        raise LocalEvalError(
-            f"model preflight failed for '{model}': {bad} contains non-ASCII characters, so no "
-            f"request can carry it; set {bad} to the key exactly as the provider issued it"
-        )
+        raise LocalEvalError(f"model preflight failed for '{model}': {bad}")
     if path_kind(model) != "direct":
         return  # the echo model needs nothing; LiteLLM's providers are probed by the preflight
     try:

@@ -18,6 +18,7 @@ from launcher.config import (
     EvalConfig,
     RunSpec,
     advanced_keys_warning,
+    ignored_batch_size_warning,
     load_eval_config,
     resolve_run_spec,
 )
@@ -211,6 +212,9 @@ def prepare(options: EvalOptions, ui: UI, cwd: Path | None = None) -> Prepared:
     advanced = advanced_keys_warning(config, COMMAND)
     if advanced:
         ui.warning(advanced, "ADVANCED_KEYS_IGNORED")
+    ignored = ignored_batch_size_warning(spec)
+    if ignored:
+        ui.warning(ignored, "BATCH_SIZE_IGNORED")
     output_root = resolve_output_root(workspace, options.output, cwd)
     if output_root.resolve() == paths.rollout_dir.resolve():
         raise ValidationError(

@@ -5,11 +5,12 @@ find the environment's interpreter (the rollout server runs on it directly, neve
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import sys
 import sysconfig
 import tomllib
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -18,7 +19,7 @@ import trio
 from launcher.errors import DependencyError, LocalEvalError
 from launcher.process import STOP_GRACE_S, OutputSink, child_environment, spawn_child
 
-__all__ = ["find_uv", "missing_path_sources", "rollout_python", "uv_sync"]
+__all__ = ["find_uv", "missing_path_sources", "rollout_python", "uv_error", "uv_sync"]
 
 
 def find_uv(rollout: str) -> Path:
@@ -82,6 +83,29 @@ def missing_path_sources(rollout_dir: Path) -> list[tuple[str, str, Path]]:
     return missing
 
 
+#: How uv names what failed (an index URL, a distribution) in an error's chain of causes.
+_WHAT_FAILED = re.compile(r"Failed to \w+:? .+")
+#: How uv introduces the causes of an error (plain, older, and drawn as a tree).
+_CAUSE = re.compile(r"^(?:error:|cause:|caused by:|[×╰├│─▶ ]+)\s*", re.IGNORECASE)
+
+
+def uv_error(lines: Iterable[str], last_line: str) -> str:
+    """What a failed ``uv sync`` said, in one line: its last line (``cause: operation timed
+    out``), after the line of the same error that names what failed (``Failed to fetch:
+    <url>``) when that is another line; the URL was otherwise in ``logs.txt`` only."""
+    named = None
+    for line in lines:
+        text = line.strip()
+        if text.lower().startswith("error:"):
+            named = None  # an error of its own: only the last one's causes count
+        found = _WHAT_FAILED.search(text)
+        if found and named is None:
+            named = found.group()
+    if named is None or named in last_line:
+        return last_line
+    return f"{named}: {_CAUSE.sub('', last_line)}"
+
+
 async def uv_sync(
     uv: Path,
     rollout_dir: Path,
@@ -95,7 +119,8 @@ async def uv_sync(
 ) -> None:
     """Run ``uv sync --project <rollout_dir>`` to completion (no timeout: the first sync may
     download a lot). Output goes to ``sink``. Cancellation stops uv's group (5 s grace).
-    A non-zero exit raises :class:`DependencyError` with uv's last line.
+    A non-zero exit raises :class:`DependencyError` with uv's last line, after the line that
+    names what failed when that is another (:func:`uv_error`).
 
     ``find_links`` is a directory holding a wheel of the running rollbridge
     (:mod:`launcher.selfwheel`), searched besides the index for the rollout's ``rollbridge``.
@@ -137,7 +162,8 @@ async def uv_sync(
         with trio.move_on_after(0.5):
             await child.output_done.wait()
     if rc != 0:
-        tail = f": {redact(child.last_line)}" if child.last_line else ""
+        said = uv_error(child.tail, child.last_line)
+        tail = f": {redact(said)}" if said else ""
         raise DependencyError(
             f"uv sync failed for rollouts/{rollout} with exit code {rc}{tail}\nLogs: {logs_hint}"
         )

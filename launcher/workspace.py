@@ -102,6 +102,9 @@ def resolve_workspace(config_path: Path, cwd: Path) -> Workspace:
         raise ValidationError(
             f"config {resolved} must be a .toml file under <workspace>/configs/eval/"
         )
+    if not resolved.exists():
+        # Said first: where a config that is not there should live is beside the point.
+        raise ValidationError(f"Config file not found: {resolved}")
     root: Path | None = None
     for parent in resolved.parents:
         if parent.name == "eval" and parent.parent.name == "configs":

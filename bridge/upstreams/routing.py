@@ -24,6 +24,31 @@ _OPENROUTER_BASE = "https://openrouter.ai/api/v1"
 PathKind = Literal["echo", "direct", "litellm"]
 
 _DIRECT_PREFIXES = ("openai/", "openrouter/", "hosted_vllm/")
+_EXAMPLE = "write provider/model, for example openai/gpt-4o-mini"
+
+
+def model_problem(model: str) -> str | None:
+    """Why ``model`` names no model any path could call, as a sentence that names it; None
+    when it may be called.
+
+    Empty names and empty parts (``openai/``) would reach LiteLLM, which reports them as a
+    missing key or a wall of text; a ``rollbridge/`` name other than :data:`OFFLINE_MODEL`
+    is not a model at all.
+    """
+    if not model.strip():
+        return f"the model name is empty; {_EXAMPLE} (or {OFFLINE_MODEL}, which needs no key)"
+    if model.endswith("/"):
+        return f"'{model}' names no model after the provider; {_EXAMPLE}"
+    if model.startswith("/"):
+        return f"'{model}' names no provider before the model; {_EXAMPLE}"
+    if "//" in model:
+        return f"'{model}' has an empty name between two slashes; {_EXAMPLE}"
+    if model.startswith("rollbridge/") and model != OFFLINE_MODEL:
+        return (
+            f"'{model}' is not a model: the only rollbridge/ model is {OFFLINE_MODEL} "
+            "(offline, no key)"
+        )
+    return None
 
 
 def path_kind(model: str) -> PathKind:
@@ -72,7 +97,7 @@ def resolve_direct(model: str) -> DirectRoute:
         base = openai_base()
         key = _env("OPENAI_API_KEY")
         if not key:
-            raise _missing("OPENAI_API_KEY", model)
+            raise missing_key("OPENAI_API_KEY", model)
         organization = _env("OPENAI_ORGANIZATION")
         if organization:
             headers["OpenAI-Organization"] = organization
@@ -80,7 +105,7 @@ def resolve_direct(model: str) -> DirectRoute:
         base = _env("OPENROUTER_API_BASE") or _OPENROUTER_BASE
         key = _env("OPENROUTER_API_KEY", "OR_API_KEY")
         if not key:
-            raise _missing("OPENROUTER_API_KEY", model)
+            raise missing_key("OPENROUTER_API_KEY", model)
         site = _env("OR_SITE_URL")
         if site:
             headers["HTTP-Referer"] = site
@@ -109,9 +134,12 @@ def resolve_direct(model: str) -> DirectRoute:
     )
 
 
-def _missing(variable: str, model: str) -> UpstreamError:
-    # LiteLLM reports a missing key as a 500 (so a rollout sees 502); preflight treats it as an
-    # authentication failure so the run stops before any work is dispatched.
+def missing_key(variable: str, model: str) -> UpstreamError:
+    """The error for ``model``'s unset key ``variable``.
+
+    LiteLLM reports a missing key as a 500 (so a rollout sees 502); this one is an
+    authentication failure, so the preflight stops the run before any work is dispatched.
+    """
     return UpstreamError(
         500,
         f"{variable} is not set; export it or put it in --secrets-file to use '{model}'",

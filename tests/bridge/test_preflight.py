@@ -201,3 +201,62 @@ async def test_non_ascii_values_of_other_variables_do_not_matter(
     monkeypatch.setenv("MY_PASSWORD", "caf\u00e9-caf\u00e9-caf\u00e9")
     with trio.fail_after(20):
         assert await preflight("openai/test-model") is None
+
+
+@pytest.mark.parametrize(
+    ("model", "name"),
+    [
+        ("openai/test-model", "OPENAI_API_KEY"),
+        ("openrouter/vendor/model", "OR_API_KEY"),
+        ("anthropic/claude-sonnet-4-6", "ANTHROPIC_API_KEY"),
+    ],
+)
+@pytest.mark.parametrize("cut", ["\n", "\r\n", "\x1b", "\t"])
+async def test_a_key_with_a_control_character_is_fatal_and_named_not_shown(
+    scripted: Scripted, monkeypatch: pytest.MonkeyPatch, model: str, name: str, cut: str
+) -> None:
+    # A dotenv value that spans lines: before the fix each call failed with h11's
+    # "Illegal header value" and every row with a 502.
+    monkeypatch.setenv(name, f"sk-test-{cut}SECRETVALUE123")
+    with trio.fail_after(20), pytest.raises(PreflightError) as info:
+        await preflight(model)
+    message = str(info.value)
+    assert message.startswith(
+        f"model preflight failed for '{model}': {name} contains a line break or other control "
+        "character, so no request can carry it"
+    )
+    assert "\n" not in message and "SECRETVALUE" not in message
+    assert scripted.requests == []  # refused before any call
+
+
+async def test_a_key_litellm_reports_missing_is_fatal_at_once(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """An unprefixed model goes through LiteLLM, which reports a missing OpenAI key as a 500:
+    it was retried, then only a warning, and every row failed 45 s later."""
+    monkeypatch.delenv("OPENAI_API_KEY", raising=False)
+    retries: list[str] = []
+    calls: list[dict[str, object]] = []
+    with trio.fail_after(60), pytest.raises(PreflightError) as info:
+        await preflight("gpt-4o", retry=QUICK, on_retry=retries.append, on_call=calls.append)
+    assert str(info.value) == (
+        "model preflight failed for 'gpt-4o': AuthenticationError: OPENAI_API_KEY is not set; "
+        "export it or put it in --secrets-file to use 'gpt-4o'"
+    )
+    assert retries == [] and len(calls) == 1
+
+
+@pytest.mark.parametrize(
+    ("model", "said"),
+    [
+        ("", "the model name is empty; write provider/model"),
+        ("openai/", "'openai/' names no model after the provider"),
+        ("rollbridge/nope", "'rollbridge/nope' is not a model: the only rollbridge/ model is "),
+    ],
+)
+async def test_a_name_that_names_no_model_is_fatal_in_one_line(model: str, said: str) -> None:
+    with trio.fail_after(10), pytest.raises(PreflightError) as info:
+        await preflight(model)
+    message = str(info.value)
+    assert message.startswith(f"model preflight failed for '{model}': {said}")
+    assert "\n" not in message and "LiteLLM" not in message

@@ -23,7 +23,7 @@ from pathlib import Path
 from main import EchoGrader, EchoWorkflow
 from rollout_server import LocalBackend, serve
 
-Path(os.environ["KEY_REPORT"]).write_text(repr(os.environ.get("OPENAI_API_KEY")))
+Path(os.environ["REPORT_FILE"]).write_text(repr(os.environ.get("OPENAI_API_KEY")))
 serve(LocalBackend(workflow=EchoWorkflow, grader=EchoGrader))
 """
 
@@ -33,7 +33,7 @@ async def test_a_provider_key_in_the_secrets_file_reaches_the_bridge_only(
 ) -> None:
     (workspace / "rollouts" / "echo" / "probe.py").write_text(PROBE)
     report = tmp_path / "rollout-saw.txt"
-    config = fake_model_config(batch_size=2, extra_env={"KEY_REPORT": str(report)})
+    config = fake_model_config(batch_size=2, extra_env={"REPORT_FILE": str(report)})
     write_config(workspace, "probe", config.replace('"main.py"', '"probe.py"'))
     secrets = tmp_path / "secrets.env"
     secrets.write_text(f"OPENAI_API_KEY={FILE_KEY}  # staging key\n")
