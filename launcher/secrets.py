@@ -60,6 +60,8 @@ def read_secrets_file(spec: str, *, cwd: Path, stdin: TextIO | None = None) -> d
         text = path.read_text(encoding="utf-8")
     except FileNotFoundError:
         raise NotFoundError(f"--secrets-file {spec} does not exist") from None
+    except IsADirectoryError:
+        raise ValidationError(f"--secrets-file {spec} is a directory; give a dotenv file") from None
     except (OSError, UnicodeDecodeError) as exc:
         # The exception text names the file, never its content.
         raise ValidationError(f"cannot read --secrets-file {spec}: {type(exc).__name__}") from None

@@ -62,6 +62,9 @@ def test_read_secrets_file_and_stdin(tmp_path: Path) -> None:
     assert read_secrets_file("-", cwd=tmp_path, stdin=io.StringIO("X=1\n")) == {"X": "1"}
     with pytest.raises(CLIError, match="does not exist"):
         read_secrets_file("missing.env", cwd=tmp_path)
+    (tmp_path / "adir").mkdir()
+    with pytest.raises(CLIError, match=r"^--secrets-file adir is a directory; give a dotenv file$"):
+        read_secrets_file("adir", cwd=tmp_path)
 
 
 def test_precedence_file_then_env_then_prompt() -> None:
