@@ -20,6 +20,7 @@ import trio
 from bridge.apis import ApiOptions
 from bridge.apis.errors import dialect_error
 from bridge.apis.serve import ApiRoutes, Match, api_routes
+from bridge.bearers import Bearers
 from bridge.codec import dumps
 from bridge.door import Door, announces_body, bridge_routes
 from bridge.errors import error_body
@@ -224,9 +225,9 @@ class ChatRoutes:
     (:mod:`bridge.watch` says why).
     """
 
-    def __init__(self, bridge: Bridge, *, token: str, plain_chat_route: bool) -> None:
+    def __init__(self, bridge: Bridge, *, bearers: Bearers, plain_chat_route: bool) -> None:
         self.bridge = bridge
-        self.token = token
+        self.bearers = bearers
         self.plain_chat_route = plain_chat_route
         self.watch = DisconnectWatch(bridge.nursery)
 
@@ -256,7 +257,9 @@ class ChatRoutes:
     async def _answer(
         self, scope: HTTPScope, rollout_id: str, raw: bytes, send: ASGISendCallable
     ) -> None:
-        authorized = check_auth(header_text(scope, b"authorization"), self.token)
+        authorized = check_auth(
+            header_text(scope, b"authorization"), self.bearers.expected(scope["path"])
+        )
         body = await admitted_body(
             send, authorized=authorized, rollout_id=rollout_id, raw=raw, error=_detail
         )
@@ -315,6 +318,7 @@ def create_app(
     *,
     token: str,
     plain_chat_route: bool,
+    per_rollout_bearers: bool = False,
     max_body: int = MAX_BODY_BYTES,
     probe: ProbeKey | None = None,
     apis: ApiOptions | None = None,
@@ -332,14 +336,17 @@ def create_app(
 
         return build_app(bridge, token=token, plain_chat_route=plain_chat_route, probe=probe)
 
-    chat = ChatRoutes(bridge, token=token, plain_chat_route=plain_chat_route)
-    routes = ApiRoutes(bridge, token=token, plain_route=plain_chat_route, options=apis, http=http)
+    bearers = Bearers(token, per_rollout=per_rollout_bearers)
+    chat = ChatRoutes(bridge, bearers=bearers, plain_chat_route=plain_chat_route)
+    routes = ApiRoutes(
+        bridge, bearers=bearers, plain_route=plain_chat_route, options=apis, http=http
+    )
     door = Door(
         [
             *bridge_routes(plain_chat_route=plain_chat_route, probe=probe is not None),
             *api_routes(plain_route=plain_chat_route),
         ],
-        token=token,
+        bearers=bearers,
         max_body=max_body,
     )
     return BufferedBody(FirstUse(make), max_body, chat, routes, door, bridge.revoked)

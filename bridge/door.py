@@ -20,6 +20,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Final
 
+from bridge.bearers import Bearers
 from bridge.codec import dumps
 from bridge.policy import check_auth
 from bridge.probe import PROBE_PREFIX
@@ -106,9 +107,9 @@ class Door:
     other method 405, missing or wrong token 401, declared body over the cap 413.
     """
 
-    def __init__(self, routes: Iterable[Route], *, token: str, max_body: int) -> None:
+    def __init__(self, routes: Iterable[Route], *, bearers: Bearers, max_body: int) -> None:
         self.routes = tuple(routes)
-        self.token = token
+        self.bearers = bearers
         self.max_body = max_body
 
     def check(self, scope: HTTPScope) -> Refusal | None:
@@ -119,7 +120,7 @@ class Door:
             return self._refuse(scope, 404, "Not Found")
         if scope["method"] not in route.methods:
             return self._refuse(scope, 405, "Method Not Allowed")
-        if route.needs_token and not token_matches(scope, self.token):
+        if route.needs_token and not token_matches(scope, self.bearers.expected(path)):
             return self._refuse(scope, 401, "Unauthorized")
         cap = self.max_body if route.max_body is None else route.max_body
         declared = _declared(scope)

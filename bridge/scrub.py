@@ -22,6 +22,7 @@ _PATTERNS = re.compile(
     "|".join(
         [
             r"\bsk-[A-Za-z0-9_\-]{16,}",
+            r"\brbk-[A-Za-z0-9_\-]{43}",  # a rollout's own bridge bearer (bridge.bearers)
             r"\bBearer\s+[A-Za-z0-9\-._~+/]{8,}=*",
             r"\bBasic\s+[A-Za-z0-9+/]{8,}={0,2}",
             r"(?<=[?&])(?:key|api[_-]?key|access_token|token|sig|signature|password|secret)=[^\s&'\"]+",

@@ -59,6 +59,9 @@ class BridgeConfig:
     """``(level, message)`` sink for the bridge's log lines."""
     plain_chat_route: bool = False
     """Daemon mode: also serve ``POST /v1/chat/completions`` (usage id from a header)."""
+    per_rollout_bearers: bool = False
+    """A rollout's URL accepts only that rollout's bearer (:mod:`bridge.bearers`), not
+    :attr:`token`: ``eval run`` gives each rollout its own."""
     via_litellm: bool = False
     """Send every call through LiteLLM even when a direct path exists (diagnostics, benchmarks)."""
     upstream_http2: bool = False
@@ -314,6 +317,7 @@ async def run_bridge(
                     bridge,
                     token=config.token,
                     plain_chat_route=config.plain_chat_route,
+                    per_rollout_bearers=config.per_rollout_bearers,
                     max_body=config.max_body_bytes,
                     probe=probe,
                     apis=config.apis,

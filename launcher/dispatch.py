@@ -119,9 +119,8 @@ class RolloutTransport(Protocol):
 class ModelEndpoint(Protocol):
     """Where rollouts reach the model, and what each rollout used there."""
 
-    @property
-    def bearer(self) -> str:
-        """The per-run key every rollout presents to the bridge."""
+    def bearer_for(self, rollout_id: str) -> str:
+        """The key ``rollout_id`` presents to the bridge (each rollout its own)."""
         ...
 
     def chat_url(self, rollout_id: str) -> str:
@@ -340,7 +339,7 @@ class Dispatcher:
             metadata=item.row.metadata,
             rollout_id=rollout_id,
             chat_completions_url=self.endpoint.chat_url(rollout_id),
-            llm_api_key=self.endpoint.bearer,
+            llm_api_key=self.endpoint.bearer_for(rollout_id),
             grade=True,
             agent_timeout_sec=self.limits.agent_timeout_sec,
             grader_timeout_sec=self.limits.grader_timeout_sec,

@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING
 
 import trio
 
+from bridge.bearers import rollout_bearer
 from launcher.dispatch import LogFn, RolloutRefused
 from launcher.report import describe
 from launcher.resultwait import ResultWaiter
@@ -66,10 +67,9 @@ class BridgeEndpoint:
         self._advertise_url = advertise_url
         self._sandbox_routed = sandbox_routed
 
-    @property
-    def bearer(self) -> str:
-        """The per-run key the bridge accepts."""
-        return self._bearer
+    def bearer_for(self, rollout_id: str) -> str:
+        """The key the bridge accepts from ``rollout_id`` (its own: bridge.bearers)."""
+        return rollout_bearer(self._bearer, rollout_id)
 
     def base_url(self) -> str:
         """The base the sandbox should use now: tunnel, advertised URL, else loopback."""

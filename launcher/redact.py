@@ -10,13 +10,17 @@ a value containing another is redacted whole.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterable, Mapping
 from typing import Any
 
 from bridge import AMBIENT_MIN_LENGTH, KNOWN_SECRET_ENV_NAMES, REDACTED, secret_env_values
+from bridge.bearers import PREFIX as ROLLOUT_BEARER_PREFIX
 from rollout_server.net.secrets import SecretMatcher
 
 __all__ = ["AMBIENT_MIN_LENGTH", "KNOWN_SECRET_ENV_NAMES", "REDACTED", "Redactor"]
+
+_ROLLOUT_BEARER = re.compile(re.escape(ROLLOUT_BEARER_PREFIX) + r"[A-Za-z0-9_-]{43}")
 
 
 class Redactor:
@@ -50,8 +54,13 @@ class Redactor:
         return self._matcher.values
 
     def __call__(self, text: str) -> str:
-        """``text`` with every known value, in any spelling, replaced by ``[REDACTED]``."""
-        return self._matcher.sub(REDACTED, text)
+        """``text`` with every known value, in any spelling, replaced by ``[REDACTED]``, and
+        every rollout's own bridge bearer (:mod:`bridge.bearers`: derived per rollout, so no
+        list holds them all)."""
+        text = self._matcher.sub(REDACTED, text)
+        if ROLLOUT_BEARER_PREFIX in text:
+            text = _ROLLOUT_BEARER.sub(REDACTED, text)
+        return text
 
     def redact_obj(self, obj: Any) -> Any:
         """A copy of JSON-like ``obj`` with every string (keys included) redacted."""

@@ -517,6 +517,7 @@ async def _start_bridge(
         redact=p.redactor,
         log=bridge_log,
         keep_calls=True,  # the in-process bridge's records go to calls.jsonl with the results
+        per_rollout_bearers=True,  # no rollout id can be made up (bridge.bearers)
         apis=p.config.bridge,
         upstream_http2=http2,
     )

@@ -26,6 +26,7 @@ from bridge.apis import Api, ApiOptions, translate
 from bridge.apis import native as nat
 from bridge.apis.errors import dialect_error, sse_error
 from bridge.apis.policy import POLICIES, check, without_defaults
+from bridge.bearers import Bearers
 from bridge.calls import CallTrace
 from bridge.codec import dumps, loads
 from bridge.door import Route
@@ -126,13 +127,13 @@ class ApiRoutes:
         self,
         bridge: Bridge,
         *,
-        token: str,
+        bearers: Bearers,
         plain_route: bool,
         options: ApiOptions | None = None,
         http: Callable[[], httpx.AsyncClient] | None = None,
     ) -> None:
         self.bridge = bridge
-        self.token = token
+        self.bearers = bearers
         self.plain_route = plain_route
         self.options = options or ApiOptions()
         self._http = http
@@ -157,9 +158,10 @@ class ApiRoutes:
         """The door check of a matched request (headers only, so it can run before the body is
         read): the run's bearer in ``Authorization``, or on Messages in ``x-api-key``."""
         authorization = header_text(scope, b"authorization")
+        token = self.bearers.expected(scope["path"])
         if match.api == "messages":
-            return messages_auth(authorization, header_text(scope, b"x-api-key"), self.token)
-        return check_auth(authorization, self.token)
+            return messages_auth(authorization, header_text(scope, b"x-api-key"), token)
+        return check_auth(authorization, token)
 
     @staticmethod
     def unauthorized(match: Match) -> bytes:

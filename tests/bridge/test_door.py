@@ -6,6 +6,7 @@ import httpx
 import trio
 
 from bridge import BridgeHandle
+from bridge.bearers import Bearers
 from bridge.door import Door, Route, bridge_routes
 from tests.bridge.conftest import AUTH, TOKEN, StartBridge
 from tests.fakes.upstream import FakeUpstream
@@ -80,10 +81,10 @@ def test_a_route_is_served_by_adding_an_entry() -> None:
         "headers": [(b"x-api-key", TOKEN.encode()), (b"content-length", b"10")],
     }
     routes = bridge_routes(plain_chat_route=False, probe=False)
-    refused = Door(routes, token=TOKEN, max_body=100).check(scope)  # type: ignore[arg-type]
+    refused = Door(routes, bearers=Bearers(TOKEN), max_body=100).check(scope)  # type: ignore[arg-type]
     assert refused is not None
     assert (refused.status, refused.close) == (404, True)
-    door = Door([*routes, Route.post(r"/v1/messages")], token=TOKEN, max_body=100)
+    door = Door([*routes, Route.post(r"/v1/messages")], bearers=Bearers(TOKEN), max_body=100)
     assert door.check(scope) is None  # type: ignore[arg-type]
     assert door.cap(scope) == 100  # type: ignore[arg-type]
     # Either spelling of the token opens the door; a wrong one of either does not.

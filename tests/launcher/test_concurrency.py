@@ -161,7 +161,8 @@ class _CallingTransport(ScriptedTransport):
 
 
 class _Endpoint:
-    bearer = "tok"
+    def bearer_for(self, rollout_id: str) -> str:
+        return "tok"
 
     def chat_url(self, rollout_id: str) -> str:
         return f"http://127.0.0.1:9/v1/rollouts/{rollout_id}"

@@ -93,10 +93,11 @@ class FixedEndpoint:
     """A model endpoint at a fixed base URL that reports 7 tokens, context 5, per rollout;
     ``events`` lists its revokes and forgets, ``("revoke", rollout_id)``, in order."""
 
-    bearer = "tok"
-
     def __init__(self, events: list[tuple[str, str]] | None = None) -> None:
         self.events: list[tuple[str, str]] = [] if events is None else events
+
+    def bearer_for(self, rollout_id: str) -> str:
+        return "tok"
 
     def chat_url(self, rollout_id: str) -> str:
         return f"http://127.0.0.1:9/v1/rollouts/{rollout_id}"

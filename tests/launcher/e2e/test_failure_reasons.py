@@ -30,6 +30,7 @@ import trio
 from pathlib import Path
 
 from rollout_server import AgentWorkflow, AgentWorkflowOutput, Grader, LocalBackend, serve
+from rollout_server import get_rollout_context
 
 
 class Probe(AgentWorkflow):
@@ -59,6 +60,30 @@ class Probe(AgentWorkflow):
 
             code = await trio.to_thread.run_sync(send)  # the server answers on this loop
             raise ValueError(f"cancel answered {code}; token variables seen: {tokens}")
+        if text == "spend elsewhere":  # a call under an id the supervisor never issued
+            rollout = get_rollout_context()
+            base = rollout.chat_completions_url.rsplit("/", 1)[0]
+            body = json.dumps({"messages": [{"role": "user", "content": "hi"}]}).encode()
+            codes = []
+            own = rollout.chat_completions_url + "/chat/completions"
+            made_up = base + "/made-up-id/chat/completions"
+            for url, key in ((own, rollout.api_key), (made_up, rollout.api_key), (made_up, "x")):
+                request = urllib.request.Request(
+                    url,
+                    data=body,
+                    headers={"Authorization": "Bearer " + key, "Content-Type": "application/json"},
+                    method="POST",
+                )
+
+                def send(request=request):
+                    try:
+                        with urllib.request.urlopen(request, timeout=10) as answer:
+                            return answer.status
+                    except urllib.error.HTTPError as exc:
+                        return exc.code
+
+                codes.append(await trio.to_thread.run_sync(send))
+            raise ValueError(f"made-up id answered {codes}")
         if text.startswith("block "):  # blocks the server's event loop, as a sync call would
             time.sleep(float(text.removeprefix("block ")))
         if text.startswith("explode "):
@@ -314,3 +339,19 @@ async def test_the_rollout_server_takes_no_order_without_the_supervisor_s_token(
     records = {r["row_index"]: r for r in journal(run_dir(workspace, "tok"))}
     assert records[1]["status"] == "success"
     assert "cancel answered 401; token variables seen: []" in json.dumps(records[0]), records[0]
+
+
+async def test_no_call_is_served_under_a_rollout_id_the_supervisor_did_not_issue(
+    workspace: Path, env: dict[str, str], tmp_path: Path
+) -> None:
+    """Each rollout gets a bearer of its own (bridge.bearers): with it, a call under a made-up
+    id (spend the run would not record, under an id no revocation covers) is a 401."""
+    _probe_workspace(workspace, ["spend elsewhere", "hello"])
+    write_config(workspace, "probe", _config())
+    args = ["eval", "run", "ws/configs/eval/probe.toml", "--name", "mid", "--yes"]
+    result = await run_cli(args, cwd=tmp_path, env=env)
+    assert result.returncode == 0, result.stderr + result.stdout
+    records = {r["row_index"]: r for r in journal(run_dir(workspace, "mid"))}
+    assert records[1]["status"] == "success"
+    # Its own call is served; under a made-up id, neither its bearer nor another is.
+    assert "made-up id answered [200, 401, 401]" in json.dumps(records[0]), records[0]
