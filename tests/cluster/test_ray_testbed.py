@@ -174,13 +174,13 @@ def _record_rollouts(ws: Path, dest: Path) -> None:
 
 
 def _call_through_relay(run: Path, rollouts: Path, rollout_id: str) -> int:
-    """A model call for ``rollout_id`` sent to the supervisor's relay (with the run's bearer,
-    as a node's agent relay would send it); its status."""
+    """A model call for ``rollout_id`` sent to the supervisor's relay (with that rollout's own
+    bearer, as a node's agent relay would send it); its status."""
     listening = next(
         line for line in (run / "logs.txt").read_text().splitlines() if "relay listening" in line
     )
     details = json.loads(listening[listening.index("{") :])
-    key = json.loads(next(rollouts.glob("*.json")).read_text())["key"]
+    key = json.loads((rollouts / f"{rollout_id}.json").read_text())["key"]
     scheme = "https" if details["tls"] else "http"
     base = f"{scheme}://{details['host']}:{details['port']}"
     # The test is not a pinned node: it checks the bridge's answer, not the certificate.

@@ -41,6 +41,7 @@ class _Server:
     base_url: str
     child: _Child
     batched_wait: bool
+    token: str | None = None
 
 
 def _connections_to(port: int) -> int:
