@@ -29,6 +29,7 @@ the one before; split, a reader would follow one attempt across files.
 from __future__ import annotations
 
 import contextlib
+import os
 import re
 import secrets
 import socket
@@ -58,6 +59,7 @@ from rollout_server.protocol import (
     ENV_INSTANCE_ID,
     ENV_PORT,
     ENV_SERVER_TOKEN,
+    ENV_SUPERVISOR_PID,
     HealthReport,
 )
 
@@ -77,7 +79,13 @@ HEALTH_DEADLINE_S = 90.0
 HEALTH_POLL_S = 0.05
 HEALTH_REQUEST_TIMEOUT_S = 5.0
 OUTPUT_DRAIN_S = 0.5
-SUPERVISOR_OWNED = (ENV_PORT, ENV_ARTIFACT_ROOT, ENV_INSTANCE_ID, ENV_SERVER_TOKEN)
+SUPERVISOR_OWNED = (
+    ENV_PORT,
+    ENV_ARTIFACT_ROOT,
+    ENV_INSTANCE_ID,
+    ENV_SERVER_TOKEN,
+    ENV_SUPERVISOR_PID,
+)
 #: Provider settings that are not secrets by name but belong to the bridge: where a provider
 #: is (base URLs: besides these, every ``*_API_BASE`` LiteLLM reads), which account, project
 #: or region it bills, and credential files and profiles.
@@ -301,6 +309,8 @@ def _child_env(launch: ServerLaunch, port: int, instance_id: str, token: str) ->
             # The server's own bearer: a sandbox reaching the host's loopback (slirp) finds
             # the server there, and must not be able to drive it.
             ENV_SERVER_TOKEN: token,
+            # It shuts down by itself if this process dies (kill -9) instead of working on.
+            ENV_SUPERVISOR_PID: str(os.getpid()),
             "PYTHONUNBUFFERED": "1",
         },
     )

@@ -41,6 +41,7 @@ __all__ = [
     "ENV_PORT",
     "ENV_ROLLOUT_ID",
     "ENV_SERVER_TOKEN",
+    "ENV_SUPERVISOR_PID",
     "INSTANCE_ID_HEADER",
     "LEASE_HEADER",
     "PROTOCOL_VERSION",
@@ -81,6 +82,10 @@ SDK_VERSION_HEADER: Final = "x-osmosis-rollout-sdk-version"
 ENV_PORT: Final = "_OSMOSIS_ROLLOUT_PORT"
 ENV_ARTIFACT_ROOT: Final = "_OSMOSIS_ROLLOUT_ARTIFACT_ROOT"
 ENV_INSTANCE_ID: Final = "_OSMOSIS_ROLLOUT_INSTANCE_ID"
+ENV_SUPERVISOR_PID: Final = "_ROLLBRIDGE_SUPERVISOR_PID"
+"""The pid of the process that started the server: when it is gone (``kill -9``), the server
+shuts down gracefully by itself (its rollouts and their sandboxes with it) instead of working
+on until the next run reaps it."""
 ENV_SERVER_TOKEN: Final = "_ROLLBRIDGE_ROLLOUT_SERVER_TOKEN"
 """The bearer a supervisor gives the server it starts (``serve``'s ``api_key`` when none is
 passed): a sandbox that reaches the host's loopback must not drive the server (cancel every

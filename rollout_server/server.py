@@ -34,6 +34,7 @@ from .protocol import (
     DEFAULT_RESULT_WAIT_TIMEOUT_SEC,
     ENV_PORT,
     ENV_SERVER_TOKEN,
+    ENV_SUPERVISOR_PID,
     sdk_version,
 )
 from .sdk import shared_client
@@ -178,6 +179,7 @@ async def serve_async(
     from .net.leanserve import serve_lean
 
     api_key = _server_token(api_key)
+    supervisor = _supervisor_pid()
     host = host or "127.0.0.1"
     port = _env_port() if port is None else port
     config = _hypercorn_config(host, port)
@@ -212,14 +214,53 @@ async def serve_async(
             signal_scope = trio.CancelScope()
             if handle_signals:
                 await nursery.start(_watch_signals, running, signal_scope)
+            watch_scope = trio.CancelScope()
+            if supervisor is not None:
+                nursery.start_soon(_watch_supervisor, running, supervisor, watch_scope)
             task_status.started(running)
             await running._shutdown.wait()
             await service.shutdown()
             signal_scope.cancel()
+            watch_scope.cancel()
             http_stop.set()
     finally:
         if service.http_client is not None:
             await service.http_client.aclose()
+
+
+def _supervisor_pid() -> int | None:
+    """The pid of the supervisor that started this server (``ENV_SUPERVISOR_PID``), when it is
+    still this process's parent; None otherwise (started by hand, or by another tool)."""
+    raw = os.environ.pop(ENV_SUPERVISOR_PID, "").strip()
+    if not raw.isdigit() or int(raw) != os.getppid():
+        return None
+    return int(raw)
+
+
+#: Without a pidfd (not Linux), how often the server looks whether its supervisor is still its
+#: parent.
+SUPERVISOR_POLL_S = 1.0
+
+
+async def _watch_supervisor(running: RunningServer, pid: int, scope: trio.CancelScope) -> None:
+    """Shut down gracefully once the supervisor is gone (``kill -9``: this process is then
+    another's child): nobody collects the results any more, and sandboxes should not outlive
+    the run by more than the drain."""
+    with scope:
+        try:
+            fd: int | None = os.pidfd_open(pid)  # readable once the process has ended (Linux)
+        except (AttributeError, OSError):
+            fd = None
+        if fd is not None:
+            try:
+                await trio.lowlevel.wait_readable(fd)
+            finally:
+                os.close(fd)
+        else:
+            while os.getppid() == pid:  # noqa: ASYNC110 -- no pidfd here: nothing to wait on
+                await trio.sleep(SUPERVISOR_POLL_S)
+        logger.info("the supervisor (pid %d) is gone: shutting down gracefully", pid)
+        running.request_shutdown()
 
 
 async def _watch_signals(

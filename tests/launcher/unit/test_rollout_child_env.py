@@ -3,6 +3,7 @@ names them (item 3 of issue 12)."""
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 from launcher.rollout_child import ServerLaunch, _child_env, is_provider_env_name
@@ -55,7 +56,9 @@ def test_child_env_drops_ambient_credentials_but_keeps_what_the_config_names(
         "_OSMOSIS_ROLLOUT_ARTIFACT_ROOT",
         "_OSMOSIS_ROLLOUT_INSTANCE_ID",
         "_ROLLBRIDGE_ROLLOUT_SERVER_TOKEN",
+        "_ROLLBRIDGE_SUPERVISOR_PID",
     }
+    assert env["_ROLLBRIDGE_SUPERVISOR_PID"] == str(os.getpid())
     assert env["_ROLLBRIDGE_ROLLOUT_SERVER_TOKEN"] == "server-token-0123456789"
     assert env["OPENAI_BASE_URL"] == "http://config/v1" and env["GITHUB_TOKEN"] == "ghp-resolved"
 
