@@ -7,15 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from launcher.cli import main
-from tests.launcher.test_runs import make_run, ok
-
-
-def _run(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, str, str]:
-    with pytest.raises(SystemExit) as exc:
-        main(list(args))
-    out, err = capsys.readouterr()
-    return int(exc.value.code or 0), out, err
+from tests.launcher.test_runs import _run, make_run, ok
 
 
 @pytest.fixture

@@ -7,7 +7,6 @@ sync`` whose error named neither the URL nor the package that failed."""
 from __future__ import annotations
 
 import json
-import shutil
 import sys
 from pathlib import Path
 
@@ -21,8 +20,8 @@ from launcher.early_checks import check_model_key
 from launcher.errors import CLIError, DependencyError
 from launcher.rollout_env import uv_sync
 from launcher.workspace import resolve_workspace
+from tests.launcher.test_cli_bad_input import ws as ws  # a fixture, used by name
 
-EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "workspace"
 KEY = "sk-test-SECRETVALUE123"
 HEAD = """[experiment]
 rollout = "echo"
@@ -31,16 +30,6 @@ model_path = "rollbridge/echo"
 dataset = "echo.jsonl"
 """
 SECRETS = "[secrets]\nrequired = []\n"
-
-
-@pytest.fixture
-def ws(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    root = tmp_path / "ws"
-    shutil.copytree(
-        EXAMPLE, root, ignore=shutil.ignore_patterns(".venv", "uv.lock", ".osmosis", "__pycache__")
-    )
-    monkeypatch.chdir(root)
-    return root
 
 
 def _one_error(capsys: pytest.CaptureFixture[str], *args: str) -> str:

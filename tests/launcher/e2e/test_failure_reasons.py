@@ -33,6 +33,19 @@ from rollout_server import AgentWorkflow, AgentWorkflowOutput, Grader, LocalBack
 from rollout_server import get_rollout_context
 
 
+async def _post(url, body, headers):  # its status; sent from a thread: the server is this loop
+    request = urllib.request.Request(url, data=body, headers=headers, method="POST")
+
+    def send():
+        try:
+            with urllib.request.urlopen(request, timeout=10) as answer:
+                return answer.status
+        except urllib.error.HTTPError as exc:
+            return exc.code
+
+    return await trio.to_thread.run_sync(send)
+
+
 class Probe(AgentWorkflow):
     async def run(self, ctx):
         out = os.environ.get("PROBE_ENV_OUT")
@@ -46,43 +59,18 @@ class Probe(AgentWorkflow):
         if text == "cancel everything":  # as a sandbox reaching the host's loopback could
             port = os.environ["_OSMOSIS_ROLLOUT_PORT"]
             tokens = [k for k in os.environ if "ROLLOUT_SERVER_TOKEN" in k]
-            request = urllib.request.Request(
-                f"http://127.0.0.1:{port}/rollout/cancel", data=b'{"all": true}', method="POST"
-            )
-
-
-            def send():
-                try:
-                    with urllib.request.urlopen(request, timeout=10) as answer:
-                        return answer.status
-                except urllib.error.HTTPError as exc:
-                    return exc.code
-
-            code = await trio.to_thread.run_sync(send)  # the server answers on this loop
+            code = await _post(f"http://127.0.0.1:{port}/rollout/cancel", b'{"all": true}', {})
             raise ValueError(f"cancel answered {code}; token variables seen: {tokens}")
         if text == "spend elsewhere":  # a call under an id the supervisor never issued
             rollout = get_rollout_context()
             base = rollout.chat_completions_url.rsplit("/", 1)[0]
             body = json.dumps({"messages": [{"role": "user", "content": "hi"}]}).encode()
-            codes = []
             own = rollout.chat_completions_url + "/chat/completions"
             made_up = base + "/made-up-id/chat/completions"
+            codes = []
             for url, key in ((own, rollout.api_key), (made_up, rollout.api_key), (made_up, "x")):
-                request = urllib.request.Request(
-                    url,
-                    data=body,
-                    headers={"Authorization": "Bearer " + key, "Content-Type": "application/json"},
-                    method="POST",
-                )
-
-                def send(request=request):
-                    try:
-                        with urllib.request.urlopen(request, timeout=10) as answer:
-                            return answer.status
-                    except urllib.error.HTTPError as exc:
-                        return exc.code
-
-                codes.append(await trio.to_thread.run_sync(send))
+                headers = {"Authorization": "Bearer " + key, "Content-Type": "application/json"}
+                codes.append(await _post(url, body, headers))
             raise ValueError(f"made-up id answered {codes}")
         if text.startswith("block "):  # blocks the server's event loop, as a sync call would
             time.sleep(float(text.removeprefix("block ")))
