@@ -16,6 +16,7 @@ teardown removes only the trial's own tag.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
@@ -243,6 +244,29 @@ async def _run(argv: list[str]) -> tuple[int, str]:
     return done.returncode, text
 
 
+async def _build_containers(engine: str) -> set[str]:
+    """The ids of the engine's build containers (buildah's "working containers", which podman
+    lists as external ones); empty for an engine without them."""
+    rc, output = await _run([engine, "ps", "--all", "--external", "--format", "{{.ID}} {{.Names}}"])
+    if rc != 0:
+        return set()
+    return {
+        line.split()[0]
+        for line in output.splitlines()
+        if len(line.split()) == 2 and "-working-container" in line.split()[1]
+    }
+
+
+async def _remove_new_build_containers(engine: str, before: set[str]) -> None:
+    """Remove the build containers that appeared since ``before``: a build killed by a
+    Ctrl-C (SIGTERM or SIGINT alike) leaves its working containers behind, listed only with
+    ``--external``, never reaped. (One of another build started meanwhile would go too; that
+    build then fails and says so.)"""
+    new = sorted(await _build_containers(engine) - before)
+    if new:
+        await _run([engine, "rm", "--force", *new])
+
+
 async def _cached_python(engine: str, tag: str, sidecar: Path) -> str:
     try:
         return str(json.loads(await trio.Path(sidecar).read_bytes())["python_version"])
@@ -293,6 +317,8 @@ async def ensure_image(
     work = await trio.to_thread.run_sync(
         _prepare_context, environment_dir, bundle, manifest, digest
     )
+    before = await _build_containers(engine)
+    built = False
     try:
         rc, output = await _run(
             [
@@ -307,8 +333,13 @@ async def ensure_image(
                 str(work / "context"),
             ]
         )
+        built = rc == 0
     finally:
-        await trio.to_thread.run_sync(lambda: shutil.rmtree(work, ignore_errors=True))
+        with trio.CancelScope(shield=True):
+            await trio.to_thread.run_sync(lambda: shutil.rmtree(work, ignore_errors=True))
+            if not built:  # cancelled (a Ctrl-C) or failed: podman leaves its working containers
+                with trio.move_on_after(30), contextlib.suppress(BundleError):
+                    await _remove_new_build_containers(engine, before)
     if rc != 0:
         raise _failure(output, manifest, environment_dir)
     found = re.search(rf"{_MARK} python (\S+)", output)

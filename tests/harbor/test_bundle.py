@@ -496,3 +496,39 @@ async def test_a_failed_build_says_what_failed(
     message = str(failed.value)
     assert message.startswith("building the sandbox image failed:")
     assert "exit 7" in message and "\n" not in message
+
+
+def _build_containers() -> set[str]:
+    listed = _podman("ps", "--all", "--external", "--format", "{{.ID}} {{.Names}}")
+    return {line.split()[0] for line in listed.stdout.splitlines() if "-working-container" in line}
+
+
+async def test_a_build_cut_short_leaves_no_working_container(
+    testbed: None, bundle: Bundle, tmp_path: Path
+) -> None:
+    """A Ctrl-C during the image build killed ``podman build``, which left its buildah working
+    containers behind (``podman ps --external``), two per attempt, never reaped."""
+    env = tmp_path / "environment"
+    shutil.copytree(TASK_ENV, env)
+    dockerfile = env / "Dockerfile"
+    dockerfile.write_text(dockerfile.read_text() + "\nRUN sleep 120\n")
+    before = _build_containers()
+    building = trio.Event()
+
+    def log(line: str) -> None:
+        if "building" in line:
+            building.set()
+
+    with trio.fail_after(120):
+        async with trio.open_nursery() as nursery:
+
+            async def cut_short() -> None:
+                await building.wait()
+                # Until the RUN step has its working container.
+                while not _build_containers() - before:
+                    await trio.sleep(0.2)
+                nursery.cancel_scope.cancel()
+
+            nursery.start_soon(cut_short)
+            await ensure_image("podman", env, bundle, log=log)
+    assert _build_containers() - before == set()
