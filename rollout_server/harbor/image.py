@@ -36,7 +36,15 @@ from .wheelhouse import BundleError, file_sha256
 if TYPE_CHECKING:
     from .bundle import Bundle
 
-__all__ = ["IMAGE_REPOSITORY", "SANDBOX_LABEL", "SandboxImage", "ensure_image", "trial_dockerfile"]
+__all__ = [
+    "IMAGE_REPOSITORY",
+    "SANDBOX_LABEL",
+    "SandboxImage",
+    "build_containers",
+    "ensure_image",
+    "remove_new_build_containers",
+    "trial_dockerfile",
+]
 
 IMAGE_REPOSITORY = "localhost/rollbridge-sandbox"
 #: ``=1`` on every sandbox image this module builds (``=trial`` on a trial's image built on one).
@@ -244,7 +252,7 @@ async def _run(argv: list[str]) -> tuple[int, str]:
     return done.returncode, text
 
 
-async def _build_containers(engine: str) -> set[str]:
+async def build_containers(engine: str) -> set[str]:
     """The ids of the engine's build containers (buildah's "working containers", which podman
     lists as external ones); empty for an engine without them."""
     rc, output = await _run([engine, "ps", "--all", "--external", "--format", "{{.ID}} {{.Names}}"])
@@ -257,12 +265,12 @@ async def _build_containers(engine: str) -> set[str]:
     }
 
 
-async def _remove_new_build_containers(engine: str, before: set[str]) -> None:
+async def remove_new_build_containers(engine: str, before: set[str]) -> None:
     """Remove the build containers that appeared since ``before``: a build killed by a
     Ctrl-C (SIGTERM or SIGINT alike) leaves its working containers behind, listed only with
     ``--external``, never reaped. (One of another build started meanwhile would go too; that
     build then fails and says so.)"""
-    new = sorted(await _build_containers(engine) - before)
+    new = sorted(await build_containers(engine) - before)
     if new:
         await _run([engine, "rm", "--force", *new])
 
@@ -317,7 +325,7 @@ async def ensure_image(
     work = await trio.to_thread.run_sync(
         _prepare_context, environment_dir, bundle, manifest, digest
     )
-    before = await _build_containers(engine)
+    before = await build_containers(engine)
     built = False
     try:
         rc, output = await _run(
@@ -339,7 +347,7 @@ async def ensure_image(
             await trio.to_thread.run_sync(lambda: shutil.rmtree(work, ignore_errors=True))
             if not built:  # cancelled (a Ctrl-C) or failed: podman leaves its working containers
                 with trio.move_on_after(30), contextlib.suppress(BundleError):
-                    await _remove_new_build_containers(engine, before)
+                    await remove_new_build_containers(engine, before)
     if rc != 0:
         raise _failure(output, manifest, environment_dir)
     found = re.search(rf"{_MARK} python (\S+)", output)

@@ -18,6 +18,7 @@ Only tasks whose ``environment/`` has a ``Dockerfile`` and no compose file of it
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import re
 import tomllib
@@ -25,8 +26,8 @@ from pathlib import Path
 
 import trio
 
-from .image import _tree_files
-from .wheelhouse import file_sha256
+from .image import _tree_files, build_containers, remove_new_build_containers
+from .wheelhouse import BundleError, file_sha256
 
 __all__ = ["TASK_IMAGE_LABEL", "TaskImages", "prebuildable", "use_task_image"]
 
@@ -134,12 +135,22 @@ class TaskImages:
 
     async def _build(self, tag: str, env: Path) -> bool:
         argv = [self.engine, "build", "-q", "--label", f"{TASK_IMAGE_LABEL}=1", "-t", tag]
-        with trio.move_on_after(_BUILD_TIMEOUT_S):
-            try:
-                done = await trio.run_process(
-                    [*argv, str(env)], capture_stdout=True, capture_stderr=True, check=False
-                )
-            except OSError:
-                return False
-            return done.returncode == 0
-        return False
+        before: set[str] = set()
+        with contextlib.suppress(BundleError):
+            before = await build_containers(self.engine)
+        built = False
+        try:
+            with trio.move_on_after(_BUILD_TIMEOUT_S):
+                try:
+                    done = await trio.run_process(
+                        [*argv, str(env)], capture_stdout=True, capture_stderr=True, check=False
+                    )
+                except OSError:
+                    return False
+                built = done.returncode == 0
+            return built
+        finally:
+            if not built:  # cut short or failed: podman leaves its working containers
+                shield = trio.CancelScope(shield=True)
+                with shield, trio.move_on_after(30), contextlib.suppress(BundleError):
+                    await remove_new_build_containers(self.engine, before)
