@@ -313,19 +313,28 @@ async def test_a_workflow_that_blocks_the_server_does_not_hold_the_run(
     assert journal(run_dir(workspace, "blk")) == []  # nothing recorded: every row stays pending
 
 
+async def _probe_then_hello(
+    workspace: Path, env: dict[str, str], tmp_path: Path, prompt: str, name: str
+) -> dict[int, dict[str, object]]:
+    """Run the probe rollout on ``prompt`` then on "hello" (which must succeed): the journal's
+    records by row."""
+    _probe_workspace(workspace, [prompt, "hello"])
+    write_config(workspace, "probe", _config())
+    args = ["eval", "run", "ws/configs/eval/probe.toml", "--name", name, "--yes"]
+    result = await run_cli(args, cwd=tmp_path, env=env)
+    assert result.returncode == 0, result.stderr + result.stdout
+    records = {r["row_index"]: r for r in journal(run_dir(workspace, name))}
+    assert records[1]["status"] == "success"
+    return records
+
+
 async def test_the_rollout_server_takes_no_order_without_the_supervisor_s_token(
     workspace: Path, env: dict[str, str], tmp_path: Path
 ) -> None:
     """A sandbox reaching the host's loopback (slirp) finds the rollout server there: without
     the bearer the supervisor gave it, a cancel of every rollout is refused (401), and the
     workflow's environment does not hold that bearer."""
-    _probe_workspace(workspace, ["cancel everything", "hello"])
-    write_config(workspace, "probe", _config())
-    args = ["eval", "run", "ws/configs/eval/probe.toml", "--name", "tok", "--yes"]
-    result = await run_cli(args, cwd=tmp_path, env=env)
-    assert result.returncode == 0, result.stderr + result.stdout
-    records = {r["row_index"]: r for r in journal(run_dir(workspace, "tok"))}
-    assert records[1]["status"] == "success"
+    records = await _probe_then_hello(workspace, env, tmp_path, "cancel everything", "tok")
     assert "cancel answered 401; token variables seen: []" in json.dumps(records[0]), records[0]
 
 
@@ -334,12 +343,6 @@ async def test_no_call_is_served_under_a_rollout_id_the_supervisor_did_not_issue
 ) -> None:
     """Each rollout gets a bearer of its own (bridge.bearers): with it, a call under a made-up
     id (spend the run would not record, under an id no revocation covers) is a 401."""
-    _probe_workspace(workspace, ["spend elsewhere", "hello"])
-    write_config(workspace, "probe", _config())
-    args = ["eval", "run", "ws/configs/eval/probe.toml", "--name", "mid", "--yes"]
-    result = await run_cli(args, cwd=tmp_path, env=env)
-    assert result.returncode == 0, result.stderr + result.stdout
-    records = {r["row_index"]: r for r in journal(run_dir(workspace, "mid"))}
-    assert records[1]["status"] == "success"
+    records = await _probe_then_hello(workspace, env, tmp_path, "spend elsewhere", "mid")
     # Its own call is served; under a made-up id, neither its bearer nor another is.
     assert "made-up id answered [200, 401, 401]" in json.dumps(records[0]), records[0]
