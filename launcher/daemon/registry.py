@@ -34,6 +34,7 @@ __all__ = [
     "check_secrets",
     "inside_workspace",
     "parse_start",
+    "refuse_nul",
 ]
 
 #: How long ``POST /v1/runs`` waits for the child to open its run directory or fail.
@@ -68,8 +69,7 @@ def inside_workspace(workspace: Path, key: str, value: str) -> str:
     """``value`` (relative to ``workspace``, or absolute) as an absolute path inside
     ``workspace``, symlinks resolved; a 400 otherwise. Paths a request names are confined to
     the daemon's workspace, as a start's ``config`` is."""
-    if "\x00" in value:
-        raise ApiError(400, "VALIDATION", f"{key} must not contain a NUL character")
+    refuse_nul(key, value)
     root = workspace.resolve()
     path = (root / Path(value).expanduser()).resolve()
     if not path.is_relative_to(root):
@@ -94,7 +94,7 @@ def check_secrets(secrets: Any) -> dict[str, str]:
     ):
         raise ApiError(400, "VALIDATION", "secrets must map environment variable names to strings")
     for key, value in secrets.items():
-        _no_nul(f"secrets.{key}", value)
+        refuse_nul(f"secrets.{key}", value)
         if not is_secret_env_name(key) or key.endswith(_PLACE_SUFFIXES):
             raise ApiError(
                 400,
@@ -106,7 +106,7 @@ def check_secrets(secrets: Any) -> dict[str, str]:
     return dict(secrets)
 
 
-def _no_nul(key: str, value: Any) -> None:
+def refuse_nul(key: str, value: Any) -> None:
     """A NUL cannot be in a path, an argument or an environment value: a 400, not a crash."""
     if isinstance(value, str) and "\x00" in value:
         raise ApiError(400, "VALIDATION", f"{key} must not contain a NUL character")
@@ -146,11 +146,11 @@ def parse_start(body: Any) -> StartRequest:
     config = body.get("config")
     if not isinstance(config, str) or not config:
         raise ApiError(400, "VALIDATION", "config (a path to an eval config) is required")
-    _no_nul("config", config)
+    refuse_nul("config", config)
     name = body.get("name")
     if name is not None and not isinstance(name, str):
         raise ApiError(400, "VALIDATION", "name must be a string")
-    _no_nul("name", name)
+    refuse_nul("name", name)
     known = {"config", "name", "secrets", *_FLAG_TYPES}
     unknown = sorted(set(body) - known)
     if unknown:
@@ -164,7 +164,7 @@ def parse_start(body: Any) -> StartRequest:
             raise ApiError(
                 400, "VALIDATION", f"{key} must be of type {getattr(kind, '__name__', kind)}"
             )
-        _no_nul(key, value)
+        refuse_nul(key, value)
         flags[key] = value
     secrets = check_secrets(body.get("secrets") or {})
     return StartRequest(config=config, name=name, flags=flags, secrets=secrets)

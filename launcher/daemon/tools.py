@@ -23,7 +23,7 @@ import trio
 
 from launcher.daemon.children import spawn_logged
 from launcher.daemon.discovery import state_dir
-from launcher.daemon.registry import ApiError, inside_workspace
+from launcher.daemon.registry import ApiError, inside_workspace, refuse_nul
 from launcher.rundir.atomic import ensure_dir
 
 __all__ = ["TOOL_TIMEOUT_S", "export_args", "rubric_args", "run_tool"]
@@ -39,8 +39,7 @@ def _field(body: Mapping[str, Any], key: str, kind: type | tuple[type, ...]) -> 
         return None
     if (isinstance(value, bool) and kind is not bool) or not isinstance(value, kind):
         raise ApiError(400, "VALIDATION", f"{key} has the wrong type")
-    if isinstance(value, str) and "\x00" in value:
-        raise ApiError(400, "VALIDATION", f"{key} must not contain a NUL character")
+    refuse_nul(key, value)
     return value
 
 
