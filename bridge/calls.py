@@ -139,9 +139,13 @@ class CallTrace:
         self._ids: list[int] | None = None
         self._chunked = False
 
-    def fault(self, status: int, kind: str) -> None:
-        """A transient provider fault that was retried (its cause kept)."""
-        self.retries.append({"status": status, "kind": kind})
+    def fault(self, status: int, kind: str, request_id: str | None = None) -> None:
+        """A transient provider fault that was retried (its cause, and the provider's id of
+        the request it failed, kept)."""
+        fault: dict[str, Any] = {"status": status, "kind": kind}
+        if request_id is not None:
+            fault["request_id"] = request_id
+        self.retries.append(fault)
 
     def first_byte(self) -> None:
         """The provider's answer began (the first chunk of a stream, a whole answer else)."""
@@ -240,6 +244,8 @@ class CallTrace:
             record["error"] = (
                 error.kind if isinstance(error, UpstreamError) else type(error).__name__
             )
+            if isinstance(error, UpstreamError) and error.request_id is not None:
+                record["request_id"] = error.request_id
         else:
             record["status"] = None
             record["error"] = "cancelled"

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 #: Messages sent back to a rollout are cut to this many characters (docs/spec/bridge.md §12).
@@ -54,12 +55,42 @@ class UpstreamError(BridgeError):
 
     ``status`` is the provider's own status (or 408 for a timeout, 502 for a connection
     failure); :func:`final_status` turns it into what the rollout sees. ``kind`` is the name
-    LiteLLM would give the same failure.
+    LiteLLM would give the same failure. ``request_id`` is the provider's id of the request
+    it answered (:func:`provider_request_id`): what its support asks for when no answer came.
     """
 
-    def __init__(self, status: int, message: str, *, kind: str | None = None) -> None:
+    def __init__(
+        self, status: int, message: str, *, kind: str | None = None, request_id: str | None = None
+    ) -> None:
         super().__init__(status, message)
         self.kind = kind or _KIND_BY_STATUS.get(status, "APIError")
+        self.request_id = request_id
+
+
+#: Where providers name the request they answered: OpenAI and most compatible servers,
+#: Anthropic, AWS, Azure's API gateway (each checked in this order).
+_REQUEST_ID_HEADERS = ("x-request-id", "request-id", "x-amzn-requestid", "apim-request-id")
+_MAX_REQUEST_ID = 200
+
+
+def provider_request_id(headers: Mapping[str, str]) -> str | None:
+    """The provider's request id among an answer's ``headers`` (lower-case names, or a
+    case-insensitive mapping), when it sent a printable one; cut to 200 characters."""
+    for name in _REQUEST_ID_HEADERS:
+        value = headers.get(name)
+        if isinstance(value, str):
+            value = value.strip()[:_MAX_REQUEST_ID]
+            if value and value.isascii() and value.isprintable():
+                return value
+    return None
+
+
+def with_request_id(error: UpstreamError, headers: Mapping[str, str]) -> UpstreamError:
+    """``error`` (raised after the answer's ``headers`` came) naming the provider's request
+    id when it does not yet."""
+    if error.request_id is None:
+        error.request_id = provider_request_id(headers)
+    return error
 
 
 class BridgeBindError(OSError):

@@ -118,6 +118,8 @@ class Bridge:
             if upstream is not None and upstream != status
             else ""
         )
+        if isinstance(exc, UpstreamError) and exc.request_id is not None:
+            where += f" (request id {exc.request_id})"
         self.log("warning", f"LLM bridge error{where}: {message}")
         return status, error_body(status, message, upstream)
 
@@ -139,7 +141,7 @@ class Bridge:
             self.ledger.fault(rollout_id, fault.status, retried=retrying)
             if retrying:
                 if trace is not None:
-                    trace.fault(fault.status, fault.kind)
+                    trace.fault(fault.status, fault.kind, fault.request_id)
                 self.log("info", f"retrying a call after a provider fault: {fault.kind}")
 
         return on_fault

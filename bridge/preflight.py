@@ -173,7 +173,7 @@ async def preflight(
 
         def traced(fault: ProviderFault, again: bool) -> None:
             if again:
-                trace.fault(fault.status, fault.kind)
+                trace.fault(fault.status, fault.kind, fault.request_id)
             on_fault(fault, again)
 
         def done(error: Exception | None = None) -> None:

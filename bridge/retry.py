@@ -19,13 +19,13 @@ import email.utils
 import math
 import random
 import time
-from collections.abc import AsyncGenerator, Awaitable, Callable
+from collections.abc import AsyncGenerator, Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from typing import TypeVar
 
 import trio
 
-from bridge.errors import UpstreamError, answer_kind
+from bridge.errors import UpstreamError, answer_kind, provider_request_id
 
 __all__ = [
     "QUOTA_CODE",
@@ -61,8 +61,9 @@ class ProviderFault(UpstreamError):
         *,
         kind: str | None = None,
         retry_after: float | None = None,
+        request_id: str | None = None,
     ) -> None:
-        super().__init__(status, message, kind=kind)
+        super().__init__(status, message, kind=kind, request_id=request_id)
         self.retry_after = retry_after
 
 
@@ -93,13 +94,25 @@ def parse_retry_after(value: str | None, *, now: float | None = None) -> float |
 
 
 def status_fault(
-    status: int, message: str, retry_after: str | None, *, kind: str | None = None
+    status: int,
+    message: str,
+    headers: Mapping[str, str] | None,
+    *,
+    kind: str | None = None,
+    retry_after: str | None = None,
 ) -> UpstreamError:
-    """The error for a provider's non-2xx answer: a :class:`ProviderFault` when transient."""
+    """The error for a provider's non-2xx answer with ``headers`` (for its ``Retry-After``, or
+    ``retry_after`` when the headers are not at hand, and its request id): a
+    :class:`ProviderFault` when transient."""
     kind = kind or answer_kind(status)
+    request_id = None
+    if headers is not None:
+        retry_after = headers.get("retry-after") or retry_after
+        request_id = provider_request_id(headers)
     if status in TRANSIENT_STATUSES and not (status == 429 and QUOTA_CODE in message):
-        return ProviderFault(status, message, kind=kind, retry_after=parse_retry_after(retry_after))
-    return UpstreamError(status, message, kind=kind)
+        wait = parse_retry_after(retry_after)
+        return ProviderFault(status, message, kind=kind, retry_after=wait, request_id=request_id)
+    return UpstreamError(status, message, kind=kind, request_id=request_id)
 
 
 @dataclass(frozen=True)

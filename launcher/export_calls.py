@@ -17,6 +17,7 @@ CALL_FIELDS = (
     "api",
     "model",
     "response_id",
+    "request_id",
     "stream",
     "started_at",
     "ttfb_ms",
@@ -58,7 +59,7 @@ def export_call(record: dict[str, Any]) -> dict[str, Any]:
     out = {name: record.get(name) for name in CALL_FIELDS}
     out["stream"] = bool(record.get("stream"))
     out["retries"] = [
-        {"status": r.get("status"), "kind": r.get("kind")}
+        {"status": r.get("status"), "kind": r.get("kind"), "request_id": r.get("request_id")}
         for r in record.get("retries") or []
         if isinstance(r, dict)
     ]
@@ -77,6 +78,7 @@ def call_arrow_type() -> Any:
             ("api", pa.string()),
             ("model", pa.string()),
             ("response_id", pa.string()),
+            ("request_id", pa.string()),
             ("stream", pa.bool_()),
             ("started_at", pa.string()),
             ("ttfb_ms", pa.float64()),
@@ -84,7 +86,14 @@ def call_arrow_type() -> Any:
             ("status", pa.int64()),
             ("upstream_status", pa.int64()),
             ("error", pa.string()),
-            ("retries", pa.list_(pa.struct([("status", pa.int64()), ("kind", pa.string())]))),
+            (
+                "retries",
+                pa.list_(
+                    pa.struct(
+                        [("status", pa.int64()), ("kind", pa.string()), ("request_id", pa.string())]
+                    )
+                ),
+            ),
             ("prompt_tokens", pa.int64()),
             ("completion_tokens", pa.int64()),
             ("total_tokens", pa.int64()),

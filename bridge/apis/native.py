@@ -22,7 +22,7 @@ from bridge.apis import Api
 from bridge.apis.policy import POLICIES, forwarded_headers
 from bridge.apis.usage import StreamedMessagesUsage, normalize
 from bridge.codec import dumps, loads
-from bridge.errors import UpstreamError, answer_kind
+from bridge.errors import UpstreamError, answer_kind, provider_request_id, with_request_id
 from bridge.upstreams.routing import OFFICIAL_OPENAI_BASE, openai_base, resolve_direct
 
 if TYPE_CHECKING:
@@ -207,7 +207,7 @@ async def _exchange(
         if 200 <= status < 300:
             raise _transport_error(exc, answering=True) from exc
         message = f"provider answered HTTP {status} (its body broke off)"
-        raise status_fault(status, message, response.headers.get("retry-after")) from exc
+        raise status_fault(status, message, response.headers) from exc
     finally:
         await response.aclose()
     return response
@@ -274,6 +274,8 @@ class NativeStream:
         ``status`` (Responses)."""
         self.failed: str | None = None
         """The provider's own error frame (``error``, ``response.failed``), as relayed."""
+        self.request_id: str | None = None
+        """The provider's id of the request (:func:`bridge.errors.provider_request_id`)."""
 
     def usage(self) -> CallUsage:
         """The usage reported so far, normalized."""
@@ -359,6 +361,10 @@ async def stream(
                 502, f"the provider's stream ended before its answer did (no {end})"
             )
     except httpx.TransportError as exc:
-        raise _transport_error(exc, answering=True) from exc
+        raise with_request_id(_transport_error(exc, answering=True), response.headers) from exc
+    except UpstreamError as exc:
+        with_request_id(exc, response.headers)
+        raise
     finally:
+        relay.request_id = provider_request_id(response.headers)
         await response.aclose()

@@ -323,6 +323,7 @@ class ApiRoutes:
                     trace.answered_as(relay.answered)
                     if relay.failed is not None:
                         trace.error = nat.relayed_error(api, relay.failed)
+                        trace.error.request_id = relay.request_id
             if not state.started:
                 raise UpstreamError(502, "the provider's stream ended before any event")
             return None

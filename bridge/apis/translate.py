@@ -33,7 +33,7 @@ def on_fault(bridge: Bridge, rollout_id: str, trace: CallTrace | None = None) ->
     def told(fault: ProviderFault, retried: bool) -> None:
         bridge.ledger.fault(rollout_id, fault.status, retried=retried)
         if retried and trace is not None:
-            trace.fault(fault.status, fault.kind)
+            trace.fault(fault.status, fault.kind, fault.request_id)
         if retried:
             bridge.log("info", f"retrying a call after a provider fault: {fault.kind}")
 

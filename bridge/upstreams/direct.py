@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any, Final
 import trio
 
 from bridge.codec import dumps, parse_provider_json
-from bridge.errors import UpstreamError
+from bridge.errors import UpstreamError, with_request_id
 from bridge.policy import PreparedRequest
 from bridge.retry import ProviderFault, status_fault
 from bridge.upstreams.routing import DirectRoute, resolve_direct
@@ -166,15 +166,20 @@ def _h2c_hint(error: UpstreamError, origin: Origin, h2wire: H2Wire | None) -> Up
 
 
 def _wire_answer(response: WireResponse | H2Response, raw: bytes) -> dict[str, Any]:
-    """The JSON object of a lean-client answer whose body is ``raw``; raises for any other."""
+    """The JSON object of a lean-client answer whose body is ``raw``; raises for any other
+    (naming the provider's request id)."""
     text = raw.decode("utf-8", "replace")
     if not 200 <= response.status < 300:
         status = response.status
         message = text.strip() or f"provider answered HTTP {status}"
-        raise status_fault(status, message, response.headers.get("retry-after"))
-    data = parse_provider_json(text)
+        raise status_fault(status, message, response.headers)
+    try:
+        data = parse_provider_json(text)
+    except UpstreamError as exc:
+        raise with_request_id(exc, response.headers) from exc.__cause__
     if not isinstance(data, dict):
-        raise UpstreamError(502, "provider returned a JSON value that is not an object")
+        error = UpstreamError(502, "provider returned a JSON value that is not an object")
+        raise with_request_id(error, response.headers)
     return data
 
 
@@ -264,7 +269,7 @@ class DirectUpstream:
                         record(_wire_answer(response, await response.read()).get("usage"))
                 raise
         except WireError as exc:
-            raise _wire_error(exc) from exc
+            raise with_request_id(_wire_error(exc), response.headers) from exc
         finally:
             await response.aclose()
         data = _wire_answer(response, raw)

@@ -96,7 +96,7 @@ def to_upstream_error(exc: BaseException) -> UpstreamError | BridgeRequestError:
         return exc
     status = getattr(exc, "status_code", None)
     message = getattr(exc, "message", None) or str(exc) or type(exc).__name__
-    retry_after = _retry_after(exc)
+    headers = _headers(exc)
     seen: set[int] = set()
     cause: BaseException | None = exc
     lost: httpx.TransportError | None = None
@@ -109,7 +109,7 @@ def to_upstream_error(exc: BaseException) -> UpstreamError | BridgeRequestError:
         if isinstance(cause, httpx.HTTPStatusError):
             lost, broke_off = None, False
             status = cause.response.status_code
-            retry_after = cause.response.headers.get("retry-after") or retry_after
+            headers = cause.response.headers
             try:
                 text = cause.response.text
             except httpx.ResponseNotRead:
@@ -132,7 +132,7 @@ def to_upstream_error(exc: BaseException) -> UpstreamError | BridgeRequestError:
         )
     if not isinstance(status, int) or isinstance(status, bool):
         status = 500
-    return status_fault(status, str(message), retry_after, kind=type(exc).__name__)
+    return status_fault(status, str(message), headers, kind=type(exc).__name__)
 
 
 # How a body that broke off while arriving shows in LiteLLM's cause chain: aiohttp's
@@ -152,17 +152,15 @@ def _broke_off(exc: BaseException) -> bool:
     )
 
 
-def _retry_after(exc: BaseException) -> str | None:
-    """The provider's ``Retry-After`` as LiteLLM kept it: on the exception's response headers
-    (``litellm_response_headers``) or on its ``response``."""
+def _headers(exc: BaseException) -> httpx.Headers | None:
+    """The provider's answer headers as LiteLLM kept them (for its ``Retry-After`` and request
+    id): the exception's ``litellm_response_headers``, else its ``response``'s."""
     for headers in (
         getattr(exc, "litellm_response_headers", None),
         getattr(getattr(exc, "response", None), "headers", None),
     ):
-        if isinstance(headers, httpx.Headers | dict):
-            value = httpx.Headers(headers).get("retry-after")
-            if isinstance(value, str) and value:
-                return value
+        if isinstance(headers, httpx.Headers | dict) and headers:
+            return httpx.Headers(headers)
     return None
 
 

@@ -16,7 +16,7 @@ from typing import Any
 import httpx
 
 from bridge.codec import parse_provider_json
-from bridge.errors import UpstreamError, answer_kind
+from bridge.errors import UpstreamError, answer_kind, with_request_id
 from bridge.retry import ProviderFault, status_fault
 from rollout_server.net.httpclient import ShardedTransport, skip_empty_cookies
 from rollout_server.net.wire import WirePool
@@ -131,7 +131,10 @@ async def stream_chunks(
             # and no `[DONE]` came. Relaying it as complete would score a cut-off answer.
             raise UpstreamError(502, TRUNCATED_STREAM_MESSAGE, kind="APIConnectionError")
     except httpx.TransportError as exc:
-        raise _transport_error(exc, answering=True) from exc
+        raise with_request_id(_transport_error(exc, answering=True), response.headers) from exc
+    except UpstreamError as exc:
+        with_request_id(exc, response.headers)
+        raise
     finally:
         await response.aclose()
 
@@ -172,7 +175,7 @@ def _transport_error(exc: httpx.TransportError, *, answering: bool = False) -> U
 def _status_error(response: httpx.Response) -> UpstreamError:
     status, text = response.status_code, response.text
     message = text.strip() or f"provider answered HTTP {status}"
-    return status_fault(status, message, response.headers.get("retry-after"))
+    return status_fault(status, message, response.headers)
 
 
 def _stream_error(parsed: Any) -> UpstreamError:

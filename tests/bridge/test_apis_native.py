@@ -439,3 +439,22 @@ async def test_chat_callers_of_a_responses_only_model_are_served_through_respons
         214,
         80,
     )
+
+
+async def test_native_failures_keep_the_providers_request_id(
+    anthropic_native: BridgeHandle, fake: ApiUpstream, client: httpx.AsyncClient
+) -> None:
+    """Anthropic names each request in ``request-id``: a retried 529, and the provider's own
+    error event in the middle of a stream (relayed as is, nothing raised), keep it."""
+    url = f"{anthropic_native.rollout_url('rid')}/v1/messages"
+    with trio.fail_after(20):
+        fake.faults.append("529")
+        first = await client.post(url, json=MSG, headers=AUTH)
+        fake.faults.append("midstream")
+        second = await client.post(url, json={**MSG, "stream": True}, headers=AUTH)
+    assert first.status_code == 200 and "event: error" in second.text
+    retried, failed = anthropic_native.calls.pop("rid")
+    assert retried["status"] == 200 and "request_id" not in retried
+    assert [r["request_id"].startswith("req_") for r in retried["retries"]] == [True]
+    assert failed["error"] and failed["request_id"].startswith("req_")
+    assert failed["request_id"] != retried["retries"][0]["request_id"]

@@ -62,7 +62,9 @@ async def test_each_call_crosses_the_hop_before_its_answer(
     assert done["kind"] == "rollout" and done["rollout_id"] == "r1"
     assert done["api"] == "chat.completions" and done["model"] == "test-model"
     assert done["status"] == 200 and done["finish_reason"] == "stop"
-    assert done["retries"] == [{"status": 429, "kind": "RateLimitError"}]
+    assert done["retries"] == [
+        {"status": 429, "kind": "RateLimitError", "request_id": "req_fail_1"}
+    ]
     assert (done["prompt_tokens"], done["completion_tokens"]) == (1, 2)
     assert (done["cached_tokens"], done["reasoning_tokens"]) == (2, 1)
     assert done["logprobs"] == {"token": ["echo:", "hi"], "logprob": [0.0, -0.5]}
@@ -73,6 +75,7 @@ async def test_each_call_crosses_the_hop_before_its_answer(
     assert stream["logprobs"]["token"] == ["echo:", " hi"]
     assert stream["total_tokens"] == 3 and stream["cached_tokens"] == 2
     assert failed["status"] == 400 and failed["upstream_status"] == 400
+    assert failed["request_id"] == "req_fail_2" and "request_id" not in done
     assert "prompt_tokens" not in failed and "retries" not in failed
 
 
@@ -186,3 +189,28 @@ def test_what_is_unknown_is_left_out_of_a_record() -> None:
     record = failed.finish(None, status_fault(500, "boom", None))
     assert "ttfb_ms" not in record and "prompt_tokens" not in record
     assert record["duration_ms"] >= 0
+
+
+async def test_a_failed_answer_keeps_the_providers_request_id(
+    start_bridge: StartBridge, provider_env: FakeUpstream, client: httpx.AsyncClient
+) -> None:
+    """What a provider's support asks for when no answer came: its ``x-request-id``, on the
+    record of a call it refused and on each retried fault, streamed or not."""
+    provider_env.retry_after = "0"
+    with trio.fail_after(30):
+        handle: BridgeHandle = await start_bridge(keep_calls=True)
+        statuses = []
+        for stream in (False, True):
+            provider_env.fail_statuses.extend([500, 400])
+            reply = await client.post(
+                url(handle, "q"), json={"messages": HI, "stream": stream}, headers=AUTH
+            )
+            statuses.append(reply.status_code if not stream else "error" in reply.text)
+    assert statuses == [400, True]
+    plain, streamed = handle.calls.pop("q")
+    assert plain["retries"] == [
+        {"status": 500, "kind": "InternalServerError", "request_id": "req_fail_1"}
+    ]
+    assert (plain["status"], plain["request_id"]) == (400, "req_fail_2")
+    assert streamed["retries"][0]["request_id"] == "req_fail_3"
+    assert streamed["request_id"] == "req_fail_4"

@@ -59,29 +59,30 @@ def test_retry_after_seconds_and_http_dates(value: str | None, seconds: float | 
 
 @pytest.mark.parametrize("status", [429, 500, 502, 503, 504])
 def test_transient_statuses_are_faults(status: int) -> None:
-    fault = status_fault(status, "busy", "2")
+    fault = status_fault(status, "busy", {"retry-after": "2"})
     assert isinstance(fault, ProviderFault) and fault.retry_after == 2.0
     assert fault.status == status
 
 
 def test_a_429_for_an_account_out_of_credit_is_final() -> None:
     quota = '{"error": {"message": "You exceeded your current quota", "type": "insufficient_quota", "code": "insufficient_quota"}}'
-    assert not isinstance(status_fault(429, quota, "1"), ProviderFault)
+    assert not isinstance(status_fault(429, quota, {"retry-after": "1"}), ProviderFault)
     assert isinstance(
-        status_fault(429, '{"error": {"code": "rate_limit_exceeded"}}', "1"), ProviderFault
+        status_fault(429, '{"error": {"code": "rate_limit_exceeded"}}', None, retry_after="1"),
+        ProviderFault,
     )
 
 
 @pytest.mark.parametrize("status", [400, 401, 403, 404, 408, 409, 413, 422, 501])
 def test_other_statuses_are_final(status: int) -> None:
-    assert not isinstance(status_fault(status, "no", "1"), ProviderFault)
+    assert not isinstance(status_fault(status, "no", {"retry-after": "1"}), ProviderFault)
 
 
 def test_litellm_errors_keep_retry_after() -> None:
     class RateLimitError(Exception):
         status_code = 429
         message = "slow down"
-        litellm_response_headers = httpx.Headers({"Retry-After": "4"})
+        litellm_response_headers = httpx.Headers({"Retry-After": "4", "X-Request-Id": "req_9"})
 
     class AuthenticationError(Exception):
         status_code = 401
@@ -90,6 +91,7 @@ def test_litellm_errors_keep_retry_after() -> None:
     limited = to_upstream_error(RateLimitError())
     assert isinstance(limited, ProviderFault) and limited.retry_after == 4.0
     assert limited.kind == "RateLimitError"
+    assert limited.request_id == "req_9"
     assert not isinstance(to_upstream_error(AuthenticationError()), ProviderFault)
 
 

@@ -25,11 +25,13 @@ input usage and ``output_tokens=1``, a ``ping``, text deltas, then ``message_del
 
 ``POST /v1/responses/compact`` answers one encrypted ``compaction`` item.
 ``POST /v1/chat/completions`` answers ``"ok"`` (for a run's model preflight). Every request is
-recorded in ``requests`` (path, lower-case headers, parsed body).
+recorded in ``requests`` (path, lower-case headers, parsed body). Every answer names its
+request as Anthropic does: ``request-id: req_<n>``, ``n`` counting answers from 1 across servers.
 """
 
 from __future__ import annotations
 
+import itertools
 import json
 import socket
 import struct
@@ -121,7 +123,7 @@ async def _send(
 ) -> None:
     head = (
         f"HTTP/1.1 {status} X\r\ncontent-type: {kind}\r\ncontent-length: {len(body)}\r\n"
-        f"connection: close\r\n{extra}\r\n"
+        f"connection: close\r\n{_request_id()}{extra}\r\n"
     )
     await stream.send_all(head.encode() + (body[: len(body) // 2] if truncated else body))
 
@@ -141,6 +143,12 @@ def _input_text(body: dict[str, Any]) -> str:
 
 
 SNAPSHOT = "-20250101"
+
+_REQUEST_IDS = itertools.count(1)
+
+
+def _request_id() -> str:
+    return f"request-id: req_{next(_REQUEST_IDS)}\r\n"
 
 
 async def _connection(state: ApiUpstream, stream: trio.SocketStream) -> None:
@@ -250,7 +258,9 @@ async def _responses(stream: trio.SocketStream, body: dict[str, Any], *, fault: 
         await _send(stream, 200, json.dumps(response).encode(), truncated=fault == "truncated")
         return
     await stream.send_all(
-        b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\nconnection: close\r\n\r\n"
+        b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\nconnection: close\r\n"
+        + _request_id().encode()
+        + b"\r\n"
     )
     start = {**response, "status": "in_progress", "output": [], "usage": None}
     seq = iter(range(100))
@@ -327,7 +337,9 @@ async def _messages(stream: trio.SocketStream, body: dict[str, Any], *, fault: s
         await _send(stream, 200, json.dumps(message).encode(), truncated=fault == "truncated")
         return
     await stream.send_all(
-        b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\nconnection: close\r\n\r\n"
+        b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\nconnection: close\r\n"
+        + _request_id().encode()
+        + b"\r\n"
     )
     start = {**message, "content": [], "stop_reason": None, "usage": MESSAGES_START_USAGE}
     events: list[tuple[str, dict[str, Any]]] = [

@@ -72,6 +72,8 @@ class FakeUpstream:
     retry_after: str = "1"
     rng: random.Random = field(default_factory=lambda: random.Random(0))
     faults: Counter[str] = field(default_factory=Counter)
+    failed_answers: int = 0
+    """Error answers sent; each named ``x-request-id: req_fail_<n>``."""
     _limited_until: float = -math.inf
     _links: dict[int, tuple[trio.SocketStream, trio.CancelScope]] = field(default_factory=dict)
     _shutdown: trio.Event = field(default_factory=trio.Event)
@@ -109,7 +111,13 @@ class FakeUpstream:
             await trio.sleep_forever()
         body = json.dumps({"error": {"message": f"injected {fault}", "type": "server_error"}})
         headers = [(b"retry-after", self.retry_after.encode())] if fault == "429" else []
+        headers.append(self._request_id())
         await _send_raw(send, int(fault), body.encode(), b"application/json", headers)
+
+    def _request_id(self) -> tuple[bytes, bytes]:
+        """The header naming a failed answer's request as OpenAI does: ``req_fail_<n>``."""
+        self.failed_answers += 1
+        return (b"x-request-id", b"req_fail_%d" % self.failed_answers)
 
     async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
         if scope["type"] == "lifespan":
@@ -192,7 +200,8 @@ class FakeUpstream:
             await trio.sleep(self.delay)
         if self.fail_statuses:
             status = self.fail_statuses.popleft()
-            await _send_raw(send, status, self.fail_body.encode(), b"application/json")
+            headers = [self._request_id()]
+            await _send_raw(send, status, self.fail_body.encode(), b"application/json", headers)
             return
         text = self.reply_prefix + last_user_text(request.get("messages"))
         model = str(request.get("model", "fake-model"))

@@ -195,7 +195,7 @@ CALL = {
     "ttfb_ms": 12.5,
     "duration_ms": 40.0,
     "status": 200,
-    "retries": [{"status": 429, "kind": "RateLimitError"}],
+    "retries": [{"status": 429, "kind": "RateLimitError", "request_id": "req_1"}],
     "prompt_tokens": 30,
     "completion_tokens": 10,
     "total_tokens": 40,
@@ -249,8 +249,9 @@ def test_calls_and_usage_per_row_in_jsonl_and_parquet(
     assert row["messages"] == CONVERSATION
     (call,) = row["call_records"]
     assert call["ttfb_ms"] == 12.5 and call["retries"] == [
-        {"status": 429, "kind": "RateLimitError"}
+        {"status": 429, "kind": "RateLimitError", "request_id": "req_1"}
     ]
+    assert call["request_id"] is None  # answered: the response id names it
     assert call["logprobs"] == {
         "token": ["A", " fruit"],
         "logprob": [-0.1, -0.2],
