@@ -307,9 +307,8 @@ async def test_a_workflow_that_blocks_the_server_does_not_hold_the_run(
     args = ["eval", "run", "ws/configs/eval/probe.toml", "--name", "blk", "--yes", "--plain"]
     result = await run_cli(args, cwd=tmp_path, env=env, timeout=150)
     assert result.returncode == 1, result.stderr + result.stdout
-    assert "stopping dispatch: the rollout server does not answer (POST /rollout: " in (
-        result.stderr
-    ), result.stderr
+    # Which request finds the server deaf first (an admission, or a result wait) is a race.
+    assert "stopping dispatch: the rollout server does not answer (" in result.stderr, result.stderr
     assert journal(run_dir(workspace, "blk")) == []  # nothing recorded: every row stays pending
 
 
