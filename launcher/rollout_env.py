@@ -23,15 +23,26 @@ __all__ = ["find_uv", "missing_path_sources", "rollout_python", "uv_error", "uv_
 
 
 def find_uv(rollout: str) -> Path:
-    """Locate the ``uv`` executable: next to this interpreter's scripts, then next to
-    ``sys.executable``, then on ``PATH`` (``pip install rollbridge[cli]`` installs it as a
-    package, so the first two places find it in a fresh virtual environment)."""
+    """Locate the ``uv`` executable: ``$UV``, next to this interpreter's scripts, next to
+    ``sys.executable``, where the ``uv`` package says it installed its binary (the user scheme's
+    ``~/.local/bin`` after ``pip install --user``, a ``--prefix`` or ``--target``), then on
+    ``PATH``. ``pip install rollbridge[cli]`` installs uv as a package, so one of these finds
+    it wherever pip put rollbridge."""
     names = ("uv.exe", "uv") if os.name == "nt" else ("uv",)
     candidates: list[Path] = []
+    explicit = os.environ.get("UV")
+    if explicit:
+        candidates.append(Path(explicit))
     scripts = sysconfig.get_path("scripts")
     if scripts:
         candidates.extend(Path(scripts) / n for n in names)
     candidates.extend(Path(sys.executable).parent / n for n in names)
+    try:
+        from uv import find_uv_bin
+
+        candidates.append(Path(find_uv_bin()))
+    except (ImportError, FileNotFoundError):
+        pass
     for candidate in candidates:
         if candidate.is_file() and os.access(candidate, os.X_OK):
             return candidate
@@ -85,25 +96,81 @@ def missing_path_sources(rollout_dir: Path) -> list[tuple[str, str, Path]]:
 
 #: How uv names what failed (an index URL, a distribution) in an error's chain of causes.
 _WHAT_FAILED = re.compile(r"Failed to \w+:? .+")
-#: How uv introduces the causes of an error (plain, older, and drawn as a tree).
-_CAUSE = re.compile(r"^(?:error:|cause:|caused by:|[×╰├│─▶ ]+)\s*", re.IGNORECASE)
+#: How uv labels the parts of an error: plain (uv's output to a pipe), older, or drawn as a
+#: tree (to a terminal: ``×`` the error, ``╰─▶`` its causes).
+_LABEL = re.compile(r"^(error|cause|caused by|hint|help):\s*", re.IGNORECASE)
+_TREE = re.compile(r"^(×|[╰├]─*▶)\s*")
+
+
+def _last_error(lines: Iterable[str]) -> list[tuple[str, str]]:
+    """The parts of the last error uv printed, as ``(label, text)``: the error itself, its
+    causes and hints, each part's wrapped lines joined; other lines (progress, a child
+    process's own output that uv quotes) are not parts."""
+    parts: list[tuple[str, str]] = []
+    joining = False
+    for line in lines:
+        text = line.strip()
+        if not text:
+            continue
+        label = _LABEL.match(text)
+        tree = _TREE.match(text)
+        if label or tree:
+            kind = label.group(1).lower() if label else ("error" if text[0] == "×" else "cause")
+            if kind == "error":
+                parts = []  # an error of its own: only the last one counts
+            parts.append((kind, text[(label or tree).end() :]))  # type: ignore[union-attr]
+            joining = True
+        elif joining and parts and line[:1].isspace():
+            kind, said = parts[-1]
+            parts[-1] = (kind, f"{said} {text}")  # a part wrapped over lines
+        else:
+            joining = False
+    return parts
 
 
 def uv_error(lines: Iterable[str], last_line: str) -> str:
-    """What a failed ``uv sync`` said, in one line: its last line (``cause: operation timed
-    out``), after the line of the same error that names what failed (``Failed to fetch:
-    <url>``) when that is another line; the URL was otherwise in ``logs.txt`` only."""
-    named = None
-    for line in lines:
-        text = line.strip()
-        if text.lower().startswith("error:"):
-            named = None  # an error of its own: only the last one's causes count
-        found = _WHAT_FAILED.search(text)
-        if found and named is None:
-            named = found.group()
-    if named is None or named in last_line:
+    """What a failed ``uv sync`` said, in one line: the deepest cause of its last error
+    (``operation timed out``), after the part that names what failed (``Failed to fetch:
+    <url>``) when that is another; then uv's hint, which often says why (``the network was
+    disabled``). Without an error uv labelled, its last line."""
+    parts = _last_error(lines)
+    causes = [text for kind, text in parts if kind not in ("hint", "help") and text]
+    if not causes:
         return last_line
-    return f"{named}: {_CAUSE.sub('', last_line)}"
+    said = causes[-1]
+    named = next((m.group() for m in map(_WHAT_FAILED.search, causes) if m), None)
+    if named is not None and named not in said:
+        said = f"{named}: {said}"
+    hint = next((text for kind, text in parts if kind in ("hint", "help") and text), None)
+    if hint is not None:
+        first = hint.split(". ")[0].rstrip(".")
+        said = f"{said} (hint: {first})"
+    return said
+
+
+def _offered_python(rollout_dir: Path, env: Mapping[str, str]) -> Path | None:
+    """This interpreter, for a rollout environment made for the first time when nothing else
+    chooses one (no ``UV_PYTHON``, no ``.python-version``) and it meets the rollout's
+    ``requires-python``: uv looks only on ``PATH`` and among its own downloads, and would
+    otherwise download a Python (or fail offline) on a machine whose one suitable Python runs
+    rollbridge from outside ``PATH``. An environment that exists keeps its interpreter."""
+    if env.get("UV_PYTHON") or rollout_python(rollout_dir, env).exists():
+        return None
+    if any((d / ".python-version").is_file() for d in (rollout_dir, *rollout_dir.parents)):
+        return None
+    try:  # packaging comes with the cli extra (LiteLLM's), not with the base install
+        from packaging.specifiers import InvalidSpecifier, SpecifierSet
+    except ImportError:
+        return None
+    try:
+        with (rollout_dir / "pyproject.toml").open("rb") as f:
+            wanted = tomllib.load(f).get("project", {}).get("requires-python", "")
+        here = ".".join(map(str, sys.version_info[:3]))
+        if not isinstance(wanted, str) or here not in SpecifierSet(wanted):
+            return None
+    except (OSError, tomllib.TOMLDecodeError, AttributeError, InvalidSpecifier):
+        return None  # uv decides, as it would anyway
+    return Path(sys.executable)
 
 
 async def uv_sync(
@@ -116,6 +183,7 @@ async def uv_sync(
     logs_hint: str,
     redact: Callable[[str], str],
     find_links: Path | None = None,
+    no_wheel: str | None = None,
 ) -> None:
     """Run ``uv sync --project <rollout_dir>`` to completion (no timeout: the first sync may
     download a lot). Output goes to ``sink``. Cancellation stops uv's group (5 s grace).
@@ -123,8 +191,8 @@ async def uv_sync(
     names what failed when that is another (:func:`uv_error`).
 
     ``find_links`` is a directory holding a wheel of the running rollbridge
-    (:mod:`launcher.selfwheel`), searched besides the index for the rollout's ``rollbridge``.
-    A path source that points at nothing (:func:`missing_path_sources`) is refused first."""
+    (:mod:`launcher.selfwheel`), searched besides the index for the rollout's ``rollbridge``;
+    ``no_wheel`` says why there is none, for the error of a sync that then fails. A path source that points at nothing (:func:`missing_path_sources`) is refused first."""
     missing = await trio.to_thread.run_sync(missing_path_sources, rollout_dir)
     if missing:
         name, written, target = missing[0]
@@ -138,10 +206,13 @@ async def uv_sync(
             f"({target}) in [tool.uv.sources], where there is no Python project: {fix}"
         )
     extra: list[str | Path] = []
+    python = await trio.to_thread.run_sync(_offered_python, rollout_dir, env)
+    if python is not None:
+        extra += ["--python", python]
     if find_links is not None:
         from launcher.selfwheel import installed_differs
 
-        extra = ["--find-links", find_links]
+        extra += ["--find-links", find_links]
         if installed_differs(find_links, rollout_python(rollout_dir, env).parent.parent):
             extra += ["--reinstall-package", "rollbridge"]
     async with trio.open_nursery() as nursery:
@@ -164,6 +235,8 @@ async def uv_sync(
     if rc != 0:
         said = uv_error(child.tail, child.last_line)
         tail = f": {redact(said)}" if said else ""
+        if no_wheel is not None:
+            tail += f" (no wheel of the running rollbridge to offer it: {redact(no_wheel)})"
         raise DependencyError(
             f"uv sync failed for rollouts/{rollout} with exit code {rc}{tail}\nLogs: {logs_hint}"
         )

@@ -6,12 +6,18 @@ pre-release), ``uv sync`` gets the directory holding this wheel as a ``--find-li
 resolves it offline. The wheel is made once per installed content and cached under
 ``~/.cache/rollbridge/self-wheel/<digest>/``:
 
-* installed from a wheel or an index (files listed in ``RECORD``): *repacked* from the installed
-  files, byte for byte (:func:`rollout_server.harbor.wheelhouse.repack`), so it is exactly the
-  code that runs here, whether or not the wheel file pip installed from still exists;
-* installed from a directory (a checkout, ``pip install -e .``): *built* from it with
-  ``uv build --wheel``, keyed by the digest of its source files, so an edit makes a new wheel.
+* installed as files (from a wheel, an index, or a directory without ``-e``: files listed in
+  ``RECORD``): *repacked* from the installed files, byte for byte
+  (:func:`rollout_server.harbor.wheelhouse.repack`), so it is exactly the code that runs here,
+  whether or not the wheel or checkout pip installed from still exists or has changed since;
+  keyed by ``RECORD`` and each installed file's size and modification time, so a file changed
+  in place makes a new wheel too;
+* installed editable from a directory (a checkout, ``pip install -e .``, PEP 610
+  ``dir_info.editable``): *built* from it with ``uv build --wheel``, keyed by the digest of its
+  source files, so an edit makes a new wheel.
 
+The cache is ``$XDG_CACHE_HOME/rollbridge/self-wheel``; when it cannot be written (a read-only
+home), a directory of the user's own under the system's temporary directory is used instead.
 ``ROLLBRIDGE_WHEELHOUSE`` names a directory of shipped wheels to use instead (nothing is built).
 """
 
@@ -64,12 +70,15 @@ def default_cache_root() -> Path:
 
 
 def source_dir(dist: metadata.Distribution) -> Path | None:
-    """The directory rollbridge was installed from (PEP 610 ``dir_info``), if it still exists."""
+    """The directory rollbridge was installed from in editable mode (PEP 610 ``dir_info`` with
+    ``editable``), if it still exists: the code that runs here is that directory's. Installed
+    from a directory without ``-e``, the code that runs is the installed copy (None)."""
     try:
         direct = json.loads(dist.read_text("direct_url.json") or "null")
     except ValueError:
         return None
-    if not isinstance(direct, dict) or not isinstance(direct.get("dir_info"), dict):
+    info = direct.get("dir_info") if isinstance(direct, dict) else None
+    if not isinstance(info, dict) or info.get("editable") is not True:
         return None
     url = direct.get("url")
     parts = urlsplit(url) if isinstance(url, str) else None
@@ -84,6 +93,16 @@ def _digest(dist: metadata.Distribution, source: Path | None) -> str:
     if source is None:
         record = dist.locate_file(f"{_dist_info_name(dist)}/RECORD")
         digest.update(Path(str(record)).read_bytes())
+        # RECORD says what was installed; a file changed in place since (a patch applied to
+        # site-packages) shows in its size or time only.
+        for file in dist.files or ():
+            if file.suffix == ".pyc" or file.parts[:1] == ("..",):
+                continue  # byte code and scripts are not repacked
+            try:
+                st = os.stat(str(dist.locate_file(file)))
+            except OSError:
+                continue
+            digest.update(f"{file} {st.st_size} {st.st_mtime_ns}\n".encode())
     else:
         for name in source_files(source, use_git=True):
             digest.update(f"{name} {file_sha256(source / name)}\n".encode())
@@ -130,7 +149,8 @@ def self_wheel(uv: Path, *, cache_root: Path | None = None) -> Path:
     Made on first use and cached (see the module docstring). Raises :class:`SelfWheelError`."""
     shipped = os.environ.get(SHIPPED_ENV)
     if shipped:
-        folder = Path(shipped).expanduser()
+        # Absolute: uv runs in the rollout's directory, not in this one.
+        folder = Path(shipped).expanduser().absolute()
         if not any(folder.glob("rollbridge-*.whl")):
             raise SelfWheelError(f"{SHIPPED_ENV}={shipped} holds no rollbridge-*.whl")
         return folder
@@ -139,25 +159,51 @@ def self_wheel(uv: Path, *, cache_root: Path | None = None) -> Path:
     except metadata.PackageNotFoundError:
         raise SelfWheelError("rollbridge is not installed as a distribution") from None
     source = source_dir(dist)
-    root = default_cache_root() if cache_root is None else cache_root
     try:
-        folder = root / _digest(dist, source)
-        if any(folder.glob("rollbridge-*.whl")):
-            return folder
-        root.mkdir(parents=True, exist_ok=True)
-        scratch = Path(tempfile.mkdtemp(prefix=".making-", dir=root))
-        try:
-            _make(dist, source, scratch, uv)
-            try:
-                scratch.rename(folder)
-            except OSError:  # another run made it first: theirs is the same wheel
-                if not any(folder.glob("rollbridge-*.whl")):
-                    raise
-        finally:
-            shutil.rmtree(scratch, ignore_errors=True)
-        _prune(root, keep=folder)
-    except (OSError, BundleError) as exc:
+        key = _digest(dist, source)
+    except OSError as exc:
         raise SelfWheelError(f"cannot make a wheel of the running rollbridge: {exc}") from None
+    roots = [default_cache_root, _private_temp_root] if cache_root is None else [lambda: cache_root]
+    for root in roots:
+        try:
+            return _cached(dist, source, root(), key, uv)
+        except OSError as exc:
+            failure: Exception = exc  # an unwritable cache: the next place, if any
+        except BundleError as exc:
+            failure = exc
+            break  # the wheel itself cannot be made: another place would not help
+    raise SelfWheelError(f"cannot make a wheel of the running rollbridge: {failure}") from None
+
+
+def _private_temp_root() -> Path:
+    """The fallback cache: a directory of this user's alone under the temporary directory (a
+    shared one could be planted with another user's wheel)."""
+    root = Path(tempfile.gettempdir()) / f"rollbridge-self-wheel-{os.getuid()}"
+    root.mkdir(mode=0o700, exist_ok=True)
+    st = root.lstat()
+    if not root.is_dir() or root.is_symlink() or st.st_uid != os.getuid() or st.st_mode & 0o022:
+        raise PermissionError(f"{root} is not a private directory of this user")
+    return root
+
+
+def _cached(
+    dist: metadata.Distribution, source: Path | None, root: Path, key: str, uv: Path
+) -> Path:
+    folder = root / key
+    if any(folder.glob("rollbridge-*.whl")):
+        return folder
+    root.mkdir(parents=True, exist_ok=True)
+    scratch = Path(tempfile.mkdtemp(prefix=".making-", dir=root))
+    try:
+        _make(dist, source, scratch, uv)
+        try:
+            scratch.rename(folder)
+        except OSError:  # another run made it first: theirs is the same wheel
+            if not any(folder.glob("rollbridge-*.whl")):
+                raise
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
+    _prune(root, keep=folder)
     return folder
 
 
@@ -175,11 +221,14 @@ def installed_differs(find_links: Path, venv: Path) -> bool:
     differ from the wheel in ``find_links`` (same version, other contents: a checkout edited
     since). uv keeps an installed version that satisfies the lock, so the caller asks it to
     reinstall. A rollbridge installed from a path or URL (``direct_url.json``) is the
-    rollout's own choice and never differs."""
+    rollout's own choice and never differs, nor does another version (one its resolution took
+    from an index: reinstalling it would only get the same one again, at every run)."""
     wheels = sorted(find_links.glob("rollbridge-*.whl"))
     infos = sorted(venv.glob("lib/python*/site-packages/rollbridge-*.dist-info"))
     infos += sorted(venv.glob("Lib/site-packages/rollbridge-*.dist-info"))
     if not wheels or not infos or (infos[0] / "direct_url.json").exists():
+        return False
+    if wheels[-1].name.split("-")[1] != infos[0].name.removesuffix(".dist-info").split("-")[1]:
         return False
     try:
         with zipfile.ZipFile(wheels[-1]) as archive:

@@ -409,6 +409,8 @@ async def _sync(ctx: RunContext) -> Path | None:
     rollout = p.config.experiment.rollout
     uv = find_uv(rollout)
     ctx.stage(f"syncing rollout dependencies ({rollout})", step="deps")
+    no_wheel: list[str] = []
+    wheelhouse = await _self_wheel(ctx, uv, no_wheel)
     await uv_sync(
         uv,
         p.paths.rollout_dir,
@@ -417,19 +419,22 @@ async def _sync(ctx: RunContext) -> Path | None:
         sink=ctx.sink("deps"),
         logs_hint=ctx.logs_hint,
         redact=p.redactor,
-        find_links=(wheelhouse := await _self_wheel(ctx, uv)),
+        find_links=wheelhouse,
+        no_wheel=no_wheel[0] if no_wheel else None,
     )
     return wheelhouse
 
 
-async def _self_wheel(ctx: RunContext, uv: Path) -> Path | None:
-    """This rollbridge's wheel's directory (launcher.selfwheel), or None with a warning."""
+async def _self_wheel(ctx: RunContext, uv: Path, why_not: list[str]) -> Path | None:
+    """This rollbridge's wheel's directory (launcher.selfwheel), or None with a warning (and
+    its cause in ``why_not``, for the error of a sync that then fails)."""
     from launcher.selfwheel import SelfWheelError, self_wheel
 
     try:
         return await trio.to_thread.run_sync(self_wheel, uv)
     except SelfWheelError as exc:  # a rollout whose pyproject names a source needs none
         ctx.log("WARNING", "deps", str(exc), None)
+        why_not.append(str(exc))
         return None
 
 

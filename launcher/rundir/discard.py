@@ -88,6 +88,12 @@ def settle_failed_run(
             if logs.is_file() and any(display(logs) in leaf.message for leaf in errors):
                 ensure_dir(kept.parent)
                 os.replace(logs, kept)
+                # Its last lines name the file by its old place, which is gone.
+                with kept.open("a", encoding="utf-8") as log:
+                    log.write(
+                        f"(this log was {display(logs)}; moved to {display(kept)} when the run's "
+                        "directory, which held no record, was removed)\n"
+                    )
                 for leaf in errors:
                     _rewrite(leaf, leaf.message.replace(display(logs), display(kept)))
         try:

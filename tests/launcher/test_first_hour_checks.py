@@ -289,6 +289,37 @@ echo "error: No solution found when resolving dependencies"
 echo "  cause: Because nope was not found in the package registry, we are stuck."
 exit 1
 """
+# uv 0.13's own words, offline with a cold cache: the last line is a hint, not the error.
+UV_OFFLINE = """#!/bin/sh
+echo "Using CPython 3.11.7 interpreter at: /usr/bin/python3"
+echo "error: No solution found when resolving dependencies"
+echo "  cause: Because h11 was not found in the cache and your project depends on h11, we can"
+echo "  conclude that your project's requirements are unsatisfiable."
+echo ""
+echo "hint: Packages were unavailable because the network was disabled. When the network is \
+disabled, registry packages may only be read from the cache."
+exit 1
+"""
+# An interpreter that fails to answer: uv quotes its stderr after the error's causes.
+UV_SHIM = """#!/bin/sh
+echo "error: Failed to inspect Python interpreter from search path at /x/shims/python3.12"
+echo "  Caused by: Querying Python at /x/shims/python3.12 failed with exit status 127"
+echo ""
+echo "[stderr]"
+echo "pyenv: python3.12: command not found"
+echo ""
+echo "Note: See 'pyenv help global' for tips on allowing both"
+echo "      python2 and python3 to be found at the same time."
+exit 2
+"""
+# Drawn as a tree (uv's output to a terminal).
+UV_TREE = """#!/bin/sh
+echo "  × No solution found when resolving dependencies:"
+echo "  ╰─▶ Because nope was not found in the package registry and your project"
+echo "      depends on nope, we can conclude that your project's requirements are"
+echo "      unsatisfiable."
+exit 1
+"""
 
 
 @pytest.mark.parametrize(
@@ -301,8 +332,25 @@ exit 1
         ),
         (
             UV_UNSOLVABLE,
-            "exit code 1: cause: Because nope was not found in the package registry, "
-            "we are stuck.\n",
+            "exit code 1: Because nope was not found in the package registry, we are stuck.\n",
+        ),
+        (
+            UV_OFFLINE,
+            "exit code 1: Because h11 was not found in the cache and your project depends on "
+            "h11, we can conclude that your project's requirements are unsatisfiable. (hint: "
+            "Packages were unavailable because the network was disabled)\n",
+        ),
+        (
+            UV_SHIM,
+            "exit code 2: Failed to inspect Python interpreter from search path at "
+            "/x/shims/python3.12: Querying Python at /x/shims/python3.12 failed with exit "
+            "status 127\n",
+        ),
+        (
+            UV_TREE,
+            "exit code 1: Because nope was not found in the package registry and your project "
+            "depends on nope, we can conclude that your project's requirements are "
+            "unsatisfiable.\n",
         ),
     ],
 )
@@ -343,3 +391,28 @@ def test_a_batch_size_of_0_or_less_is_ignored_with_a_warning(
         "concurrency comes from --max-in-flight, else the rollout server's capacity"
     ) in err
     assert "Traceback" not in err
+
+
+async def test_a_failed_sync_says_why_no_wheel_of_rollbridge_was_offered(tmp_path: Path) -> None:
+    """The cause a user must fix (a cache it cannot write) is not uv's "rollbridge was not
+    found in the package registry": both are said, in the one error line."""
+    uv = tmp_path / "uv"
+    uv.write_text(UV_UNSOLVABLE)
+    uv.chmod(0o755)
+    rollout = tmp_path / "rollouts" / "echo"
+    rollout.mkdir(parents=True)
+    (rollout / "pyproject.toml").write_text('[project]\nname = "r"\nversion = "0"\n')
+    why = "cannot make a wheel of the running rollbridge: [Errno 30] Read-only file system"
+    with trio.fail_after(20), pytest.raises(DependencyError) as raised:
+        await uv_sync(
+            uv,
+            rollout,
+            "echo",
+            env={"PATH": "/usr/bin:/bin", "UV_PYTHON": "x"},
+            sink=lambda line: None,
+            logs_hint="logs.txt",
+            redact=lambda text: text,
+            no_wheel=why,
+        )
+    first = str(raised.value).splitlines()[0]
+    assert first.endswith(f"we are stuck. (no wheel of the running rollbridge to offer it: {why})")

@@ -5,7 +5,9 @@ and an installed wheel, with no checkout and no wheel file left, scaffolds and r
 
 from __future__ import annotations
 
+import importlib.metadata
 import importlib.util
+import json
 import os
 import shutil
 import subprocess
@@ -17,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from launcher.selfwheel import KEEP, installed_differs, self_wheel
+from launcher.selfwheel import KEEP, installed_differs, self_wheel, source_dir
 from rollout_server.protocol import sdk_version
 
 REPO = Path(__file__).resolve().parents[2]
@@ -96,6 +98,9 @@ def test_the_wheel_and_the_sdist_carry_every_runtime_file(built: list[Path]) -> 
         members = {m.name.partition("/")[2] for m in archive.getmembers()}
     assert [n for n in expected if n not in members] == []
     assert {"pyproject.toml", "README.md"} <= members
+    # Only the packages: not the tests (they need the checkout's fixtures) nor a stray .env.
+    strays = {m.split("/")[0] for m in members} - {*PACKAGES, "pyproject.toml", "README.md", ""}
+    assert strays <= {"PKG-INFO", ".gitignore"}, strays
 
 
 def test_twine_check_passes(built: list[Path]) -> None:
@@ -144,6 +149,10 @@ def test_the_self_wheel_is_made_once_and_tells_a_stale_install(tmp_path: Path) -
     first = record.splitlines()[0].split(",")
     (info / "RECORD").write_text(record.replace(first[1], "sha256=old"))
     assert installed_differs(folder, tmp_path / "venv")
+    # Another version is what the rollout's resolution took (from an index): kept.
+    newer = info.rename(site / "rollbridge-99.0.dist-info")
+    assert not installed_differs(folder, tmp_path / "venv")
+    info = newer.rename(info)
     (info / "direct_url.json").write_text("{}")  # the rollout's own path source: not ours
     assert not installed_differs(folder, tmp_path / "venv")
 
@@ -211,3 +220,76 @@ def test_an_installed_wheel_runs_a_new_workspace_without_the_checkout(tmp_path: 
     assert _scan_for(outside / "demo", str(REPO).encode()) == []
     lock = (outside / "demo/rollouts/demo/uv.lock").read_text()
     assert str(tmp_path / "cache" / "rollbridge" / "self-wheel") in lock
+
+
+def _installed(site: Path, body: str, direct_url: dict[str, object] | None = None) -> Path:
+    """A rollbridge "installed" under ``site`` as pip leaves one: its files and dist-info."""
+    package = site / "rollout_server"
+    package.mkdir(parents=True, exist_ok=True)
+    (package / "__init__.py").write_text(body)
+    info = site / f"rollbridge-{VERSION}.dist-info"
+    info.mkdir(exist_ok=True)
+    (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: rollbridge\nVersion: {VERSION}\n")
+    (info / "WHEEL").write_text("Wheel-Version: 1.0\nRoot-Is-Purelib: true\nTag: py3-none-any\n")
+    record = f"rollout_server/__init__.py,sha256=x,{len(body)}\n{info.name}/RECORD,,\n"
+    (info / "RECORD").write_text(record)
+    if direct_url is not None:
+        (info / "direct_url.json").write_text(json.dumps(direct_url))
+    return info
+
+
+def _wheel_text(folder: Path) -> str:
+    (wheel,) = folder.glob("rollbridge-*.whl")
+    with zipfile.ZipFile(wheel) as archive:
+        return archive.read("rollout_server/__init__.py").decode()
+
+
+def test_the_self_wheel_is_the_installed_code(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Installed from a checkout without ``-e``, what runs is the installed copy: the wheel is
+    repacked from it (not built from the checkout, edited since); a file patched in place
+    makes a new wheel; an unwritable cache falls back to a private temporary one."""
+    checkout = tmp_path / "checkout"
+    checkout.mkdir()
+    site = tmp_path / "site"
+    info = _installed(
+        site, "INSTALLED = 1\n", {"url": checkout.as_uri(), "dir_info": {"editable": False}}
+    )
+    monkeypatch.setattr(
+        "launcher.selfwheel.metadata.distribution",
+        lambda name: importlib.metadata.PathDistribution(info),
+    )
+    cache = tmp_path / "cache"
+    first = self_wheel(UV, cache_root=cache)
+    assert _wheel_text(first) == "INSTALLED = 1\n"
+    (site / "rollout_server/__init__.py").write_text("INSTALLED = 2  # patched\n")
+    second = self_wheel(UV, cache_root=cache)
+    assert second != first and _wheel_text(second) == "INSTALLED = 2  # patched\n"
+    # An unwritable cache (here a file where its directory would be) is not the end.
+    (tmp_path / "xdg").write_text("")
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
+    monkeypatch.setattr("tempfile.tempdir", str(tmp_path / "tmp"))
+    (tmp_path / "tmp").mkdir()
+    fallback = self_wheel(UV)
+    assert fallback.parent == tmp_path / "tmp" / f"rollbridge-self-wheel-{os.getuid()}"
+    assert _wheel_text(fallback) == "INSTALLED = 2  # patched\n"
+
+
+def test_an_editable_install_builds_from_its_checkout_and_a_wheelhouse_is_absolute(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    checkout = tmp_path / "checkout"
+    checkout.mkdir()
+    editable = _installed(
+        tmp_path / "a", "", {"url": checkout.as_uri(), "dir_info": {"editable": True}}
+    )
+    plain = _installed(tmp_path / "b", "", {"url": checkout.as_uri(), "dir_info": {}})
+    assert source_dir(importlib.metadata.PathDistribution(editable)) == checkout
+    assert source_dir(importlib.metadata.PathDistribution(plain)) is None
+    # uv runs in the rollout's directory: a relative wheelhouse must not be read from there.
+    (tmp_path / "wh").mkdir()
+    (tmp_path / "wh" / f"rollbridge-{VERSION}-py3-none-any.whl").write_bytes(b"")
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("ROLLBRIDGE_WHEELHOUSE", "wh")
+    assert self_wheel(UV) == tmp_path / "wh"

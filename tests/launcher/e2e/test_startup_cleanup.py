@@ -59,6 +59,12 @@ async def test_syntax_error_is_reported_once_and_leaves_nothing(
     log = kept[0].read_text()
     assert log.count("starting rollout server") == 1, log
     assert "retrying startup" not in log
+    # Its own lines name the run's logs.txt, removed with the directory: its end says where
+    # it went.
+    assert log.endswith(
+        f"moved to ws/.osmosis/evals/.failed-starts/{kept[0].name} when the "
+        "run's directory, which held no record, was removed)\n"
+    ), log[-300:]
 
 
 async def test_import_error_names_the_importing_line(

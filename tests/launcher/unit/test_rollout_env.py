@@ -3,6 +3,7 @@ package and the entry, before ``uv sync`` runs (launcher.rollout_env)."""
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 
 import pytest
@@ -70,3 +71,50 @@ async def test_uv_sync_refuses_a_copied_example_s_source_before_running_uv(tmp_p
         f"({where}) in [tool.uv.sources], where there is no Python project: "
         "remove that entry to use the running rollbridge's own wheel"
     )
+
+
+UV = Path(sys.executable).parent / "uv"
+
+
+async def _sync_empty(rollout: Path, env: dict[str, str]) -> list[str]:
+    lines: list[str] = []
+    with trio.fail_after(120):
+        await uv_sync(
+            UV,
+            rollout,
+            "echo",
+            env=env,
+            sink=lines.append,
+            logs_hint="logs.txt",
+            redact=lambda text: text,
+        )
+    return lines
+
+
+@pytest.mark.slow
+async def test_a_new_environment_gets_this_interpreter_when_path_has_none(tmp_path: Path) -> None:
+    """uv finds interpreters on PATH (and downloads others): a machine whose one suitable Python
+    runs rollbridge from outside PATH still gets its rollout environment, offline. A rollout
+    this interpreter cannot run is left to uv (which, forbidden to download, says so)."""
+    if not UV.is_file():
+        pytest.skip("needs uv next to this interpreter (the cli extra)")
+    here = ".".join(map(str, sys.version_info[:2]))
+    env = {
+        "PATH": str(tmp_path / "nothing"),
+        "HOME": str(tmp_path),
+        "UV_CACHE_DIR": str(tmp_path / "uv-cache"),
+        "UV_PYTHON_DOWNLOADS": "never",
+        "UV_OFFLINE": "1",
+        "UV_PYTHON_INSTALL_DIR": str(tmp_path / "no-managed-pythons"),
+    }
+    fits = tmp_path / "fits"
+    fits.mkdir()
+    project = f'[project]\nname = "r"\nversion = "0"\nrequires-python = ">={here}"\n'
+    (fits / "pyproject.toml").write_text(project)
+    await _sync_empty(fits, env)
+    assert f"version_info = {here}." in (fits / ".venv" / "pyvenv.cfg").read_text()
+    beyond = tmp_path / "beyond"
+    beyond.mkdir()
+    (beyond / "pyproject.toml").write_text(project.replace(f">={here}", ">=3.99"))
+    with pytest.raises(DependencyError, match=r"No interpreter found for Python >=3\.99"):
+        await _sync_empty(beyond, env)
