@@ -18,11 +18,14 @@ _PATTERN_MASK = "REDACTED"
 
 # Shapes of credentials worth scrubbing even when we do not know their value: provider keys,
 # authorization headers, credentials in URL query strings or URL userinfo, key/value dumps.
+# A key's prefix in any case, as known values are matched (rollout_server.net.secrets): output
+# that was upper-cased holds SK-… and RBK-…; "Basic" and "Bearer" stay as written, as ordinary
+# words in another case ("basic settings") would be masked.
 _PATTERNS = re.compile(
     "|".join(
         [
-            r"\bsk-[A-Za-z0-9_\-]{16,}",
-            r"\brbk-[A-Za-z0-9_\-]{43}",  # a rollout's own bridge bearer (bridge.bearers)
+            r"(?i:\bsk-)[A-Za-z0-9_\-]{16,}",
+            r"(?i:\brbk-)[A-Za-z0-9_\-]{43}",  # a rollout's own bridge bearer (bridge.bearers)
             r"\bBearer\s+[A-Za-z0-9\-._~+/]{8,}=*",
             r"\bBasic\s+[A-Za-z0-9+/]{8,}={0,2}",
             r"(?<=[?&])(?:key|api[_-]?key|access_token|token|sig|signature|password|secret)=[^\s&'\"]+",

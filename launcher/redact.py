@@ -1,11 +1,13 @@
 """Secret redaction (docs/spec/supervisor.md §8.3, all CLI output included).
 
 A :class:`Redactor` knows a set of secret values and replaces each occurrence of any of them
-with ``[REDACTED]``, in every spelling the bridge's one policy knows (stripped, JSON-escaped
-and Python-quoted at any depth, URL-encoded: :class:`rollout_server.net.secrets.SecretMatcher`, the
-mechanism the bridge's own scrubber uses too). Which environment variables hold secrets is
-that policy's as well (:func:`bridge.secret_env_values`). Values are matched longest first, so
-a value containing another is redacted whole.
+with ``[REDACTED]``, in every spelling the bridge's one policy knows (stripped, any letter
+case, JSON-escaped and Python-quoted at any depth, URL-encoded, inside base64:
+:class:`rollout_server.net.secrets.SecretMatcher`, the mechanism the bridge's own scrubber uses
+too). Which environment variables hold secrets is that policy's as well
+(:func:`bridge.secret_env_values`). Values are matched longest first, so a value containing
+another is redacted whole. Text read a line at a time (``logs.txt``) also goes through
+:meth:`Redactor.redact_fragments`, for a secret a line break cut in two.
 """
 
 from __future__ import annotations
@@ -20,7 +22,9 @@ from rollout_server.net.secrets import SecretMatcher
 
 __all__ = ["AMBIENT_MIN_LENGTH", "KNOWN_SECRET_ENV_NAMES", "REDACTED", "Redactor"]
 
-_ROLLOUT_BEARER = re.compile(re.escape(ROLLOUT_BEARER_PREFIX) + r"[A-Za-z0-9_-]{43}")
+# Any case, as known values are: a program that upper-cases its output upper-cases the bearer.
+_ROLLOUT_BEARER = re.compile("(?i:" + re.escape(ROLLOUT_BEARER_PREFIX) + ")" + r"[A-Za-z0-9_-]{43}")
+_BEARER_PREFIX_UPPER = ROLLOUT_BEARER_PREFIX.upper()
 
 
 class Redactor:
@@ -58,9 +62,16 @@ class Redactor:
         every rollout's own bridge bearer (:mod:`bridge.bearers`: derived per rollout, so no
         list holds them all)."""
         text = self._matcher.sub(REDACTED, text)
-        if ROLLOUT_BEARER_PREFIX in text:
+        if ROLLOUT_BEARER_PREFIX in text or _BEARER_PREFIX_UPPER in text:
             text = _ROLLOUT_BEARER.sub(REDACTED, text)
         return text
+
+    def redact_fragments(self, text: str) -> str:
+        """``text`` with a piece of a known value (8+ characters) at the start or the end of
+        each of its lines replaced by ``[REDACTED]``: the part of a secret a line break cut
+        off (:meth:`~rollout_server.net.secrets.SecretMatcher.sub_fragments` has the rule and
+        its limits). For text written a line at a time; the whole values need ``self(text)``."""
+        return self._matcher.sub_fragments(REDACTED, text)
 
     def redact_obj(self, obj: Any) -> Any:
         """A copy of JSON-like ``obj`` with every string (keys included) redacted."""

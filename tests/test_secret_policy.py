@@ -3,6 +3,7 @@ scrubber all redact the same spellings of a secret (rollout_server.net.secrets).
 
 from __future__ import annotations
 
+import base64
 import json
 from urllib.parse import quote, quote_plus
 
@@ -28,6 +29,10 @@ def _spellings(secret: str) -> dict[str, str]:
         "URL-encoded": quote(secret, safe=""),
         "form-encoded": quote_plus(secret),
         "URL-encoded JSON": quote(once, safe=""),
+        "upper-cased": secret.upper(),
+        "upper-cased JSON": once.upper(),
+        "base64 in a Basic header": base64.b64encode(f"user:{secret}".encode()).decode(),
+        "URL-safe base64": base64.urlsafe_b64encode(f"ab{secret}".encode()).decode(),
     }
 
 

@@ -6,6 +6,14 @@ echoed; the file is 0600 and each line is one ``write``, not fsync'd (the journa
 authority). A line that cannot be written (a full disk, an I/O error) never raises into the
 caller: the log is cut back to its last whole line, the first such error is kept in
 :attr:`RunLog.write_failure` for the run's final message, and later lines are tried again.
+
+Child output reaches the log a line at a time, so a secret a line break cut in two (a wrapped
+provider echo, a key printed in two ``print`` calls) is whole on neither line: each line of a
+message also has a piece of a secret (8+ characters) at its start or end redacted
+(:meth:`~launcher.redact.Redactor.redact_fragments`, with no memory of the previous line, so
+nothing is held back from ``--verbose``). A line over :data:`MAX_LINE_BYTES` (one 20 MB line of
+rollout output) keeps its head and tail and says how many bytes were cut; it is cut after it is
+redacted, so the cut cannot leave a piece of a secret behind.
 """
 
 from __future__ import annotations
@@ -27,6 +35,7 @@ from launcher.rundir.atomic import WriteFailure, fast_sorted_json
 __all__ = [
     "INVOCATION_ENDED",
     "INVOCATION_STEP",
+    "MAX_LINE_BYTES",
     "RUN_FAILED",
     "RunLog",
     "line_details",
@@ -40,6 +49,12 @@ INVOCATION_ENDED = "invocation ended"
 
 #: How an ``ERROR [run]`` line that names the error which ended an invocation begins.
 RUN_FAILED = "the run stopped with an error: "
+
+#: The longest ``logs.txt`` line, in bytes: past it the middle is cut. Long enough for any
+#: traceback or details object, short enough that the file stays readable and ``tail`` works.
+MAX_LINE_BYTES = 64 * 1024
+# Room for the " … [cut <n> bytes] … " marker and for moving each cut to a character boundary.
+_MARKER_ROOM = 64
 
 
 def utc_now_iso(now: datetime | None = None, *, timespec: str = "microseconds") -> str:
@@ -84,6 +99,19 @@ def line_details(message: str, prefix: str) -> dict[str, Any] | None:
     return details if isinstance(details, dict) else None
 
 
+def _cut(data: bytes) -> bytes:
+    """``data`` (UTF-8, over :data:`MAX_LINE_BYTES`) as its head and tail around a marker
+    saying how many bytes were cut, each cut on a character boundary."""
+    keep = (MAX_LINE_BYTES - _MARKER_ROOM) // 2
+    head = keep
+    while head > 0 and data[head] & 0xC0 == 0x80:  # a continuation byte: inside a character
+        head -= 1
+    tail = len(data) - keep
+    while tail < len(data) and data[tail] & 0xC0 == 0x80:
+        tail += 1
+    return data[:head] + f" … [cut {tail - head:,} bytes] … ".encode() + data[tail:]
+
+
 def _details_json(details: dict[str, Any]) -> str:
     # Like canonical JSON, but never fails on odd values: logs must not crash the run.
     fast = fast_sorted_json(details)
@@ -117,15 +145,23 @@ class RunLog:
     def log(
         self, level: str, step: str, message: str, details: dict[str, Any] | None = None
     ) -> str:
-        """Write one line; returns the redacted line (without newline)."""
+        """Write one line; returns the redacted line (without newline), as written: cut to
+        :data:`MAX_LINE_BYTES` when longer."""
+        # Before the line is assembled: the message's own edges are where a line break may
+        # have cut a secret (the timestamp and the details are never such an edge).
+        message = self.redactor.redact_fragments(message)
         line = f"{utc_now_iso()} {level} [{step}] {message}"
         if details is not None:
             line += " " + _details_json(details)
         # Child output can contain newlines-in-lines (\r); keep one physical line per event.
         line = self.redactor(line.replace("\n", "\\n"))
+        data = line.encode("utf-8", "backslashreplace")
+        if len(data) > MAX_LINE_BYTES:
+            data = _cut(data)
+            line = data.decode("utf-8")
         with self._mutex:
             if self._fd >= 0:
-                self._write((line + "\n").encode("utf-8", "backslashreplace"))
+                self._write(data + b"\n")
         if self.echo is not None:
             self.echo(line)
         return line

@@ -5,27 +5,63 @@ Every redactor uses it: the launcher's (run logs, terminal, journal), the bridge
 trial archive's scrubber (:mod:`rollout_server.harbor.archive`, on bytes, with its fail-closed
 check). It is pure and uses only the standard library, so it stands on the floor where all
 three can import it. (The harness that runs inside Harbor's own venv keeps its own copy: it
-cannot import rollbridge.)
+cannot import rollbridge.) docs/spec/supervisor.md §8.3 is the rule this module implements.
 
-A secret in the environment is the value of a variable on :data:`KNOWN_SECRET_ENV_NAMES` or of
-any variable whose name contains ``KEY``, ``TOKEN``, ``SECRET`` or ``PASSWORD``, when the value
-is at least :data:`AMBIENT_MIN_LENGTH` characters long, unless the variable names a file
-(:func:`names_a_file`: ``RAY_AUTH_TOKEN_PATH=/home/me/token``) or a place
-(:func:`names_a_place`: ``OSMOSIS_TOKEN_PLATFORM_URL=https://platform.example``). A secret is redacted in every spelling
-a program is likely to print it in: as is, whitespace-stripped, JSON-escaped (with or without
-``\\/`` for ``/``) and Python-quoted (alone, or inside a larger single-quoted ``repr``), each
-at any depth (JSON inside a repr inside JSON...), and URL-encoded.
+A secret in the environment is the value of a variable on :data:`KNOWN_SECRET_ENV_NAMES`, of
+any variable whose name contains one of :data:`SECRET_NAME_PARTS` (``KEY``, ``TOKEN``,
+``SECRET``, ``PASSWORD``, ``PASSWD``, ``PASSPHRASE``) or ends in one of
+:data:`SECRET_NAME_ENDINGS` (``_PAT``, ``_PWD``, ``_AUTH``, ``_COOKIE``, ``_CREDENTIALS``), when
+the value is at least :data:`AMBIENT_MIN_LENGTH` characters long, unless the variable names a
+file (:func:`names_a_file`: ``RAY_AUTH_TOKEN_PATH=/home/me/token``,
+``GOOGLE_APPLICATION_CREDENTIALS=/keys/sa.json``) or a place (:func:`names_a_place`:
+``OSMOSIS_TOKEN_PLATFORM_URL=https://platform.example``). Names are matched case-sensitively.
 
-:class:`SecretMatcher` is the mechanism both redactors use. Rather than listing spellings (there
+A secret is redacted in every spelling a program is likely to print it in: as is,
+whitespace-stripped, in any letter case (``KEY.upper()``, ``.lower()``), JSON-escaped (with or
+without ``\\/`` for ``/``) and Python-quoted (alone, or inside a larger single-quoted ``repr``),
+each at any depth (JSON inside a repr inside JSON...), URL-encoded, and base64-encoded inside a
+larger base64 text (an HTTP Basic ``Authorization`` header of ``user:key``).
+
+:class:`SecretMatcher` is the mechanism every redactor uses. Rather than listing spellings (there
 are exponentially many once escapes nest), it matches each character of a secret in any of the
-forms an escaper can give it: itself (after any number of backslashes, for the characters
-escapers prefix), a backslash escape (``\\n``, ``\\x0a``, ``\\u000a``, ``\\U0001f600``, a
-surrogate pair) behind one or more backslashes, or its UTF-8 bytes as ``%XX`` (``+`` for a
-space). Backslashes may themselves be URL-encoded (``%5C``), hex digits in either case.
+forms an escaper can give it: itself in either case (after any number of backslashes, for the
+characters escapers prefix), a backslash escape (``\\n``, ``\\x0a``, ``\\u000a``,
+``\\U0001f600``, a surrogate pair) behind one or more backslashes, or its UTF-8 bytes as ``%XX``
+(``+`` for a space). Backslashes may themselves be URL-encoded (``%5C``), hex digits and escape
+letters in either case.
+
+Base64 has no per-character form: a secret's encoding depends on where it starts in the
+encoded bytes. For each of the three byte alignments, the whole 3-byte groups of the secret
+encode to a *core* that is the same whatever surrounds the secret (:func:`base64_cores`, in the
+standard and the URL-safe alphabet). A core of at least :data:`BASE64_CORE_MIN` characters
+(12 bytes, 96 bits of the secret: unrelated base64 does not hold it by chance) is looked for
+literally, case-sensitively, and the whole base64 run that holds it (padding included) is
+replaced. Not found: base64 broken across lines (MIME's 76 columns), base64 of an escaped
+spelling, base64 that is itself URL-encoded (``%2B``), and a secret at an alignment that leaves
+fewer than 12 whole bytes (one under 12 bytes; one of 12 or 13 bytes at some alignments).
+
+A secret cut in two by a line break (a provider's echo wrapped at a column, a rollout that
+prints a key in two ``print`` calls) matches none of these on either line. For text read a line
+at a time (``logs.txt``), :meth:`SecretMatcher.sub_fragments` replaces, on each line, the
+longest piece of a secret of at least :data:`FRAGMENT_MIN` characters that ends the line (the
+beginning of a secret), the one that starts it (the end of a secret), or the whole line when it
+is a piece of one (the middle of a secret wrapped over three lines), whitespace around the line
+ignored, in any letter case. Such a piece is part of a secret whatever follows it, so the rule
+needs no memory of the previous line and holds nothing back. Its limits: a piece shorter than
+:data:`FRAGMENT_MIN` characters survives (a secret cut 5 + rest leaves 5 characters), only the
+literal spelling is looked at (not a JSON- or URL-escaped piece), and a line ending in the first
+:data:`FRAGMENT_MIN` characters of a secret loses them even when they were something else (a
+shared key prefix such as ``sk-proj-``).
+
+Why one module of this size: the name rule, the spellings and the matcher are one policy that
+every redactor (the launcher's, the bridge's and its child's, the archive's) and every check of
+a variable's name (``[env]``, the daemon's secrets, the rollout's environment) must apply
+alike; split, they would be imported piecewise and drift. Each part is a short section below.
 """
 
 from __future__ import annotations
 
+import base64
 import re
 import string
 from collections.abc import Mapping
@@ -35,7 +71,8 @@ REDACTED = "[REDACTED]"
 
 # Provider and platform variables that always hold secrets (docs/spec/supervisor.md §8.3).
 # GOOGLE_APPLICATION_CREDENTIALS is left out on purpose: its value is a file path, and
-# redacting paths would hide useful errors.
+# redacting paths would hide useful errors (its name ends in _CREDENTIALS, so a value that is no
+# path, the credentials themselves, is still a secret: names_a_file).
 KNOWN_SECRET_ENV_NAMES: tuple[str, ...] = (
     "OPENAI_API_KEY",
     "ANTHROPIC_API_KEY",
@@ -64,8 +101,21 @@ KNOWN_SECRET_ENV_NAMES: tuple[str, ...] = (
     "MSWEA_API_KEY",
 )
 
-SECRET_NAME_PARTS: tuple[str, ...] = ("KEY", "TOKEN", "SECRET", "PASSWORD")
+SECRET_NAME_PARTS: tuple[str, ...] = (
+    "KEY",
+    "TOKEN",
+    "SECRET",
+    "PASSWORD",
+    "PASSWD",
+    "PASSPHRASE",
+)
 """A variable whose (case-sensitive) name contains one of these holds a secret."""
+
+SECRET_NAME_ENDINGS: tuple[str, ...] = ("_PAT", "_PWD", "_AUTH", "_COOKIE", "_CREDENTIALS")
+"""A variable whose (case-sensitive) name ends in one of these holds a secret: ``GITHUB_PAT``,
+``MYSQL_PWD``, ``NPM_CONFIG__AUTH``, ``HTTP_COOKIE``, ``GOOGLE_CREDENTIALS``. Only as an ending:
+anywhere in a name these words mean something else (``PATH``, ``AUTHOR``, ``COOKIE_DOMAIN``),
+and the shell's own ``PWD`` and ``OLDPWD`` (a directory) have no ``_`` before ``PWD``."""
 
 AMBIENT_MIN_LENGTH = 8
 """Shorter environment values are not treated as secrets: redacting them would mangle text."""
@@ -75,18 +125,26 @@ _KNOWN = frozenset(KNOWN_SECRET_ENV_NAMES)
 
 def is_secret_env_name(name: str) -> bool:
     """True when an environment variable called ``name`` holds a secret."""
-    return name in _KNOWN or any(part in name for part in SECRET_NAME_PARTS)
+    return (
+        name in _KNOWN
+        or any(part in name for part in SECRET_NAME_PARTS)
+        or name.endswith(SECRET_NAME_ENDINGS)
+    )
 
 
-_FILE_NAME_SUFFIXES = ("_PATH", "_FILE", "_DIR")
+# A credentials variable may hold the credentials (JSON, for Terraform's GOOGLE_CREDENTIALS) or
+# their file's path (GOOGLE_APPLICATION_CREDENTIALS); a *_PWD one a password or a directory.
+_FILE_NAME_SUFFIXES = ("_PATH", "_FILE", "_DIR", "_CREDENTIALS", "_PWD")
 _A_PATH = re.compile(r"(/|~|\.{1,2}/|[A-Za-z]:[\\/])")
 
 
 def names_a_file(name: str, value: str) -> bool:
-    """Whether ``name=value`` points at a file rather than holding a secret: a name ending in
-    ``_PATH``, ``_FILE`` or ``_DIR`` (``RAY_AUTH_TOKEN_PATH``, ``AWS_WEB_IDENTITY_TOKEN_FILE``)
-    whose value is a path. Its value is left readable: it is what a user must see to fix a
-    wrong one. (The file's content is the secret; a value that is no path stays a secret.)"""
+    """Whether ``name=value`` points at a file or directory rather than holding a secret: a
+    name ending in ``_PATH``, ``_FILE``, ``_DIR``, ``_CREDENTIALS`` or ``_PWD``
+    (``RAY_AUTH_TOKEN_PATH``, ``AWS_WEB_IDENTITY_TOKEN_FILE``,
+    ``GOOGLE_APPLICATION_CREDENTIALS``) whose value is a path. Its value is left readable: it is
+    what a user must see to fix a wrong one. (The file's content is the secret; a value that is
+    no path stays a secret.)"""
     return (
         name not in _KNOWN
         and name.endswith(_FILE_NAME_SUFFIXES)
@@ -164,7 +222,8 @@ def _char_forms(char: str) -> str:
         forms.append(_BACKSLASHES + "u" + _hex(code, 4))
     else:
         high, low = divmod(code - 0x10000, 0x400)
-        forms.append(_BACKSLASHES + "U" + _hex(code, 8))
+        # [uU]: the matcher reads text lower-cased, where a \U escape reads \u.
+        forms.append(_BACKSLASHES + "[uU]" + _hex(code, 8))
         forms.append(
             _BACKSLASHES + "u" + _hex(0xD800 + high, 4) + _BACKSLASHES + "u" + _hex(0xDC00 + low, 4)
         )
@@ -182,22 +241,95 @@ def _char_forms(char: str) -> str:
     return rf"(?:\\|%5[cC])*{pattern}" if char in _PREFIXED else pattern
 
 
+def _any_case_forms(char: str) -> str:
+    """:func:`_char_forms` of ``char`` and of its other-case letter, for a letter an escaper
+    writes as ``\\u00e9``: the matcher reads text lower-cased, but the escape of ``É``
+    (``\\u00c9``) stays another escape."""
+    if char in _NEVER_ESCAPED:
+        return _char_forms(char)
+    variants = dict.fromkeys(v for v in (char, char.lower(), char.upper()) if len(v) == 1)
+    if len(variants) == 1:
+        return _char_forms(char)
+    return "(?:" + "|".join(_char_forms(v) for v in variants) + ")"
+
+
 def spelling_pattern(value: str) -> str:
-    """A regex (source) matching ``value`` in every spelling of the module docstring."""
-    return "".join(_char_forms(char) for char in value)
+    """A regex (source) matching ``value`` in every escaped spelling of the module docstring;
+    of ``value.lower()``, it matches every letter case in lower-cased text."""
+    return "".join(_any_case_forms(char) for char in value)
+
+
+BASE64_CORE_MIN = 16
+"""A secret's base64 core (the module docstring) is looked for only when at least this long."""
+
+FRAGMENT_MIN = 8
+"""The shortest piece of a secret at a line's edge that :meth:`SecretMatcher.sub_fragments`
+replaces (the length below which a known environment value is no secret either)."""
+
+# Both alphabets: a core without + / - _ is the same in either, so the run that holds a core
+# is read as either (a URL path around a URL-safe run goes with it: more hidden, nothing shown).
+_B64_CLASS = "[A-Za-z0-9+/_-]"
+_TO_URLSAFE = str.maketrans("+/", "-_")
+_ALNUM_RUN = re.compile(r"[A-Za-z0-9]+")
+_LINE_BREAKS = re.compile(r"(\r\n?|\n)")
+
+
+def base64_cores(value: str) -> frozenset[str]:
+    """The parts of ``value``'s base64 encoding that are the same wherever it starts in the
+    encoded bytes: for each of the three alignments, the encoding of its whole 3-byte groups
+    (a group's four characters depend on its three bytes alone), in the standard and the
+    URL-safe alphabet, when at least :data:`BASE64_CORE_MIN` characters long."""
+    try:
+        data = value.encode("utf-8")
+    except UnicodeEncodeError:  # a lone surrogate: no program base64-encodes one
+        return frozenset()
+    cores: set[str] = set()
+    for skip in range(3):
+        groups = data[skip:]
+        groups = groups[: len(groups) // 3 * 3]
+        if len(groups) // 3 * 4 >= BASE64_CORE_MIN:
+            core = base64.b64encode(groups).decode("ascii")
+            cores.update((core, core.translate(_TO_URLSAFE)))
+    return frozenset(cores)
+
+
+def _anchor(text: str, run: re.Pattern[str]) -> str:
+    """The longest run of ``run`` in ``text`` (empty when none)."""
+    runs: list[str] = run.findall(text)
+    return max(runs or [""], key=len)
+
+
+def _holds_any(text: str, anchors: tuple[str, ...] | None) -> bool:
+    """Whether ``text`` contains one of ``anchors`` (always, when there are none to look for).
+    A loop of ``in`` beats one regex of alternatives here: each ``in`` is a fast C search, an
+    alternation is tried at every character that starts one of them."""
+    if anchors is None:
+        return True
+    for anchor in anchors:  # noqa: SIM110 -- any() over a generator costs twice as much
+        if anchor in text:
+            return True
+    return False
 
 
 class SecretMatcher:
-    """The known secrets, matched in every spelling by one compiled regex.
+    """The known secrets, matched in every spelling by one compiled regex (and their base64
+    cores by another).
 
     Values are matched longest first, so a value containing another is replaced whole; the
-    regex is rebuilt only when a value is added.
+    regexes are rebuilt only when a value is added. Letter case is ignored by matching the
+    lower-cased values in the lower-cased text, with a case-sensitive regex: one compiled
+    with :data:`re.IGNORECASE` took three times as long (it loses the literal-prefix search).
     """
 
     def __init__(self) -> None:
         self._values: set[str] = set()
         self._regex: re.Pattern[str] | None = None
-        self._anchors: re.Pattern[str] | None = None
+        self._any_case: re.Pattern[str] | None = None
+        self._anchors: tuple[str, ...] | None = None
+        self._base64: re.Pattern[str] | None = None
+        self._base64_anchors: tuple[str, ...] | None = None
+        self._pieces: tuple[str, ...] = ()
+        self._grams: frozenset[str] = frozenset()
         self._dirty = False
 
     def add(self, value: str | None, *, min_length: int = 1) -> None:
@@ -225,20 +357,69 @@ class SecretMatcher:
         return frozenset(self._values)
 
     def sub(self, replacement: str, text: str) -> str:
-        """``text`` with every spelling of every known value replaced by ``replacement``."""
+        """``text`` with every spelling of every known value replaced by ``replacement`` (a
+        base64 run holding one replaced whole); ``text`` itself when none occurs."""
         if self._dirty:
             self._compile()
-        if self._regex is None or not text:
+        if not text:
             return text
-        if self._anchors is not None and self._anchors.search(text) is None:
+        if self._base64 is not None and _holds_any(text, self._base64_anchors):
+            text = self._base64.sub(lambda _: replacement, text)  # taken literally
+        if self._regex is None:
             return text
-        return self._regex.sub(replacement, text)
+        low = text.lower()
+        if self._anchors is not None and not _holds_any(low, self._anchors):
+            return text
+        if len(low) != len(text):  # lower() lengthened a letter (İ): positions would shift
+            return self._ignoring_case().sub(lambda _: replacement, text)
+        pieces: list[str] = []
+        last = 0
+        for match in self._regex.finditer(low):
+            pieces += (text[last : match.start()], replacement)
+            last = match.end()
+        if not pieces:
+            return text
+        pieces.append(text[last:])
+        return "".join(pieces)
+
+    def sub_fragments(self, replacement: str, text: str) -> str:
+        """``text`` with, on each of its lines, a piece of a known value of at least
+        :data:`FRAGMENT_MIN` characters replaced where a line break may have cut the value:
+        the longest that ends the line (a value's beginning), the longest that starts it (a
+        value's end), or the whole line when it is a piece of one (the module docstring has
+        the rule and its limits). For text read a line at a time; apply :meth:`sub` too.
+
+        In text of several lines, the values are first replaced whole (:meth:`sub`): a value
+        that spans a break (a PEM key) would no longer match once its lines' edges are cut."""
+        if self._dirty:
+            self._compile()
+        if not self._grams or len(text) < FRAGMENT_MIN:
+            return text
+        if "\n" not in text and "\r" not in text:
+            return self._line_fragments(replacement, text)
+        text = self.sub(replacement, text)
+        parts = _LINE_BREAKS.split(text)  # lines at even indexes, their breaks between
+        parts[::2] = [self._line_fragments(replacement, line) for line in parts[::2]]
+        return "".join(parts)
 
     def found(self, text: str) -> bool:
         """Some spelling of some known value occurs in ``text``."""
         if self._dirty:
             self._compile()
-        return self._regex is not None and self._regex.search(text) is not None
+        if (
+            self._base64 is not None
+            and _holds_any(text, self._base64_anchors)
+            and self._base64.search(text) is not None
+        ):
+            return True
+        if self._regex is None:
+            return False
+        low = text.lower()
+        if self._anchors is not None and not _holds_any(low, self._anchors):
+            return False
+        if len(low) != len(text):
+            return self._ignoring_case().search(text) is not None
+        return self._regex.search(low) is not None
 
     def sub_bytes(self, replacement: bytes, data: bytes) -> bytes:
         """:meth:`sub` on bytes: ``data`` is read as UTF-8 (bytes that are not UTF-8 kept as
@@ -251,12 +432,102 @@ class SecretMatcher:
         """:meth:`found` on bytes read as :meth:`sub_bytes` reads them."""
         return self.found(data.decode("utf-8", "surrogateescape"))
 
+    def _ignoring_case(self) -> re.Pattern[str]:
+        """The regex matching any case in text as it is, for the rare text whose lower-cased
+        form has another length (compiled when first needed)."""
+        assert self._regex is not None
+        if self._any_case is None:
+            self._any_case = re.compile(self._regex.pattern, re.IGNORECASE)
+        return self._any_case
+
+    def _line_fragments(self, replacement: str, line: str) -> str:
+        lead = len(line) - len(line.lstrip())
+        end = len(line.rstrip())
+        if end - lead < FRAGMENT_MIN:
+            return line
+        # A piece of a value of FRAGMENT_MIN characters or more begins (and ends) with one of
+        # the value's FRAGMENT_MIN-grams: one set lookup at each edge clears almost every line.
+        starts = line[lead : lead + FRAGMENT_MIN].lower() in self._grams
+        ends = line[end - FRAGMENT_MIN : end].lower() in self._grams
+        if not (starts or ends):
+            return line
+        body = line[lead:end]
+        low = body.lower()
+        if len(low) != len(body):  # lower() lengthened a letter (İ): positions would shift
+            low = body
+        if starts and ends and any(low in piece for piece in self._pieces):
+            head, tail = len(body), 0
+        else:
+            head = self._value_end_at_start(low) if starts else 0
+            tail = self._value_start_at_end(low) if ends else 0
+        if not head and not tail:
+            return line
+        if head + tail >= len(body):
+            return line[:lead] + replacement + line[end:]
+        kept = body[head : len(body) - tail]
+        return (
+            line[:lead]
+            + (replacement if head else "")
+            + kept
+            + (replacement if tail else "")
+            + line[end:]
+        )
+
+    def _value_end_at_start(self, low: str) -> int:
+        """The length of the longest end of a value (>= FRAGMENT_MIN) that ``low`` starts with."""
+        gram = low[:FRAGMENT_MIN]
+        best = 0
+        for piece in self._pieces:
+            at = piece.find(gram)
+            while at != -1 and len(piece) - at > best:
+                if low.startswith(piece[at:]):
+                    best = len(piece) - at
+                    break
+                at = piece.find(gram, at + 1)
+        return best
+
+    def _value_start_at_end(self, low: str) -> int:
+        """The length of the longest beginning of a value (>= FRAGMENT_MIN) ``low`` ends with."""
+        gram = low[-FRAGMENT_MIN:]
+        best = 0
+        for piece in self._pieces:
+            at = piece.rfind(gram)
+            while at != -1 and at + FRAGMENT_MIN > best:
+                if low.endswith(piece[: at + FRAGMENT_MIN]):
+                    best = at + FRAGMENT_MIN
+                    break
+                at = piece.rfind(gram, 0, at + FRAGMENT_MIN - 1)
+        return best
+
     def _compile(self) -> None:
         ordered = sorted(self._values, key=lambda v: (-len(v), v))
         # Alternation is leftmost-first: longest first makes the longest value win.
-        self._regex = re.compile("|".join(spelling_pattern(v) for v in ordered))
-        anchors = [max(_ANCHOR_RUN.findall(v) or [""], key=len) for v in ordered]
+        lowered = dict.fromkeys(v.lower() for v in ordered)
+        self._regex = re.compile("|".join(map(spelling_pattern, lowered)))
+        self._any_case = None
+        anchors = [_anchor(v, _ANCHOR_RUN).lower() for v in ordered]
         # One value without a usable anchor means every text must go through the full regex.
         usable = all(len(a) >= _ANCHOR_MIN for a in anchors)
-        self._anchors = re.compile("|".join(map(re.escape, anchors))) if usable else None
+        self._anchors = tuple(dict.fromkeys(anchors)) if usable else None
+        cores = sorted(set().union(*map(base64_cores, ordered)), key=lambda c: (-len(c), c))
+        if cores:
+            # A run starts only where no base64 character precedes it, so each run is scanned
+            # once (linear); within it, the lazy prefix tries the cores at each offset.
+            self._base64 = re.compile(
+                rf"(?<!{_B64_CLASS}){_B64_CLASS}*?(?:{'|'.join(map(re.escape, cores))})"
+                rf"{_B64_CLASS}*=*"
+            )
+            hints = [_anchor(core, _ALNUM_RUN) for core in cores]
+            usable = all(len(h) >= _ANCHOR_MIN for h in hints)
+            self._base64_anchors = tuple(dict.fromkeys(hints)) if usable else None
+        else:
+            self._base64 = None
+            self._base64_anchors = None
+        pieces = (v.lower() for v in ordered if "\n" not in v and "\r" not in v)
+        self._pieces = tuple(dict.fromkeys(p for p in pieces if len(p) >= FRAGMENT_MIN))
+        self._grams = frozenset(
+            piece[i : i + FRAGMENT_MIN]
+            for piece in self._pieces
+            for i in range(len(piece) - FRAGMENT_MIN + 1)
+        )
         self._dirty = False

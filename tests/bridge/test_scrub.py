@@ -138,3 +138,13 @@ def test_secret_env_values_is_the_one_policy() -> None:
     ]
     every_known = {name: f"value-of-{name}" for name in KNOWN_SECRET_ENV_NAMES}
     assert sorted(secret_env_values(every_known)) == sorted(every_known.values())
+
+
+def test_key_and_bearer_shapes_are_found_in_any_case() -> None:
+    # Output that was upper-cased: the shape of an unknown provider key or rollout bearer.
+    bearer = "rbk-" + "aB3_" * 10 + "xY9"
+    for shape in ("sk-abcdefghijklmnopqrstu", bearer):
+        for spelled in (shape, shape.upper()):
+            assert ErrorScrubber().scrub(f"got {spelled} here") == "got REDACTED here"
+    # "Basic" in another case is an ordinary word, not an authorization header.
+    assert ErrorScrubber().scrub("using basic settings") == "using basic settings"

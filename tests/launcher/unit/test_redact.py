@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import base64
 import json
 import traceback
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from bridge.bearers import rollout_bearer
 from launcher.redact import KNOWN_SECRET_ENV_NAMES, REDACTED, Redactor
 
 
@@ -181,3 +183,18 @@ def test_every_spelling_of_a_secret_is_redacted(secret: str, before: str, after:
         out = r(before + spelling + after)
         assert spelling not in out.replace(REDACTED, "\x00"), (spelling, out)
         assert REDACTED in out
+
+
+def test_a_rollout_bearer_is_redacted_in_any_case() -> None:
+    # Derived per rollout, so on no list of values: found by its shape, in any case, as the
+    # known values are (a program that upper-cases its output upper-cases the bearer too).
+    bearer = rollout_bearer("run-token", "r1")
+    r = Redactor()
+    for spelled in (bearer, bearer.upper(), bearer.lower()):
+        assert r(f"auth {spelled} end") == f"auth {REDACTED} end"
+
+
+def test_a_basic_auth_header_of_a_known_key_is_redacted() -> None:
+    key = "sk-ant-api03-Zq8Wn3pL0xV7rT2yU9"
+    header = "Authorization: Basic " + base64.b64encode(f"user:{key}".encode()).decode()
+    assert Redactor([key])(header) == f"Authorization: Basic {REDACTED}"
