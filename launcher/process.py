@@ -49,6 +49,14 @@ TUNNEL_REAP_GRACE_S = 5.0
 
 #: Output lines a :class:`Child` keeps: enough for a traceback's last frames and its error.
 TAIL_LINES = 40
+#: Bytes of one line of a child's output handed to the sink at most: a longer line gives its
+#: first and last this many, as two lines, with a line between them saying how many bytes were
+#: not logged. Each is a line, so the log's redaction of a secret's piece at a line's edge
+#: covers the cuts, and a line without end (a child writing MBs with no newline) costs no more
+#: memory than three of these.
+LINE_PIECE = 256 * 1024
+#: Characters of a line kept in :attr:`Child.last_line` and :attr:`Child.tail` (for errors).
+_KEPT_CHARS = 4096
 #: The rollout server's ownership record in the run directory.
 SERVER_RECORD = "server.json"
 #: The tunnel's ownership record in the run directory.
@@ -221,27 +229,64 @@ class Child:
         return await terminate_group(self.pid, grace, leader=self.process, hurry=hurry)
 
 
+class _Lines:
+    """A child's output bytes as lines for ``sink``, long lines in pieces (:data:`LINE_PIECE`).
+
+    Each chunk is searched for line ends once (a line that arrives in many chunks is not
+    split again at each: that was quadratic in the line's length)."""
+
+    def __init__(self, child: Child, sink: OutputSink) -> None:
+        self.child = child
+        self.sink = sink
+        self.pending = bytearray()
+        self.headed = False  # the current line's first piece was handed on
+        self.skipped = 0  # bytes of the current line not handed on
+
+    def feed(self, chunk: bytes | bytearray) -> None:
+        start = 0
+        while (end := chunk.find(b"\n", start)) >= 0:
+            self.pending += chunk[start:end]
+            self.end_line()
+            start = end + 1
+        self.pending += chunk[start:]
+        if len(self.pending) > 2 * LINE_PIECE:
+            if not self.headed:
+                self._emit(bytes(self.pending[:LINE_PIECE]))
+                del self.pending[:LINE_PIECE]
+                self.headed = True
+            excess = len(self.pending) - LINE_PIECE
+            self.skipped += excess
+            del self.pending[:excess]
+
+    def end_line(self) -> None:
+        if self.headed and len(self.pending) > LINE_PIECE:
+            self.skipped += len(self.pending) - LINE_PIECE
+            del self.pending[: len(self.pending) - LINE_PIECE]
+        if self.skipped:
+            self._emit(f"[… {self.skipped:,} bytes of this line not logged …]".encode())
+        self._emit(bytes(self.pending))
+        self.pending.clear()
+        self.headed, self.skipped = False, 0
+
+    def _emit(self, raw: bytes) -> None:
+        line = raw.decode("utf-8", errors="replace").rstrip("\r")
+        if line.strip():
+            kept = line[:_KEPT_CHARS]
+            self.child.last_line = kept.strip()
+            self.child.tail.append(kept)
+        self.sink(line)
+
+
 async def _pump_output(child: Child, stream: trio.abc.ReceiveStream, sink: OutputSink) -> None:
-    buffer = b""
+    lines = _Lines(child, sink)
     try:
         async for chunk in stream:
-            buffer += chunk
-            *lines, buffer = buffer.split(b"\n")
-            for raw in lines:
-                line = raw.decode("utf-8", errors="replace").rstrip("\r")
-                if line.strip():
-                    child.last_line = line.strip()
-                    child.tail.append(line)
-                sink(line)
+            lines.feed(chunk)
     except (trio.BrokenResourceError, trio.ClosedResourceError):
         pass
     finally:
-        if buffer:
-            line = buffer.decode("utf-8", errors="replace").rstrip("\r")
-            if line.strip():
-                child.last_line = line.strip()
-                child.tail.append(line)
-            sink(line)
+        if lines.pending or lines.skipped:
+            lines.end_line()
         assert child.output_done is not None
         child.output_done.set()
 
