@@ -14,7 +14,7 @@ from bridge.retry import ProviderFault, RetryPolicy, retrying
 from bridge.scrub import ErrorScrubber
 from bridge.upstreams.routing import missing_key, model_problem
 from bridge.usage import CallUsage
-from rollout_server.net.secrets import is_secret_env_name
+from rollout_server.net.secrets import is_secret_env_name, names_a_file
 
 #: Failures that stop the run: the configuration is wrong and every rollout would fail.
 FATAL = frozenset(
@@ -79,9 +79,11 @@ def unsendable_credential(model: str, environ: Mapping[str, str]) -> str | None:
         return None
     prefixes = _CREDENTIAL_PREFIXES.get(provider, (provider.upper() + "_",))
     for name in sorted(environ):
+        value = environ[name]
         if not (name.startswith(prefixes) and is_secret_env_name(name)):
             continue
-        value = environ[name]
+        if names_a_file(name, value):
+            continue  # a file's path (GOOGLE_APPLICATION_CREDENTIALS), never sent as it is
         if not value.isascii():
             return (
                 f"{name} contains non-ASCII characters, so no request can carry it (often a "

@@ -6,6 +6,7 @@ import pytest
 import trio
 
 from bridge import OFFLINE_MODEL, PreflightError, preflight
+from bridge.preflight import unsendable_credential
 from bridge.retry import RetryPolicy
 from tests.bridge.scripted import Reply, Scripted
 
@@ -260,3 +261,13 @@ async def test_a_name_that_names_no_model_is_fatal_in_one_line(model: str, said:
     message = str(info.value)
     assert message.startswith(f"model preflight failed for '{model}': {said}")
     assert "\n" not in message and "LiteLLM" not in message
+
+
+def test_a_credentials_file_path_is_no_key_to_check() -> None:
+    """``GOOGLE_APPLICATION_CREDENTIALS`` names a file, which may have any name; it is never
+    sent as it is, so its path is not held to a key's rules (a key named so is)."""
+    path = {"GOOGLE_APPLICATION_CREDENTIALS": "/home/jos\u00e9/keys/sa.json"}
+    assert unsendable_credential("gemini/gemini-2.5-pro", path) is None
+    json_key = {"GOOGLE_APPLICATION_CREDENTIALS": '{"private_key": "caf\u00e9"}'}
+    said = unsendable_credential("gemini/gemini-2.5-pro", json_key)
+    assert said is not None and said.startswith("GOOGLE_APPLICATION_CREDENTIALS contains non-ASCII")
