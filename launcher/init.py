@@ -46,7 +46,8 @@ def scaffold(root: Path, rollout: str, dependency: str | None = None) -> list[Pa
     """Write the workspace under ``root``; the files written, in order."""
     if not _NAME.match(rollout):
         raise LocalEvalError(
-            f"--rollout must be a lower-case name (letters, digits, '-', '_'), got '{rollout}'"
+            "--rollout must be a lower-case name that starts with a letter (then letters, "
+            f"digits, '-', '_'), got '{rollout}'"
         )
     values = {
         "name": rollout,

@@ -75,6 +75,8 @@ def test_init_never_overwrites(
     assert code == 0 and (tmp_path / "ws/rollouts/second/main.py").is_file()
     code, _, err = _run(capsys, "init", "ws", "--rollout", "../x")
     assert code == 1 and err.startswith("Error: --rollout must be a lower-case name")
+    code, _, err = _run(capsys, "init", "ws", "--rollout", "1abc")  # the rule says why
+    assert code == 1 and "name that starts with a letter" in err
 
 
 def _quick_start() -> list[str]:
