@@ -82,14 +82,6 @@ def _show_version(ctx: click.Context, _param: click.Parameter, value: bool) -> N
     ctx.exit()
 
 
-def _mode(json_flag: bool, plain_flag: bool) -> OutputMode:
-    if json_flag:
-        return "json"
-    if plain_flag:
-        return "plain"
-    return "rich"
-
-
 @click.group(
     cls=_LazyGroup,
     context_settings={"help_option_names": ["-h", "--help"]},
@@ -122,6 +114,11 @@ def _mode(json_flag: bool, plain_flag: bool) -> OutputMode:
 @click.pass_context
 def cli(ctx: click.Context, json_output: bool, plain: bool) -> None:
     """rollbridge: run evaluations of LLM agent rollouts on your own machine."""
+    if json_output and plain:
+        # Checked here too, so that a command with no output flags of its own refuses the pair.
+        from launcher.cli_ui import CONFLICTING_MODES
+
+        raise click.UsageError(CONFLICTING_MODES)
     ctx.ensure_object(dict)
     ctx.obj["json"] = json_output
     ctx.obj["plain"] = plain
@@ -241,15 +238,11 @@ def eval_run(ctx: click.Context, /, config: str, **flags: object) -> None:
 
 
 def _eval_run(ctx: click.Context, config: str, flags: dict[str, object]) -> int:
-    from launcher.cli_ui import ambient_redactor
+    from launcher.cli_ui import ambient_redactor, output_mode
     from launcher.supervisor import EvalOptions, run_eval
     from launcher.ui import UI
 
-    obj = ctx.obj or {}
-    mode = _mode(
-        bool(flags.pop("json_output")) or obj.get("json", False),
-        bool(flags.pop("plain")) or obj.get("plain", False),
-    )
+    mode = output_mode(ctx.obj, bool(flags.pop("json_output")), bool(flags.pop("plain")))
     upload, workspace = bool(flags.pop("upload")), flags.pop("workspace")
     if workspace is not None and not upload:
         raise click.UsageError("--workspace names the platform workspace of --upload")
@@ -274,7 +267,9 @@ def _ui(obj: dict[str, object], argv: list[str]) -> UI:
     ui = obj.get("ui")
     if isinstance(ui, UI):
         return ui
-    mode: OutputMode = "json" if "--json" in argv else "plain" if "--plain" in argv else "rich"
+    # Both flags are a usage error of their own: no mode was chosen, so it is told as click's.
+    json_mode = "--json" in argv and "--plain" not in argv
+    mode: OutputMode = "json" if json_mode else "plain" if "--plain" in argv else "rich"
     return UI(mode, redact=ambient_redactor())
 
 

@@ -25,8 +25,11 @@ from launcher.errors import ValidationError
 
 __all__ = [
     "ALLOWED_SECTIONS",
+    "COMMIT_SHA_PATTERN",
+    "ENV_NAME_PATTERN",
     "EVALUATION_KEYS",
     "MAX_N",
+    "SECRET_NAME_PATTERN",
     "EvalConfig",
     "ExperimentConfig",
     "RunSpec",
@@ -49,9 +52,14 @@ EVALUATION_KEYS = (
     "grader_timeout_s",
     "keep_logprobs",
 )
-_ENV_NAME = re.compile(r"^[A-Z_][A-Z0-9_]*$")
-_SECRET_NAME = re.compile(r"^[A-Z][A-Z0-9_]*$")
-_COMMIT_SHA = re.compile(r"^[0-9a-fA-F]{7,40}$")
+ENV_NAME_PATTERN = r"^[A-Z_][A-Z0-9_]*$"
+SECRET_NAME_PATTERN = r"^[A-Z][A-Z0-9_]*$"
+COMMIT_SHA_PATTERN = r"^[0-9a-fA-F]{7,40}$"
+# Matched whole (fullmatch): with re.match, "$" also matches before a final newline, and a
+# name such as "FOO\n" would pass (the JSON Schema's "$" is the end of the string).
+_ENV_NAME = re.compile(ENV_NAME_PATTERN)
+_SECRET_NAME = re.compile(SECRET_NAME_PATTERN)
+_COMMIT_SHA = re.compile(COMMIT_SHA_PATTERN)
 # Extra time on top of the agent + grader timeouts before the supervisor gives up on an item.
 _NETWORK_GRACE_S = 60.0
 _DEFAULT_ITEM_DEADLINE_S = 3600.0
@@ -200,7 +208,7 @@ def _experiment_issues(experiment: dict[str, Any]) -> list[tuple[str, str]]:
     if commit is not None:
         if not isinstance(commit, str):
             issues.append(("experiment.commit_sha", f"must be a string, got {commit!r}"))
-        elif not _COMMIT_SHA.match(commit):
+        elif not _COMMIT_SHA.fullmatch(commit):
             issues.append(
                 (
                     "experiment.commit_sha",
@@ -263,7 +271,7 @@ def load_eval_config(path: Path) -> EvalConfig:
     if problem is not None:
         raise ValidationError(f"Invalid model_path in [experiment] of {path}: {problem}")
     for name in env:
-        if not _ENV_NAME.match(name):
+        if not _ENV_NAME.fullmatch(name):
             raise ValidationError(
                 f"Invalid env var name '{name}' in [env] of {path}: must match ^[A-Z_][A-Z0-9_]*$"
             )
@@ -280,7 +288,7 @@ def load_eval_config(path: Path) -> EvalConfig:
             f"{', '.join(duplicates)}. Each name must appear once."
         )
     for name in required:
-        if not _SECRET_NAME.match(name):
+        if not _SECRET_NAME.fullmatch(name):
             raise ValidationError(
                 f"Invalid secret name '{name}' in [secrets].required of {path}: "
                 "must match ^[A-Z][A-Z0-9_]*$"

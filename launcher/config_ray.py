@@ -25,9 +25,12 @@ from launcher.config_tables import optional_table
 from launcher.errors import ValidationError
 
 __all__ = [
+    "BUILTIN_RESOURCES",
     "DEFAULT_RESOURCE",
+    "HOST_PATTERN",
     "MAX_MIN_REPLICAS",
     "RAY_KEYS",
+    "RESOURCE_PATTERN",
     "RayConfig",
     "RaySettings",
     "check_address",
@@ -41,10 +44,15 @@ RAY_KEYS = ("address", "min_replicas", "resource")
 DEFAULT_RESOURCE = "rollbridge_host"
 #: A bound that only refuses typos (``min_replicas = 20000``).
 MAX_MIN_REPLICAS = 10_000
-_HOST = re.compile(r"^(\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9]([A-Za-z0-9.-]*[A-Za-z0-9])?)$")
-_RESOURCE = re.compile(r"^[A-Za-z_][A-Za-z0-9_.-]*$")
-# Ray's own resources, asked for with num_cpus=... rather than by name.
-_BUILTIN_RESOURCES = frozenset({"CPU", "GPU", "memory", "object_store_memory"})
+HOST_PATTERN = r"^(\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9]([A-Za-z0-9.-]*[A-Za-z0-9])?)$"
+RESOURCE_PATTERN = r"^[A-Za-z_][A-Za-z0-9_.-]*$"
+#: Ray's own resources, asked for with num_cpus=... rather than by name.
+BUILTIN_RESOURCES = ("CPU", "GPU", "memory", "object_store_memory")
+# Matched whole: with re.match, "$" also matches before a final newline ("a\n:80").
+_HOST = re.compile(HOST_PATTERN)
+_RESOURCE = re.compile(RESOURCE_PATTERN)
+# ASCII digits only: str.isdigit() (and int()) also take other scripts' digits.
+_PORT = re.compile("[0-9]+")
 
 
 @dataclass(frozen=True)
@@ -73,7 +81,12 @@ def split_address(address: str) -> tuple[str, int] | None:
     """``(host, port)`` of a cluster address ``HOST:PORT`` (an IPv6 host without its
     brackets); None when ``address`` is not one."""
     host, sep, port = address.strip().rpartition(":")
-    if not sep or not _HOST.match(host) or not port.isdigit() or not 0 < int(port) < 65536:
+    if (
+        not sep
+        or not _HOST.fullmatch(host)
+        or not _PORT.fullmatch(port)
+        or not 0 < int(port) < 65536
+    ):
         return None
     return host.removeprefix("[").removesuffix("]"), int(port)
 
@@ -115,8 +128,8 @@ def ray_section(data: dict[str, Any], path: Path) -> RayConfig | None:
     resource = section.get("resource")
     if resource is not None and (
         not isinstance(resource, str)
-        or not _RESOURCE.match(resource)
-        or resource in _BUILTIN_RESOURCES
+        or not _RESOURCE.fullmatch(resource)
+        or resource in BUILTIN_RESOURCES
     ):
         raise ValidationError(
             f"ray.resource in {path} must name a custom Ray resource (letters, digits, "

@@ -3,11 +3,17 @@
 
 Built from the constants :mod:`launcher.config` validates with, so the two cannot drift on
 names; docs/schema/eval-config.schema.json is this schema written out (a test keeps it equal).
-The schema states what a document can: the sections, keys, types and name patterns. Some
-checks of :func:`launcher.config.load_eval_config` and :func:`launcher.config.resolve_run_spec`
-are beyond it and stay the CLI's: a name in both ``[env]`` and ``[secrets].required``, a secret
-in ``[env]``, a ``model_path`` that names no model, a timeout of 0 or less, NaN (JSON has none),
-and an integer written as a float (``n = 1.0``: JSON Schema counts 1.0 as an integer).
+The schema states every check :func:`launcher.config.load_eval_config` and
+:func:`launcher.config.resolve_run_spec` make of one value: the sections, keys, types, names,
+``model_path`` (:func:`bridge.upstreams.routing.model_problem`: not empty, a model after the
+provider, no empty part, no ``rollbridge/`` name but the offline model), timeouts above 0,
+``[ray]`` addresses and resources (tests/launcher/unit/test_config_schema.py walks them against
+the loader). Its patterns use no lookaround, which some editors' regex engines lack, and read
+``$`` as the end of the string (ECMA-262). Beyond it, and left to the CLI: a name in both
+``[env]`` and ``[secrets].required``, a secret in ``[env]`` (a rule on name and value
+together), NaN (JSON has none), and an integer written as a float (``n = 1.0``: JSON Schema
+counts 1.0 as an integer). ``batch_size`` of 0 or less is valid in both: it is ignored with a
+warning, as the reference reads it.
 """
 
 from __future__ import annotations
@@ -16,20 +22,55 @@ import json
 from typing import Any
 
 from bridge.apis import MODES
-from launcher.config import EXPERIMENT_OPTIONAL, EXPERIMENT_REQUIRED, MAX_N
+from bridge.upstreams.routing import OFFLINE_MODEL
+from launcher.config import (
+    COMMIT_SHA_PATTERN,
+    ENV_NAME_PATTERN,
+    EXPERIMENT_OPTIONAL,
+    EXPERIMENT_REQUIRED,
+    MAX_N,
+    SECRET_NAME_PATTERN,
+)
 from launcher.config_bridge import HTTP2_MODES
-from launcher.config_ray import DEFAULT_RESOURCE, MAX_MIN_REPLICAS
+from launcher.config_ray import (
+    BUILTIN_RESOURCES,
+    DEFAULT_RESOURCE,
+    HOST_PATTERN,
+    MAX_MIN_REPLICAS,
+    RESOURCE_PATTERN,
+)
 
 __all__ = ["SCHEMA_ID", "eval_config_schema", "schema_text"]
 
 SCHEMA_ID = "https://rollbridge.dev/schema/eval-config.schema.json"
+_MAX_FLOAT = 1.7976931348623157e308
 #: Finite floats only (TOML has ``inf``; a bound rejects it).
-_FINITE = {"type": "number", "minimum": -1.7976931348623157e308, "maximum": 1.7976931348623157e308}
+_FINITE = {"type": "number", "minimum": -_MAX_FLOAT, "maximum": _MAX_FLOAT}
+#: A timeout: seconds above 0 (``launcher.config._timeout``; leave it out for none).
+_SECONDS = {"type": "number", "exclusiveMinimum": 0, "maximum": _MAX_FLOAT}
+#: ``model_path`` as :func:`bridge.upstreams.routing.model_problem` takes it: something other
+#: than white space, and none of the shapes it refuses (``anyOf`` of plain patterns rather than
+#: one pattern of lookaheads).
+_MODEL_PATH = {
+    "pattern": r"\S",
+    "not": {
+        "anyOf": [
+            {"pattern": "^/"},
+            {"pattern": "/$"},
+            {"pattern": "//"},
+            {"pattern": "^rollbridge/", "not": {"const": OFFLINE_MODEL}},
+        ]
+    },
+}
+#: 1 to 65535, leading zeros allowed (``launcher.config_ray.split_address`` reads it with int()).
+_PORT = r"0*([1-9][0-9]{0,3}|[1-5][0-9]{4}|6[0-4][0-9]{3}|65[0-4][0-9]{2}|655[0-2][0-9]|6553[0-5])"
+#: ``local``, ``auto`` or HOST:PORT, with white space around (the loader strips it).
+_ADDRESS = rf"^\s*(local|auto|{HOST_PATTERN[1:-1]}:{_PORT})\s*$"
 
 _EXPERIMENT_DOCS = {
     "rollout": "The rollout's directory under rollouts/.",
     "entrypoint": "The rollout server's script, inside rollouts/<rollout>/ (e.g. main.py).",
-    "model_path": "provider/model (openai/gpt-4o-mini, anthropic/...), or rollbridge/echo.",
+    "model_path": f"provider/model (openai/gpt-4o-mini, anthropic/...), or {OFFLINE_MODEL}.",
     "dataset": "A file in data/ (.jsonl, .csv or .parquet; the extension may be omitted).",
     "branch": "The git branch of the rollout (exclusive with commit_sha).",
     "commit_sha": "The git commit of the rollout, 7 to 40 hex digits (exclusive with branch).",
@@ -42,10 +83,19 @@ _EVALUATION: dict[str, dict[str, Any]] = {
         "maximum": MAX_N,
         "description": "Runs per row (pass@k is reported when n >= 2).",
     },
-    "batch_size": {"type": "integer", "description": "Default concurrency (rollouts in flight)."},
+    "batch_size": {
+        "type": "integer",
+        "description": "Default concurrency (rollouts in flight); 0 or less is ignored.",
+    },
     "pass_threshold": {**_FINITE, "description": "A run passes when reward >= threshold."},
-    "agent_workflow_timeout_s": {**_FINITE, "description": "Seconds for the agent workflow."},
-    "grader_timeout_s": {**_FINITE, "description": "Seconds for the grader."},
+    "agent_workflow_timeout_s": {
+        **_SECONDS,
+        "description": "Seconds for the agent workflow, above 0 (absent: no timeout).",
+    },
+    "grader_timeout_s": {
+        **_SECONDS,
+        "description": "Seconds for the grader, above 0 (absent: no timeout).",
+    },
     "keep_logprobs": {
         "type": "boolean",
         "description": "Keep logprobs and token ids in calls.jsonl when the provider returns them.",
@@ -59,8 +109,9 @@ def eval_config_schema() -> dict[str, Any]:
         key: {"type": "string", "description": _EXPERIMENT_DOCS[key]}
         for key in (*EXPERIMENT_REQUIRED, *EXPERIMENT_OPTIONAL)
     }
+    experiment["model_path"] |= _MODEL_PATH
     experiment["branch"] |= {"minLength": 1, "pattern": r"^\S+$"}
-    experiment["commit_sha"] |= {"pattern": "^[0-9a-fA-F]{7,40}$"}
+    experiment["commit_sha"] |= {"pattern": COMMIT_SHA_PATTERN}
     sections: dict[str, Any] = {
         "experiment": {
             "type": "object",
@@ -83,7 +134,7 @@ def eval_config_schema() -> dict[str, Any]:
         "env": {
             "type": "object",
             "description": "Variables exported to the rollout server.",
-            "propertyNames": {"pattern": "^[A-Z_][A-Z0-9_]*$", "not": {"pattern": "^_OSMOSIS_"}},
+            "propertyNames": {"pattern": ENV_NAME_PATTERN, "not": {"pattern": "^_OSMOSIS_"}},
             "additionalProperties": {"type": "string"},
         },
         "secrets": {
@@ -92,7 +143,7 @@ def eval_config_schema() -> dict[str, Any]:
             "properties": {
                 "required": {
                     "type": "array",
-                    "items": {"type": "string", "pattern": "^[A-Z][A-Z0-9_]*$"},
+                    "items": {"type": "string", "pattern": SECRET_NAME_PATTERN},
                     "uniqueItems": True,
                     "description": 'Names, e.g. ["OPENAI_API_KEY"]; [] when none.',
                 }
@@ -139,7 +190,7 @@ def eval_config_schema() -> dict[str, Any]:
             "properties": {
                 "address": {
                     "type": "string",
-                    "pattern": r"^(local|auto|\S+:[0-9]{1,5})$",
+                    "pattern": _ADDRESS,
                     "description": "The cluster's HOST:PORT, 'local' (a one-node cluster of "
                     "the run's own) or 'auto' (this machine's: RAY_ADDRESS, or `ray start`'s).",
                 },
@@ -151,8 +202,10 @@ def eval_config_schema() -> dict[str, Any]:
                 },
                 "resource": {
                     "type": "string",
-                    "pattern": "^[A-Za-z_][A-Za-z0-9_.-]*$",
-                    "description": f"Custom resource of the replica nodes ({DEFAULT_RESOURCE}).",
+                    "pattern": RESOURCE_PATTERN,
+                    "not": {"enum": list(BUILTIN_RESOURCES)},
+                    "description": f"Custom resource of the replica nodes ({DEFAULT_RESOURCE}; "
+                    "not one of Ray's own).",
                 },
             },
             "additionalProperties": False,

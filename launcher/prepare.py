@@ -47,7 +47,7 @@ from launcher.workspace import (
 from tunnel.errors import TunnelError
 from tunnel.plan import TunnelPlan, validate_tunnel_flags
 
-__all__ = ["EvalOptions", "Prepared", "plan_rows", "prepare"]
+__all__ = ["EvalOptions", "Prepared", "plan_rows", "plan_title", "prepare"]
 
 
 @dataclass
@@ -259,12 +259,20 @@ def prepare(options: EvalOptions, ui: UI, cwd: Path | None = None) -> Prepared:
         shard=shard,
         ray=ray,
     )
-    ui.plan_table(plan_rows(prepared))
+    ui.plan_table(plan_rows(prepared), plan_title(prepared))
     return prepared
 
 
+def plan_title(p: Prepared) -> str:
+    """The plan table's title (§10.1): "Local Evaluation", as the reference says, unless the
+    rollouts run on a Ray cluster, which the title then names (``local``: the run's own)."""
+    if p.ray is None:
+        return "Local Evaluation"
+    return f"Evaluation on Ray ({p.ray.address})"
+
+
 def plan_rows(p: Prepared) -> list[tuple[str, str]]:
-    """The rows of the "Local Evaluation" plan table (§10.1)."""
+    """The rows of the plan table (§10.1)."""
     exp = p.config.experiment
     rows = [
         ("Rollout", exp.rollout),

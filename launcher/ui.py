@@ -251,12 +251,12 @@ class UI:
 
     # -- tables ----------------------------------------------------------------------------
 
-    def plan_table(self, rows: Sequence[tuple[str, str]]) -> None:
-        """The rounded two-column "Local Evaluation" table (§10.1)."""
+    def plan_table(self, rows: Sequence[tuple[str, str]], title: str = "Local Evaluation") -> None:
+        """The rounded two-column plan table (§10.1), titled where the run's rollouts run."""
         if not self.rich:
             return
         table = Table(
-            title="Local Evaluation", show_header=False, title_justify="left", box=box.ROUNDED
+            title=self.redact(title), show_header=False, title_justify="left", box=box.ROUNDED
         )
         table.add_column(style="bold")
         table.add_column()

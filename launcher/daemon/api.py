@@ -24,6 +24,7 @@ import trio
 
 from launcher.daemon.door import HttpGuard, with_headers
 from launcher.daemon.live_usage import dispatched_keys, live_rollouts, read_live_usage
+from launcher.daemon.logscan import lines_naming
 from launcher.daemon.registry import ApiError, Registry, parse_start
 from launcher.daemon.routes_extra import ExtraRoutes, send_html
 from launcher.daemon.status import RUN_STATES
@@ -352,11 +353,8 @@ def _item(run_dir: Path, row: str, run: str) -> dict[str, Any]:
     except (OSError, ValueError):
         trajectory = None
     rollout_id = str(index.get("rollout_id"))
-    try:
-        lines = (run_dir / "logs.txt").read_text(encoding="utf-8", errors="replace").splitlines()
-    except OSError:
-        lines = []
-    log_lines = [line for line in lines if rollout_id in line and " INFO " not in line]
+    # Its warnings and errors, found without holding more than a block of the log at a time.
+    log_lines = lines_naming(run_dir / "logs.txt", rollout_id, unless=" INFO ")
     try:
         trial = run_dir / "rollout_trials" / rollout_id / "diagnostics.json"
         diagnostics = json.loads(trial.read_text(encoding="utf-8"))

@@ -95,6 +95,7 @@ def daemon_command(
     json_output: bool,
 ) -> None:
     """Serve the workspace's control API (docs/daemon.md) until SIGINT or SIGTERM."""
-    obj = ctx.obj or {}
-    json_flag = json_output or bool(obj.get("json"))
+    from launcher.cli_ui import output_mode
+
+    json_flag = output_mode(ctx.obj, json_output, plain_flag=False) == "json"
     ctx.exit(daemon_main(workspace, http, host, port, json_flag, allow_origins))

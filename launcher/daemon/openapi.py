@@ -111,6 +111,8 @@ def _schemas() -> dict[str, Any]:
                 "done": {"type": "integer"},
                 "pending": {"type": "integer"},
                 "pass_rate": {"type": "number"},
+                "returncode": {"type": ["integer", "null"]},
+                "returncode_source": {"enum": ["exit", "inferred", None]},
                 "error": _OBJ,
             },
         },

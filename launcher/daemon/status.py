@@ -8,12 +8,16 @@ States: ``starting`` (with ``stage``), ``running``, ``cancelling`` (with ``cance
 an invocation logs when an error stops it, so one started in a terminal counts too),
 ``interrupted`` (pending items and no live child, and no error: a signal killed the child, a
 Ctrl-C in some terminal, a crash). An ended run's ``cause`` says which, in words.
+
+``returncode`` is the latest daemon child's exit code. The daemon sees it only for a child it
+started itself; for one it adopted after a restart (or one that ended while no daemon ran) it
+is the code the child's own JSON envelope, else the run's end state, implies, and
+``returncode_source`` says which of the two it is (docs/daemon.md, "Run fields").
 """
 
 from __future__ import annotations
 
 import json
-import re
 import signal
 import time
 from collections import Counter
@@ -25,8 +29,10 @@ from typing import Any
 
 from launcher.daemon.children import ChildRecord
 from launcher.daemon.live_usage import read_live_usage
+from launcher.daemon.logfacts import LogFacts, log_facts
+from launcher.errors import EXIT_INTERRUPTED
 from launcher.rundir.journal import TerminalRecord, replay_tolerant
-from launcher.rundir.logs import RUN_FAILED, line_details
+from launcher.rundir.lock import run_is_live
 from launcher.rundir.metrics import LiveCounters
 from launcher.rundir.peek import read_metrics
 
@@ -42,67 +48,6 @@ RUN_STATES = (
     "failed",
     "interrupted",
 )
-
-_LOG_STEP = re.compile(r"^\S+ (?P<level>[A-Z]+) \[(?P<step>[^\]]+)\] (?P<message>.*)$")
-_URL = re.compile(r"https://[^\s\"',)]+")
-#: Steps that mean the run is past start-up and dispatching.
-_DISPATCH_STEP = "schedule"
-
-
-@dataclass
-class LogFacts:
-    """What this child's ``logs.txt`` lines say: the last stage, dispatch, the tunnel URL."""
-
-    stage: str | None = None
-    stage_message: str | None = None
-    dispatching: bool = False
-    tunnel_url: str | None = None
-    error: str | None = None
-    """The error that stopped the latest invocation, from its ``ERROR [run]`` line."""
-    halted: str | None = None
-    """Why the latest invocation halted dispatch (its ``ERROR [dispatch] halting dispatch``
-    line: the same failure again and again, too few cluster replicas, no descriptors)."""
-
-
-def log_facts(logs_path: Path, offset: int) -> LogFacts:
-    """Scan ``logs.txt`` from ``offset`` (where this child's lines begin)."""
-    facts = LogFacts()
-    try:
-        with logs_path.open("rb") as fh:
-            fh.seek(offset)
-            data = fh.read()
-    except OSError:
-        return facts
-    for raw in data.decode("utf-8", "replace").splitlines():
-        match = _LOG_STEP.match(raw)
-        if match is not None and match["level"] == "ERROR" and match["step"] == "run":
-            message = match["message"]
-            if message.startswith(RUN_FAILED):
-                facts.error = message[len(RUN_FAILED) :]
-        elif match is not None and match["level"] == "ERROR" and match["step"] == "dispatch":
-            facts.halted = _halt_reason(match["message"]) or facts.halted
-        if match is None or match["level"] != "INFO":
-            continue
-        step = match["step"]
-        if step == "run":
-            facts.error = facts.halted = None  # a later invocation began
-        facts.stage, facts.stage_message = step, match["message"]
-        if step == _DISPATCH_STEP:
-            facts.dispatching = True
-        if step == "tunnel":
-            url = _URL.search(match["message"])
-            facts.tunnel_url = url.group(0) if url else facts.tunnel_url
-    return facts
-
-
-_HALTING = "halting dispatch "
-
-
-def _halt_reason(message: str) -> str | None:
-    """The reason of a ``halting dispatch {"reason": …}`` line, or None."""
-    details = line_details(message, _HALTING)
-    reason = details.get("reason") if details is not None else None
-    return reason if isinstance(reason, str) and reason else None
 
 
 def percentile(values: list[int], q: float) -> int | None:
@@ -161,6 +106,43 @@ def _signal_name(number: int) -> str:
         return f"signal {number}"
 
 
+def _envelope_code(envelope: Mapping[str, Any] | None) -> int | None:
+    """The exit code ``eval run`` gives with this result envelope (launcher.supervisor): 0 for
+    a complete run, 130 for one a Ctrl-C or SIGTERM cut short, 1 for an error or a run left
+    incomplete otherwise (a halt, a write failure); None without an envelope."""
+    status = envelope.get("status") if envelope is not None else None
+    if status == "success":
+        return 0
+    if status == "partial":
+        result = envelope.get("result") if envelope is not None else None
+        result = result if isinstance(result, dict) else {}
+        interrupted = result.get("cancelled") is True and not result.get("halted")
+        return EXIT_INTERRUPTED if interrupted else 1
+    return 1 if status == "error" else None
+
+
+#: The exit code an end state implies, for a child whose exit this daemon did not see.
+#: ``interrupted`` implies none: a signal (``kill -9``) or a crash ended it, or it vanished.
+_CODE_OF_STATE = {"finished": 0, "failed": 1, "cancelled": EXIT_INTERRUPTED}
+
+
+def _returncode(
+    record: ChildRecord, alive: bool, state: str, envelope: Mapping[str, Any] | None
+) -> tuple[int | None, str | None]:
+    """The latest child's exit code and where it comes from: ``exit`` when this daemon reaped
+    the child; ``inferred`` for a child it could not reap (adopted after a restart, or ended
+    while no daemon ran), from the child's envelope, else from the run's end state; no code
+    (and no source) while the child lives, or when its end leaves none."""
+    if record.returncode is not None:
+        return record.returncode, "exit"
+    if alive:
+        return None, None
+    code = _envelope_code(envelope)
+    if code is None:
+        code = _CODE_OF_STATE.get(state)
+    return code, None if code is None else "inferred"
+
+
 def _state(
     *,
     alive: bool,
@@ -171,6 +153,7 @@ def _state(
     status: str | None,
     error: str | None,
     corrupt: str | None,
+    envelope_code: int | None = None,
 ) -> tuple[str, str | None]:
     """The state and, once the run has ended, its cause in words."""
     if corrupt is not None and not alive:
@@ -198,7 +181,10 @@ def _state(
         # metrics.json may be unreadable: the journal and the total alone say it is done.
         return "finished", "every work item has a result"
     if record is not None and code is None:
-        return "interrupted", "the run's process ended while no daemon watched it"
+        # Not this daemon's own child (an earlier daemon started it): its exit went unseen.
+        if envelope_code == EXIT_INTERRUPTED:
+            return "interrupted", "the run's process was interrupted (SIGINT or SIGTERM)"
+        return "interrupted", "the run's process ended while no daemon could see its exit"
     if total is None:
         return "interrupted", "its total is unknown (no progress.json) and no process runs it"
     return "interrupted", "work items are pending and no process runs them"
@@ -228,6 +214,11 @@ def run_view(
     eval_run = metrics.get("eval_run")
     eval_run = eval_run if isinstance(eval_run, dict) else {}
     status = eval_run.get("status") if isinstance(eval_run.get("status"), str) else None
+    if status == "running" and not alive and not run_is_live(run_dir):
+        # Only a supervisor that finalizes rewrites it: one killed (kill -9) left "running"
+        # behind, and the run lock, which the kernel released with it, says otherwise (as
+        # `eval list` and `eval report` read it).
+        status = "incomplete"
     summary = metrics.get("summary")
     threshold = summary.get("pass_threshold", 1.0) if isinstance(summary, dict) else 1.0
     error = child_envelope.get("error") if child_envelope else None
@@ -245,6 +236,7 @@ def run_view(
         status=status,
         error=message,
         corrupt=corrupt,
+        envelope_code=_envelope_code(child_envelope),
     )
     doc: dict[str, Any] = {
         "name": name,
@@ -271,7 +263,9 @@ def run_view(
     if record is not None:
         doc["pid"] = record.pid if alive else None
         doc["started_at"] = record.started_at
-        doc["returncode"] = record.returncode
+        doc["returncode"], doc["returncode_source"] = _returncode(
+            record, alive, state, child_envelope
+        )
         doc["eta_s"] = _eta(record, done, pending, alive)
     if corrupt is not None:
         doc["error"] = {"code": "JOURNAL_CORRUPT", "message": f"events.jsonl is corrupt {corrupt}"}

@@ -113,6 +113,10 @@ async def test_kill9_daemon_then_restart_finds_the_live_run(
                     ended = data
             assert ended is not None and ended["state"] == "finished"
             assert ids == list(range(1, 22))
+            # Not this daemon's child, so it saw no exit code: the one its end implies.
+            final = (await client.get("/v1/runs/survivor")).json()
+            assert final["returncode"] == 0, final
+            assert final["returncode_source"] == "inferred"
 
 
 RUNS = 8

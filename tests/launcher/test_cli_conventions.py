@@ -89,6 +89,48 @@ def test_an_error_that_is_not_a_usage_error_still_exits_1(
     assert err.startswith("Error: ") and len(err.splitlines()) == 1
 
 
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["eval", "run", "c.toml", "--json", "--plain", "--yes"],
+        ["--json", "eval", "run", "c.toml", "--plain"],
+        ["eval", "list", "--json", "--plain"],
+        ["--json", "eval", "list", "--plain"],
+        ["--plain", "eval", "list", "--json"],
+        ["--json", "--plain", "eval", "list"],
+        ["--json", "--plain", "ctl", "list"],
+        ["eval", "clean", "--json", "--plain", "--yes"],
+        ["eval", "report", "r", "--json", "--plain"],
+        ["eval", "diff", "a", "b", "--json", "--plain"],
+        ["eval", "export", "r", "--json", "--plain"],
+        ["eval", "merge", "a", "b", "-o", "m", "--json", "--plain"],
+        ["eval", "upload", "r", "--json", "--plain"],
+        ["eval", "rubric", "--run", "r", "-r", "x", "--json", "--plain"],
+        # (a workspace that is not there, so that the command fails rather than serves
+        # if the pair were let through)
+        ["--plain", "daemon", "--json", "--workspace", "nowhere"],
+    ],
+)
+def test_json_with_plain_is_a_usage_error_on_every_command(
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+    args: list[str],
+) -> None:
+    # Neither mode wins silently (the reference refuses the pair too); nothing is run or written.
+    monkeypatch.chdir(tmp_path)
+    code, out, err = _run(capsys, *args)
+    assert (code, out) == (2, "")
+    lines = err.splitlines()
+    assert lines[0].startswith("Usage: rollbridge")
+    assert lines[-1] == (
+        "Error: Conflicting output format selectors: json, plain. "
+        "Choose at most one of --json or --plain."
+    )
+    assert "Traceback" not in err
+    assert list(tmp_path.iterdir()) == []
+
+
 def _cli(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         [sys.executable, "-m", "launcher", *args],

@@ -3,6 +3,8 @@ bad value gets, and flags winning over the config (launcher.config_ray)."""
 
 from __future__ import annotations
 
+import importlib.util
+import io
 import shutil
 from pathlib import Path
 
@@ -12,6 +14,8 @@ from launcher.cli import main
 from launcher.config import load_eval_config
 from launcher.config_ray import DEFAULT_RESOURCE, RayConfig, RaySettings, resolve_ray
 from launcher.errors import ValidationError
+from launcher.prepare import EvalOptions, prepare
+from launcher.ui import UI
 
 EXAMPLE = Path(__file__).resolve().parents[3] / "examples" / "workspace"
 CONFIG = "configs/eval/echo.toml"
@@ -132,3 +136,22 @@ def test_the_cli_says_one_line_and_exits_non_zero(
     lines = err.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("Error: ") and expected in lines[0], err
     assert not (ws / ".osmosis" / "evals").exists()
+
+
+@pytest.mark.parametrize(
+    ("ray", "title"),
+    [
+        (None, "Local Evaluation"),
+        ("10.0.0.1:6379", "Evaluation on Ray (10.0.0.1:6379)"),
+        ("local", "Evaluation on Ray (local)"),
+    ],
+)
+def test_the_plan_table_says_where_the_rollouts_run(
+    ws: Path, monkeypatch: pytest.MonkeyPatch, ray: str | None, title: str
+) -> None:
+    if ray is not None and importlib.util.find_spec("ray") is None:
+        pytest.skip("--ray needs Ray installed (rollbridge[ray])")
+    monkeypatch.setenv("RAY_AUTH_MODE", "disabled")  # no token for a cluster never joined
+    out = io.StringIO()
+    prepare(EvalOptions(config=CONFIG, ray=ray), UI("rich", stdout=out, stderr=io.StringIO()))
+    assert out.getvalue().splitlines()[0] == title
