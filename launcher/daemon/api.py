@@ -183,7 +183,7 @@ class ControlApp:
             stream = journal_events(
                 view.run_dir,
                 after=after,
-                live=lambda: self.registry.live(name),
+                live=lambda: self.registry.running(name),
                 state=lambda: self._brief(name),
                 usage_pid=lambda: self._live_pid(name),
             )
@@ -245,7 +245,7 @@ class ControlApp:
         if not follow:
             return await send_json(send, 200, _json({"first_line": start + 1, "lines": lines}))
         stream = log_events(
-            run_dir / "logs.txt", after=start, live=lambda: self.registry.live(name)
+            run_dir / "logs.txt", after=start, live=lambda: self.registry.running(name)
         )
         await self._stream(receive, send, stream)
 

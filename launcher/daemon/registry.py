@@ -23,6 +23,7 @@ from launcher.daemon.discovery import state_dir
 from launcher.daemon.status import RunView, run_view
 from launcher.errors import CLIError, ValidationError
 from launcher.rundir.journal import replay_tolerant
+from launcher.rundir.lock import run_is_live
 from launcher.rundir.manifest import is_archive_name, is_run_dir
 from launcher.rundir.names import generate_run_name, validate_run_name
 from rollout_server.net.secrets import is_secret_env_name
@@ -267,6 +268,11 @@ class Registry:
         child = self._children.get(name)
         return child is not None and child.alive
 
+    def running(self, name: str) -> bool:
+        """Whether run ``name`` is worked on now: by a live child of this daemon, or by a
+        process that holds its run lock (a supervisor started in a terminal)."""
+        return self.live(name) or run_is_live(self.output_root / name)
+
     def active(self) -> list[str]:
         """Names of runs with a live child."""
         return sorted(name for name in self._children if self.live(name))
@@ -379,6 +385,13 @@ class Registry:
         child = self._children.get(name)
         if child is None or not child.alive:
             self.view(name)  # 404 for an unknown name
+            if run_is_live(self.output_root / name):
+                raise ApiError(
+                    409,
+                    "CONFLICT",
+                    f"run {name} is run by a process this daemon did not start (it holds the "
+                    "run's lock): stop it where it runs (Ctrl-C in its terminal)",
+                )
             raise ApiError(409, "CONFLICT", f"run {name} is not running")
         sent = child.record.cancel_stage
         while sent < stage:

@@ -7,7 +7,9 @@ States: ``starting`` (with ``stage``), ``running``, ``cancelling`` (with ``cance
 ``failed`` (the run ended with an error: the child's envelope, or the ``ERROR [run]`` line
 an invocation logs when an error stops it, so one started in a terminal counts too),
 ``interrupted`` (pending items and no live child, and no error: a signal killed the child, a
-Ctrl-C in some terminal, a crash). An ended run's ``cause`` says which, in words.
+Ctrl-C in some terminal, a crash). An ended run's ``cause`` says which, in words. A run whose
+lock another process holds (a supervisor started in a terminal) is ``starting`` or
+``running`` too, with ``pid`` null: it is not this daemon's to cancel.
 
 ``returncode`` is the latest daemon child's exit code. The daemon sees it only for a child it
 started itself; for one it adopted after a restart (or one that ended while no daemon ran) it
@@ -227,9 +229,15 @@ def run_view(
         message = facts.error
     live = read_live_usage(run_dir, record.pid) if alive and record is not None else None
     live_totals = live.get("totals") if live is not None else None
+    # A run this daemon has no live child of may be run by another process (a supervisor
+    # started in a terminal, which holds the run's lock): it is running, not interrupted.
+    elsewhere = (
+        not alive and not (pending == 0 and status == "finished") and run_is_live(run_dir)
+    )
+    running = alive or elsewhere
     state, cause = _state(
-        alive=alive,
-        record=record,
+        alive=running,
+        record=None if elsewhere else record,  # its cancel stage was an earlier child's
         facts=facts,
         pending=pending,
         total=total,
@@ -252,9 +260,9 @@ def run_view(
         if isinstance(live_totals, dict)
         else None,
         **_counts(latest, float(threshold)),
-        "stage": facts.stage if alive else None,
-        "stage_message": facts.stage_message if alive else None,
-        "tunnel_url": facts.tunnel_url if alive else None,
+        "stage": facts.stage if running else None,
+        "stage_message": facts.stage_message if running else None,
+        "tunnel_url": facts.tunnel_url if running else None,
         "metrics_status": status,
         "eta_s": None,
     }
@@ -264,7 +272,7 @@ def run_view(
         doc["pid"] = record.pid if alive else None
         doc["started_at"] = record.started_at
         doc["returncode"], doc["returncode_source"] = _returncode(
-            record, alive, state, child_envelope
+            record, running, state, child_envelope
         )
         doc["eta_s"] = _eta(record, done, pending, alive)
     if corrupt is not None:

@@ -12,7 +12,7 @@ import pytest
 import trio
 
 from tests.daemon.helpers import pace, running_daemon, sse_frames, start_daemon, wait_state
-from tests.launcher.e2e.helpers import journal, run_dir
+from tests.launcher.e2e.helpers import journal, run_cli, run_dir
 
 pytestmark = pytest.mark.slow
 
@@ -144,3 +144,40 @@ async def test_concurrent_runs_all_finish_with_correct_totals(
                 assert (doc["total"], doc["done"], doc["succeeded"]) == (6, 6, 6)
             listed = (await client.get("/v1/runs?state=finished")).json()["runs"]
             assert sorted(r["name"] for r in listed) == names
+
+
+async def test_a_run_started_in_a_terminal_is_followed_as_running(
+    workspace: Path, env: dict[str, str]
+) -> None:
+    """A run `eval run` drives in a terminal (no child of this daemon) holds its run lock: the
+    daemon shows it running, not interrupted, follows its events to the end, and refuses to
+    cancel what it cannot stop, saying where to."""
+    pace(workspace, 0.2)
+    args = ["eval", "run", CONFIG, "--name", "term", "--yes", "--max-in-flight", "2"]
+    with trio.fail_after(150):
+        async with (
+            running_daemon(workspace, env) as daemon,
+            daemon.client() as client,
+            trio.open_nursery() as nursery,
+        ):
+            done = trio.Event()
+
+            async def terminal() -> None:
+                result = await run_cli(args, cwd=workspace, env=env, timeout=120)
+                assert result.returncode == 0, result.stderr
+                done.set()
+
+            nursery.start_soon(terminal)
+            while (await client.get("/v1/runs/term")).status_code == 404:
+                await trio.sleep(0.1)  # its directory is not made yet
+            doc = await wait_state(client, "term", {"running"})
+            assert doc.get("pid") is None and doc["cause"] is None and not done.is_set()
+            refused = await client.post("/v1/runs/term/cancel", json={})
+            assert refused.status_code == 409
+            assert "Ctrl-C in its terminal" in refused.json()["error"]["message"]
+            records, ended = 0, None
+            async for event, _, data in sse_frames(client, "term"):
+                records += event == "record"
+                if event == "end":
+                    ended = data
+            assert ended is not None and ended["state"] == "finished" and records == 21
