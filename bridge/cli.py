@@ -108,6 +108,16 @@ def serve(
     from bridge.errors import BridgeBindError, PreflightError
     from bridge.server import BridgeConfig, run_bridge
 
+    # `rollbridge --json bridge serve` asks for JSON as `bridge serve --json` does; with
+    # `--plain` anywhere too it is the usage error every command makes of the pair.
+    root = click.get_current_context().find_root().obj
+    modes = root if isinstance(root, dict) else {}
+    if (json_output or modes.get("json")) and modes.get("plain"):
+        raise click.UsageError(
+            "Conflicting output format selectors: json, plain. "
+            "Choose at most one of --json or --plain."
+        )
+    json_output = json_output or bool(modes.get("json"))
     generated = token is None
     if token is not None and not token.strip():
         raise click.UsageError("--token must not be empty")

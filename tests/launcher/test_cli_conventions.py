@@ -109,6 +109,7 @@ def test_an_error_that_is_not_a_usage_error_still_exits_1(
         # (a workspace that is not there, so that the command fails rather than serves
         # if the pair were let through)
         ["--plain", "daemon", "--json", "--workspace", "nowhere"],
+        ["--plain", "bridge", "serve", "--json", "--model", "x", "--token", ""],
     ],
 )
 def test_json_with_plain_is_a_usage_error_on_every_command(
