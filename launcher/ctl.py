@@ -160,6 +160,10 @@ def watch(ctx: click.Context, name: str, after: int, as_json: bool) -> None:
     ``{"event", "id", "data"}``."""
     import httpx
 
+    from launcher.cli_ui import output_mode
+
+    # The root's --json counts as this one's; --plain with --json anywhere is a usage error.
+    as_json = output_mode(ctx.find_root().obj, as_json, False) == "json"
     client = _client(ctx)
     last = after
     render = _render_json if as_json else _Renderer()

@@ -110,6 +110,7 @@ def test_an_error_that_is_not_a_usage_error_still_exits_1(
         # if the pair were let through)
         ["--plain", "daemon", "--json", "--workspace", "nowhere"],
         ["--plain", "bridge", "serve", "--json", "--model", "x", "--token", ""],
+        ["--plain", "ctl", "watch", "r", "--json"],
     ],
 )
 def test_json_with_plain_is_a_usage_error_on_every_command(
