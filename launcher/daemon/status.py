@@ -231,9 +231,7 @@ def run_view(
     live_totals = live.get("totals") if live is not None else None
     # A run this daemon has no live child of may be run by another process (a supervisor
     # started in a terminal, which holds the run's lock): it is running, not interrupted.
-    elsewhere = (
-        not alive and not (pending == 0 and status == "finished") and run_is_live(run_dir)
-    )
+    elsewhere = not alive and not (pending == 0 and status == "finished") and run_is_live(run_dir)
     running = alive or elsewhere
     state, cause = _state(
         alive=running,
