@@ -10,8 +10,8 @@ a Python program that parses every compose file again on each call: most of a se
 [--privileged] SERVICE CMD...``) this runs what podman-compose would run,
 ``podman exec --interactive [--privileged] [--user U] [--workdir D] [--tty] [--env K=V]...
 P_SERVICE_1 CMD...`` (podman-compose's own argument order; the service's compose ``environment``
-is already the container's), once ``podman container exists P_SERVICE_1``. ``cp``, which
-podman-compose does not have: an upload (``cp HOST_PATH SERVICE:PATH``) becomes
+is already the container's), once ``podman container inspect P_SERVICE_1`` says it runs. ``cp``,
+which podman-compose does not have: an upload (``cp HOST_PATH SERVICE:PATH``) becomes
 ``podman cp HOST_PATH P_SERVICE_1:PATH``, what ``docker compose cp`` does and what Harbor uses
 wherever compose has ``cp`` (``ROLLBRIDGE_HARBOR_FAST_CP=0`` turns that off); any other ``cp``
 fails at once as podman-compose's would, and Harbor then streams a tar through two ``exec``s.
@@ -24,17 +24,44 @@ is dead, as when the watchdog stops a trial whose server was killed, the real ``
 ``down --remove-orphans`` before ``up`` has nothing to remove in a fresh trial (the server swept
 the trial by label just before): when no container carries the project's compose label, it
 succeeds at once. Anything else goes to the real podman-compose with the same arguments.
+
+Two things the trial cannot tell otherwise are written, as small JSON files, into the directory
+``ROLLBRIDGE_HARBOR_REPORTS`` names (the trial's staging dir; see ``trialreport.py``):
+
+* ``container-exit.json``: an ``exec`` found its container not running (exited, or created and
+  never started: a task whose ENTRYPOINT exits, or cannot be run). Harbor polls ``exec true``
+  for 90 s before it gives up on such a container, whatever each attempt answers; the backend
+  watches for this file and stops the trial within a second or two. The file holds the state,
+  the exit code and the tail of the container's log (``podman logs --tail``), read once. A
+  project Harbor itself stopped (``stop``, ``down``, ``kill``: a separate verifier's trial stops
+  its main service before its last ``exec`` into it) is not reported: each such call leaves a
+  ``stopped-<project>`` mark first.
+* ``verifier-exit.json``: the verifier's run (``(TEST) > /logs/verifier/test-stdout.txt 2>&1``)
+  is started as a child and waited for (its signals forwarded), since Harbor discards its exit
+  code; the file holds that code.
 """
 
 from __future__ import annotations
 
+import contextlib
+import json
 import os
+import re
+import signal
 import sys
 
 #: The real podman-compose (filled in when the backend installs this file).
 REAL = ""
 _PROJECT_LABEL = "io.podman.compose.project"
 _FINAL_DOWN = {"--rmi", "local", "--volumes", "--remove-orphans"}
+_REPORTS_ENV = "ROLLBRIDGE_HARBOR_REPORTS"
+#: States of a container that will not run an ``exec`` again: it ended, or ``up`` created it
+#: and could not start it (podman-compose's ``up`` does not fail for that).
+_GONE = frozenset({"exited", "stopped", "created", "configured", "dead"})
+#: Harbor's verifier command (harbor 0.25 ``utils/scripts.py`` ``build_execution_command``).
+_VERIFIER_RUN = re.compile(r"\) > '?/logs/verifier/test-stdout\.txt'? 2>&1$")
+_LOG_LINES = 20
+_LOG_BYTES = 2048
 
 
 def _globals(args: list[str]) -> tuple[str | None, int]:
@@ -159,31 +186,114 @@ def _cp_argv(args: list[str]) -> tuple[list[str], str] | None:
 
 def main(args: list[str]) -> int:
     """Run ``args`` as podman-compose would."""
-    _, at = _globals(args)
+    project, at = _globals(args)
     if args[at : at + 1] == ["cp"]:
         upload = _cp_argv(args) if os.environ.get("ROLLBRIDGE_HARBOR_FAST_CP") != "0" else None
         if upload is not None and _container_exists(upload[1]):
             os.execvp(upload[0][0], upload[0])
         sys.stderr.write("podman-compose: error: argument command: invalid choice: 'cp'\n")
         return 2
+    if project is not None and args[at : at + 1] in (["stop"], ["down"], ["kill"], ["rm"]):
+        # Stopped on purpose: an exec into it afterwards is no sign the task is broken.
+        _write_report(f"stopped-{project}", {"command": args[at]})
+    elif project is not None and args[at : at + 1] == ["up"]:
+        _clear_report(f"stopped-{project}")  # Harbor's `down` before every `up` marked it
     if _down_done_here(args):
         return 0
     fast = _exec_argv(args)
-    if fast is not None and _container_exists(fast[1]):
-        os.execvp(fast[0][0], fast[0])
+    state = _container_state(fast[1]) if fast is not None else None
+    if fast is not None and state is not None:
+        argv, container = fast
+        if state[0] in _GONE:
+            _report_gone(str(project), container, *state)
+            sys.stderr.write(
+                f"podman-compose: container {container} is not running ({state[0]}, exit code "
+                f"{state[1]})\n"
+            )
+            return 125
+        if _VERIFIER_RUN.search(argv[-1]):
+            return _run_verifier(argv, container)
+        os.execvp(argv[0], argv)
     os.execv(REAL, [REAL, *args])
     return 1  # not reached
 
 
-def _spawn_podman(args: list[str], out: int | None) -> int:
-    """Start ``podman <args>`` (stdin and stderr on /dev/null, stdout to ``out`` or /dev/null);
-    its pid."""
+def _write_report(name: str, document: dict[str, object]) -> None:
+    """Write ``document`` as ``name`` in the reports dir, whole or not at all (the backend may
+    read it at any moment); nothing when the backend asked for no reports, or when the dir is
+    gone: the trial's staging dir has been removed (a Harbor process outliving its server,
+    say), and making it again would leave a scratch dir nobody owns."""
+    directory = os.environ.get(_REPORTS_ENV, "")
+    if not directory or not os.path.isdir(directory):
+        return
+    try:
+        temp = os.path.join(directory, f".{name}.{os.getpid()}")
+        with open(temp, "w", encoding="utf-8") as handle:
+            json.dump(document, handle)
+        os.replace(temp, os.path.join(directory, name))
+    except OSError:
+        pass  # the trial then ends as Harbor ends it: only slower, or with less said
+
+
+def _clear_report(name: str) -> None:
+    directory = os.environ.get(_REPORTS_ENV, "")
+    if directory:
+        with contextlib.suppress(OSError):
+            os.unlink(os.path.join(directory, name))
+
+
+def _report_gone(project: str, container: str, status: str, exit_code: int) -> None:
+    """Report a container that will not run an ``exec`` (once: the first look wins), unless
+    its project was stopped on purpose."""
+    directory = os.environ.get(_REPORTS_ENV, "")
+    if not directory or any(
+        os.path.exists(os.path.join(directory, name))
+        for name in ("container-exit.json", f"stopped-{project}")
+    ):
+        return
+    log = _podman_output(["logs", "--tail", str(_LOG_LINES), container], stderr=True) or b""
+    _write_report(
+        "container-exit.json",
+        {
+            "container": container,
+            "status": status,
+            "exit_code": exit_code,
+            "log": log[-_LOG_BYTES:].decode("utf-8", "replace"),
+        },
+    )
+
+
+def _run_verifier(argv: list[str], container: str) -> int:
+    """Run the verifier's ``podman exec`` as a child, report its exit code, return it."""
+    pid = os.fork()
+    if pid == 0:
+        try:
+            os.execvp(argv[0], argv)
+        finally:
+            os._exit(127)
+
+    def forward(signum: int, _frame: object) -> None:
+        # Harbor stops a command it gave up on with SIGTERM (SIGKILL 5 s later); the exec
+        # must get it, as it would have without this parent.
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signum)
+
+    for signum in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+        signal.signal(signum, forward)
+    code = _exit_code(pid)
+    _write_report("verifier-exit.json", {"container": container, "exit_code": code})
+    return code if code >= 0 else 128 - code
+
+
+def _spawn_podman(args: list[str], out: int | None, *, stderr: bool = False) -> int:
+    """Start ``podman <args>`` (stdin on /dev/null, stdout to ``out`` or /dev/null, stderr to
+    /dev/null, or to ``out`` too with ``stderr``); its pid."""
     pid = os.fork()
     if pid == 0:
         null = os.open(os.devnull, os.O_RDWR)
         os.dup2(null, 0)
         os.dup2(out if out is not None else null, 1)
-        os.dup2(null, 2)
+        os.dup2(out if stderr and out is not None else null, 2)
         try:
             os.execvp("podman", ["podman", *args])
         finally:
@@ -196,11 +306,12 @@ def _exit_code(pid: int) -> int:
     return os.waitstatus_to_exitcode(status)
 
 
-def _podman_output(args: list[str]) -> bytes | None:
-    """``podman <args>``'s output, or None when it failed."""
+def _podman_output(args: list[str], *, stderr: bool = False) -> bytes | None:
+    """``podman <args>``'s output (with its stderr too, with ``stderr``), or None when it
+    failed."""
     read, write = os.pipe()
     try:
-        pid = _spawn_podman(args, write)
+        pid = _spawn_podman(args, write, stderr=stderr)
     finally:
         os.close(write)
     with os.fdopen(read, "rb") as pipe:
@@ -211,6 +322,21 @@ def _podman_output(args: list[str]) -> bytes | None:
 def _container_exists(name: str) -> bool:
     """Whether podman knows ``name`` (else podman-compose resolves the container itself)."""
     return _exit_code(_spawn_podman(["container", "exists", name], None)) == 0
+
+
+def _container_state(name: str) -> tuple[str, int] | None:
+    """The state and exit code of container ``name``, or None when podman does not know it
+    (podman-compose then resolves the container itself). One podman call, as cheap as
+    ``container exists``."""
+    template = "{{.State.Status}} {{.State.ExitCode}}"
+    output = _podman_output(["container", "inspect", "--format", template, name])
+    status, _, code = (output or b"").decode("utf-8", "replace").strip().partition(" ")
+    if not status:
+        return None
+    try:
+        return status.lower(), int(code)
+    except ValueError:
+        return status.lower(), -1
 
 
 if __name__ == "__main__":

@@ -29,6 +29,7 @@ from pathlib import Path
 from rollout_server.net.secrets import SecretMatcher
 
 __all__ = [
+    "KEPT_MARK",
     "REDACTED",
     "ArchiveReport",
     "archive_trial",
@@ -39,6 +40,9 @@ __all__ = [
 ]
 
 REDACTED = b"[REDACTED]"
+#: Left in a trial dir kept on purpose (its archive is incomplete, or the backend keeps every
+#: trial's): the start-up reaper removes any other trial dir that no staged trial owns.
+KEPT_MARK = ".rollbridge-kept"
 MANIFEST_SCHEMA = "rollbridge-harbor-evidence-v1"
 MAX_FILE_BYTES = 64 * 1024 * 1024
 #: Shorter values would redact ordinary text and protect nothing.
@@ -209,14 +213,17 @@ def log_tail(log_path: Path, secrets: Sequence[str], lines: int = 5) -> str:
 
 
 def retire_trial_dir(trial_dir: Path, keep: bool, secrets: Sequence[str]) -> None:
-    """Delete the trial dir, or keep it for debugging with every secret scrubbed in place."""
+    """Delete the trial dir, or keep it for debugging with every secret scrubbed in place and
+    :data:`KEPT_MARK` in it."""
     if not keep:
         shutil.rmtree(trial_dir, ignore_errors=True)
         return
     spellings = secret_spellings(secrets)
-    if not spellings.values:
-        return
     try:
+        if trial_dir.is_dir():
+            _write_private(trial_dir / KEPT_MARK, b"kept on purpose; remove it with the dir\n")
+        if not spellings.values:
+            return
         for dirpath, _dirs, files in os.walk(trial_dir, followlinks=False):
             for name in files:
                 path = Path(dirpath) / name

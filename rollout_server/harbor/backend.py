@@ -51,6 +51,13 @@ from .staging import (
 from .taskimage import TaskImages, use_task_image
 from .teardown import DEFER_DOWN_ENV, Teardowns
 from .timings import TrialClock
+from .trialreport import (
+    REPORTS_ENV,
+    container_exit,
+    container_exit_outcome,
+    container_gone,
+    with_verifier_detail,
+)
 from .workflow import HARNESS_AGENT, WorkflowSpec, stage_workflow
 
 __all__ = ["HOST_SIDE_AGENTS", "HarborBackend", "HarborSetupError", "find_harbor"]
@@ -87,9 +94,11 @@ class HarborBackend(ExecutionBackend):
     ...). ``agent``: a Harbor agent name or an ``module:Class`` import path, with
     ``agent_kwargs`` and ``model_name``. ``concurrency`` trials run at once; up to
     ``max_queue_depth`` more wait (admission answers 429 beyond that).
-    ``cleanup_successful_trials`` removes a trial's Harbor dir once it succeeded and its archive
-    is complete. ``extra_docker_compose``: compose overlays added to every trial (the backend adds
-    its own, with ``init: true`` when ``init`` and the labels orphan reaping needs).
+    ``cleanup_successful_trials`` removes a trial's Harbor dir once its archive is complete,
+    whatever the trial's outcome (the name is the reference's; failed trials are archived too);
+    ``False`` keeps every trial's dir, scrubbed. ``extra_docker_compose``: compose overlays
+    added to every trial (the backend adds its own, with ``init: true`` when ``init`` and the
+    labels orphan reaping needs).
     ``secret_env``: names of environment variables whose values are scrubbed from archives (the
     rollout's bearer and variables named like secrets always are). ``cancel_grace_sec``: how long
     Harbor gets to clean up after SIGINT before SIGKILL.
@@ -508,6 +517,7 @@ class HarborBackend(ExecutionBackend):
             )
             if self._teardowns is not None:
                 env[DEFER_DOWN_ENV] = str(os.getpid())  # deferred while this server lives
+            env[REPORTS_ENV] = str(staged.reports)
             returncode = await run_trial_process(
                 harbor,
                 staged.config,
@@ -517,27 +527,42 @@ class HarborBackend(ExecutionBackend):
                 grace=self.cancel_grace_sec,
                 engine=self.engine,
                 worker=self._harbor_worker(harbor),
+                # Harbor would poll a container that exited for 90 s; the shim says so at once.
+                stop_when=lambda: container_gone(staged.reports),
             )
             clock.mark("exited")
             evidence = sandbox.evidence() if sandbox is not None else None
             outcome = trial_outcome(trial_dir, request, returncode, log_path, secrets, evidence)
+            gone = container_exit(staged.reports, secrets)
+            if gone is not None and outcome.reported().status != RolloutStatus.SUCCESS:
+                logger.warning("rollout %s: %s", request.id, gone.reason())
+                outcome = container_exit_outcome(gone, {"harbor_trial": trial_name})
+            else:
+                outcome = with_verifier_detail(outcome, trial_dir, staged.reports, secrets)
+            for phase in (outcome.workflow, outcome.grader):
+                if phase is not None and phase.err_message:
+                    # The user knows the task by its own path, not by the staged copy's.
+                    phase.err_message = phase.err_message.replace(
+                        str(staged.task_dir), str(self._task_for(request))
+                    )
             clock.mark("outcome")
             if request.rollout_dir is not None:
                 report = await trio.to_thread.run_sync(
                     archive_trial, trial_dir, log_path, request.rollout_dir, secrets
                 )
+                clock.mark("archived")
+                # The archive holds what the Harbor dir held, scrubbed, whatever the outcome:
+                # only files it could not take (a symlink, an unscrubbable or huge file) keep
+                # the dir, or the user's wish to keep every trial's.
+                keep = not (self.cleanup_successful_trials and report.complete)
                 if report.dropped:
                     logger.warning(
-                        "rollout %s: %d trial file(s) not archived (unreadable or unscrubbable)",
+                        "rollout %s: %d trial file(s) not archived (unreadable or unscrubbable); "
+                        "the Harbor trial dir is kept, scrubbed, at %s",
                         request.id,
                         len(report.dropped),
+                        trial_dir,
                     )
-                clock.mark("archived")
-                keep = not (
-                    self.cleanup_successful_trials
-                    and report.complete
-                    and outcome.reported().status == RolloutStatus.SUCCESS
-                )
             else:
                 keep = True
             await trio.to_thread.run_sync(retire_trial_dir, trial_dir, keep, secrets)

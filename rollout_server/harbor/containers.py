@@ -137,20 +137,36 @@ def _volumes_argv(engine: str) -> list[str]:
     return [engine, "volume", "ls", "--format", "{{.Name}}"]
 
 
+def _external_argv(engine: str) -> list[str]:
+    """Every container podman's storage holds, with those its database does not know: a
+    ``podman run`` killed while it created one leaves it there, without labels (docker has no
+    ``--external`` and lists nothing here)."""
+    return [engine, "ps", "-a", "--external", "--format", "{{.ID}} {{.Names}}"]
+
+
 def _leftover_argvs(
     engine: str,
     trial_names: Sequence[str],
     networks: bytes,
     images: bytes,
     volumes: bytes = b"",
+    external: bytes = b"",
 ) -> list[list[str]]:
-    """Commands removing what compose made for the trials besides containers: their networks,
-    the images they built and their named volumes (``down --rmi local --volumes`` never ran when
-    Harbor was killed, or was left to the backend), found by their compose project's name,
-    whatever phase the trial died in."""
+    """Commands removing what compose made for the trials besides labelled containers: the
+    containers named for them that a killed ``podman run`` left unlabelled in storage, their
+    networks, the images they built and their named volumes (``down --rmi local --volumes``
+    never ran when Harbor was killed, or was left to the backend), found by their compose
+    project's name, whatever phase the trial died in."""
     prefixes = tuple(project_prefix(name) for name in trial_names)
     if not prefixes:
         return []
+    unlabelled = [
+        cid
+        for cid, _, name in (
+            line.partition(" ") for line in external.decode(errors="replace").splitlines()
+        )
+        if cid and name.strip().startswith(prefixes)
+    ]
     vols = [v for v in volumes.decode(errors="replace").split() if v.startswith(prefixes)]
     nets = [n for n in networks.decode(errors="replace").split() if n.startswith(prefixes)]
     # By name, never by id: an image that also carries another tag (a base image) only loses
@@ -160,7 +176,9 @@ def _leftover_argvs(
         for t in images.decode(errors="replace").split()
         if t.removeprefix("localhost/").startswith(prefixes)
     ]
-    argvs = [[engine, "network", "rm", "-f", *nets]] if nets else []
+    argvs = [[engine, "rm", "-f", *unlabelled]] if unlabelled else []
+    if nets:
+        argvs.append([engine, "network", "rm", "-f", *nets])
     if tags:
         argvs.append([engine, "rmi", "-f", *tags])
     if vols:
@@ -190,8 +208,12 @@ async def sweep_trial(engine: str, trial_name: str, *, volumes: bool = False) ->
         found = _parse_ps(await _run(_ps_argv(engine, f"{TRIAL_LABEL}={trial_name}")))
         if found:
             await _run(_rm_argv(engine, [c.id for c in found]))
-        argvs = [*_list_argvs(engine), *([_volumes_argv(engine)] if volumes else [])]
-        listed = [b""] * 3
+        argvs = [
+            *_list_argvs(engine),
+            _volumes_argv(engine) if volumes else [],
+            _external_argv(engine),
+        ]
+        listed = [b""] * len(argvs)
 
         async def list_one(index: int, argv: list[str]) -> None:
             # Inside a nursery an OSError would arrive wrapped in a group: nothing listed.
@@ -200,7 +222,8 @@ async def sweep_trial(engine: str, trial_name: str, *, volumes: bool = False) ->
 
         async with trio.open_nursery() as nursery:
             for index, argv in enumerate(argvs):
-                nursery.start_soon(list_one, index, argv)
+                if argv:
+                    nursery.start_soon(list_one, index, argv)
         for argv in _leftover_argvs(engine, [trial_name], *listed):
             await _run(argv)
     except OSError:
@@ -235,5 +258,6 @@ def remove_trials(engine: str, containers: Sequence[str], trial_names: Sequence[
     list_networks, list_images = _list_argvs(engine)
     networks, images = _run_blocking(list_networks), _run_blocking(list_images)
     volumes = _run_blocking(_volumes_argv(engine))
-    for argv in _leftover_argvs(engine, trial_names, networks, images, volumes):
+    external = _run_blocking(_external_argv(engine))
+    for argv in _leftover_argvs(engine, trial_names, networks, images, volumes, external):
         _run_blocking(argv)

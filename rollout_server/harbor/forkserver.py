@@ -132,8 +132,18 @@ class HarborWorker:
         :class:`WorkerUnavailable` when it cannot."""
         await self._ensure()
 
-    async def run(self, argv: list[str], env: dict[str, str], cwd: Path, log: Path) -> int | None:
+    async def run(
+        self,
+        argv: list[str],
+        env: dict[str, str],
+        cwd: Path,
+        log: Path,
+        *,
+        stop: trio.Event | None = None,
+    ) -> int | None:
         """Run ``harbor <argv>`` as a process of the worker's; its exit code (None if unknown).
+        Once ``stop`` is set, the process is stopped as a cancel would (SIGINT, SIGKILL after
+        the grace) and its exit code returned.
 
         Raises :class:`WorkerUnavailable` when the worker cannot take the trial (nothing ran)."""
         process = await self._ensure()
@@ -151,7 +161,10 @@ class HarborWorker:
             if trial.pid is None:
                 raise WorkerUnavailable(trial.error or "the Harbor worker refused the trial")
             try:
-                await trial.ended.wait()
+                await _first(trial.ended, stop)
+                if not trial.ended.is_set():
+                    with trio.CancelScope(shield=True):
+                        await self._stop(trial)
             except trio.Cancelled:
                 with trio.CancelScope(shield=True):
                     await self._stop(trial)
@@ -183,6 +196,21 @@ class HarborWorker:
             await process.wait()
         if process.returncode is None:
             process.kill()
+
+
+async def _first(ended: trio.Event, stop: trio.Event | None) -> None:
+    """Return once ``ended`` is set, or ``stop`` (when given) is."""
+    if stop is None:
+        await ended.wait()
+        return
+    async with trio.open_nursery() as nursery:
+
+        async def wait_then_cancel(event: trio.Event) -> None:
+            await event.wait()
+            nursery.cancel_scope.cancel()
+
+        nursery.start_soon(wait_then_cancel, ended)
+        nursery.start_soon(wait_then_cancel, stop)
 
 
 def _signal(pid: int, sig: signal.Signals) -> None:

@@ -98,6 +98,9 @@ class Placement:
         self._lock = trio.Lock()
         self._bundle: Bundle | None = None
         self._images: dict[Path, SandboxImage] = {}
+        # A sandbox image that failed to build fails every later trial of its environment at
+        # once, with the same reason, instead of a build (and a failure) per trial.
+        self._image_errors: dict[Path, str] = {}
 
     async def image_for(self, project_dir: Path, environment_dir: Path) -> SandboxImage:
         """The sandbox image of ``environment_dir`` with the rollout's bundle (built once)."""
@@ -120,11 +123,17 @@ class Placement:
                             project_dir, python=Path(sys.executable), log=logger.info
                         )
                     )
+                if environment_dir in self._image_errors:
+                    raise PlacementError(self._image_errors[environment_dir])
                 image = self._images.get(environment_dir)
                 if image is None:
-                    image = await ensure_image(
-                        self.engine, environment_dir, self._bundle, log=logger.info
-                    )
+                    try:
+                        image = await ensure_image(
+                            self.engine, environment_dir, self._bundle, log=logger.info
+                        )
+                    except BundleError as exc:
+                        self._image_errors[environment_dir] = str(exc)
+                        raise
                     self._images[environment_dir] = image
             except BundleError as exc:
                 raise PlacementError(str(exc)) from None

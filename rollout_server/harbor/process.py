@@ -5,6 +5,8 @@ The process runs in its own session under ``_watchdog.py`` (which stops Harbor i
 server dies). While it runs, the rollout's status turns ``grading`` once the trial's
 ``verifier/`` dir appears. Cancelling sends SIGINT to the session's group (Harbor tears its
 containers down), SIGKILL after the grace, then sweeps the trial's containers by label.
+``stop_when`` stops it the same way but keeps its trial dir and returns: the caller has seen a
+reason to end the trial (its container exited) and reads, archives and retires it as usual.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ import shutil
 import signal
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import trio
@@ -44,14 +47,17 @@ async def run_trial_process(
     grace: float,
     engine: str | None,
     worker: HarborWorker | None = None,
+    stop_when: Callable[[], bool] | None = None,
 ) -> int | None:
     """Run the trial of ``config`` to its end; its output goes to ``log_path`` (0600).
 
     With ``worker``, the trial is a process forked by the long-lived Harbor worker (no
-    interpreter start); when the worker cannot take it, it runs on its own as below."""
+    interpreter start); when the worker cannot take it, it runs on its own as below.
+    ``stop_when`` is asked about once a second; once it says yes the trial is stopped (SIGINT,
+    SIGKILL after the grace) and its exit code returned."""
     if worker is not None:
         try:
-            return await _run_on_worker(worker, config, log_path, env, trial_dir, engine)
+            return await _run_on_worker(worker, config, log_path, env, trial_dir, engine, stop_when)
         except WorkerUnavailable as exc:
             logger.warning("harbor: %s; this trial runs in a process of its own", exc)
     argv = [
@@ -85,6 +91,10 @@ async def run_trial_process(
         while process.returncode is None:
             with trio.move_on_after(_STATUS_POLL_S):
                 await process.wait()
+            if process.returncode is None and stop_when is not None and stop_when():
+                with trio.CancelScope(shield=True):
+                    await _interrupt(process, grace)
+                break
             if not grading and (trial_dir / "verifier").is_dir():
                 grading = True
                 if ctx is not None:
@@ -103,10 +113,21 @@ async def _run_on_worker(
     env: dict[str, str],
     trial_dir: Path,
     engine: str | None,
+    stop_when: Callable[[], bool] | None,
 ) -> int | None:
     result: list[int | None] = []
     ctx = get_rollout_context()
     argv = ["trial", "start", "-c", str(config)]
+    stop = trio.Event()
+
+    async def watch_stop(done: trio.CancelScope) -> None:
+        # A file another process writes: nothing to wait on but a look now and then.
+        with done:
+            while True:
+                if stop_when is not None and stop_when():
+                    stop.set()
+                    break
+                await trio.sleep(_STATUS_POLL_S)
 
     async def poll_grading(done: trio.CancelScope) -> None:
         with done:
@@ -121,15 +142,18 @@ async def _run_on_worker(
     refused: list[WorkerUnavailable] = []
     try:
         async with trio.open_nursery() as nursery:
-            polling = trio.CancelScope()
+            polling, watching = trio.CancelScope(), trio.CancelScope()
             nursery.start_soon(poll_grading, polling)
+            if stop_when is not None:
+                nursery.start_soon(watch_stop, watching)
             try:
-                result.append(await worker.run(argv, env, config.parent, log_path))
+                result.append(await worker.run(argv, env, config.parent, log_path, stop=stop))
             except WorkerUnavailable as exc:
                 # Raised outside the nursery, where it is not wrapped in a group.
                 refused.append(exc)
             finally:
                 polling.cancel()
+                watching.cancel()
     except trio.Cancelled:
         # The worker has SIGINTed (and, after the grace, SIGKILLed) the trial's group.
         with trio.CancelScope(shield=True):
@@ -142,6 +166,13 @@ async def _run_on_worker(
 
 async def _stop(process: trio.Process, trial_dir: Path, grace: float, engine: str | None) -> None:
     """SIGINT the trial's group (Harbor tears down), SIGKILL after the grace, then sweep."""
+    await _interrupt(process, grace)
+    await _sweep(trial_dir, engine)
+
+
+async def _interrupt(process: trio.Process, grace: float) -> None:
+    """SIGINT the trial's group (Harbor writes its result and tears down), SIGKILL after the
+    grace."""
     _signal_group(process.pid, signal.SIGINT)
     with trio.move_on_after(grace):
         await process.wait()
@@ -149,7 +180,6 @@ async def _stop(process: trio.Process, trial_dir: Path, grace: float, engine: st
         _signal_group(process.pid, signal.SIGKILL)
         with trio.move_on_after(_KILL_WAIT_S):
             await process.wait()
-    await _sweep(trial_dir, engine)
 
 
 async def _sweep(trial_dir: Path, engine: str | None) -> None:

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -21,6 +22,7 @@ from ..protocol import RolloutErrorCategory, RolloutStatus
 from ..sdk import RolloutSample
 from .archive import log_tail, scrub_bytes, secret_spellings
 from .atif import agent_messages, with_agent_messages
+from .taskimage import build_failure_cause
 
 __all__ = [
     "CANCELLED_TYPES",
@@ -53,6 +55,14 @@ _ENVIRONMENT_ERRORS = frozenset(
     {"SandboxBuildFailedError", "HealthcheckError", "ServiceOperationsUnsupportedError"}
 )
 _TOKEN_FIELDS = ("n_input_tokens", "n_output_tokens", "n_cache_tokens")
+#: Harbor's message for a failed ``compose build`` (harbor 0.25 ``_run_docker_compose_command``):
+#: the cause is at the end of a long command line, in the build's output.
+_COMPOSE_BUILD_FAILED = re.compile(
+    r"Docker compose command failed .*? build\. Return code: -?\d+\. Stdout: (.*)\. Stderr: (.*)\.",
+    re.DOTALL,
+)
+#: The line a Python traceback ends with: the exception raised.
+_EXCEPTION_LINE = re.compile(r"^[A-Za-z_][\w.]*(Error|Exception|Interrupt|Exit)\b(: .*)?$")
 #: LiteLLM's exceptions for an error answer (a host-side agent such as terminus-2 calls the
 #: bridge through LiteLLM), with the HTTP status each stands for.
 _MODEL_CALL_STATUS = {
@@ -151,6 +161,11 @@ def outcome_from_result(
     if isinstance(exception, dict):
         kind = str(exception.get("exception_type") or "Exception")
         message = f"{kind}: {exception.get('exception_message') or ''}".rstrip(": ")
+        build = _COMPOSE_BUILD_FAILED.search(message)
+        if build is not None:
+            # The cause first, on one line; Harbor's whole message stays in the archived trial.
+            cause = build_failure_cause("\n".join(build.groups()))
+            message = f"task image build failed: {cause}"
         if kind in CANCELLED_TYPES:
             return ExecutionOutcome(
                 ExecutionResult(RolloutStatus.CANCELLED, err_message=message, extra_fields=extra)
@@ -379,6 +394,14 @@ def failed(message: str, category: RolloutErrorCategory) -> ExecutionOutcome:
     )
 
 
+def _raised(log_path: Path, secrets: Sequence[str]) -> str | None:
+    """The exception a Harbor process's log ends with (``FileNotFoundError: ...``), or None."""
+    for line in reversed(log_tail(log_path, secrets, lines=40).split(" | ")):
+        if _EXCEPTION_LINE.match(line.strip()):
+            return line.strip()
+    return None
+
+
 def trial_outcome(
     trial_dir: Path,
     request: ExecutionRequest,
@@ -391,11 +414,16 @@ def trial_outcome(
     route and image, whose container results then come first)."""
     result = read_result(trial_dir)
     if result is None:
-        return failed(
-            f"Harbor trial {trial_dir.name} wrote no result.json (exit code {returncode}): "
-            + log_tail(log_path, secrets),
-            RolloutErrorCategory.INTERNAL_ERROR,
-        )
+        raised = _raised(log_path, secrets)
+        if raised is not None:
+            # Harbor refused before the trial began (a task it cannot load, say): that first.
+            message = f"{raised} (Harbor exited with code {returncode} before writing result.json)"
+        else:
+            message = (
+                f"Harbor trial {trial_dir.name} wrote no result.json (exit code {returncode}): "
+                + log_tail(log_path, secrets)
+            )
+        return failed(message, RolloutErrorCategory.INTERNAL_ERROR)
     if evidence is None:
         # A host-side agent: its turns are in its ATIF trajectory (harbor.atif).
         outcome = outcome_from_result(

@@ -5,13 +5,17 @@ Layout under the backend's trials root (``/tmp/rollbridge-harbor-<uid>`` by defa
     staging/<rollout_id>/owner.json      {"owner": "<pid>:<start time>", "trial": "trial-<id>"}
     staging/<rollout_id>/task/           the task, copied (the row's prompt as instruction.md)
     staging/<rollout_id>/rollbridge-overlay.json, trial-config.json, harbor.log
+    staging/<rollout_id>/reports/        what the compose shim reports (trialreport.py)
     trials/trial-<rollout_id>/           Harbor's own trial dir
 
 The owner file is written before anything else, and the staging dir lives exactly as long as its
-trial: the backend removes it when the trial ends, however it ends. So a staging dir whose owner
-process is gone (``kill -9`` of the rollout server) marks an abandoned trial, and
-:func:`stale_trials` finds it; a trial dir kept on purpose for debugging has no staging dir and is
-never touched.
+trial: the backend removes it when the trial ends, however it ends (after the trial dir is
+archived and retired). So a staging dir whose owner process is gone (``kill -9`` of the rollout
+server) marks an abandoned trial, and :func:`stale_trials` finds it; a trial dir kept on purpose
+for debugging has no staging dir, carries :data:`~.archive.KEPT_MARK` and is never touched. A
+trial dir with neither (:func:`orphan_trial_dirs`) was written by a Harbor process that outlived
+its rollout server and its reaping (it finishes its cancelled trial after the next server removed
+the trial's scratch); nothing owns it.
 """
 
 from __future__ import annotations
@@ -28,6 +32,7 @@ from pathlib import Path
 from typing import Any
 
 from ..backend import ExecutionRequest
+from .archive import KEPT_MARK
 from .containers import owner_alive
 from .installed import wire_installed
 
@@ -35,6 +40,7 @@ __all__ = [
     "OWNER_FILE",
     "StagedTrial",
     "agent_timeout",
+    "orphan_trial_dirs",
     "prompt_text",
     "remove_scratch",
     "stage_trial",
@@ -49,6 +55,9 @@ OWNER_FILE = "owner.json"
 #: A staging dir with no readable owner file is only judged once it is this old (its owner may
 #: be between ``mkdir`` and writing the file).
 _UNOWNED_GRACE_S = 300.0
+#: A trial dir nobody owns is only removed once untouched this long (a Harbor process that
+#: outlived its server may still be writing it).
+_ORPHAN_DIR_GRACE_S = 600.0
 #: Where a verifier environment of its own (``environment_mode = "separate"``) can be defined;
 #: Harbor does not pass run-level compose overlays to it, but it does read a
 #: ``docker-compose.yaml`` found next to its Dockerfile.
@@ -64,6 +73,7 @@ class StagedTrial:
     overlay: Path
     config: Path
     log: Path
+    reports: Path
 
 
 def prompt_text(prompt: list[dict[str, Any]]) -> str:
@@ -201,8 +211,10 @@ def stage_trial(
     overlay.write_bytes(overlay_doc)
     (trials_root / "trials").mkdir(mode=0o700, exist_ok=True)
     shutil.rmtree(trials_root / "trials" / trial_name, ignore_errors=True)
+    reports = staging / "reports"
+    reports.mkdir(mode=0o700)
     return StagedTrial(
-        staging, task_dir, overlay, staging / "trial-config.json", staging / "harbor.log"
+        staging, task_dir, overlay, staging / "trial-config.json", staging / "harbor.log", reports
     )
 
 
@@ -237,6 +249,30 @@ def stale_trials(trials_root: Path) -> list[str]:
             continue
         stale.append(staging.name)
     return stale
+
+
+def orphan_trial_dirs(trials_root: Path, grace: float = _ORPHAN_DIR_GRACE_S) -> list[Path]:
+    """Harbor trial dirs (``trials/trial-<id>``) with no staging dir and no kept mark, untouched
+    for ``grace`` seconds (sorted)."""
+    try:
+        entries = sorted((trials_root / "trials").iterdir())
+    except OSError:
+        return []
+    now = time.time()
+    orphans = []
+    for trial in entries:
+        rollout_id = trial.name.removeprefix("trial-")
+        if rollout_id == trial.name or trial.is_symlink() or not trial.is_dir():
+            continue
+        try:
+            if now - trial.stat().st_mtime < grace:
+                continue
+        except OSError:
+            continue
+        if (trial / KEPT_MARK).exists() or (trials_root / "staging" / rollout_id).exists():
+            continue
+        orphans.append(trial)
+    return orphans
 
 
 def remove_scratch(trials_root: Path, rollout_id: str) -> None:

@@ -14,12 +14,20 @@ leftovers never touches it.
 
 Only tasks whose ``environment/`` has a ``Dockerfile`` and no compose file of its own, and whose
 ``task.toml`` names no ``docker_image``, are prebuilt; any other task is left to Harbor.
+
+A build that fails (a base image that is not here, a ``RUN`` that exits non-zero, the build's
+time limit) is remembered for the server's life under the same digest: every row of that task
+then fails at once with :class:`TaskImageError`, whose one-line message starts with the cause
+(``task image build failed: <podman's error line> (last output: <the step's last line>)``),
+instead of Harbor building it again, and failing the same way, in every trial. The build's
+whole output goes to the log once. An edit of ``environment/`` is a new digest, built afresh.
 """
 
 from __future__ import annotations
 
 import contextlib
 import hashlib
+import logging
 import re
 import tomllib
 from pathlib import Path
@@ -27,15 +35,52 @@ from pathlib import Path
 import trio
 
 from .image import _tree_files, build_containers, remove_new_build_containers
+from .locate import HarborSetupError
 from .wheelhouse import BundleError, file_sha256
 
-__all__ = ["TASK_IMAGE_LABEL", "TaskImages", "prebuildable", "use_task_image"]
+__all__ = [
+    "TASK_IMAGE_LABEL",
+    "TaskImageError",
+    "TaskImages",
+    "build_failure_cause",
+    "prebuildable",
+    "use_task_image",
+]
+
+logger = logging.getLogger("rollout_server.harbor")
 
 TASK_IMAGE_LABEL = "io.rollbridge.task-image"
 _REPOSITORY = "rollbridge-task"
 _FORMAT = 1
 _ENV_HEADER = re.compile(r"^\[environment\][ \t]*(#.*)?$", re.MULTILINE)
 _BUILD_TIMEOUT_S = 600.0
+#: Build output that is progress, not a cause: step headers, cache hits, commits, and podman's
+#: own retry warnings (``time=... level=warning``), which repeat the final error.
+_NOISE = re.compile(
+    r"^(STEP \d+/\d+|--> |COMMIT |Getting image source|Copying (blob|config)|Writing manifest|"
+    r"Storing signatures|Successfully|Trying to pull|time=|[0-9a-f]{64}$)"
+)
+_CAUSE_CHARS = 400
+
+
+class TaskImageError(HarborSetupError):
+    """A task's image could not be built; every later row of the task fails with the same."""
+
+
+def build_failure_cause(output: str) -> str:
+    """One line saying why a build failed: podman's ``Error:`` line, with the last line the
+    failing step printed before it (a ``RUN`` step's own complaint), bounded."""
+    lines = [ln.strip() for ln in output.splitlines() if ln.strip()]
+    lines = [ln for ln in lines if not _NOISE.match(ln)]
+    errors = [i for i, ln in enumerate(lines) if ln.startswith("Error:")]
+    if not errors:
+        cause = lines[-1] if lines else "the build printed nothing"
+    else:
+        at = errors[0]
+        cause = lines[at].removeprefix("Error:").strip()
+        if at > 0:
+            cause += f" (last output: {lines[at - 1]})"
+    return cause if len(cause) <= _CAUSE_CHARS else cause[: _CAUSE_CHARS - 1] + "…"
 
 
 def _task_doc(task_dir: Path) -> dict[str, object] | None:
@@ -93,17 +138,21 @@ def use_task_image(task_dir: Path, image: str) -> bool:
 
 
 class TaskImages:
-    """Per-server cache of built task images (one build at a time per digest)."""
+    """Per-server cache of built task images (one build at a time per digest), and of the
+    builds that failed."""
 
     def __init__(self, engine: str) -> None:
         self.engine = engine
         self._built: dict[str, str] = {}
+        self._failed: dict[str, str] = {}
         self._locks: dict[str, trio.Lock] = {}
 
     async def image_for(self, task_dir: Path) -> str | None:
         """The compose ``image:`` name for ``task_dir``'s environment, built if need be; None
-        when the task is not prebuildable or the build fails (Harbor then builds it, and says
-        why in its own log)."""
+        when the task is not prebuildable (Harbor then builds it).
+
+        Raises :class:`TaskImageError` when the build failed, now or earlier in this server's
+        life (the same cause each time; nothing is built again)."""
         if not await trio.to_thread.run_sync(prebuildable, task_dir):
             return None
         env = task_dir / "environment"
@@ -113,11 +162,20 @@ class TaskImages:
             return name
         lock = self._locks.setdefault(digest, trio.Lock())
         async with lock:
+            if digest in self._failed:
+                raise TaskImageError(self._failed[digest])
             if digest in self._built:
                 return self._built[digest]
             tag = f"localhost/{name}"
-            if not await self._exists(tag) and not await self._build(tag, env):
-                return None
+            if not await self._exists(tag):
+                failure = await self._build(tag, env)
+                if failure is not None:
+                    cause = f"task image build failed: {build_failure_cause(failure)}"
+                    logger.warning(
+                        "harbor: %s; building %s from %s said:\n%s", cause, tag, env, failure
+                    )
+                    self._failed[digest] = cause
+                    raise TaskImageError(cause)
             self._built[digest] = name
             return name
 
@@ -133,7 +191,9 @@ class TaskImages:
             return False
         return done.returncode == 0
 
-    async def _build(self, tag: str, env: Path) -> bool:
+    async def _build(self, tag: str, env: Path) -> str | None:
+        """Build ``tag`` from ``env``: None when built, else what the build printed (or why it
+        did not run)."""
         argv = [self.engine, "build", "-q", "--label", f"{TASK_IMAGE_LABEL}=1", "-t", tag]
         before: set[str] = set()
         with contextlib.suppress(BundleError):
@@ -145,10 +205,14 @@ class TaskImages:
                     done = await trio.run_process(
                         [*argv, str(env)], capture_stdout=True, capture_stderr=True, check=False
                     )
-                except OSError:
-                    return False
+                except OSError as exc:
+                    return f"Error: cannot run {self.engine}: {exc}"
                 built = done.returncode == 0
-            return built
+                if built:
+                    return None
+                output = done.stdout + b"\n" + done.stderr
+                return output.decode("utf-8", "replace")
+            return f"Error: the build took longer than {_BUILD_TIMEOUT_S:g} s"
         finally:
             if not built:  # cut short or failed: podman leaves its working containers
                 shield = trio.CancelScope(shield=True)

@@ -19,6 +19,7 @@ from pathlib import Path
 import pytest
 
 from rollout_server.harbor import HarborBackend
+from rollout_server.harbor.archive import retire_trial_dir
 from rollout_server.harbor.containers import _leftover_argvs, owner_alive, owner_token
 from rollout_server.harbor.reaper import reap_dead_owners
 from rollout_server.harbor.staging import OWNER_FILE, stage_trial, stale_trials
@@ -102,6 +103,26 @@ def test_reap_removes_the_scratch_of_dead_owners_in_one_line(
     assert capsys.readouterr().out == ""
 
 
+def test_trial_dirs_no_trial_owns_are_removed_once_old(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    _plant(tmp_path, "alive", owner_token())
+    trials = tmp_path / "trials"
+    # Written by a Harbor process that outlived its server (or kept by an older rollbridge).
+    for name in ("trial-orphan", "trial-young", "trial-kept", "trial-alive"):
+        (trials / name).mkdir(exist_ok=True)
+        (trials / name / "result.json").write_text("{}")
+    retire_trial_dir(trials / "trial-kept", True, [])  # kept on purpose: marked
+    for name in ("trial-orphan", "trial-kept", "trial-alive"):
+        os.utime(trials / name, (0, 0))
+    report = reap_dead_owners(None, tmp_path)
+    assert report.trial_dirs == ["trial-orphan"]
+    assert sorted(p.name for p in trials.iterdir()) == ["trial-alive", "trial-kept", "trial-young"]
+    (line,) = capsys.readouterr().out.splitlines()
+    assert line.startswith("harbor: removed 1 Harbor trial dir(s) under ")
+    assert reap_dead_owners(None, tmp_path).empty
+
+
 def test_leftovers_are_matched_by_the_trials_compose_projects_only() -> None:
     networks = (
         b"podman\ntrial-ab__env_default\ntrial-ab__verifier__main_default\ntrial-abc__env_default\n"
@@ -119,6 +140,18 @@ def test_leftovers_are_matched_by_the_trials_compose_projects_only() -> None:
         ["podman", "rmi", "-f", "localhost/trial-ab__env_main:latest"],
     ]
     assert _leftover_argvs("podman", [], networks, images) == []
+
+
+def test_a_container_a_killed_podman_run_left_in_storage_is_removed_by_name() -> None:
+    # `podman ps --external`: such a container has no labels, only the name compose gave it.
+    external = (
+        b"0123456789ab trial-ab__env_main_1\n"
+        b"ba9876543210 trial-abc__env_main_1\n"
+        b"cafecafecafe someone-elses\n"
+    )
+    assert _leftover_argvs("podman", ["trial-ab"], b"", b"", b"", external) == [
+        ["podman", "rm", "-f", "0123456789ab"]
+    ]
 
 
 def test_staged_task_gets_the_overlay_in_every_verifier_environment(tmp_path: Path) -> None:
