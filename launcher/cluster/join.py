@@ -213,6 +213,11 @@ async def unreachable(address: str, node_ip: Callable[[], str]) -> str | None:
 
 def import_ray() -> Any:
     """The ``ray`` module; without it, the one-line error that names the extra."""
+    # Ray's driver installs Abseil's failure-signal handler, SIGTERM among its signals: a
+    # SIGTERM then printed a C++ stack dump to the terminal and, about one time in three,
+    # aborted the supervisor (exit 134, no final record) instead of reaching its own two-stage
+    # stop (launcher.signals), which a local run gets. Read when ray is first imported.
+    os.environ.setdefault("RAY_DISABLE_FAILURE_SIGNAL_HANDLER", "1")
     try:
         import ray
     except ImportError:

@@ -7,6 +7,7 @@ import contextlib
 import importlib.util
 import os
 import secrets
+import signal
 import socket
 from pathlib import Path
 
@@ -153,3 +154,32 @@ async def test_the_supervisor_s_rollout_server_gets_no_ray_variable(
     assert seen.get("ECHO_DELAY_S") == "1.0"  # the server's environment was read
     assert not [name for name in seen if name.startswith("RAY_")]
     assert token not in (run / "logs.txt").read_text()
+
+
+async def test_sigterm_stops_a_ray_run_as_ctrl_c_does(slow_env: Path, tmp_path: Path) -> None:
+    """A SIGTERM (a service manager's stop, `kill`) mid-dispatch: the run stops as after a
+    Ctrl-C (exit 130, its last record written, a resume line) with no C++ stack dump of Ray's
+    printed, and its cluster is gone."""
+    ws = slow_workspace(tmp_path / "ws", 2.0)
+    env = base_env(UV_PROJECT_ENVIRONMENT=str(slow_env), RAY_USAGE_STATS_ENABLED="0")
+    before = _raylets()
+    cli = await start_cli(
+        ["eval", "run", "ws/configs/eval/echo.toml", "--yes", "--plain", "--name", "term",
+         "--ray", "local", "--max-in-flight", "2"],
+        cwd=tmp_path,
+        env=env,
+        logdir=tmp_path,
+    )  # fmt: skip
+    run = run_dir(ws, "term")
+    try:
+        await wait_for(lambda: len(journal(run)) >= 2, timeout=180)
+    finally:
+        cli.signal(signal.SIGTERM)
+        result = await cli.wait(timeout=120)
+    said = result.stderr + result.stdout
+    assert result.returncode == 130, said
+    assert "SIGTERM received" not in said and "logging.cc" not in said, said
+    assert "Resume: rollbridge eval run" in result.stdout, said
+    assert metrics(run)["eval_run"]["status"] != "running"
+    assert count_log(run, "invocation ended") == 1
+    assert _raylets() <= before
