@@ -116,12 +116,19 @@ class _RemoteHandle:
         _, payload, packed = answer
         target = self._transport.trials_dir / self._rollout_id
         if is_small(packed):  # a few system calls: less than a worker thread's round trip
-            unpack_trial(packed, target)
+            skipped = unpack_trial(packed, target)
         else:
             # One worker thread for every unpack of the run: a collect's answers arrive
             # together, and a thread each would contend for the GIL (docs/scale-out.md).
-            await trio.to_thread.run_sync(
+            skipped = await trio.to_thread.run_sync(
                 unpack_trial, packed, target, limiter=self._transport.unpacking
+            )
+        for path, reason in skipped:
+            self._transport.log(
+                "WARNING",
+                "cluster",
+                "skipped an unsafe artifact",
+                {"rollout_id": self._rollout_id, "path": path, "reason": reason},
             )
         self._replica.finished += 1
         self._transport.log(

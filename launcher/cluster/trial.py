@@ -173,24 +173,43 @@ def _make_dirs(parts: tuple[str, ...], mode: int, made: set[tuple[str, ...]], fd
             made.add(prefix)
 
 
-def unpack_trial(packed: Packed, target: Path) -> None:
+def unpack_trial(packed: Packed, target: Path) -> list[tuple[str, str]]:
     """Write a packed trial as ``target`` (see the module docstring); refuse entries that
-    would land outside it (:class:`UnsafeEntry`, or tarfile's error for a tar)."""
+    would land outside it (:class:`UnsafeEntry`). A tar's members that tarfile's ``data``
+    filter refuses (a link to an absolute path or out of the trial, a device, a fifo) are left
+    out, as a local trial's unsafe artifacts are (launcher.rundir.projections): returned as
+    ``(name, reason)``, for the log. Nothing of a failed unpack stays behind."""
     if packed == b"":
-        return
+        return []
     if not isinstance(packed, bytes):
         try:
             _write_entries(packed, target)
-            return
+            return []
         except FileExistsError:
             if not target.is_dir():
                 raise
     temp = target.with_name(f".{target.name}.unpack")
     shutil.rmtree(temp, ignore_errors=True)
-    if isinstance(packed, bytes):
-        with tarfile.open(fileobj=io.BytesIO(packed), mode="r") as tar:
-            tar.extractall(temp, filter="data")
-    else:
-        _write_entries(packed, temp)
-    shutil.rmtree(target, ignore_errors=True)
-    temp.rename(target)
+    skipped: list[tuple[str, str]] = []
+
+    def data_only(member: tarfile.TarInfo, path: str) -> tarfile.TarInfo | None:
+        try:
+            return tarfile.data_filter(member, path)
+        except tarfile.FilterError as exc:
+            skipped.append((member.name, str(exc)))
+            return None
+
+    try:
+        if isinstance(packed, bytes):
+            temp.mkdir(mode=0o700)  # made even when every member is left out
+            with tarfile.open(fileobj=io.BytesIO(packed), mode="r") as tar:
+                tar.extractall(temp, filter=data_only)
+            os.chmod(temp, 0o700)  # as an unpack of entries makes it (the tar keeps the source's)
+        else:
+            _write_entries(packed, temp)
+        shutil.rmtree(target, ignore_errors=True)
+        temp.rename(target)
+    except BaseException:
+        shutil.rmtree(temp, ignore_errors=True)
+        raise
+    return skipped

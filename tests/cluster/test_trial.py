@@ -89,15 +89,36 @@ def test_entries_outside_the_trial_are_refused(tmp_path: Path, name: str) -> Non
     assert not (tmp_path / ".bad.unpack").exists()
 
 
-def test_a_tar_member_outside_the_trial_is_refused(tmp_path: Path) -> None:
+def test_a_tar_member_outside_the_trial_is_left_out(tmp_path: Path) -> None:
     buffer = io.BytesIO()
     with tarfile.open(fileobj=buffer, mode="w") as tar:
         info = tarfile.TarInfo("../escape")
         info.size = 1
         tar.addfile(info, io.BytesIO(b"x"))
-    with pytest.raises(tarfile.TarError):
-        unpack_trial(buffer.getvalue(), tmp_path / "bad")
-    assert not (tmp_path / "escape").exists()
+    skipped = unpack_trial(buffer.getvalue(), tmp_path / "bad")
+    assert [name for name, _ in skipped] == ["../escape"]
+    assert not (tmp_path / "escape").exists() and (tmp_path / "bad").is_dir()
+
+
+def test_unsafe_artifacts_of_a_remote_trial_are_left_out_not_fatal(tmp_path: Path) -> None:
+    """A workflow on another node may leave a link to /etc/passwd, a link out of its trial or
+    a fifo in its artifacts: each is left out (and named, for the log), the rest of the trial
+    arrives, the trial is the owner's alone (0700), and no temporary directory stays."""
+    source = _trial(tmp_path)
+    os.symlink("/etc/passwd", source / "artifacts" / "passwd_link")
+    os.symlink("../../../outside", source / "artifacts" / "up")
+    os.symlink("a.txt", source / "artifacts" / "inside")
+    os.mkfifo(source / "artifacts" / "fifo")
+    skipped = unpack_trial(pack_trial(source), tmp_path / "out")
+    names = sorted(PurePosixPath(name).name for name, _ in skipped)
+    assert names == ["fifo", "passwd_link", "up"]
+    assert all(reason for _, reason in skipped)
+    out = tmp_path / "out"
+    assert (out / "artifacts" / "a.txt").read_text() == "a"
+    assert (out / "artifacts" / "inside").read_text() == "a"  # a link within the trial
+    assert not (out / "artifacts" / "passwd_link").exists()
+    assert out.stat().st_mode & 0o777 == 0o700
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["out", source.name]
 
 
 def test_a_failed_unpack_leaves_nothing_and_parents_are_made(tmp_path: Path) -> None:
