@@ -118,6 +118,20 @@ class InFlightLimit:
         else:
             self._log(f"in flight raised to {self.limit}")
 
+    def raise_ceiling(self, ceiling: int) -> None:
+        """Let up to ``ceiling`` in flight from now on (more replicas joined a ``--ray`` run):
+        the limit follows when it was at the old ceiling; a lowered one recovers towards the
+        new one as it would have towards the old."""
+        if ceiling <= self.ceiling:
+            return
+        at_ceiling = self.limit >= self.ceiling
+        self.ceiling = ceiling
+        self._step = max(1, math.ceil(ceiling / 8))
+        if at_ceiling:
+            self.limit = ceiling
+            self._episode_low = ceiling
+            self._waiting.unpark_all()
+
     def lowered_limit(self) -> int | None:
         """The limit while it is below the configured concurrency (progress shows it), else
         None."""

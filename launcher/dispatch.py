@@ -281,6 +281,9 @@ class Dispatcher:
         self.report = DispatchReport()
         self._queue: deque[WorkItem] = deque()
         self._scope: trio.CancelScope | None = None
+        self._workers: trio.Nursery | None = None
+        self._alive = 0
+        """Workers running now (each takes items until the queue is empty)."""
         self._admissions = trio.Semaphore(MAX_CONCURRENT_ADMISSIONS)
         # The current streak of identical failures: its cause and the rows it covers.
         self._streak_cause: tuple[Any, ...] | None = None
@@ -303,10 +306,34 @@ class Dispatcher:
         with self.interrupts.work_scope() as scope:
             self._scope = scope
             async with trio.open_nursery() as nursery:
+                self._workers = nursery
+                self._alive += workers
                 for _ in range(workers):
-                    nursery.start_soon(self._worker)
-        self._scope = None
+                    nursery.start_soon(self._counted_worker)
+        self._workers = self._scope = None
         return self.report
+
+    async def _counted_worker(self) -> None:
+        try:
+            await self._worker()
+        finally:
+            self._alive -= 1
+
+    def grow(self, concurrency: int) -> int:
+        """Run up to ``concurrency`` items at once from now on (replicas joined a ``--ray``
+        run: their capacity adds to the run's); returns the workers started for it."""
+        if concurrency <= self.concurrency:
+            return 0
+        self.concurrency = concurrency
+        if self.limit is not None:
+            self.limit.raise_ceiling(concurrency)
+        more = min(concurrency - self._alive, len(self._queue))
+        if self._workers is None or more <= 0 or self.report.halted is not None:
+            return 0
+        self._alive += more
+        for _ in range(more):
+            self._workers.start_soon(self._counted_worker)
+        return more
 
     async def _worker(self) -> None:
         while self._queue and self.report.halted is None:

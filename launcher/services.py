@@ -134,6 +134,9 @@ class Services:
     """A transport in place of the local server's (``--ray``: :mod:`launcher.cluster`)."""
     watch_cluster: Callable[[Callable[[str], None]], Awaitable[None]] | None = None
     """Calls ``halt(reason)`` when too few replicas are left (``--ray``)."""
+    grow_with: Callable[[Callable[[int], None]], None] | None = None
+    """Registers ``grow(concurrency)``, called when joining replicas raise the run's
+    concurrency (``--ray``)."""
 
     def rollout_transport(self) -> RolloutTransport:
         """The dispatch's transport: the server's own client (built during its start-up)."""

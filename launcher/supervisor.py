@@ -353,6 +353,15 @@ class Supervisor:
             limit=limit,
         )
         self.stage(f"running {len(pending)} work items, up to {workers} in flight", step="schedule")
+        if services.grow_with is not None:
+
+            def grow(concurrency: int) -> None:
+                if dispatcher.grow(concurrency):
+                    self.stage(
+                        f"up to {concurrency} in flight (replicas joined)", step="schedule"
+                    )
+
+            services.grow_with(grow)
         total = self.prepared.meta.total_work_items
         in_flight = (lambda: limit.in_flight), limit.lowered_limit
         self.ui.open_progress(total, rd.counters, len(pending), *in_flight)

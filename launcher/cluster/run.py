@@ -15,6 +15,15 @@ asked to stop its server, then killed, and the driver disconnects.
 Ray's blocking calls (``ray.init``, ``ray.nodes``, ``ray.kill``) run on worker threads; results
 are awaited through :func:`~launcher.cluster.refs.await_ref`. Secrets reach agents as actor
 arguments, never in a ``runtime_env`` (whose ``env_vars`` other clients read in plain text).
+
+Dispatch begins once the agents started at the open have tried, or after :data:`FIRST_WAIT_S`;
+an agent that comes up later (and a node that joins) adds its capacity to the run's
+concurrency (``Services.grow_with``).
+
+Why one module of this size: opening the cluster is one sequence (join, the bridge's door,
+the agents, the replica manager, the stop) over one state (:class:`_Cluster`), and each step
+undoes what the ones before it opened when it fails; split, each part would need the others'
+private state.
 """
 
 from __future__ import annotations
@@ -54,6 +63,7 @@ from launcher.dispatch_io import RolloutClientTransport
 from launcher.errors import LocalEvalError
 from launcher.process import STOP_GRACE_S
 from launcher.rollout_env import find_uv, rollout_python
+from launcher.services import cap_notice
 
 if TYPE_CHECKING:
     from launcher.services import RunContext, Services
@@ -64,6 +74,10 @@ __all__ = ["HOST_RESOURCE", "clustered", "open_cluster"]
 HOST_RESOURCE = "rollbridge_host"
 POLL_S = 1.0
 AGENT_START_S = 180.0
+#: How long dispatch waits for the agents started at the open before it begins without those
+#: still starting (a first build of a node's environment; a node whose host unit another run's
+#: agent holds): they join when they are up, adding their capacity.
+FIRST_WAIT_S = 60.0
 
 
 def _draining_nodes() -> set[str]:
@@ -256,13 +270,29 @@ class _Cluster:
     async def manage(
         self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED
     ) -> None:
-        """Start agents on the nodes alive now (reported once they all tried), then follow
-        the node list."""
-        async with trio.open_nursery() as first:
-            for node_id, address in self.wanted(await self.poll()).items():
-                first.start_soon(self.start_agent, node_id, address)
-        task_status.started()
+        """Start agents on the nodes alive now (reported once they all tried, or after
+        :data:`FIRST_WAIT_S`: the others go on starting), then follow the node list."""
         async with trio.open_nursery() as nursery:
+            first = self.wanted(await self.poll())
+            tried = trio.Event()
+            left = len(first)
+
+            async def start_first(node_id: str, address: str) -> None:
+                nonlocal left
+                try:
+                    await self.start_agent(node_id, address)
+                finally:
+                    left -= 1
+                    if left == 0:
+                        tried.set()
+
+            for node_id, address in first.items():
+                nursery.start_soon(start_first, node_id, address)
+            if not first:
+                tried.set()
+            with trio.move_on_after(FIRST_WAIT_S):
+                await tried.wait()
+            task_status.started()
             self.nursery = nursery
             while True:
                 await trio.sleep(POLL_S)
@@ -398,6 +428,8 @@ async def open_cluster(ctx: RunContext, services: Services) -> AsyncIterator[Ser
                 others = ", ".join(remote) or "no other node"
                 if not remote and cluster.refused:
                     others += f", {len(cluster.refused)} refused"
+                if still := starting():
+                    others += f", {still} still starting"
                 ctx.stage(
                     f"{count} replica{'s' if count != 1 else ''} "
                     f"({others} besides the supervisor's), capacity {transport.capacity}",
@@ -406,10 +438,37 @@ async def open_cluster(ctx: RunContext, services: Services) -> AsyncIterator[Ser
                 concurrency = resolve_concurrency(
                     p.options.max_in_flight, p.spec.batch_size, transport.capacity
                 )
+                capped = cap_notice(p.options.max_in_flight, p.spec.batch_size, transport.capacity)
+                if capped is not None:
+                    capped = capped.replace("the rollout server's", "the replicas'")
+                    ctx.log("WARNING", "dispatch", capped, None)
+                    ctx.ui.warning(capped, "CONCURRENCY_CAPPED")
                 minimum = partial(hold_minimum, transport, p.ray.min_replicas, starting)
+
+                def grow_with(grow: Callable[[int], None]) -> None:
+                    # A replica that joins adds its capacity to the run's (a node that joined,
+                    # or one whose agent was still starting when dispatch began).
+                    announce = transport.on_change
+
+                    def grown() -> None:
+                        capacity = transport.capacity
+                        grow(resolve_concurrency(max_in_flight, p.spec.batch_size, capacity))
+
+                    def changed() -> None:
+                        announce()
+                        grown()
+
+                    transport.on_change = changed
+                    grown()  # any that joined between the cluster's open and dispatch
+
+                max_in_flight = p.options.max_in_flight
                 _freeze_startup_heap()
                 yield dataclasses.replace(
-                    services, transport=transport, concurrency=concurrency, watch_cluster=minimum
+                    services,
+                    transport=transport,
+                    concurrency=concurrency,
+                    watch_cluster=minimum,
+                    grow_with=grow_with,
                 )
             finally:
                 gc.unfreeze()

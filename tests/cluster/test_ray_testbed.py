@@ -417,3 +417,34 @@ async def test_ctrl_c_stops_every_replica_and_resume_finishes(
     again = await run_cli(_args(testbed, "interrupted"), cwd=tmp_path, env=env, timeout=300)
     assert again.returncode == 0, again.stderr + again.stdout
     _check_once(run)
+
+
+async def test_a_node_that_joins_mid_run_adds_its_capacity(
+    testbed: ClusterBed, slow_env: Path, tmp_path: Path
+) -> None:
+    """Node 2 away when the run starts: dispatch runs on the head's replica alone (its
+    capacity); node 2 joins, gets a replica, and the run's concurrency grows by its capacity,
+    so rows run there beside the head's, each once."""
+    await _restore_node2(testbed)
+    testbed.script("stop-n2")
+    with trio.fail_after(120):
+        while await trio.to_thread.run_sync(testbed.alive_nodes) != 1:
+            await trio.sleep(1)
+    ws = slow_workspace(tmp_path / "ws", 4.0)
+    run = run_dir(ws, "grow")
+    cli = await start_cli(
+        _args(testbed, "grow"), cwd=tmp_path, env=_env(testbed, slow_env), logdir=tmp_path / "cli"
+    )
+    try:
+        await wait_for(lambda: count_log(run, "dispatching rollout") >= 2, timeout=180)
+        testbed.script("start-n2")
+        result = await cli.wait(timeout=300)
+    finally:
+        if cli.process.returncode is None:
+            cli.kill9()
+        await _restore_node2(testbed)
+    assert result.returncode == 0, result.stderr + result.stdout
+    _check_once(run)
+    assert count_log(run, "in flight (replicas joined)") >= 1, (run / "logs.txt").read_text()
+    assert _remote_rollouts(run)
+    await _no_leftovers(ws, testbed)

@@ -220,3 +220,43 @@ async def test_429_storm_lowers_in_flight_then_recovers(autojump_clock: Any) -> 
     later = [(cap, in_flight) for t, cap, in_flight in samples if t >= 4.0]
     assert all(in_flight <= cap for cap, in_flight in later)
     assert any(cap < 16 and in_flight == cap for cap, in_flight in later)
+
+
+async def test_replicas_that_join_raise_the_dispatch_s_concurrency(autojump_clock: Any) -> None:
+    """A ``--ray`` run whose replicas join after dispatch began: ``grow`` adds workers and
+    raises the limit's ceiling, so the items in flight rise to the new concurrency (never
+    past it), and every item still runs once."""
+    transport = ScriptedTransport(
+        lambda request: _result(request.rollout_id, "success", sample=RolloutSample(reward=1.0))
+    )
+    limit, milestones, _ = _limit(4)
+    sink = ListSink()
+    dispatcher = Dispatcher(
+        [_item(row) for row in range(60)],
+        concurrency=4,
+        transport=transport,
+        endpoint=_Endpoint(),
+        sink=sink,
+        limits=ItemLimits(item_deadline_s=600.0),
+        interrupts=Interrupts(trio.CancelScope(), lambda message: None),
+        log=lambda *a: None,
+        limit=limit,
+    )
+    peaks: list[int] = []
+
+    async def join_later() -> None:
+        await trio.sleep(2.5)
+        peaks.append(transport.peak)
+        assert dispatcher.grow(3) == 0  # not more than it has: nothing changes
+        assert dispatcher.grow(10) == 6
+        await trio.sleep(2.5)
+        peaks.append(transport.peak)
+
+    with trio.fail_after(600):
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(join_later)
+            report = await dispatcher.run()
+    assert report.halted is None and len(sink.records) == 60
+    assert len({r.row_index for r in sink.records}) == 60
+    assert peaks == [4, 10] and transport.peak == 10
+    assert limit.ceiling == 10 and milestones == []
