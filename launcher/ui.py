@@ -117,6 +117,20 @@ class _Progress(Progress):
             yield Text(line, style="dim")
 
 
+def one_line(message: str) -> str:
+    """A multi-line message (a trailing ``Logs: <path>``, say) as one line: its lines joined,
+    a line that does not end a sentence ended with a period first, so that the next does not
+    read as its continuation."""
+    line = ""
+    for part in (part.strip() for part in message.splitlines()):
+        if not part:
+            continue
+        if line and not line.endswith((".", ";", ":", "!", "?", ")", "]")):
+            line += "."
+        line = f"{line} {part}" if line else part
+    return line
+
+
 class UI:
     """Terminal output of one CLI invocation."""
 
@@ -244,9 +258,7 @@ class UI:
                 error["details"] = _redact_obj(details, self.redact)
             self._emit_json({"status": "error", "error": error})
             return
-        # One line: multi-line messages (for example a trailing "Logs: <path>") are joined.
-        one_line = " ".join(part.strip() for part in message.splitlines() if part.strip())
-        self._err.write(f"Error: {one_line}\n")
+        self._err.write(f"Error: {one_line(message)}\n")
         self._err.flush()
 
     # -- tables ----------------------------------------------------------------------------
