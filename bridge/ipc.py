@@ -46,7 +46,9 @@ def config_message(
     config: BridgeConfig, redact_values: Iterable[str], environ: Mapping[bytes, bytes]
 ) -> list[Any]:
     """The child's configuration as the socket's first message; :func:`read_config` is its
-    inverse. The environment crosses as bytes (a value need not be UTF-8)."""
+    inverse. The environment crosses as bytes (a value need not be UTF-8), without Ray's
+    variables (its cluster token among them): nothing the bridge uses, and the bridge's is the
+    process that faces the tunnel."""
     retry = config.retry
     return [
         "c",
@@ -69,7 +71,11 @@ def config_message(
             "retry": None
             if retry is None
             else [retry.max_attempts, retry.base_delay, retry.max_delay, retry.budget],
-            "env": [[name.hex(), value.hex()] for name, value in environ.items()],
+            "env": [
+                [name.hex(), value.hex()]
+                for name, value in environ.items()
+                if not name.startswith(b"RAY_")
+            ],
             "apis": None
             if config.apis is None
             else [list(config.apis.hosted_tools), config.apis.responses, config.apis.messages],

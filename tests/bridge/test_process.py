@@ -332,3 +332,14 @@ async def test_cache_write_tokens_cross_the_process_boundary() -> None:
         usage = channel.ledger.pop("r")
     assert usage is not None
     assert (usage.prompt_tokens, usage.cached_tokens, usage.cache_write_tokens) == (100, 60, 30)
+
+
+def test_ray_s_variables_do_not_reach_the_bridge_s_process() -> None:
+    """Under ``--ray`` the supervisor's environment holds the cluster's token; the bridge's
+    process (the one behind the tunnel) is given everything else of it, bytes as they are."""
+    from bridge.ipc import config_message, read_config
+
+    environ = {b"RAY_AUTH_TOKEN": b"t" * 64, b"RAY_ADDRESS": b"10.0.0.1:6379", b"X": b"\xff"}
+    message = config_message(BridgeConfig(model="rollbridge/echo", token="t" * 20), (), environ)
+    _, _, crossed = read_config(message[1])
+    assert crossed == [(b"X", b"\xff")]
