@@ -22,7 +22,8 @@ __all__ = ["SHARD_INPUT", "Shard", "parse_shard"]
 #: The manifest input group a sharded run adds (absent from unsharded runs).
 SHARD_INPUT = "shard"
 
-_FORM = re.compile(r"\s*(\d+)\s*/\s*(\d+)\s*")
+# ASCII digits only (\d takes any script's digits, `１/2` among them), a few of them.
+_FORM = re.compile(r"\s*([0-9]{1,9})\s*/\s*([0-9]{1,9})\s*", re.ASCII)
 
 
 @dataclass(frozen=True)

@@ -154,6 +154,8 @@ async def test_a_shard_resumes_only_as_the_same_shard(
     [
         ("2/2", "i between 0 and N-1"),
         ("x", "--shard must look like i/N"),
+        ("\uff11/2", "--shard must look like i/N"),  # a full-width digit is no ASCII one
+        ("0/99999999999999999999999", "--shard must look like i/N"),
         ("30/40", "holds no rows: the selection has only 21"),
     ],
 )
