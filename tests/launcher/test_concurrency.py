@@ -180,14 +180,13 @@ class _Endpoint:
         return None
 
 
-async def test_429_storm_lowers_in_flight_then_recovers(autojump_clock: Any) -> None:
-    provider = _RateLimitedProvider(storm_until=trio.current_time() + 3.0)
-    transport = _CallingTransport(provider)
-    limit, milestones, _ = _limit(16)
+def _dispatcher(
+    rows: int, concurrency: int, transport: ScriptedTransport, limit: InFlightLimit
+) -> tuple[Dispatcher, ListSink]:
     sink = ListSink()
     dispatcher = Dispatcher(
-        [_item(row) for row in range(400)],
-        concurrency=16,
+        [_item(row) for row in range(rows)],
+        concurrency=concurrency,
         transport=transport,
         endpoint=_Endpoint(),
         sink=sink,
@@ -196,6 +195,14 @@ async def test_429_storm_lowers_in_flight_then_recovers(autojump_clock: Any) -> 
         log=lambda *a: None,
         limit=limit,
     )
+    return dispatcher, sink
+
+
+async def test_429_storm_lowers_in_flight_then_recovers(autojump_clock: Any) -> None:
+    provider = _RateLimitedProvider(storm_until=trio.current_time() + 3.0)
+    transport = _CallingTransport(provider)
+    limit, milestones, _ = _limit(16)
+    dispatcher, sink = _dispatcher(400, 16, transport, limit)
     samples: list[tuple[float, int, int]] = []
 
     async def watch_peaks() -> None:
@@ -230,18 +237,7 @@ async def test_replicas_that_join_raise_the_dispatch_s_concurrency(autojump_cloc
         lambda request: _result(request.rollout_id, "success", sample=RolloutSample(reward=1.0))
     )
     limit, milestones, _ = _limit(4)
-    sink = ListSink()
-    dispatcher = Dispatcher(
-        [_item(row) for row in range(60)],
-        concurrency=4,
-        transport=transport,
-        endpoint=_Endpoint(),
-        sink=sink,
-        limits=ItemLimits(item_deadline_s=600.0),
-        interrupts=Interrupts(trio.CancelScope(), lambda message: None),
-        log=lambda *a: None,
-        limit=limit,
-    )
+    dispatcher, sink = _dispatcher(60, 4, transport, limit)
     peaks: list[int] = []
 
     async def join_later() -> None:

@@ -322,6 +322,17 @@ exit 1
 """
 
 
+def _failing_uv(tmp_path: Path, script: str) -> tuple[Path, Path]:
+    """A stand-in uv running ``script`` and a rollout for it: ``(uv, rollout_dir)``."""
+    uv = tmp_path / "uv"
+    uv.write_text(script)
+    uv.chmod(0o755)
+    rollout = tmp_path / "rollouts" / "echo"
+    rollout.mkdir(parents=True)
+    (rollout / "pyproject.toml").write_text('[project]\nname = "r"\nversion = "0"\n')
+    return uv, rollout
+
+
 @pytest.mark.parametrize(
     ("script", "said"),
     [
@@ -355,12 +366,7 @@ exit 1
     ],
 )
 async def test_a_failed_uv_sync_names_what_failed(tmp_path: Path, script: str, said: str) -> None:
-    uv = tmp_path / "uv"
-    uv.write_text(script)
-    uv.chmod(0o755)
-    rollout = tmp_path / "rollouts" / "echo"
-    rollout.mkdir(parents=True)
-    (rollout / "pyproject.toml").write_text('[project]\nname = "r"\nversion = "0"\n')
+    uv, rollout = _failing_uv(tmp_path, script)
     with trio.fail_after(20), pytest.raises(DependencyError) as raised:
         await uv_sync(
             uv,
@@ -396,12 +402,7 @@ def test_a_batch_size_of_0_or_less_is_ignored_with_a_warning(
 async def test_a_failed_sync_says_why_no_wheel_of_rollbridge_was_offered(tmp_path: Path) -> None:
     """The cause a user must fix (a cache it cannot write) is not uv's "rollbridge was not
     found in the package registry": both are said, in the one error line."""
-    uv = tmp_path / "uv"
-    uv.write_text(UV_UNSOLVABLE)
-    uv.chmod(0o755)
-    rollout = tmp_path / "rollouts" / "echo"
-    rollout.mkdir(parents=True)
-    (rollout / "pyproject.toml").write_text('[project]\nname = "r"\nversion = "0"\n')
+    uv, rollout = _failing_uv(tmp_path, UV_UNSOLVABLE)
     why = "cannot make a wheel of the running rollbridge: [Errno 30] Read-only file system"
     with trio.fail_after(20), pytest.raises(DependencyError) as raised:
         await uv_sync(
