@@ -8,10 +8,8 @@ and its trial is archived into the run and its Harbor dir removed, as a successf
 
 from __future__ import annotations
 
-import json
 import os
 import shutil
-import subprocess
 import tempfile
 from pathlib import Path
 
@@ -20,9 +18,9 @@ import trio
 
 from rollout_server.backend import ExecutionRequest
 from rollout_server.harbor import HarborBackend
-from rollout_server.harbor.containers import TRIAL_LABEL
 from rollout_server.protocol import RolloutStatus
 from tests.harbor.conftest import EXAMPLE
+from tests.harbor.test_teardown import _trial_containers
 from tests.launcher.e2e.helpers import journal, run_cli, run_dir
 
 pytestmark = pytest.mark.usefixtures("testbed")
@@ -47,16 +45,6 @@ def _request(rollout_id: str, tmp_path: Path) -> ExecutionRequest:
         prompt=[{"role": "user", "content": "Write hello to /app/answer.txt"}],
         rollout_dir=tmp_path / "rollouts" / rollout_id,
     )
-
-
-def _trial_containers(trial: str) -> list[str]:
-    listed = subprocess.run(
-        ["podman", "ps", "-a", "--filter", f"label={TRIAL_LABEL}={trial}", "--format", "json"],
-        capture_output=True,
-        timeout=60,
-        check=True,
-    )
-    return [row["Names"][0] for row in json.loads(listed.stdout or b"[]")]
 
 
 EXITS = """FROM localhost/local/bookworm-harbor
