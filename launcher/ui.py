@@ -118,14 +118,15 @@ class _Progress(Progress):
 
 
 def one_line(message: str) -> str:
-    """A multi-line message (a trailing ``Logs: <path>``, say) as one line: its lines joined,
-    a line that does not end a sentence ended with a period first, so that the next does not
-    read as its continuation."""
+    """A multi-line message as one line, its lines joined by spaces (as the reference prints
+    its lists: ``failed validation - <item> - <item>``); a sentence before a trailing ``Logs:
+    <path>`` line is ended with a period first, so that the path does not read as its
+    continuation."""
     line = ""
     for part in (part.strip() for part in message.splitlines()):
         if not part:
             continue
-        if line and not line.endswith((".", ";", ":", "!", "?", ")", "]")):
+        if line and part.startswith("Logs:") and not line.endswith((".", ";", ":", "!", "?", ")")):
             line += "."
         line = f"{line} {part}" if line else part
     return line

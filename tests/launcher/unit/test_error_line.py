@@ -21,3 +21,10 @@ def test_a_trailing_logs_line_is_a_sentence_of_its_own() -> None:
     )
     said = _error("uv sync failed (exit code 1).\n\nLogs: logs.txt\n")
     assert said == "Error: uv sync failed (exit code 1). Logs: logs.txt\n"
+
+
+def test_other_lines_are_joined_by_spaces_as_the_reference_prints_lists() -> None:
+    said = _error("Eval import failed validation\n- files.index.jsonl: row 3 missing\n- second")
+    assert (
+        said == "Error: Eval import failed validation - files.index.jsonl: row 3 missing - second\n"
+    )
