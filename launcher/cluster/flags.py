@@ -70,9 +70,17 @@ def check_ray_flag(address: str, environ: Mapping[str, str]) -> None:
         )
     if address == "local":
         return
-    mode = environ.get("RAY_AUTH_MODE", "")
+    given = environ.get("RAY_AUTH_MODE", "")
+    mode = given.lower()  # as Ray reads it
     if mode == "disabled":
         return
+    if mode not in ("", "token"):
+        # A typo is neither word: said as the problem, not as a missing setting.
+        raise ValidationError(
+            f"RAY_AUTH_MODE={given!r} is not a mode Ray knows: set RAY_AUTH_MODE=token (with "
+            "RAY_AUTH_TOKEN_PATH or RAY_AUTH_TOKEN, as the cluster's nodes have them) or "
+            "RAY_AUTH_MODE=disabled on a network you trust"
+        )
     if mode != "token" or not (environ.get("RAY_AUTH_TOKEN") or environ.get("RAY_AUTH_TOKEN_PATH")):
         raise ValidationError(
             "--ray with a cluster address needs Ray token authentication: set RAY_AUTH_MODE=token "

@@ -239,7 +239,7 @@ def local_auth(environ: MutableMapping[str, str]) -> str | None:
     the cluster gets a token made for this run, held in the environment only (the cluster's
     processes inherit it; nothing is written to ``~/.ray``). Returns that token (for the
     redactor), or None."""
-    if environ.get("RAY_AUTH_MODE") == "disabled":
+    if environ.get("RAY_AUTH_MODE", "").lower() == "disabled":
         return None
     environ["RAY_AUTH_MODE"] = "token"
     if environ.get("RAY_AUTH_TOKEN") or environ.get("RAY_AUTH_TOKEN_PATH"):
@@ -253,7 +253,11 @@ def token_file_problem(environ: Mapping[str, str]) -> str | None:
     """Why the token file ``RAY_AUTH_TOKEN_PATH`` names cannot serve (Ray's own message is a
     paragraph with a link); None when it can, or when no file is in use."""
     path = environ.get("RAY_AUTH_TOKEN_PATH")
-    if not path or environ.get("RAY_AUTH_TOKEN") or environ.get("RAY_AUTH_MODE") == "disabled":
+    if (
+        not path
+        or environ.get("RAY_AUTH_TOKEN")
+        or environ.get("RAY_AUTH_MODE", "").lower() == "disabled"
+    ):
         return None
     try:
         with open(path, "rb") as file:

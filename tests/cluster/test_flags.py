@@ -22,12 +22,20 @@ needs_ray = pytest.mark.skipif(
         {},
         {"RAY_AUTH_MODE": "token"},
         {"RAY_AUTH_TOKEN_PATH": "/t"},
-        {"RAY_AUTH_MODE": "tokens", "RAY_AUTH_TOKEN": "x"},
     ],
 )
 def test_a_cluster_without_token_auth_is_refused(environ: dict[str, str]) -> None:
     with pytest.raises(ValidationError, match="needs Ray token authentication"):
         check_ray_flag("10.0.0.1:6379", environ)
+
+
+@needs_ray
+@pytest.mark.parametrize("mode", ["tokens", "bogus", "off"])
+def test_a_mode_ray_does_not_know_is_named(mode: str) -> None:
+    """Ray reads `token` and `disabled` (in any case): another value is the problem, said."""
+    with pytest.raises(ValidationError, match=f"RAY_AUTH_MODE='{mode}' is not a mode Ray knows"):
+        check_ray_flag("10.0.0.1:6379", {"RAY_AUTH_MODE": mode, "RAY_AUTH_TOKEN": "x"})
+    check_ray_flag("10.0.0.1:6379", {"RAY_AUTH_MODE": "TOKEN", "RAY_AUTH_TOKEN": "x"})
 
 
 @needs_ray
