@@ -237,7 +237,9 @@ def prepare(options: EvalOptions, ui: UI, cwd: Path | None = None) -> Prepared:
         from launcher.cluster.flags import check_ray_flag, this_machines_cluster
 
         if ray.address == "auto":
-            ray = dataclasses.replace(ray, address=this_machines_cluster(os.environ))
+            # Said as the user wrote it: the flag, or the config's address.
+            via = '[ray] address = "auto"' if options.ray is None else "--ray without an address"
+            ray = dataclasses.replace(ray, address=this_machines_cluster(os.environ, via=via))
         check_ray_flag(ray.address, os.environ)
     shard = None if options.shard is None else parse_shard(options.shard, len(selection.rows))
     git = read_git_state(workspace.root)

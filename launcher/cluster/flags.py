@@ -104,16 +104,16 @@ def ray_temp_dir(environ: Mapping[str, str]) -> Path:
     return Path(base or "/tmp") / "ray"
 
 
-def this_machines_cluster(environ: Mapping[str, str]) -> str:
+def this_machines_cluster(environ: Mapping[str, str], via: str = "--ray without an address") -> str:
     """The address ``--ray`` alone (``auto``) means, as Ray finds it: ``RAY_ADDRESS``, else
     what ``ray start --head`` on this machine wrote to ``ray_current_cluster``. Resolved before
     the run (the header, the TCP check and the join all use the address itself); none is one
-    line saying what to pass instead."""
+    line saying what to pass instead (``via``: how the user asked for it)."""
     given = environ.get("RAY_ADDRESS", "").strip()
     if given and given != "auto":
         if given != "local" and split_address(given) is None:
             raise ValidationError(
-                f"--ray without an address uses RAY_ADDRESS, which must be HOST:PORT "
+                f"{via} uses RAY_ADDRESS, which must be HOST:PORT "
                 f"(e.g. 10.0.0.1:6379), got {given!r}"
             )
         return given
@@ -125,7 +125,7 @@ def this_machines_cluster(environ: Mapping[str, str]) -> str:
     if split_address(written) is not None:
         return written
     raise ValidationError(
-        "--ray without an address joins this machine's Ray cluster, and there is none: "
+        f"{via} joins this machine's Ray cluster, and there is none: "
         f"RAY_ADDRESS is not set and `ray start` has not written {current}; pass --ray HOST:PORT, "
         "or --ray local for a cluster of the run's own"
     )

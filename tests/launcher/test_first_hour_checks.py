@@ -417,3 +417,24 @@ async def test_a_failed_sync_says_why_no_wheel_of_rollbridge_was_offered(tmp_pat
         )
     first = str(raised.value).splitlines()[0]
     assert first.endswith(f"we are stuck. (no wheel of the running rollbridge to offer it: {why})")
+
+
+def test_a_config_s_auto_address_without_a_cluster_names_the_config(
+    ws: Path,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """``[ray] address = "auto"`` with no cluster on this machine: the error names what the
+    user wrote (the config), not a ``--ray`` flag they did not pass."""
+    config = ws / "configs" / "eval" / "echo.toml"
+    config.write_text(config.read_text() + '\n[ray]\naddress = "auto"\n')
+    monkeypatch.delenv("RAY_ADDRESS", raising=False)
+    monkeypatch.setenv("RAY_TMPDIR", str(tmp_path / "no-ray-here"))
+    with pytest.raises(SystemExit) as exc:
+        main(["eval", "run", "configs/eval/echo.toml", "--yes", "--plain"])
+    _, err = capsys.readouterr()
+    assert exc.value.code == 1
+    assert err.startswith(
+        'Error: [ray] address = "auto" joins this machine\'s Ray cluster, and there is none'
+    ), err
