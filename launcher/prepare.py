@@ -233,6 +233,18 @@ def prepare(options: EvalOptions, ui: UI, cwd: Path | None = None) -> Prepared:
         extension=dataset.extension,
     )
     ray = resolve_ray(config.ray, options.ray, options.ray_min_replicas)
+    unused = [
+        key
+        for key in ("min_replicas", "resource")
+        if ray is None and config.ray is not None and getattr(config.ray, key) is not None
+    ]
+    if unused:
+        keys = " and ".join(f"[ray] {key}" for key in unused)
+        ui.warning(
+            f"{keys} of the config apply only to a run on Ray: this run is local (no --ray, no "
+            "[ray] address)",
+            "RAY_SETTINGS_UNUSED",
+        )
     if ray is not None:
         from launcher.cluster.flags import check_ray_flag, this_machines_cluster
 

@@ -438,3 +438,14 @@ def test_a_config_s_auto_address_without_a_cluster_names_the_config(
     assert err.startswith(
         'Error: [ray] address = "auto" joins this machine\'s Ray cluster, and there is none'
     ), err
+
+
+def test_ray_settings_of_a_local_run_are_said_to_be_unused(
+    ws: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    config = ws / "configs" / "eval" / "echo.toml"
+    config.write_text(config.read_text() + "\n[ray]\nmin_replicas = 2\n")
+    with pytest.raises(SystemExit):  # an empty shard: refused right after the [ray] settings
+        main(["eval", "run", "configs/eval/echo.toml", "--yes", "--plain", "--shard", "30/40"])
+    _, err = capsys.readouterr()
+    assert "[ray] min_replicas of the config apply only to a run on Ray" in err, err
