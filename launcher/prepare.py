@@ -247,12 +247,19 @@ def prepare(options: EvalOptions, ui: UI, cwd: Path | None = None) -> Prepared:
         )
     if ray is not None:
         from launcher.cluster.flags import check_ray_flag, this_machines_cluster
+        from launcher.cluster.join import token_file_problem
 
         if ray.address == "auto":
             # Said as the user wrote it: the flag, or the config's address.
             via = '[ray] address = "auto"' if options.ray is None else "--ray without an address"
             ray = dataclasses.replace(ray, address=this_machines_cluster(os.environ, via=via))
         check_ray_flag(ray.address, os.environ)
+        if problem := token_file_problem(os.environ):
+            # Before anything starts (the rollout environment, its server), not at the join.
+            raise ValidationError(
+                f"--ray: {problem}; point it at the file holding the token the cluster's "
+                "nodes were started with (or set RAY_AUTH_TOKEN)"
+            )
     shard = None if options.shard is None else parse_shard(options.shard, len(selection.rows))
     git = read_git_state(workspace.root)
     for warning in provenance_warnings(config, git):

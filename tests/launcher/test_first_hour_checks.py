@@ -449,3 +449,22 @@ def test_ray_settings_of_a_local_run_are_said_to_be_unused(
         main(["eval", "run", "configs/eval/echo.toml", "--yes", "--plain", "--shard", "30/40"])
     _, err = capsys.readouterr()
     assert "[ray] min_replicas of the config apply only to a run on Ray" in err, err
+
+
+def test_a_missing_ray_token_file_is_refused_before_anything_starts(
+    ws: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    pytest.importorskip("ray", reason="needs Ray (the rollbridge[ray] extra)")
+    monkeypatch.setenv("RAY_AUTH_MODE", "token")
+    monkeypatch.delenv("RAY_AUTH_TOKEN", raising=False)
+    monkeypatch.setenv("RAY_AUTH_TOKEN_PATH", str(tmp_path / "gone"))
+    with pytest.raises(SystemExit) as exc:
+        main(
+            ["eval", "run", "configs/eval/echo.toml", "--yes", "--plain", "--ray", "10.0.0.1:6379"]
+        )
+    _, err = capsys.readouterr()
+    assert exc.value.code == 1
+    assert err.startswith(f"Error: --ray: RAY_AUTH_TOKEN_PATH names {tmp_path / 'gone'}"), err
+    assert not (ws / ".osmosis" / "evals").exists() or not any(
+        (ws / ".osmosis" / "evals").iterdir()
+    )
