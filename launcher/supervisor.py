@@ -357,9 +357,7 @@ class Supervisor:
 
             def grow(concurrency: int) -> None:
                 if dispatcher.grow(concurrency):
-                    self.stage(
-                        f"up to {concurrency} in flight (replicas joined)", step="schedule"
-                    )
+                    self.stage(f"up to {concurrency} in flight (replicas joined)", step="schedule")
 
             services.grow_with(grow)
         total = self.prepared.meta.total_work_items
