@@ -303,14 +303,17 @@ async def _start(
 
 
 def cap_notice(
-    max_in_flight: int | None, batch_size: int | None, capacity: int | None
+    max_in_flight: int | None,
+    batch_size: int | None,
+    capacity: int | None,
+    whose: str = "the rollout server's",
 ) -> str | None:
-    """The line announcing that the asked concurrency is above the server's capacity, if it is."""
+    """The line announcing that the asked concurrency is above ``whose`` capacity, if it is."""
     for flag, value in (("--max-in-flight", max_in_flight), ("evaluation.batch_size", batch_size)):
         if isinstance(value, int) and not isinstance(value, bool) and value > 0:
             if capacity and value > capacity:
                 return (
-                    f"{flag} {value} is above the rollout server's capacity; "
+                    f"{flag} {value} is above {whose} capacity; "
                     f"running {capacity} rollouts at a time"
                 )
             return None

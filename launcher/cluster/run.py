@@ -438,9 +438,10 @@ async def open_cluster(ctx: RunContext, services: Services) -> AsyncIterator[Ser
                 concurrency = resolve_concurrency(
                     p.options.max_in_flight, p.spec.batch_size, transport.capacity
                 )
-                capped = cap_notice(p.options.max_in_flight, p.spec.batch_size, transport.capacity)
+                capped = cap_notice(
+                    p.options.max_in_flight, p.spec.batch_size, transport.capacity, "the replicas'"
+                )
                 if capped is not None:
-                    capped = capped.replace("the rollout server's", "the replicas'")
                     ctx.log("WARNING", "dispatch", capped, None)
                     ctx.ui.warning(capped, "CONCURRENCY_CAPPED")
                 minimum = partial(hold_minimum, transport, p.ray.min_replicas, starting)

@@ -216,7 +216,11 @@ def run_view(
     eval_run = metrics.get("eval_run")
     eval_run = eval_run if isinstance(eval_run, dict) else {}
     status = eval_run.get("status") if isinstance(eval_run.get("status"), str) else None
-    if status == "running" and not alive and not run_is_live(run_dir):
+    # A run this daemon has no live child of may be run by another process (a supervisor
+    # started in a terminal, which holds the run's lock): it is running, not interrupted. One
+    # probe of the lock, and none for a finished run.
+    elsewhere = not alive and not (pending == 0 and status == "finished") and run_is_live(run_dir)
+    if status == "running" and not alive and not elsewhere:
         # Only a supervisor that finalizes rewrites it: one killed (kill -9) left "running"
         # behind, and the run lock, which the kernel released with it, says otherwise (as
         # `eval list` and `eval report` read it).
@@ -229,9 +233,6 @@ def run_view(
         message = facts.error
     live = read_live_usage(run_dir, record.pid) if alive and record is not None else None
     live_totals = live.get("totals") if live is not None else None
-    # A run this daemon has no live child of may be run by another process (a supervisor
-    # started in a terminal, which holds the run's lock): it is running, not interrupted.
-    elsewhere = not alive and not (pending == 0 and status == "finished") and run_is_live(run_dir)
     running = alive or elsewhere
     state, cause = _state(
         alive=running,
