@@ -23,7 +23,7 @@ from urllib.parse import parse_qs
 import trio
 
 from launcher.daemon.door import HttpGuard, with_headers
-from launcher.daemon.live_usage import dispatched_keys, live_rollouts, read_live_usage
+from launcher.daemon.live_usage import dispatched_in, live_rollouts, read_live_usage
 from launcher.daemon.logscan import lines_naming
 from launcher.daemon.registry import ApiError, Registry, parse_start
 from launcher.daemon.routes_extra import ExtraRoutes, send_html
@@ -291,15 +291,9 @@ def _usage(run_dir: Path, doc: dict[str, Any], pid: int | None) -> dict[str, Any
     far (``live`` is false when no child of this daemon dispatches), and what the journal
     already recorded."""
     live = read_live_usage(run_dir, pid)
-    keys: dict[str, tuple[int, int]] = {}
-    if live is not None:
-        try:
-            with (run_dir / "logs.txt").open(encoding="utf-8", errors="replace") as fh:
-                keys = dispatched_keys(fh)
-        except OSError:
-            keys = {}
     body = (
-        live_rollouts(live, keys)
+        # The work item of each rollout, from the log's lines folded since the last call only.
+        live_rollouts(live, dispatched_in(run_dir / "logs.txt"))
         if live is not None
         else {
             "in_flight": None,

@@ -10,7 +10,8 @@ supervisor that is gone (a ``kill -9`` leaves the last sample behind).
 
 Rollouts are keyed by rollout id (the bridge knows nothing else); :func:`dispatched_keys` maps
 ids to their ``(row_index, run_index)`` from the dispatcher's ``dispatching rollout`` lines of
-``logs.txt``. Both ends of the format live here so they cannot drift apart.
+``logs.txt``, and :func:`dispatched_in` keeps that map per log, folding only the lines added
+since its last read. Both ends of the format live here so they cannot drift apart.
 """
 
 from __future__ import annotations
@@ -25,12 +26,14 @@ from typing import Any, Protocol
 
 import trio
 
+from launcher.daemon.logscan import LineFold
 from launcher.rundir.atomic import atomic_write_json
 from launcher.rundir.logs import utc_now_iso
 
 __all__ = [
     "LIVE_USAGE_FILE",
     "SAMPLE_S",
+    "dispatched_in",
     "dispatched_keys",
     "live_doc",
     "live_rollouts",
@@ -43,6 +46,9 @@ LIVE_USAGE_FILE = "usage_live.json"
 SAMPLE_S = 0.5
 VERSION = 1
 _DISPATCHED = re.compile(r" INFO \[dispatch\] dispatching rollout (\{.*\})$")
+_DISPATCHING = b"dispatching rollout"
+#: Maps kept (of the live runs whose usage is asked for; about 150 bytes per rollout).
+_KEPT = 32
 
 
 class RolloutUsageLike(Protocol):
@@ -133,6 +139,38 @@ def dispatched_keys(lines: Iterable[str]) -> dict[str, tuple[int, int]]:
         except (ValueError, KeyError, TypeError):
             continue
     return keys
+
+
+def _fold_dispatched(keys: dict[str, tuple[int, int]], block: bytes) -> None:
+    """Fold the ``dispatching rollout`` lines of ``block`` into ``keys``, found with one search
+    each (the other lines are never decoded)."""
+    lines: list[bytes] = []
+    at = block.find(_DISPATCHING)
+    while at >= 0:
+        start = block.rfind(b"\n", 0, at) + 1
+        stop = block.find(b"\n", at)
+        stop = len(block) if stop < 0 else stop
+        # Split at "\r" too, as a text-mode read of the file splits it.
+        lines += block[start:stop].splitlines()
+        at = block.find(_DISPATCHING, stop)
+    keys.update(dispatched_keys(line.decode("utf-8", "replace") for line in lines))
+
+
+def _no_keys() -> dict[str, tuple[int, int]]:
+    return {}
+
+
+_dispatched = LineFold(_no_keys, _fold_dispatched, dict.copy, kept=_KEPT)
+
+
+def dispatched_in(logs_path: Path) -> Mapping[str, tuple[int, int]]:
+    """:func:`dispatched_keys` of every line of ``logs_path`` (``{}`` when it cannot be read).
+
+    The map is kept per file: a later call folds only the lines added since (a line over
+    :data:`launcher.daemon.logscan.MAX_LINE`, which the log's writer never writes, is passed
+    over). It is shared: not to be changed.
+    """
+    return _dispatched(logs_path, 0)
 
 
 def live_rollouts(doc: Mapping[str, Any], keys: Mapping[str, tuple[int, int]]) -> dict[str, Any]:

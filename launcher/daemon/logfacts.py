@@ -5,9 +5,9 @@ The facts are a fold over the lines from the child's first one: the last stage, 
 dispatched, the tunnel URL, and the error or halt that ended the latest invocation. A run's log
 only grows (its writer appends; ``--fresh`` moves the whole directory away), so the daemon
 keeps, per file and first line, the fold up to the last whole line it read, with the file's
-identity and the bytes just before that position: the next view of the run folds only the
-lines added since, a view of an ended run reads nothing but those few bytes. Each read holds
-one block of the file (:mod:`launcher.daemon.logscan`); a file replaced (another inode),
+identity and the bytes just before that position (:class:`launcher.daemon.logscan.LineFold`):
+the next view of the run folds only the lines added since, a view of an ended run reads nothing
+but those few bytes. Each read holds one block of the file; a file replaced (another inode),
 shorter than the position kept, or rewritten in place (other bytes before it) is folded again
 from its start.
 
@@ -21,14 +21,11 @@ log's writer writes them.
 from __future__ import annotations
 
 import dataclasses
-import os
 import re
-import threading
-from collections import OrderedDict
 from dataclasses import dataclass
 from pathlib import Path
 
-from launcher.daemon.logscan import MAX_LINE, whole_lines
+from launcher.daemon.logscan import LineFold
 from launcher.rundir.logs import RUN_FAILED, line_details
 
 __all__ = ["LogFacts", "log_facts"]
@@ -44,8 +41,6 @@ _INFO = b" INFO ["
 _HALTING = "halting dispatch "
 #: Folds kept (one per run the daemon views; a few hundred bytes each, more for long messages).
 _KEPT = 256
-#: How many bytes before a kept position must still be there for the fold to go on from it.
-_MARK = 64
 
 
 @dataclass
@@ -61,72 +56,6 @@ class LogFacts:
     halted: str | None = None
     """Why the latest invocation halted dispatch (its ``ERROR [dispatch] halting dispatch``
     line: the same failure again and again, too few cluster replicas, no descriptors)."""
-
-
-@dataclass(frozen=True)
-class _Kept:
-    """The fold of a file's whole lines from ``offset`` to ``position``."""
-
-    device: int
-    inode: int
-    position: int
-    facts: LogFacts
-    mark: bytes = b""
-    """The bytes just before ``position``: a file rewritten in place (same inode, a copy over
-    it) no longer has them there, and is folded again."""
-
-    def continues(self, fd: int, info: os.stat_result) -> bool:
-        """Whether the file open as ``fd`` is this one, grown or as it was."""
-        if (self.device, self.inode) != (info.st_dev, info.st_ino):
-            return False
-        if self.position > info.st_size:
-            return False
-        return os.pread(fd, len(self.mark), self.position - len(self.mark)) == self.mark
-
-
-_kept: OrderedDict[tuple[str, int], _Kept] = OrderedDict()
-_kept_lock = threading.Lock()  # run views are built in worker threads
-
-
-def log_facts(logs_path: Path, offset: int) -> LogFacts:
-    """The facts of ``logs.txt``'s lines from ``offset`` (where this child's lines begin)."""
-    key = (str(logs_path), offset)
-    try:
-        with logs_path.open("rb") as fh:
-            info = os.fstat(fh.fileno())
-            with _kept_lock:
-                kept = _kept.get(key)
-            if kept is None or not kept.continues(fh.fileno(), info):
-                kept = _Kept(info.st_dev, info.st_ino, offset, LogFacts())
-            facts = dataclasses.replace(kept.facts)
-            position = kept.position
-            for block, after in whole_lines(fh, position, info.st_size):
-                _fold_block(facts, block)
-                position = after
-                del block  # freed before the next block is read
-            size = min(_MARK, max(0, position - offset))
-            mark = os.pread(fh.fileno(), size, position - size)
-            # The line being written (no newline yet) counts for this view only.
-            fh.seek(position)
-            tail = fh.read(min(MAX_LINE + 1, max(0, info.st_size - position)))
-    except OSError:
-        return LogFacts()
-    _keep(key, _Kept(info.st_dev, info.st_ino, position, dataclasses.replace(facts), mark))
-    if tail and len(tail) <= MAX_LINE:
-        _fold_block(facts, tail)
-    return facts
-
-
-def _keep(key: tuple[str, int], fold: _Kept) -> None:
-    """Keep ``fold`` unless a view in another thread kept a later one of the same file."""
-    with _kept_lock:
-        kept = _kept.get(key)
-        same_file = kept is not None and (kept.device, kept.inode) == (fold.device, fold.inode)
-        if not same_file or kept is None or kept.position < fold.position:
-            _kept[key] = fold
-        _kept.move_to_end(key)
-        while len(_kept) > _KEPT:
-            _kept.popitem(last=False)
 
 
 def _fold_block(facts: LogFacts, block: bytes) -> None:
@@ -182,3 +111,11 @@ def _halt_reason(message: str) -> str | None:
     details = line_details(message, _HALTING)
     reason = details.get("reason") if details is not None else None
     return reason if isinstance(reason, str) and reason else None
+
+
+_folds = LineFold(LogFacts, _fold_block, dataclasses.replace, kept=_KEPT)
+
+
+def log_facts(logs_path: Path, offset: int) -> LogFacts:
+    """The facts of ``logs.txt``'s lines from ``offset`` (where this child's lines begin)."""
+    return dataclasses.replace(_folds(logs_path, offset))

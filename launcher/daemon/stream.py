@@ -15,7 +15,6 @@ import contextlib
 import json
 import os
 import re
-from collections import deque
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import Any
@@ -28,6 +27,7 @@ from launcher.daemon.live_usage import (
     live_rollouts,
     read_live_usage,
 )
+from launcher.daemon.logscan import last_lines
 from launcher.rundir.logs import line_details
 
 __all__ = ["READ_LIMIT", "LineTail", "journal_events", "log_events", "sse", "tail_lines"]
@@ -276,21 +276,18 @@ async def log_events(
 
 
 def tail_lines(path: Path, count: int, *, keep: bool = True) -> tuple[int, list[str]]:
-    """The last ``count`` lines of ``path`` and the line number before the first of them
-    (read a line at a time: only those lines are held, whatever the file's size; none of
-    them without ``keep``, when only the line number is wanted)."""
-    kept: deque[bytes] = deque(maxlen=max(0, count) if keep else 0)
-    total = 0
+    """The last ``count`` lines of ``path`` and the line number before the first of them; none
+    of them without ``keep``, when only the line number is wanted.
+
+    The lines are read from the end of the file, and only they are held; the line number comes
+    from a count of the file's lines kept per file, which reads only what was added since the
+    last call (:func:`launcher.daemon.logscan.last_lines`). Lines are split as
+    :class:`LineTail` splits them, so that a follow resumes after exactly these lines.
+    """
     try:
-        with path.open("rb") as fh:
-            for raw in fh:
-                # Split as LineTail splits, so that a follow resumes after exactly these lines.
-                parts = raw.splitlines()
-                total += len(parts)
-                kept.extend(parts)
+        before, raws = last_lines(path, max(0, count) if keep else 0)
     except OSError:
         return 0, []
     if not keep:
-        return max(0, total - count), []
-    lines = [raw.decode("utf-8", "replace") for raw in kept]
-    return total - len(lines), lines
+        return max(0, before - count), []
+    return before, [raw.decode("utf-8", "replace") for raw in raws]
