@@ -94,12 +94,15 @@ def test_the_wheel_and_the_sdist_carry_every_runtime_file(built: list[Path]) -> 
         metadata_text = archive.read(f"rollbridge-{VERSION}.dist-info/METADATA").decode()
     assert [n for n in expected if n not in names] == []
     assert f"\nVersion: {VERSION}\n" in metadata_text
+    # The license text the metadata names (Apache-2.0) travels in both distributions.
+    assert f"rollbridge-{VERSION}.dist-info/licenses/LICENSE" in names
     with tarfile.open(sdist) as archive:
         members = {m.name.partition("/")[2] for m in archive.getmembers()}
     assert [n for n in expected if n not in members] == []
-    assert {"pyproject.toml", "README.md"} <= members
+    assert {"pyproject.toml", "README.md", "LICENSE"} <= members
     # Only the packages: not the tests (they need the checkout's fixtures) nor a stray .env.
-    strays = {m.split("/")[0] for m in members} - {*PACKAGES, "pyproject.toml", "README.md", ""}
+    top = {*PACKAGES, "pyproject.toml", "README.md", "LICENSE", ""}
+    strays = {m.split("/")[0] for m in members} - top
     assert strays <= {"PKG-INFO", ".gitignore"}, strays
 
 
