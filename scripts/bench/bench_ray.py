@@ -52,6 +52,10 @@ run's ``--threads`` line also gives node 2's CPU per item it ran and the head's 
 server's per item it ran, and case 1 then prints that server's medians and each round's ratio
 over its own (a process of the same work per item in both runs that knows nothing of Ray: what
 it pays more in the ``--ray`` run is the shared machine and its fewer items at once).
+``--parts`` times, in each ``--ray`` run's supervisor, a remote item's own steps on the trio
+thread (``parts/sitecustomize.py``: the trial's unpack, the actor calls, the collects'
+answers handed out) and prints them per run and as medians (the unpack's kernel work is what
+moves most between invocations on this machine: docs/scale-out.md).
 ``BENCH_ROWS`` sets case 1's rows (default 1000).
 ``BENCH_AGAINST=DIR`` adds to each round of case 1 a batched ``--ray`` run from the source tree
 DIR (before and after in one invocation); ``BENCH_PYSPY=DIR`` samples each measured supervisor
@@ -65,6 +69,7 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
+import json
 import os
 import shutil
 import statistics
@@ -89,6 +94,8 @@ ROUNDS = int(os.environ.get("BENCH_ROUNDS", "3"))
 #: ``BENCH_ROWS``: the rows of case 1 (default 1000): a larger run spreads what a run pays once
 #: inside its dispatch (node 2's TLS handshakes, its first calls) over more items.
 ROWS = int(os.environ.get("BENCH_ROWS", "1000"))
+#: ``--parts``: the directory whose ``sitecustomize`` times a remote item's own steps.
+PARTS = Path(__file__).resolve().parent / "parts"
 LOCK = "/tmp/rollbridge-ray-testbed.lock"  # as tests/cluster/conftest.py: one test bed at a time
 #: ``BENCH_PYSPY=DIR``: sample each measured supervisor (and its bridge) with py-spy into DIR
 #: (as ``bench_eval.py --py-spy``; profiled figures are inflated: for hot spots only).
@@ -354,10 +361,44 @@ def _remote(ws: Path, name: str) -> int:
     return log.count("rollout finished on replica")
 
 
+def _report_parts(
+    directory: Path, name: str, items: int, remote: int, medians: dict[str, list[float]]
+) -> None:
+    """``--parts``: print what :data:`PARTS`'s probe measured in run ``name``."""
+    measured = json.loads((directory / f"{name}.json").read_text())
+    unpacks, unpack_s = measured.get("unpack", [0, 0.0])
+    calls, call_s = measured.get("call", [0, 0.0])
+    collects, collect_s = measured.get("collected", [0, 0.0])
+    whole = (unpack_s + call_s + collect_s) / items * 1000
+    calling = (
+        f"actor calls {call_s / calls * 1e6:.0f} us each ({calls}, {remote / calls:.1f} items "
+        f"per call); answers handed out {collect_s / max(collects, 1) * 1e6:.0f} us per "
+        f"collect ({collects})"
+        if calls
+        else "one run_item call per item (not timed)"
+    )
+    print(
+        f"     {name}: the trio thread's unpack {unpack_s / max(unpacks, 1) * 1e6:.0f} us per "
+        f"remote trial ({unpacks}); {calling}; these parts {whole:.3f} ms per item of all items"
+    )
+    if name.startswith("fast-ray-") and not name.startswith("fast-ray-per-item"):
+        medians.setdefault("unpack us per remote trial", []).append(
+            unpack_s / max(unpacks, 1) * 1e6
+        )
+        medians.setdefault("these parts, ms per item of all items", []).append(whole)
+
+
 async def main(directory: Path, flags: set[str]) -> None:
     threads, cpu_only, control = "--threads" in flags, "--cpu-only" in flags, "--control" in flags
     guest, probe, half = "--guest" in flags, "--probe" in flags, "--half" in flags
     plain = "--plain" in flags
+    parts: dict[str, list[float]] | None = {} if "--parts" in flags else None
+    if parts is not None:
+        (directory / "parts").mkdir()
+        os.environ["BENCH_PARTS_DIR"] = str(directory / "parts")
+        os.environ["PYTHONPATH"] = os.pathsep.join(
+            p for p in (str(PARTS), os.environ.get("PYTHONPATH")) if p
+        )
     ws = setup()
     # The workspace lives under the repo's ignored .bench/: its own git repository, so the
     # rollout's files are shipped to node 2 (the bundle lists a checkout's files through git).
@@ -399,6 +440,8 @@ async def main(directory: Path, flags: set[str]) -> None:
         if probe:
             run["probe_us"] = _probe_unit_us(probe_file, run)
             print(f"     {name}: the probe {run['probe_us']:.1f} us per unit")
+        if parts is not None and "ray" in name:
+            _report_parts(directory / "parts", name, run["finished"], _remote(ws, name), parts)
         return run
 
     probe_file = ws / "probe.bin"
@@ -543,6 +586,11 @@ async def main(directory: Path, flags: set[str]) -> None:
                 spread,
                 key,
                 "ms",
+            )
+        for part, values in (parts or {}).items():
+            print(
+                f"   --parts, batched runs, {part}: median {statistics.median(values):.3f}, "
+                f"range {min(values):.3f} to {max(values):.3f}"
             )
         target(
             "supervisor CPU per item, --ray / local",
