@@ -4,10 +4,11 @@ A :class:`Redactor` knows a set of secret values and replaces each occurrence of
 with ``[REDACTED]``, in every spelling the bridge's one policy knows (stripped, any letter
 case, JSON-escaped and Python-quoted at any depth, URL-encoded, inside base64:
 :class:`rollout_server.net.secrets.SecretMatcher`, the mechanism the bridge's own scrubber uses
-too). Which environment variables hold secrets is that policy's as well
-(:func:`bridge.secret_env_values`). Values are matched longest first, so a value containing
-another is redacted whole. Text read a line at a time (``logs.txt``) also goes through
-:meth:`Redactor.redact_fragments`, for a secret a line break cut in two.
+too). The password of a URL's user information (``postgres://app:[REDACTED]@db``) is replaced
+whatever it is, by the same policy. Which environment variables hold secrets is that policy's
+as well (:func:`bridge.secret_env_values`). Values are matched longest first, so a value
+containing another is redacted whole. Text read a line at a time (``logs.txt``) also goes
+through :meth:`Redactor.redact_fragments`, for a secret (or its base64) a line break cut in two.
 """
 
 from __future__ import annotations
@@ -31,7 +32,7 @@ class Redactor:
     """Replace known secret values (and their variants) with ``[REDACTED]``.
 
     Call it on text (``redactor(text)``) or use :meth:`redact_obj` on JSON-like data.
-    It is cheap to call with no values known (the text is returned unchanged).
+    It is cheap to call with no values known (then only a URL's password is replaced).
     """
 
     def __init__(self, values: Iterable[str] = ()) -> None:
@@ -59,8 +60,8 @@ class Redactor:
 
     def __call__(self, text: str) -> str:
         """``text`` with every known value, in any spelling, replaced by ``[REDACTED]``, and
-        every rollout's own bridge bearer (:mod:`bridge.bearers`: derived per rollout, so no
-        list holds them all)."""
+        every URL's password and every rollout's own bridge bearer (:mod:`bridge.bearers`:
+        derived per rollout, so no list holds them all)."""
         text = self._matcher.sub(REDACTED, text)
         if ROLLOUT_BEARER_PREFIX in text or _BEARER_PREFIX_UPPER in text:
             text = _ROLLOUT_BEARER.sub(REDACTED, text)

@@ -20,7 +20,8 @@ A secret is redacted in every spelling a program is likely to print it in: as is
 whitespace-stripped, in any letter case (``KEY.upper()``, ``.lower()``), JSON-escaped (with or
 without ``\\/`` for ``/``) and Python-quoted (alone, or inside a larger single-quoted ``repr``),
 each at any depth (JSON inside a repr inside JSON...), URL-encoded, and base64-encoded inside a
-larger base64 text (an HTTP Basic ``Authorization`` header of ``user:key``).
+larger base64 text (an HTTP Basic ``Authorization`` header of ``user:key``). And the password of
+a URL's user information is redacted whatever it is (below).
 
 :class:`SecretMatcher` is the mechanism every redactor uses. Rather than listing spellings (there
 are exponentially many once escapes nest), it matches each character of a secret in any of the
@@ -35,10 +36,12 @@ encoded bytes. For each of the three byte alignments, the whole 3-byte groups of
 encode to a *core* that is the same whatever surrounds the secret (:func:`base64_cores`, in the
 standard and the URL-safe alphabet). A core of at least :data:`BASE64_CORE_MIN` characters
 (12 bytes, 96 bits of the secret: unrelated base64 does not hold it by chance) is looked for
-literally, case-sensitively, and the whole base64 run that holds it (padding included) is
-replaced. Not found: base64 broken across lines (MIME's 76 columns), base64 of an escaped
-spelling, base64 that is itself URL-encoded (``%2B``), and a secret at an alignment that leaves
+literally, case-sensitively, with its ``+`` and ``/`` also as ``%2B`` and ``%2F`` (base64 in
+a URL's query), and the whole base64 run that holds it (padding, ``%3D`` included) is
+replaced. Not found: base64 of an escaped spelling, and a secret at an alignment that leaves
 fewer than 12 whole bytes (one under 12 bytes; one of 12 or 13 bytes at some alignments).
+Base64 broken across lines (PEM's 64 columns, MIME's 76) is not found by :meth:`SecretMatcher.sub`;
+in text read a line at a time, the fragment rule below finds it.
 
 A secret cut in two by a line break (a provider's echo wrapped at a column, a rollout that
 prints a key in two ``print`` calls) matches none of these on either line. For text read a line
@@ -47,11 +50,27 @@ longest piece of a secret of at least :data:`FRAGMENT_MIN` characters that ends 
 beginning of a secret), the one that starts it (the end of a secret), or the whole line when it
 is a piece of one (the middle of a secret wrapped over three lines), whitespace around the line
 ignored, in any letter case. Such a piece is part of a secret whatever follows it, so the rule
-needs no memory of the previous line and holds nothing back. Its limits: a piece shorter than
-:data:`FRAGMENT_MIN` characters survives (a secret cut 5 + rest leaves 5 characters), only the
-literal spelling is looked at (not a JSON- or URL-escaped piece), and a line ending in the first
-:data:`FRAGMENT_MIN` characters of a secret loses them even when they were something else (a
-shared key prefix such as ``sk-proj-``).
+needs no memory of the previous line and holds nothing back. A piece of a base64 core counts too
+(a secret's base64 wrapped at 64 or 76 columns), and with it goes the rest of its base64 run on
+that line, as :meth:`SecretMatcher.sub` replaces a whole run. Its limits: a piece shorter than
+:data:`FRAGMENT_MIN` characters survives (a secret cut 5 + rest leaves 5 characters; a base64
+line of fewer than 8 characters of a core, and the base64 characters around a core that hold
+its first or last one or two bytes when a line break separates them from it), only the literal
+spelling is looked at (not a JSON- or URL-escaped piece), and a line ending in the first
+:data:`FRAGMENT_MIN` characters of a secret (or of its base64) loses them even when they were
+something else (a shared key prefix such as ``sk-proj-``).
+
+A URL's user information (``postgres://app:hunter2@db:5432/x``, ``redis://:pw@host``) is a
+credential whether or not its password is a known secret: :meth:`SecretMatcher.sub` replaces
+the password (``postgres://app:[REDACTED]@db:5432/x``), keeping the scheme, the user and the
+host readable, even when no secret is known. As RFC 3986 reads it: after ``scheme://``, the
+user runs to its first ``:`` and the password from there to the authority's last ``@`` (the
+host follows the last one); ``/``, ``?``, ``#``, whitespace and the characters no URL holds
+unencoded (``"``, ``<``, ``[``, ``{``, a backslash...) end the authority. So ``user@host`` (no
+password), ``http://host:8080/path`` (a port), an email, ``git@github.com:org/repo`` and
+``a:b@c`` (no ``scheme://``) are left alone. Not found: a URL whose ``://`` is itself escaped
+(``:\\/\\/``, ``%3A%2F%2F``), and a password holding an unencoded ``/``, ``?`` or ``#`` (left
+whole: a URL parser too ends the authority there).
 
 Why one module of this size: the name rule, the spellings and the matcher are one policy that
 every redactor (the launcher's, the bridge's and its child's, the archive's) and every check of
@@ -268,10 +287,22 @@ replaces (the length below which a known environment value is no secret either).
 
 # Both alphabets: a core without + / - _ is the same in either, so the run that holds a core
 # is read as either (a URL path around a URL-safe run goes with it: more hidden, nothing shown).
-_B64_CLASS = "[A-Za-z0-9+/_-]"
+# And % for a run in a URL (%2B, %2F, %3D): one class keeps the scan of a run fast.
+_B64_CLASS = "[A-Za-z0-9+/_%-]"
+_B64_CHARS = frozenset(string.ascii_letters + string.digits + "+/_%-")
+_CORE_CHAR_FORMS = {"+": r"(?:\+|%2[bB])", "/": r"(?:/|%2[fF])"}
 _TO_URLSAFE = str.maketrans("+/", "-_")
 _ALNUM_RUN = re.compile(r"[A-Za-z0-9]+")
 _LINE_BREAKS = re.compile(r"(\r\n?|\n)")
+
+# What ends a URL's authority (/ ? #), with whitespace and what no URL holds unencoded: so the
+# text around a URL (JSON, a sentence) is never read as its user information.
+_NOT_IN_AUTHORITY = r"\s/?#\[\]\"<>\\^`{}|"
+# The literal "://" first, for a fast search; the password runs to the authority's last "@"
+# (greedy, then back to it), the user to its first ":" (an email as user name keeps its "@").
+_URL_PASSWORD = re.compile(
+    rf"(://(?<=[A-Za-z0-9+.-]://)[^{_NOT_IN_AUTHORITY}:]*:)[^{_NOT_IN_AUTHORITY}]+(?=@)"
+)
 
 
 def base64_cores(value: str) -> frozenset[str]:
@@ -291,6 +322,58 @@ def base64_cores(value: str) -> frozenset[str]:
             core = base64.b64encode(groups).decode("ascii")
             cores.update((core, core.translate(_TO_URLSAFE)))
     return frozenset(cores)
+
+
+def _core_pattern(core: str) -> str:
+    """A regex for ``core`` as is, or in a URL (its ``+`` and ``/`` percent-encoded)."""
+    return "".join(_CORE_CHAR_FORMS.get(char, char) for char in core)
+
+
+def _run_end(text: str, start: int) -> int:
+    """Where the base64 run of ``text`` from ``start`` ends, its padding included."""
+    end = start
+    while end < len(text) and text[end] in _B64_CHARS:
+        end += 1
+    while end < len(text) and text[end] == "=":
+        end += 1
+    return end
+
+
+def _run_start(text: str, end: int) -> int:
+    """Where the base64 run of ``text`` that reaches ``end`` starts."""
+    start = end
+    while start and text[start - 1] in _B64_CHARS:
+        start -= 1
+    return start
+
+
+def _end_at_start(low: str, pieces: tuple[str, ...]) -> int:
+    """The length of the longest end of one of ``pieces`` (>= FRAGMENT_MIN) ``low`` starts with."""
+    gram = low[:FRAGMENT_MIN]
+    best = 0
+    for piece in pieces:
+        at = piece.find(gram)
+        while at != -1 and len(piece) - at > best:
+            if low.startswith(piece[at:]):
+                best = len(piece) - at
+                break
+            at = piece.find(gram, at + 1)
+    return best
+
+
+def _start_at_end(low: str, pieces: tuple[str, ...]) -> int:
+    """The length of the longest beginning of one of ``pieces`` (>= FRAGMENT_MIN) ``low`` ends
+    with."""
+    gram = low[-FRAGMENT_MIN:]
+    best = 0
+    for piece in pieces:
+        at = piece.rfind(gram)
+        while at != -1 and at + FRAGMENT_MIN > best:
+            if low.endswith(piece[: at + FRAGMENT_MIN]):
+                best = at + FRAGMENT_MIN
+                break
+            at = piece.rfind(gram, 0, at + FRAGMENT_MIN - 1)
+    return best
 
 
 def _anchor(text: str, run: re.Pattern[str]) -> str:
@@ -329,6 +412,7 @@ class SecretMatcher:
         self._base64: re.Pattern[str] | None = None
         self._base64_anchors: tuple[str, ...] | None = None
         self._pieces: tuple[str, ...] = ()
+        self._core_pieces: tuple[str, ...] = ()
         self._grams: frozenset[str] = frozenset()
         self._dirty = False
 
@@ -358,29 +442,23 @@ class SecretMatcher:
 
     def sub(self, replacement: str, text: str) -> str:
         """``text`` with every spelling of every known value replaced by ``replacement`` (a
-        base64 run holding one replaced whole); ``text`` itself when none occurs."""
+        base64 run holding one replaced whole), and then every URL's password (the module
+        docstring); ``text`` itself when none occurs."""
         if self._dirty:
             self._compile()
         if not text:
             return text
         if self._base64 is not None and _holds_any(text, self._base64_anchors):
             text = self._base64.sub(lambda _: replacement, text)  # taken literally
-        if self._regex is None:
-            return text
-        low = text.lower()
-        if self._anchors is not None and not _holds_any(low, self._anchors):
-            return text
-        if len(low) != len(text):  # lower() lengthened a letter (İ): positions would shift
-            return self._ignoring_case().sub(lambda _: replacement, text)
-        pieces: list[str] = []
-        last = 0
-        for match in self._regex.finditer(low):
-            pieces += (text[last : match.start()], replacement)
-            last = match.end()
-        if not pieces:
-            return text
-        pieces.append(text[last:])
-        return "".join(pieces)
+        if self._regex is not None:
+            low = text.lower()
+            if self._anchors is None or _holds_any(low, self._anchors):
+                text = self._sub_values(replacement, text, low)
+        # After the values: a known value that is a whole URL is replaced whole. The "@" first:
+        # one character is looked for much faster than three (memchr).
+        if "@" in text and "://" in text:
+            text = _URL_PASSWORD.sub(lambda match: match[1] + replacement, text)
+        return text
 
     def sub_fragments(self, replacement: str, text: str) -> str:
         """``text`` with, on each of its lines, a piece of a known value of at least
@@ -403,9 +481,12 @@ class SecretMatcher:
         return "".join(parts)
 
     def found(self, text: str) -> bool:
-        """Some spelling of some known value occurs in ``text``."""
+        """Some spelling of some known value, or a URL's password, occurs in ``text``: something
+        :meth:`sub` would replace."""
         if self._dirty:
             self._compile()
+        if "@" in text and "://" in text and _URL_PASSWORD.search(text) is not None:
+            return True
         if (
             self._base64 is not None
             and _holds_any(text, self._base64_anchors)
@@ -432,6 +513,22 @@ class SecretMatcher:
         """:meth:`found` on bytes read as :meth:`sub_bytes` reads them."""
         return self.found(data.decode("utf-8", "surrogateescape"))
 
+    def _sub_values(self, replacement: str, text: str, low: str) -> str:
+        """:meth:`sub` of the known values' spellings (not base64) in ``text``, read as
+        ``low`` (``text`` lower-cased)."""
+        assert self._regex is not None
+        if len(low) != len(text):  # lower() lengthened a letter (İ): positions would shift
+            return self._ignoring_case().sub(lambda _: replacement, text)
+        pieces: list[str] = []
+        last = 0
+        for match in self._regex.finditer(low):
+            pieces += (text[last : match.start()], replacement)
+            last = match.end()
+        if not pieces:
+            return text
+        pieces.append(text[last:])
+        return "".join(pieces)
+
     def _ignoring_case(self) -> re.Pattern[str]:
         """The regex matching any case in text as it is, for the rare text whose lower-cased
         form has another length (compiled when first needed)."""
@@ -455,11 +552,20 @@ class SecretMatcher:
         low = body.lower()
         if len(low) != len(body):  # lower() lengthened a letter (İ): positions would shift
             low = body
-        if starts and ends and any(low in piece for piece in self._pieces):
+        if starts and ends and any(low in piece for piece in self._pieces + self._core_pieces):
             head, tail = len(body), 0
         else:
-            head = self._value_end_at_start(low) if starts else 0
-            tail = self._value_start_at_end(low) if ends else 0
+            head = tail = 0
+            if starts:
+                head = _end_at_start(low, self._pieces)
+                core = _end_at_start(low, self._core_pieces)
+                if core:  # with the rest of its base64 run: the value's last bytes, padding
+                    head = max(head, _run_end(body, core))
+            if ends:
+                tail = _start_at_end(low, self._pieces)
+                core = _start_at_end(low, self._core_pieces)
+                if core:  # with the start of its base64 run: the value's first bytes
+                    tail = max(tail, len(body) - _run_start(body, len(body) - core))
         if not head and not tail:
             return line
         if head + tail >= len(body):
@@ -472,32 +578,6 @@ class SecretMatcher:
             + (replacement if tail else "")
             + line[end:]
         )
-
-    def _value_end_at_start(self, low: str) -> int:
-        """The length of the longest end of a value (>= FRAGMENT_MIN) that ``low`` starts with."""
-        gram = low[:FRAGMENT_MIN]
-        best = 0
-        for piece in self._pieces:
-            at = piece.find(gram)
-            while at != -1 and len(piece) - at > best:
-                if low.startswith(piece[at:]):
-                    best = len(piece) - at
-                    break
-                at = piece.find(gram, at + 1)
-        return best
-
-    def _value_start_at_end(self, low: str) -> int:
-        """The length of the longest beginning of a value (>= FRAGMENT_MIN) ``low`` ends with."""
-        gram = low[-FRAGMENT_MIN:]
-        best = 0
-        for piece in self._pieces:
-            at = piece.rfind(gram)
-            while at != -1 and at + FRAGMENT_MIN > best:
-                if low.endswith(piece[: at + FRAGMENT_MIN]):
-                    best = at + FRAGMENT_MIN
-                    break
-                at = piece.rfind(gram, 0, at + FRAGMENT_MIN - 1)
-        return best
 
     def _compile(self) -> None:
         ordered = sorted(self._values, key=lambda v: (-len(v), v))
@@ -514,7 +594,7 @@ class SecretMatcher:
             # A run starts only where no base64 character precedes it, so each run is scanned
             # once (linear); within it, the lazy prefix tries the cores at each offset.
             self._base64 = re.compile(
-                rf"(?<!{_B64_CLASS}){_B64_CLASS}*?(?:{'|'.join(map(re.escape, cores))})"
+                rf"(?<!{_B64_CLASS}){_B64_CLASS}*?(?:{'|'.join(map(_core_pattern, cores))})"
                 rf"{_B64_CLASS}*=*"
             )
             hints = [_anchor(core, _ALNUM_RUN) for core in cores]
@@ -525,9 +605,11 @@ class SecretMatcher:
             self._base64_anchors = None
         pieces = (v.lower() for v in ordered if "\n" not in v and "\r" not in v)
         self._pieces = tuple(dict.fromkeys(p for p in pieces if len(p) >= FRAGMENT_MIN))
+        # Lower-cased as the lines are read: looser than base64's case, but still 8 characters.
+        self._core_pieces = tuple(dict.fromkeys(core.lower() for core in cores))
         self._grams = frozenset(
             piece[i : i + FRAGMENT_MIN]
-            for piece in self._pieces
+            for piece in self._pieces + self._core_pieces
             for i in range(len(piece) - FRAGMENT_MIN + 1)
         )
         self._dirty = False
