@@ -98,16 +98,15 @@ def check_cloudflared(forced: bool, explicit: str | None, download: bool) -> Non
 
 
 async def check_ray_address(address: str | None) -> None:
-    """Raise :class:`LocalEvalError` when nothing answers TCP at ``--ray``'s address."""
+    """Raise :class:`LocalEvalError` when nothing answers TCP at ``--ray``'s address, or
+    another service than a Ray head does."""
     if not address or address == "local":
         return
     from launcher.cluster.join import node_ip, unreachable
 
     why = await unreachable(address, node_ip)
     if why:
-        raise LocalEvalError(
-            f"could not join the Ray cluster at {address}: nothing answers there ({why})"
-        )
+        raise LocalEvalError(f"could not join the Ray cluster at {address}: {why}")
 
 
 async def check_advertise_host(url: str | None) -> None:

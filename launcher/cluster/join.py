@@ -7,7 +7,9 @@ Three things ``ray.init`` does badly for a command-line tool, measured with Ray 
   :func:`unreachable` opens a plain TCP connection to the address (to the node's own address
   too for a loopback host, as Ray swaps one for the other) among the run's early checks
   (:mod:`launcher.early_checks`, before ``uv sync``), so a wrong host or port is one line
-  within :data:`CONNECT_S`.
+  within :data:`CONNECT_S`; and it sends the HTTP/2 preface there, so another service on the
+  port (one that answers as something else: a web server, SSH, Redis) is one line at once
+  instead of :data:`JOIN_S` later.
 * **It cannot be interrupted**: it blocks a worker thread in C++. The call is abandoned on
   cancellation (Ctrl-C ends the run at once; the thread is a daemon and ends with the process).
 * **Its C++ client writes straight to descriptor 2** (a warning line per attempt: ``[time W
@@ -62,6 +64,7 @@ __all__ = [
     "local_auth",
     "local_start_cause",
     "node_ip",
+    "not_grpc",
     "token_file_problem",
     "unreachable",
 ]
@@ -184,11 +187,17 @@ def _why(exc: OSError) -> str:
     return str(exc)
 
 
-async def unreachable(address: str, node_ip: Callable[[], str]) -> str | None:
-    """Why nothing answers TCP at ``address`` (``host:port``), or None when something does.
+async def unreachable(
+    address: str, node_ip: Callable[[], str], *, environ: Mapping[str, str] = os.environ
+) -> str | None:
+    """Why ``address`` (``host:port``) cannot be a Ray head's GCS, or None when it may be.
 
-    For a loopback host Ray connects to ``node_ip()`` instead, so either answering will do. An
-    address that is not ``host:port`` is left to Ray, whose own error is clear (None)."""
+    Nothing answering TCP there is a reason; so is a service that answers the HTTP/2 preface
+    as something else (:func:`not_grpc`: a web server's ``HTTP/1.1 400``, an SSH banner, a
+    Redis error, a connection closed at once), which kept Ray's connect loop going for
+    :data:`JOIN_S`. For a loopback host Ray connects to ``node_ip()`` instead, so either
+    answering will do. An address that is not ``host:port`` is left to Ray, whose own error is
+    clear (None)."""
     parsed = split_address(address)
     if parsed is None:
         return None
@@ -202,13 +211,78 @@ async def unreachable(address: str, node_ip: Callable[[], str]) -> str | None:
             try:
                 stream = await trio.open_tcp_stream(candidate, port)
             except OSError as exc:
-                reasons.append(f"{candidate}:{port}: {_why(exc)}")
+                reasons.append(f"nothing answers there ({candidate}:{port}: {_why(exc)})")
                 continue
-            await stream.aclose()
-            return None
         if waited.cancelled_caught:
-            reasons.append(f"{candidate}:{port}: no answer within {CONNECT_S:g} s")
+            reasons.append(
+                f"nothing answers there ({candidate}:{port}: no answer within {CONNECT_S:g} s)"
+            )
+            continue
+        try:
+            # A cluster whose gRPC runs over TLS (RAY_USE_TLS) answers a plain preface with
+            # nothing useful: left to Ray.
+            if environ.get("RAY_USE_TLS", "").lower() in ("1", "true"):
+                return None
+            other = await not_grpc(stream)
+        finally:
+            await stream.aclose()
+        if other is None:
+            return None
+        return (
+            f"{other} at {candidate}:{port}, not a Ray head's GCS (its port is 6379 unless "
+            "`ray start --head --port` said otherwise)"
+        )
     return "; ".join(reasons)
+
+
+#: How long :func:`not_grpc` waits for the answer to its HTTP/2 preface.
+PREFACE_S = 5.0
+
+
+async def not_grpc(stream: trio.abc.Stream) -> str | None:
+    """What answered the HTTP/2 client preface on ``stream``, when it is not an HTTP/2 server
+    (a Ray head's GCS is gRPC, whose first frame must be its SETTINGS, RFC 9113 3.4); None when
+    it is one, or when nothing came within :data:`PREFACE_S` (a silent service is left to
+    Ray's own timeout: a loaded head may be slow to answer). The preface is the ``h2``
+    library's, the answer's frame header read by ``hyperframe`` (h2's own parser)."""
+    from h2.config import H2Configuration
+    from h2.connection import H2Connection
+    from hyperframe.exceptions import HyperframeError
+    from hyperframe.frame import Frame, SettingsFrame
+
+    connection = H2Connection(H2Configuration(client_side=True))
+    connection.initiate_connection()
+    heard = b""
+    with trio.move_on_after(PREFACE_S):
+        try:
+            await stream.send_all(connection.data_to_send())
+            while len(heard) < 9:  # a frame header
+                chunk = await stream.receive_some(256)
+                if not chunk:
+                    break
+                heard += chunk
+        except trio.BrokenResourceError:
+            pass
+        if not heard:
+            return "a service that closed the connection without a word"
+        if len(heard) >= 9:
+            try:
+                frame, length = Frame.parse_frame_header(memoryview(heard[:9]))
+            except HyperframeError:
+                frame, length = None, 0
+            if isinstance(frame, SettingsFrame) and frame.stream_id == 0 and length % 6 == 0:
+                return None
+        return f"a service that answered {_first_words(heard)}"
+    return None
+
+
+def _first_words(heard: bytes) -> str:
+    """The start of ``heard`` for a message: its first line when it is text, else its size."""
+    line = heard.split(b"\n", 1)[0].strip()
+    text = line.decode("latin-1")
+    if text and all(c.isprintable() for c in text):
+        return repr(text[:60] + ("..." if len(text) > 60 else ""))
+    return f"{len(heard)} bytes that are not HTTP/2"
 
 
 def import_ray() -> Any:

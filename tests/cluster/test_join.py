@@ -3,19 +3,23 @@ terminal (launcher.cluster.join); the helpers without Ray, the CLI with it (no r
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import os
 import secrets
 import signal
 import socket
 import threading
-from collections.abc import Iterator
+from collections.abc import Awaitable, Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 import trio
+from h2.config import H2Configuration
+from h2.connection import H2Connection
 
+import launcher.cluster.join as join_module
 from launcher.cluster.join import (
     JOIN_S,
     Fd2Capture,
@@ -27,6 +31,7 @@ from launcher.cluster.join import (
     token_file_problem,
     unreachable,
 )
+from launcher.early_checks import check_ray_address
 from launcher.errors import LocalEvalError
 from tests.cluster.conftest import ClusterBed, slow_workspace
 from tests.launcher.e2e.helpers import (
@@ -109,11 +114,23 @@ def closed_port() -> Iterator[int]:
     yield port
 
 
+async def _h2_server(stream: trio.SocketStream) -> None:
+    """Answers as a gRPC server does: its SETTINGS frame first (by the h2 library)."""
+    connection = H2Connection(H2Configuration(client_side=False))
+    connection.initiate_connection()
+    await stream.send_all(connection.data_to_send())
+    with contextlib.suppress(trio.BrokenResourceError):
+        while data := await stream.receive_some(4096):
+            connection.receive_data(data)
+            await stream.send_all(connection.data_to_send())
+
+
 async def test_unreachable_says_why_or_none(closed_port: int) -> None:
     with trio.fail_after(20):
         listeners = await trio.open_tcp_listeners(0, host="127.0.0.2")
         port = listeners[0].socket.getsockname()[1]
-        try:
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(trio.serve_listeners, _h2_server, listeners)
             # Ray swaps a loopback host for the node's address: either answering will do.
             assert await unreachable(f"127.0.0.1:{port}", lambda: "127.0.0.2") is None
             assert await unreachable(f"127.0.0.2:{port}", lambda: "unused") is None
@@ -121,11 +138,82 @@ async def test_unreachable_says_why_or_none(closed_port: int) -> None:
             assert why is not None
             assert f"localhost:{closed_port}: Connection refused" in why
             assert f"127.0.0.3:{closed_port}: Connection refused" in why
+            assert why.startswith("nothing answers there (")
             # Not host:port: Ray's own error says so.
             assert await unreachable("nonsense", lambda: "unused") is None
-        finally:
-            for listener in listeners:
-                await listener.aclose()
+            nursery.cancel_scope.cancel()
+
+
+async def _web(stream: trio.SocketStream) -> None:
+    await stream.receive_some(4096)
+    await stream.send_all(b"HTTP/1.1 400 Bad Request\r\nContent-Length: 0\r\n\r\n")
+    await stream.aclose()
+
+
+async def _ssh(stream: trio.SocketStream) -> None:
+    await stream.send_all(b"SSH-2.0-OpenSSH_9.2p1 Debian-2\r\n")
+    await trio.sleep_forever()
+
+
+async def _closer(stream: trio.SocketStream) -> None:
+    await stream.aclose()
+
+
+async def _binary(stream: trio.SocketStream) -> None:
+    await stream.receive_some(4096)
+    await stream.send_all(bytes(range(40)))
+    await trio.sleep_forever()
+
+
+async def _silent(stream: trio.SocketStream) -> None:
+    await trio.sleep_forever()
+
+
+@pytest.mark.parametrize(
+    ("serve", "said"),
+    [
+        (_web, "a service that answered 'HTTP/1.1 400 Bad Request'"),
+        (_ssh, "a service that answered 'SSH-2.0-OpenSSH_9.2p1 Debian-2'"),
+        (_closer, "a service that closed the connection without a word"),
+        (_binary, "a service that answered 40 bytes that are not HTTP/2"),
+    ],
+)
+async def test_another_service_at_the_address_is_named_at_once(
+    serve: Callable[[trio.SocketStream], Awaitable[None]],
+    said: str,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Something else on the port (Ray's connect loop would take JOIN_S to give up): one
+    line from the early checks, naming what answered; a silent service and a cluster whose
+    gRPC is TLS are left to Ray."""
+    monkeypatch.setattr(join_module, "PREFACE_S", 1.0)
+    with trio.fail_after(20):
+        listeners = await trio.open_tcp_listeners(0, host="127.0.0.1")
+        port = listeners[0].socket.getsockname()[1]
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(trio.serve_listeners, serve, listeners)
+            why = await unreachable(f"127.0.0.1:{port}", lambda: "unused", environ={})
+            assert why == (
+                f"{said} at 127.0.0.1:{port}, not a Ray head's GCS (its port is 6379 unless "
+                "`ray start --head --port` said otherwise)"
+            )
+            tls = {"RAY_USE_TLS": "1"}
+            assert await unreachable(f"127.0.0.1:{port}", lambda: "unused", environ=tls) is None
+            with pytest.raises(LocalEvalError) as raised:
+                await check_ray_address(f"127.0.0.1:{port}")
+            assert str(raised.value) == f"could not join the Ray cluster at 127.0.0.1:{port}: {why}"
+            nursery.cancel_scope.cancel()
+
+
+async def test_a_silent_service_is_left_to_ray(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(join_module, "PREFACE_S", 0.5)
+    with trio.fail_after(20):
+        listeners = await trio.open_tcp_listeners(0, host="127.0.0.1")
+        port = listeners[0].socket.getsockname()[1]
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(trio.serve_listeners, _silent, listeners)
+            assert await unreachable(f"127.0.0.1:{port}", lambda: "unused", environ={}) is None
+            nursery.cancel_scope.cancel()
 
 
 class _FakeRay:
