@@ -16,7 +16,6 @@ observation result a ``tool`` message after it.
 from __future__ import annotations
 
 import json
-import os
 import sys
 from collections.abc import Iterable
 from pathlib import Path
@@ -26,6 +25,7 @@ import click
 
 from launcher import completion as complete
 from launcher.errors import DependencyError, LocalEvalError
+from launcher.outputs import output_path, refuse_run_files, write_output
 from launcher.ui import UI
 from rollout_server.protocol import RAW_ARGUMENTS
 
@@ -241,7 +241,7 @@ def _parquet_schema() -> Any:
     )
 
 
-def _write_parquet(rows: list[dict[str, Any]], path: Path) -> None:
+def _parquet(rows: list[dict[str, Any]]) -> bytes:
     try:
         import pyarrow as pa
         import pyarrow.parquet as pq
@@ -255,7 +255,12 @@ def _write_parquet(rows: list[dict[str, Any]], path: Path) -> None:
         {**row, "metrics": json.dumps(row["metrics"]) if row["metrics"] is not None else None}
         for row in rows
     ]
-    pq.write_table(pa.Table.from_pylist(flat, schema=_parquet_schema()), str(path))
+    # Built in memory, so the file is written as the JSON Lines one is (launcher.outputs): a
+    # FIFO written in place, a failure named by -o's path rather than a temporary file's.
+    sink = pa.BufferOutputStream()
+    pq.write_table(pa.Table.from_pylist(flat, schema=_parquet_schema()), sink)
+    data: bytes = sink.getvalue().to_pybytes()
+    return data
 
 
 def _jsonl(rows: Iterable[dict[str, Any]]) -> bytes:
@@ -275,26 +280,18 @@ def export_command(
             "-o - (stdout) cannot go with --json: the rows are the output; write them to a "
             "file (-o FILE) to get the JSON envelope"
         )
-    rows = export_rows(run_dir)
     if output == "-":
         if fmt != "jsonl":
             raise LocalEvalError("-o - (stdout) works with --format jsonl only")
-        sys.stdout.buffer.write(_jsonl(rows))
+        sys.stdout.buffer.write(_jsonl(export_rows(run_dir)))
         sys.stdout.flush()
         return 0
-    target = (cwd / output).resolve() if output else run_dir / f"export.{fmt}"
-    _check_target(target, run_dir, cwd)
-    tmp = target.with_name(f".{target.name}.tmp-{os.getpid()}")
-    try:
-        if fmt == "parquet":
-            _write_parquet(rows, tmp)
-        else:
-            tmp.write_bytes(_jsonl(rows))
-        os.replace(tmp, target)
-    except OSError as exc:
-        raise LocalEvalError(f"cannot write {target}: {exc.strerror or exc}") from None
-    finally:
-        tmp.unlink(missing_ok=True)
+    default = run_dir / "export.jsonl"
+    target = output_path(output, cwd) if output else run_dir / f"export.{fmt}"
+    own = [default, run_dir / "export.parquet"]
+    refuse_run_files(target, cwd=cwd, runs=[run_dir], allowed=own, what="export", default=default)
+    rows = export_rows(run_dir)
+    target = write_output(target, _parquet(rows) if fmt == "parquet" else _jsonl(rows))
     message = f"Exported {len(rows)} rollouts of {run_dir.name} to {target}"
     if ui.mode == "json":
         from launcher.runs import envelope
@@ -305,29 +302,6 @@ def export_command(
     else:
         ui.console.print(message, markup=False, highlight=False)
     return 0
-
-
-def _check_target(target: Path, run_dir: Path, cwd: Path) -> None:
-    """Refuse an output file among runs' own files: inside a run directory (one with a
-    manifest or a journal) or anywhere under a workspace's ``.osmosis/evals``, except this
-    run's own ``export.<format>`` (the default). Overwriting a journal loses results."""
-    from launcher.reporting.resolve import find_workspace_root
-    from launcher.rundir.manifest import is_run_dir
-
-    run_dir = run_dir.resolve()
-    if target.parent == run_dir and target.name in ("export.jsonl", "export.parquet"):
-        return
-    roots = {run_dir.parent} if run_dir.parent.parts[-2:] == (".osmosis", "evals") else set()
-    workspace = find_workspace_root(cwd)
-    if workspace is not None:
-        roots.add((workspace / ".osmosis" / "evals").resolve())
-    if target.is_dir():
-        raise LocalEvalError(f"-o {target} is a directory; -o takes the file to write")
-    if any(p in roots or is_run_dir(p) for p in target.parents):
-        raise LocalEvalError(
-            f"-o {target} is among the files of runs; write the export outside run "
-            f"directories and .osmosis/evals (the default is {run_dir / 'export.jsonl'})"
-        )
 
 
 def _run_dir(run: str, output_root: str | None, cwd: Path) -> Path:

@@ -6,7 +6,6 @@ Every user error is a :class:`launcher.errors.CLIError` (one ``Error: …`` line
 
 from __future__ import annotations
 
-import os
 import time
 import webbrowser
 from collections.abc import Callable
@@ -16,11 +15,10 @@ from pathlib import Path
 from rich import box
 from rich.table import Table
 
-from launcher.errors import LocalEvalError
+from launcher.outputs import output_path, refuse_run_files, write_output
 from launcher.reporting.diff import diff_runs
 from launcher.reporting.diff_page import diff_rows, render_diff
 from launcher.reporting.load import load_run
-from launcher.reporting.page import fmt_pct
 from launcher.reporting.report_page import REFRESH_SECONDS, render_report
 from launcher.reporting.resolve import resolve_run_dir
 from launcher.reporting.summary import summarize
@@ -44,15 +42,10 @@ class RunLocator:
         )
 
 
-def write_page(path: Path, text: str) -> None:
-    """Write ``text`` to ``path`` atomically (a reader never sees half a page)."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp")
-    try:
-        tmp.write_text(text, encoding="utf-8")
-        os.replace(tmp, path)
-    except OSError as exc:
-        raise LocalEvalError(f"cannot write {path}: {exc.strerror or exc}") from None
+def write_page(path: Path, text: str) -> Path:
+    """Write ``text`` to ``path`` atomically (a reader never sees half a page) and return
+    where it went (:func:`launcher.outputs.write_output`)."""
+    return write_output(path, text.encode("utf-8"))
 
 
 def _open(path: Path) -> None:
@@ -71,9 +64,13 @@ def report_command(
 ) -> int:
     """Write the report page of ``run``; with ``watch``, rewrite it until the run finishes."""
     run_dir = locator.resolve(run)
-    target = (locator.cwd / output).resolve() if output else run_dir / "report.html"
+    default = run_dir / "report.html"
+    target = output_path(output, locator.cwd) if output else default
+    refuse_run_files(
+        target, cwd=locator.cwd, runs=[run_dir], allowed=[default], what="page", default=default
+    )
     data = load_run(run_dir)
-    write_page(target, render_report(data, refresh=watch))
+    target = write_page(target, render_report(data, refresh=watch))
     if open_browser:
         _open(target)
     while watch and data.eval_run.get("status") == "running":
@@ -108,10 +105,7 @@ def report_command(
             f"Report: {data.name}",
             [
                 ("status", summary.status),
-                (
-                    "pass rate",
-                    f"{fmt_pct(m['pass_rate'])} ({m['passed']}/{m['completed_samples']})",
-                ),
+                ("pass rate", summary.pass_rate_text),  # "-" while nothing is scored
                 (
                     "items",
                     f"{summary.progress} ({m['failed']} failed, {m['skipped']} skipped)",
@@ -125,15 +119,14 @@ def report_command(
 
 def diff_command(ui: UI, locator: RunLocator, run_a: str, run_b: str, *, output: str | None) -> int:
     """Compare two runs: print the paired table (or JSON) and write the diff page."""
-    a = load_run(locator.resolve(run_a))
-    b = load_run(locator.resolve(run_b))
+    dir_a, dir_b = locator.resolve(run_a), locator.resolve(run_b)
+    default = (locator.cwd / f"diff-{dir_a.name}-vs-{dir_b.name}.html").resolve()
+    target = output_path(output, locator.cwd) if output else default
+    refuse_run_files(target, cwd=locator.cwd, runs=[dir_a, dir_b], allowed=[default], what="page")
+    a = load_run(dir_a)
+    b = load_run(dir_b)
     result = diff_runs(a, b)
-    target = (
-        (locator.cwd / output).resolve()
-        if output
-        else (locator.cwd / f"diff-{a.path.name}-vs-{b.path.name}.html").resolve()
-    )
-    write_page(target, render_diff(result))
+    target = write_page(target, render_diff(result))
     message = f"Diff written: {target}"
     if ui.mode == "json":
         ui.envelope("eval.diff", message, {"path": str(target), **result.to_json()})

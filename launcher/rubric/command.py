@@ -18,16 +18,22 @@ from typing import Any
 import trio
 
 from launcher.errors import CLIError, ValidationError
+from launcher.outputs import check_writable, refuse_run_files, write_output
 from launcher.redact import Redactor
 from launcher.rubric.engine import Evaluation, TaskKey
-from launcher.rubric.inputs import JudgeRecord, load_records, load_rubric, output_file
+from launcher.rubric.inputs import (
+    DEFAULT_REPORT_NAME,
+    JudgeRecord,
+    load_records,
+    load_rubric,
+    output_file,
+)
 from launcher.rubric.judge import Judge, Verdict
 from launcher.rubric.provider import JudgeModel, judge_model
 from launcher.rubric.render import JudgeProgress, print_report
 from launcher.rubric.report import build_report, error_count, resource
 from launcher.rubric.runsource import RunItem, RunSource, load_run, resolve_run_dir
 from launcher.rubric.store import RubricStore
-from launcher.rundir.atomic import atomic_write_bytes
 from launcher.ui import CLI_VERSION, UI
 
 __all__ = ["RubricOptions", "run_rubric"]
@@ -179,9 +185,24 @@ def _load_stored(evaluation: Evaluation, source: RunSource, stores: list[RubricS
             evaluation.verdicts[key] = _stored_verdict(line)
 
 
+def _output(options: RubricOptions, run_dir: Path | None) -> Path | None:
+    """Where ``-o`` writes the report, checked before any judge call (launcher.outputs): not
+    among runs' files (but ``rubric_eval_result.json`` in the judged run's directory), its
+    directory creatable and writable."""
+    if options.output is None:
+        return None
+    path = output_file(options.output)
+    cwd = Path.cwd()
+    runs = [run_dir] if run_dir is not None else []
+    own = [run_dir / DEFAULT_REPORT_NAME] if run_dir is not None else []
+    refuse_run_files(cwd / path, cwd=cwd, runs=runs, allowed=own, what="report")
+    check_writable(cwd / path)
+    return path
+
+
 def _write_report(path: Path, report: dict[str, Any]) -> None:
     data = json.dumps(report, indent=2, ensure_ascii=False, allow_nan=False) + "\n"
-    atomic_write_bytes(path, data.encode("utf-8"), durable=False)
+    write_output(Path.cwd() / path, data.encode("utf-8"))
 
 
 def _emit_success(ui: UI, resource_: dict[str, Any]) -> None:
@@ -209,11 +230,14 @@ def run_rubric(options: RubricOptions, ui: UI, redactor: Redactor) -> int:
     rubric = load_rubric(options.rubric)
     source: RunSource | list[JudgeRecord]
     if options.run is not None:
-        source = load_run(resolve_run_dir(options.run, Path.cwd()))
+        run_dir = resolve_run_dir(options.run, Path.cwd())
+        path = _output(options, run_dir)
+        source = load_run(run_dir)
         data_path = str(source.run_dir)
         notes = [f"Skipped {label}: {reason}" for label, reason in source.skipped]
     else:
         assert options.data is not None
+        path = _output(options, None)
         source = load_records(options.data)
         data_path = str(Path(options.data).expanduser())
         notes = []
@@ -232,8 +256,7 @@ def run_rubric(options: RubricOptions, ui: UI, redactor: Redactor) -> int:
         notes.append(f"Judged now: {judged_now} call(s); kept from earlier runs: {kept}")
     print_report(ui, report, notes=notes)
     output_path: str | None = None
-    if options.output is not None:
-        path = output_file(options.output)
+    if path is not None:
         _write_report(path, report)
         output_path = str(path)
         if ui.rich:
