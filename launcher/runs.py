@@ -7,12 +7,18 @@ manifest) for the total, the run's lock for whether a supervisor is working on i
 Archived runs (``<name>.archive-<stamp>``, from ``--fresh``) are not listed.
 
 A run whose journal is missing, empty or unreadable while other files hold results (index rows,
-model calls, rollout files) is ``damaged``, never ``empty``: its done count is its index rows.
+rollout calls, rollout files) is ``damaged``, never ``empty``: its done count is its index rows.
+One that recorded something but no result (only the model check of ``calls.jsonl``: stopped
+after the preflight, before its first item finished) is ``incomplete``, as ``eval report`` has it.
 
 ``clean`` removes the runs with nothing recorded (a failure before dispatch leaves one behind)
 and lock files without a run, after a confirmation. It takes each run's lock first, so it never
 touches a run a supervisor holds, and it leaves a run alone whose rollout server or tunnel may
 still be alive (``server.json``/``tunnel.json``: the next ``eval run`` reaps those).
+
+Why one module of this size: ``list`` and ``clean`` must classify a run the same way (what counts
+as recorded, what as a result); ``clean`` re-checks that classification under the run's lock, so
+the two commands and their shared rules live together.
 """
 
 from __future__ import annotations
@@ -122,7 +128,23 @@ def recorded_anything(run_dir: Path) -> bool:
     """Whether the run recorded anything at all: a journal with any bytes (even ones that do
     not parse), index rows, model calls or rollout files. Only a run without any of them is
     ``empty`` (and ``clean`` removes nothing else)."""
-    if any(_has_content(run_dir / f) for f in ("events.jsonl", "index.jsonl", "calls.jsonl")):
+    if any(_has_content(run_dir / f) for f in ("events.jsonl", "calls.jsonl")):
+        return True
+    return recorded_results(run_dir)
+
+
+def _is_preflight(line: bytes) -> bool:
+    try:
+        call = json.loads(line)
+    except ValueError:
+        return False  # a torn or damaged line may be a rollout's call
+    return isinstance(call, dict) and call.get("kind") == "preflight"
+
+
+def recorded_results(run_dir: Path) -> bool:
+    """Whether files other than the journal hold results: index rows, rollout files or model
+    calls other than the preflight model check."""
+    if _has_content(run_dir / "index.jsonl"):
         return True
     for sub in ("rollout_trials", "trajectories", "artifacts"):
         try:
@@ -130,7 +152,11 @@ def recorded_anything(run_dir: Path) -> bool:
                 return True
         except OSError:
             continue
-    return False
+    try:
+        with (run_dir / "calls.jsonl").open("rb") as fh:
+            return any(line.strip() and not _is_preflight(line) for line in fh)
+    except OSError:
+        return False
 
 
 def planned_total(run_dir: Path, inputs: dict[str, Any]) -> int | None:
@@ -176,7 +202,7 @@ def summarize(run_dir: Path, cwd: Path) -> RunSummary:
         status = "running"
     elif not records and not recorded_anything(run_dir):
         status = "empty"
-    elif not records:
+    elif not records and recorded_results(run_dir):
         # Results exist but the journal (the resume authority) is missing, empty or unreadable:
         # never "empty", so clean keeps it; done counts the index rows instead.
         status = "damaged"

@@ -42,8 +42,8 @@ def _summary_html(s: RunSummary, invocations: int = 1, extra: str = "") -> str:
         _stat(
             "pass_rate",
             f"pass rate ({m['passed']}/{m['completed_samples']}, skipped excluded)",
-            m["pass_rate"],
-            fmt_pct(m["pass_rate"]),
+            m["pass_rate"],  # metrics.json's value, 0 when nothing is scored
+            fmt_pct(s.pass_rate),
         ),
         _stat("total_samples", "items", m["total_samples"], s.progress),
         _stat("passed", "passed", m["passed"], fmt_num(m["passed"])),

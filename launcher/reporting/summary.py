@@ -52,6 +52,22 @@ class RunSummary:
         return max(0, self.total - int(self.metrics["total_samples"]))
 
     @property
+    def pass_rate(self) -> float | None:
+        """Passed over scored items; None when nothing is scored (``metrics["pass_rate"]``
+        keeps the reference's integer 0 then, but a shown ``0.0%`` would claim every item
+        failed)."""
+        return float(self.metrics["pass_rate"]) if self.metrics["completed_samples"] else None
+
+    @property
+    def pass_rate_text(self) -> str:
+        """``80.0% (16/20)`` as the terminal shows it; ``-`` when nothing is scored, as
+        ``eval list`` shows it."""
+        rate = self.pass_rate
+        if rate is None:
+            return "-"
+        return f"{rate:.1%} ({self.metrics['passed']}/{self.metrics['completed_samples']})"
+
+    @property
     def progress(self) -> str:
         """``1,265 of 5,000 (3,735 pending)``, or the count alone when every item is done or
         the total is unknown."""

@@ -1,5 +1,6 @@
 """The click definition of ``rollbridge eval rubric`` (the work is in :mod:`launcher.rubric.command`,
-imported only when the command runs)."""
+imported only when the command runs). The one check made here is the score range of ``--run``:
+a usage error, before the run is even looked up."""
 
 from __future__ import annotations
 
@@ -45,6 +46,12 @@ __all__ = ["eval_rubric"]
 @click.pass_context
 def eval_rubric(ctx: click.Context, /, json_output: bool, plain: bool, **flags: object) -> None:
     """Score conversations (-d) or a run's rollouts (--run) with an LLM judge."""
+    low, high = flags["score_min"], flags["score_max"]
+    assert isinstance(low, float) and isinstance(high, float)
+    if flags["run"] is not None and not high > low:
+        # With -d every record fails with the range error, as in the reference tool (spec
+        # D.1); a run's verdict files are no place for errors that no judge gave.
+        raise click.UsageError(f"--score-max ({high}) must be greater than --score-min ({low})")
     from launcher.cli_ui import ambient_redactor, command_ui
     from launcher.rubric.command import RubricOptions, run_rubric
 

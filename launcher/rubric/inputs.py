@@ -33,6 +33,30 @@ class JudgeRecord:
     metadata: dict[str, Any] | None = None
 
 
+def _read_bytes(path: Path) -> bytes:
+    try:
+        return path.read_bytes()
+    except OSError as exc:
+        raise ValidationError(f"Cannot read '{path}': {exc.strerror or exc}.") from None
+
+
+def _not_utf8(path: Path, data: bytes, bad: int) -> ValidationError:
+    """The error for the undecodable byte at offset ``bad`` of ``data``, naming its line."""
+    lineno = len((data[:bad] + b".").splitlines())  # the lines split as the parse splits them
+    return ValidationError(
+        f"'{path}' is not UTF-8 text: invalid byte 0x{data[bad]:02x} on line {lineno} "
+        f"(byte offset {bad})."
+    )
+
+
+def _decoded(data: bytes, path: Path) -> str:
+    """``data`` as UTF-8 text, else a one-line error naming the line and byte offset."""
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise _not_utf8(path, data, exc.start) from None
+
+
 def load_rubric(value: str) -> str:
     """The rubric: ``value`` itself, or the contents of the file ``@<path>``; stripped."""
     if value.startswith("@"):
@@ -41,7 +65,7 @@ def load_rubric(value: str) -> str:
             raise NotFoundError(f"Rubric file '{path}' does not exist.")
         if path.is_dir():
             raise ValidationError(f"Expected a file but received directory '{path}'.")
-        text = path.read_text(encoding="utf-8").strip()
+        text = _decoded(_read_bytes(path), path).strip()
         if not text:
             raise ValidationError(f"Rubric file '{path}' is empty.")
         return text
@@ -127,19 +151,21 @@ def load_records(data: str) -> list[JudgeRecord]:
     if path.is_dir():
         raise ValidationError(f"Expected a file but received directory '{shown}'.")
     records: list[JudgeRecord] = []
-    with path.open(encoding="utf-8") as fh:
-        for lineno, line in enumerate(fh, start=1):
-            if not line.strip():
-                continue
-            try:
-                obj = json.loads(line)
-            except ValueError as exc:
-                raise ValidationError(
-                    f"Invalid JSON on line {lineno} of '{shown}': {exc}"
-                ) from None
-            if not isinstance(obj, dict):
-                raise ValidationError(f"Expected JSON object on line {lineno} of '{shown}'.")
-            records.append(_record(obj, len(records) + 1, lineno, shown))
+    raw = _read_bytes(path)
+    _decoded(raw, path)  # every byte checked before any line is parsed
+    # Bytes split on \n, \r and \r\n only (str.splitlines would also split a JSON string at a
+    # raw U+2028).
+    for lineno, encoded in enumerate(raw.splitlines(), start=1):
+        line = encoded.decode("utf-8")
+        if not line.strip():
+            continue
+        try:
+            obj = json.loads(line)
+        except ValueError as exc:
+            raise ValidationError(f"Invalid JSON on line {lineno} of '{shown}': {exc}") from None
+        if not isinstance(obj, dict):
+            raise ValidationError(f"Expected JSON object on line {lineno} of '{shown}'.")
+        records.append(_record(obj, len(records) + 1, lineno, shown))
     if not records:
         raise ValidationError(f"No JSON records found in '{shown}'.")
     return records

@@ -77,13 +77,13 @@ class RunSource:
 def _dataset_rows(run_dir: Path) -> dict[int, dict[str, Any]]:
     rows: dict[int, dict[str, Any]] = {}
     try:
-        text = (run_dir / "dataset_rows.jsonl").read_text(encoding="utf-8")
+        data = (run_dir / "dataset_rows.jsonl").read_bytes()
     except OSError:
         return rows
-    for line in text.splitlines():
+    for line in data.splitlines():
         try:
             row = json.loads(line)
-        except ValueError:
+        except ValueError:  # UnicodeDecodeError included: a damaged line gives no context
             continue
         if isinstance(row, dict) and isinstance(row.get("row_index"), int):
             rows[row["row_index"]] = row
