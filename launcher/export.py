@@ -135,6 +135,7 @@ def export_rows(run_dir: Path) -> list[dict[str, Any]]:
     from launcher.rundir.calls import CALLS_FILENAME, read_calls
     from launcher.rundir.journal import replay_journal
     from launcher.rundir.projections import load_valid_trajectory
+    from launcher.runs import recorded_results
 
     try:
         manifest = json.loads((run_dir / "manifest.json").read_text(encoding="utf-8"))
@@ -145,6 +146,14 @@ def export_rows(run_dir: Path) -> list[dict[str, Any]]:
     dataset = inputs.get("dataset")
     dataset = dataset if isinstance(dataset, dict) else {}
     replay = replay_journal(run_dir / "events.jsonl")
+    if not replay.latest and recorded_results(run_dir):
+        # Results elsewhere but none in the journal (missing or empty): an empty export would
+        # say the run has none. eval list calls such a run damaged.
+        raise LocalEvalError(
+            f"{run_dir / 'events.jsonl'}, the run's journal, is missing or empty while the run "
+            "holds results (index.jsonl, rollout files or calls): the run is damaged, and "
+            "nothing was exported"
+        )
     calls, _ = read_calls(
         run_dir / CALLS_FILENAME, (record.rollout_id for record in replay.latest.values())
     )

@@ -3,6 +3,7 @@ as ``eval report`` does."""
 
 from __future__ import annotations
 
+import shutil
 from pathlib import Path
 
 import pytest
@@ -76,3 +77,27 @@ def test_export_outside_a_workspace_says_the_argument_is_no_run(
     monkeypatch.chdir(tmp_path)
     code, _, err = _run(capsys, "eval", "export", "notarun")
     assert code == 1 and err.startswith("Error: 'notarun' is not a run directory")
+
+
+def test_export_of_a_run_whose_journal_is_gone_refuses_instead_of_exporting_nothing(
+    evals: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """index.jsonl and the rollout files hold results but events.jsonl (what export reads) is
+    gone: an empty export with exit 0 would say the run had none."""
+    run = evals / "other"
+    (run / "index.jsonl").write_text('{"row_index": 0}\n')
+    (run / "events.jsonl").unlink()
+    code, out, err = _run(capsys, "eval", "export", "other", "-o", "out.jsonl")
+    assert code == 1 and out == ""
+    assert len(err.splitlines()) == 1 and "the run is damaged, and nothing was exported" in err
+    assert not (tmp_path / "out.jsonl").exists()
+    (run / "events.jsonl").write_bytes(b"")
+    code, out, err = _run(capsys, "eval", "export", "other", "-o", "out.jsonl")
+    assert code == 1 and "missing or empty" in err
+    # A run that recorded nothing at all exports nothing, as before.
+    (run / "index.jsonl").write_bytes(b"")
+    for sub in ("rollout_trials", "trajectories", "artifacts"):
+        shutil.rmtree(run / sub, ignore_errors=True)
+    (run / "calls.jsonl").unlink(missing_ok=True)
+    code, _, err = _run(capsys, "eval", "export", "other", "-o", "out.jsonl")
+    assert (code, err) == (0, ""), err
