@@ -9,10 +9,16 @@ whatever it is, by the same policy. Which environment variables hold secrets is 
 as well (:func:`bridge.secret_env_values`). Values are matched longest first, so a value
 containing another is redacted whole. Text read a line at a time (``logs.txt``) also goes
 through :meth:`Redactor.redact_fragments`, for a secret (or its base64) a line break cut in two.
+
+Files a rollout wrote (its trajectory, diagnostics and artifacts, which the run directory keeps)
+go through :meth:`Redactor.redact_bytes` or, for a JSON document, :meth:`Redactor.redact_json_bytes`:
+one :meth:`Redactor.found` scan when no secret is there (the usual case, on the per-item path),
+the bytes returned as they were.
 """
 
 from __future__ import annotations
 
+import json
 import re
 from collections.abc import Iterable, Mapping
 from typing import Any
@@ -66,6 +72,48 @@ class Redactor:
         if ROLLOUT_BEARER_PREFIX in text or _BEARER_PREFIX_UPPER in text:
             text = _ROLLOUT_BEARER.sub(REDACTED, text)
         return text
+
+    def found(self, text: str) -> bool:
+        """Whether :meth:`__call__` would change ``text``: one scan, for text that usually
+        holds no secret."""
+        if self._matcher.found(text):
+            return True
+        return (
+            ROLLOUT_BEARER_PREFIX in text or _BEARER_PREFIX_UPPER in text
+        ) and _ROLLOUT_BEARER.search(text) is not None
+
+    def redact_bytes(self, data: bytes) -> bytes:
+        """``data`` redacted as :meth:`__call__` redacts text, read as UTF-8 (bytes that are
+        not UTF-8 kept as they are); ``data`` itself (the same object) when nothing is found."""
+        text = data.decode("utf-8", "surrogateescape")
+        if not self.found(text):
+            return data
+        return self(text).encode("utf-8", "surrogateescape")
+
+    def redact_json_bytes(self, data: bytes) -> bytes:
+        """:meth:`redact_bytes` of a JSON document's bytes, still a JSON document: where the
+        replacement in the text would break it (a match that took a backslash of the text
+        around it), the document's strings are redacted (:meth:`redact_obj`) and it is
+        written again (indent 2). Bytes that were not JSON are redacted as text."""
+        clean = self.redact_bytes(data)
+        if clean is data:
+            return data
+        try:
+            json.loads(clean)
+            return clean
+        except (ValueError, RecursionError):
+            pass
+        try:
+            original = json.loads(data)
+            document = self.redact_obj(original)
+        except (ValueError, RecursionError):
+            return clean
+        if document == original:  # the match was no secret's: an escape's letter began it
+            return data
+        try:
+            return json.dumps(document, indent=2, ensure_ascii=False).encode("utf-8")
+        except UnicodeEncodeError:  # a lone surrogate (JSON's "\ud800"): kept as an escape
+            return json.dumps(document, indent=2).encode("ascii")
 
     def redact_fragments(self, text: str) -> str:
         """``text`` with a piece of a known value (8+ characters) at the start or the end of

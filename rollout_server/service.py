@@ -51,7 +51,12 @@ from .protocol import (
     RolloutStatus,
 )
 from .sdk import RolloutContext, set_rollout_context
-from .trajectory import build_trajectory, render_rollout_files, write_rollout_files
+from .trajectory import (
+    build_trajectory,
+    environment_secrets,
+    render_rollout_files,
+    write_rollout_files,
+)
 
 if TYPE_CHECKING:
     import httpx
@@ -203,6 +208,8 @@ class RolloutService:
         self.http_client = http_client
         self._http_client_factory = http_client_factory
         self.result_listener: ResultListener | None = None
+        # Read once: the secrets the server's environment was given stay the same.
+        self._secrets = environment_secrets()
         self.accepting = False
         self.stopping = False
         self.active = 0
@@ -625,7 +632,9 @@ class RolloutService:
                         request_metadata=request.metadata,
                         request_extra_fields=request.extra_fields,
                     )
-                files = render_rollout_files(trajectory=trajectory, diagnostics=diagnostics)
+                files = render_rollout_files(
+                    trajectory=trajectory, diagnostics=diagnostics, secrets=self._secrets
+                )
                 if sum(len(text) for text in files.values()) <= INLINE_WRITE_LIMIT:
                     # No fsync, so a few KB go to the page cache in microseconds; a thread
                     # round trip would cost more CPU than the write and add two context

@@ -1,15 +1,24 @@
-"""``trajectory.json`` (ATIF v1.7) and ``diagnostics.json`` for one rollout (docs/spec/protocol.md §14)."""
+"""``trajectory.json`` (ATIF v1.7) and ``diagnostics.json`` for one rollout (docs/spec/protocol.md §14).
+
+A rollout may put a secret of its environment into its conversation or its failure (a workflow
+that prints its key into a reply): :func:`render_rollout_files` replaces every secret the
+server's environment holds (:func:`environment_secrets`, the one redaction policy's
+:mod:`rollout_server.net.secrets`) before the files are written. The supervisor redacts them
+again with every secret of the run (some of which the server cannot tell from other variables).
+"""
 
 from __future__ import annotations
 
 import json
 import os
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 import msgspec
 
 from .jsonsafe import json_safe
+from .net.secrets import AMBIENT_MIN_LENGTH, REDACTED, SecretMatcher, secret_env_values
 from .protocol import RAW_ARGUMENTS
 from .sdk import RolloutSample
 
@@ -17,6 +26,7 @@ __all__ = [
     "ATIF_SCHEMA_VERSION",
     "SDK_NAME",
     "build_trajectory",
+    "environment_secrets",
     "make_private_dirs",
     "render_rollout_files",
     "write_rollout_files",
@@ -148,15 +158,62 @@ _trajectory_encoder = msgspec.json.Encoder(enc_hook=str)
 _diagnostics_encoder = msgspec.json.Encoder(enc_hook=str, order="sorted")
 
 
+def environment_secrets(environ: Mapping[str, str] | None = None) -> SecretMatcher | None:
+    """The secret values of ``environ`` (default ``os.environ``) as the policy names them
+    (:func:`~rollout_server.net.secrets.secret_env_values`), or None when it holds none."""
+    values = secret_env_values(os.environ if environ is None else environ)
+    if not values:
+        return None
+    matcher = SecretMatcher()
+    for value in values:
+        matcher.add(value, min_length=AMBIENT_MIN_LENGTH)
+    return matcher
+
+
+def _redact_strings(document: Any, secrets: SecretMatcher) -> Any:
+    """A copy of JSON-like ``document`` with every string (keys included) redacted."""
+    if isinstance(document, str):
+        return secrets.sub(REDACTED, document)
+    if isinstance(document, dict):
+        return {
+            _redact_strings(key, secrets): _redact_strings(value, secrets)
+            for key, value in document.items()
+        }
+    if isinstance(document, list | tuple):
+        return [_redact_strings(value, secrets) for value in document]
+    return document
+
+
+def _render(document: Any, encoder: msgspec.json.Encoder, secrets: SecretMatcher | None) -> str:
+    """``document`` as pretty JSON, with no spelling of a secret of ``secrets`` in it."""
+    text = _pretty(document, encoder)
+    if secrets is None or not secrets.found(text):
+        return text  # the usual case: one scan
+    clean = secrets.sub(REDACTED, text)
+    try:
+        json.loads(clean)
+        return clean
+    except (ValueError, RecursionError):
+        # A match took a backslash of the text around it: redact the strings instead (when
+        # none holds a secret, the match was an escape's letter and a secret's start).
+        loaded = json.loads(text)
+        redacted = _redact_strings(loaded, secrets)
+        return text if redacted == loaded else _pretty(redacted, encoder)
+
+
 def render_rollout_files(
-    *, trajectory: dict[str, Any] | None, diagnostics: dict[str, Any] | None
+    *,
+    trajectory: dict[str, Any] | None,
+    diagnostics: dict[str, Any] | None,
+    secrets: SecretMatcher | None = None,
 ) -> dict[str, str]:
-    """File name -> text for ``trajectory.json`` and ``diagnostics.json`` (when given)."""
+    """File name -> text for ``trajectory.json`` and ``diagnostics.json`` (when given), every
+    spelling of a value of ``secrets`` (:func:`environment_secrets`) replaced."""
     files: dict[str, str] = {}
     if trajectory is not None:
-        files["trajectory.json"] = _pretty(trajectory, _trajectory_encoder)
+        files["trajectory.json"] = _render(trajectory, _trajectory_encoder, secrets)
     if diagnostics is not None:
-        files["diagnostics.json"] = _pretty(diagnostics, _diagnostics_encoder)
+        files["diagnostics.json"] = _render(diagnostics, _diagnostics_encoder, secrets)
     return files
 
 

@@ -327,7 +327,8 @@ class RunDirectory:
         trajectory was not there yet, a wait (up to ``trajectory_grace_s``) for it and a second
         projection; and the ``work item finished`` log line. Only the journal step can raise;
         projection problems are logged, since a rebuild repairs them.
-        ``error_type`` is redacted and a non-finite reward dropped before it is journaled.
+        ``error_type`` and ``metrics`` are redacted and a non-finite reward dropped before it
+        is journaled; the rollout's files are redacted as they are projected (projections).
         ``calls`` (the rollout's call records) are made durable before the record
         (launcher.rundir.calls).
         """
@@ -336,6 +337,11 @@ class RunDirectory:
             record = msgspec.structs.replace(
                 record, error_type=self.log.redactor(record.error_type)
             )
+        if record.metrics:
+            # So may the workflow's metrics (their strings and names).
+            metrics = self.log.redactor.redact_obj(record.metrics)
+            if metrics != record.metrics:
+                record = msgspec.structs.replace(record, metrics=metrics)
         reward = graded_reward(record.reward)
         if reward != record.reward:
             record = msgspec.structs.replace(record, reward=reward)
@@ -457,7 +463,9 @@ class RunDirectory:
         warnings: list[tuple[str, dict[str, Any]]],
         require_trajectory: bool = False,
     ) -> bool:
-        trajectory = read_valid_trajectory(self._trials_root, record.rollout_id)
+        trajectory = read_valid_trajectory(
+            self._trials_root, record.rollout_id, redactor=self.log.redactor
+        )
         if trajectory is None and require_trajectory:
             return False
         key = record.key
@@ -480,6 +488,7 @@ class RunDirectory:
             trajectory_valid=trajectory is not None,
             warn=lambda message, details: warnings.append((message, details)),
             trajectory=trajectory,
+            redactor=self.log.redactor,
         )
         if trajectory is not None:
             self._current[slot] = 1
@@ -573,7 +582,9 @@ class RunDirectory:
             if reuse and self._current[slot] and kept is not None and kept[2] == record.rollout_id:
                 rows[slot] = kept  # kept[2]: the rollout_id the row (and its copies) were made for
                 continue
-            trajectory = read_valid_trajectory(self.trials_dir, record.rollout_id)
+            trajectory = read_valid_trajectory(
+                self.trials_dir, record.rollout_id, redactor=self.log.redactor
+            )
             doc = trajectory.doc if trajectory is not None else None
             rows[slot] = index_values(record, doc, resumed=not self._fresh[slot])
             project_item(
@@ -582,6 +593,7 @@ class RunDirectory:
                 trajectory_valid=trajectory is not None,
                 warn=self._warn,
                 trajectory=trajectory,
+                redactor=self.log.redactor,
             )
             self._current[slot] = trajectory is not None
         self._rows = rows

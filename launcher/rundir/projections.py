@@ -3,6 +3,20 @@ checks with token fallbacks, and the safe ``trajectories/`` and ``artifacts/`` c
 
 Everything here is derived from the journal plus ``rollout_trials/``, so it can be rebuilt at
 any time; per finished item only that item's files are touched.
+
+Given the run's :class:`~launcher.redact.Redactor`, a projection also keeps the run's secrets out
+of the rollout's files (docs/spec/supervisor.md §8.3): a rollout may put one in its conversation,
+its diagnostics or an artifact, and the rollout server knows only the secrets its environment
+names as such. The trajectory is checked in the bytes already read for its copy, every other
+file of the trial directory (a remote trial's too: it is unpacked there before its result is
+recorded) where it lies, an artifact before it is copied; a file that holds a secret is
+rewritten in place, redacted, before anything is copied from it. A file holding none costs one
+read and one scan (an artifact whose copy is up to date, none).
+
+Why one module of this size: reading a trial's files, redacting them and copying them are one
+pass over the same directory with the same rules (never through a link, the same size cap, a
+copy made only of what was checked); split, each part would re-list or re-read what the other
+just had in hand, on the per-item path.
 """
 
 from __future__ import annotations
@@ -16,7 +30,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from launcher.rundir.atomic import atomic_copy_bytes, atomic_copy_file, read_to_end
+from launcher.redact import Redactor
+from launcher.rundir.atomic import (
+    atomic_copy_bytes,
+    atomic_copy_file,
+    atomic_write_bytes,
+    read_to_end,
+)
 from launcher.rundir.journal import TerminalRecord
 
 __all__ = [
@@ -36,6 +56,7 @@ __all__ = [
     "project_item",
     "projection_stem",
     "read_valid_trajectory",
+    "redact_trial_files",
     "safe_artifacts",
     "trajectory_identity",
     "trajectory_usage",
@@ -47,6 +68,9 @@ DIAGNOSTICS_MAX_BYTES = 1024 * 1024
 # Per-file cap for projection copies: a runaway artifact must not double its disk use here.
 # The canonical copy under rollout_trials/ is untouched.
 ARTIFACT_MAX_BYTES = 64 * 1024 * 1024
+# What project_item's walk of a trial directory leaves to its own steps.
+_ARTIFACTS_ONLY = frozenset({"artifacts"})
+_NOT_WALKED = frozenset({TRAJECTORY_FILENAME, "artifacts"})
 INDEX_KEYS = (
     "row_index",
     "run_index",
@@ -108,29 +132,96 @@ class TrajectoryFile:
 
 
 def read_valid_trajectory(
-    trials_dir: str | os.PathLike[str], rollout_id: str
+    trials_dir: str | os.PathLike[str], rollout_id: str, *, redactor: Redactor | None = None
 ) -> TrajectoryFile | None:
     """``rollout_trials/<id>/trajectory.json`` if it is a real file holding a JSON object
-    whose identity is ``rollout_id``; None otherwise (symlinks are never followed)."""
+    whose identity is ``rollout_id``; None otherwise (symlinks are never followed).
+
+    With ``redactor``, a file holding one of its secrets is first rewritten in place, redacted
+    (:meth:`~launcher.redact.Redactor.redact_json_bytes`), and that is what is returned."""
     trial = f"{os.fspath(trials_dir)}/{rollout_id}"  # a string: see project_item
     mode = _lstat_mode(trial)  # a link to a directory is not one here
     if mode is None or not stat.S_ISDIR(mode):
         return None
+    path = f"{trial}/{TRAJECTORY_FILENAME}"
     try:
-        fd = os.open(f"{trial}/{TRAJECTORY_FILENAME}", os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0))
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0))
     except OSError:
         return None
     try:
         status = os.fstat(fd)
         data = read_to_end(fd, status.st_size)
-        doc = json.loads(data)
-    except (OSError, ValueError):
+    except OSError:
         return None
     finally:
         os.close(fd)
+    if redactor is not None:
+        clean = redactor.redact_json_bytes(data)
+        if clean is not data:
+            status = _rewrite(path, clean)
+            data = clean
+    try:
+        doc = json.loads(data)
+    except ValueError:
+        return None
     if not isinstance(doc, dict) or trajectory_identity(doc) != rollout_id:
         return None
     return TrajectoryFile(doc, data, status)
+
+
+def _rewrite(path: str, data: bytes) -> os.stat_result:
+    """Replace the file ``path`` with ``data`` (durably: it replaces a file that held a
+    secret) and return the new file's status."""
+    atomic_write_bytes(path, data, durable=True)
+    return os.stat(path)
+
+
+def _redact_file(path: str, redactor: Redactor) -> None:
+    """Rewrite the regular file ``path`` redacted when it holds a secret (never through a
+    symlink; a file over :data:`ARTIFACT_MAX_BYTES` is left alone, as projections leave it)."""
+    try:
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0))
+    except OSError:
+        return
+    try:
+        status = os.fstat(fd)
+        if not stat.S_ISREG(status.st_mode) or status.st_size > ARTIFACT_MAX_BYTES:
+            return
+        data = read_to_end(fd, status.st_size)
+    finally:
+        os.close(fd)
+    if path.endswith(".json"):
+        clean = redactor.redact_json_bytes(data)
+    else:
+        clean = redactor.redact_bytes(data)
+    if clean is not data:
+        _rewrite(path, clean)
+
+
+def redact_trial_files(
+    trial: str | os.PathLike[str], redactor: Redactor, *, skip: frozenset[str] = frozenset()
+) -> None:
+    """Rewrite every regular file under the trial directory ``trial`` that holds one of
+    ``redactor``'s secrets, redacted in place (:func:`_redact_file`); the top-level entries
+    named in ``skip`` are left out (what the caller redacts itself). Symbolic links are
+    neither followed nor changed."""
+    stack = [(os.fspath(trial), True)]
+    while stack:
+        directory, top = stack.pop()
+        try:
+            entries = list(os.scandir(directory))
+        except OSError:
+            continue
+        for entry in entries:
+            if top and entry.name in skip:
+                continue
+            try:
+                if entry.is_dir(follow_symlinks=False):
+                    stack.append((entry.path, False))
+                elif entry.is_file(follow_symlinks=False):
+                    _redact_file(entry.path, redactor)
+            except OSError:
+                continue
 
 
 def load_valid_trajectory(trials_dir: Path, rollout_id: str) -> dict[str, Any] | None:
@@ -339,13 +430,22 @@ def _is_copy_of(source: os.stat_result, dst: str | os.PathLike[str]) -> bool:
 
 
 def _copy_if_changed(
-    src: str | os.PathLike[str], dst: str | os.PathLike[str], *, durable: bool
+    src: str | os.PathLike[str],
+    dst: str | os.PathLike[str],
+    *,
+    durable: bool,
+    redactor: Redactor | None = None,
 ) -> None:
+    """Copy ``src`` to ``dst`` unless ``dst`` is a copy of it already; with ``redactor``, a
+    source holding a secret is rewritten redacted first, so a copy is only ever made of a
+    redacted file (and one already made is not read again)."""
     try:
         source = os.stat(src)
     except OSError:
         source = None
     if source is None or not _is_copy_of(source, dst):
+        if redactor is not None:
+            _redact_file(os.fspath(src), redactor)
         atomic_copy_file(src, dst, durable=durable)
 
 
@@ -357,6 +457,7 @@ def project_item(
     warn: Warn | None = None,
     durable: bool = False,
     trajectory: TrajectoryFile | None = None,
+    redactor: Redactor | None = None,
 ) -> None:
     """Make ``trajectories/<stem>.json`` and ``artifacts/<stem>/`` mirror this record's attempt.
 
@@ -366,6 +467,8 @@ def project_item(
     except I/O errors on the run directory itself. ``trajectory``, the valid trajectory the
     caller has just read (:func:`read_valid_trajectory`), is copied from those bytes: the
     copy is then exactly the document that was validated, and the file is not read twice.
+    With ``redactor`` (the run's), no file of the trial directory or of its copies is left
+    holding one of its secrets: ``trajectory`` must then have been read with it too.
     """
     stem = projection_stem(record.row_index, record.run_index)
     # The paths are strings: this runs once per finished item, where a dozen pathlib joins
@@ -373,6 +476,12 @@ def project_item(
     root = os.fspath(run_dir)
     trial = f"{root}/rollout_trials/{record.rollout_id}"
     traj_dst = f"{root}/trajectories/{stem}.json"
+    trial_mode = _lstat_mode(trial)
+    if redactor is not None and trial_mode is not None and stat.S_ISDIR(trial_mode):
+        # Before anything is copied from it. The trajectory read with the redactor is clean;
+        # artifacts are redacted below, as they are listed and copied (one listing, not two).
+        skip = _NOT_WALKED if trajectory is not None else _ARTIFACTS_ONLY
+        redact_trial_files(trial, redactor, skip=skip)
     if trajectory is not None:
         if not _is_copy_of(trajectory.status, traj_dst):
             atomic_copy_bytes(traj_dst, trajectory.data, trajectory.status, durable=durable)
@@ -382,7 +491,6 @@ def project_item(
         os.unlink(traj_dst)
 
     art_dst = f"{root}/artifacts/{stem}"
-    trial_mode = _lstat_mode(trial)
     safe = (
         safe_artifacts(f"{trial}/artifacts")
         if trial_mode is None or not stat.S_ISLNK(trial_mode)
@@ -409,7 +517,11 @@ def project_item(
                     (current / name).unlink()
             if current != art_root and not any(current.iterdir()):
                 current.rmdir()
+    if redactor is not None:
+        for rel, _reason in safe.skipped:  # not copied, but left in the trial directory
+            if rel != ".":
+                _redact_file(f"{trial}/artifacts/{rel}", redactor)
     for rel, src in safe.files.items():
-        _copy_if_changed(src, f"{art_dst}/{rel}", durable=durable)
+        _copy_if_changed(src, f"{art_dst}/{rel}", durable=durable, redactor=redactor)
     if was_dir and not safe.files:
         shutil.rmtree(art_dst)
