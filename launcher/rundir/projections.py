@@ -155,18 +155,44 @@ def read_valid_trajectory(
         return None
     finally:
         os.close(fd)
-    if redactor is not None:
-        clean = redactor.redact_json_bytes(data)
-        if clean is not data:
-            status = _rewrite(path, clean)
-            data = clean
     try:
         doc = json.loads(data)
     except ValueError:
         return None
     if not isinstance(doc, dict) or trajectory_identity(doc) != rollout_id:
-        return None
+        return None  # judged on what the rollout wrote: redaction never makes one invalid
+    if redactor is not None:
+        clean = redactor.redact_json_bytes(data)
+        if clean is not data:
+            doc = json.loads(clean)
+            if not isinstance(doc, dict) or trajectory_identity(doc) != rollout_id:
+                # A short secret matched inside the rollout's own ids: they are ours (random,
+                # not secret) and name the trajectory, so they stay as written.
+                doc = _keep_identity(redactor.redact_obj(json.loads(data)), json.loads(data))
+                clean = _dumps(doc, indent=2)
+            status = _rewrite(path, clean)
+            data = clean
     return TrajectoryFile(doc, data, status)
+
+
+def _keep_identity(redacted: Any, original: dict[str, Any]) -> dict[str, Any]:
+    """``redacted`` (a redacted copy of the trajectory ``original``) with the fields
+    :func:`trajectory_identity` reads put back as ``original`` has them."""
+    doc = dict(redacted) if isinstance(redacted, dict) else {}
+    for key in ("session_id", "trajectory_id"):
+        if key in original:
+            doc[key] = original[key]
+    extra = original.get("extra")
+    osmosis = extra.get("osmosis") if isinstance(extra, dict) else None
+    if isinstance(osmosis, dict) and "rollout_id" in osmosis:
+        kept_extra = doc.get("extra")
+        kept_extra = dict(kept_extra) if isinstance(kept_extra, dict) else {}
+        kept_osmosis = kept_extra.get("osmosis")
+        kept_osmosis = dict(kept_osmosis) if isinstance(kept_osmosis, dict) else {}
+        kept_osmosis["rollout_id"] = osmosis["rollout_id"]
+        kept_extra["osmosis"] = kept_osmosis
+        doc["extra"] = kept_extra
+    return doc
 
 
 def _rewrite(path: str, data: bytes) -> os.stat_result:
@@ -190,12 +216,55 @@ def _redact_file(path: str, redactor: Redactor) -> None:
         data = read_to_end(fd, status.st_size)
     finally:
         os.close(fd)
+    clean = redactor.redact_bytes(data)
+    if clean is data:
+        return
     if path.endswith(".json"):
         clean = redactor.redact_json_bytes(data)
-    else:
-        clean = redactor.redact_bytes(data)
+    elif (lines := _json_lines(data)) is not None:
+        clean = b"\n".join(_redact_json_line(line, redactor) for line in lines)
     if clean is not data:
         _rewrite(path, clean)
+
+
+def _json_lines(data: bytes) -> list[bytes] | None:
+    """``data``'s lines when every line that is not blank is a JSON document (JSON Lines,
+    whatever the file's name), else None."""
+    lines = data.split(b"\n")
+    try:
+        for line in lines:
+            if line.strip():
+                json.loads(line)
+    except (ValueError, RecursionError):
+        return None
+    return lines
+
+
+def _redact_json_line(line: bytes, redactor: Redactor) -> bytes:
+    """One JSON Lines record redacted and still one record on one line: its text redacted,
+    or, where that would break it (a match that took a backslash of an escape), its strings
+    (:meth:`~launcher.redact.Redactor.redact_obj`) and the record written again compactly."""
+    clean = redactor.redact_bytes(line)
+    if clean is line:
+        return line
+    try:
+        json.loads(clean)
+        return clean
+    except (ValueError, RecursionError):
+        pass
+    original = json.loads(line)
+    document = redactor.redact_obj(original)
+    if document == original:  # the match was no secret's: an escape's letter began it
+        return line
+    return _dumps(document, indent=None)
+
+
+def _dumps(document: Any, *, indent: int | None) -> bytes:
+    """``document`` as JSON bytes (UTF-8; with a lone surrogate, as ``\\u`` escapes)."""
+    try:
+        return json.dumps(document, indent=indent, ensure_ascii=False).encode("utf-8")
+    except UnicodeEncodeError:
+        return json.dumps(document, indent=indent).encode("ascii")
 
 
 def redact_trial_files(

@@ -290,3 +290,34 @@ def test_the_rollout_server_writes_no_secret_of_its_environment() -> None:
     assert render_rollout_files(trajectory=clean, diagnostics=None, secrets=secrets) == (
         render_rollout_files(trajectory=clean, diagnostics=None)
     )
+
+
+def test_a_short_secret_inside_the_rollout_id_keeps_the_trajectory(tmp_path: Path) -> None:
+    """A one-character [secrets] value occurs in the rollout's hex id: the id (ours, random,
+    not secret) stays as written, so the trajectory is still the rollout's and is projected."""
+    rollout_id = "00eb947a2e8a64d41b7749b9bd50e9dd"
+    redactor = Redactor(["7"])
+    trial = _trial(tmp_path, rollout_id, "count 7 items")
+    found = read_valid_trajectory(trial.parent, rollout_id, redactor=redactor)
+    assert found is not None
+    assert found.doc["session_id"] == rollout_id
+    assert found.doc["steps"][0]["message"] == "count [REDACTED] items"
+    assert json.loads((trial / "trajectory.json").read_bytes()) == found.doc
+
+
+def test_json_lines_artifacts_stay_json_lines(tmp_path: Path) -> None:
+    value = "Xy7#kL9mQ2\\"  # ends with a backslash: its JSON spelling ends with an escape
+    redactor = Redactor([value, "nabc12345x"])
+    trial = _trial(tmp_path, "r1", "reply")
+    records = [{"content": value + '"ok"'}, {"v": "x\nabc12345x"}, {"n": 1}]
+    lines = [json.dumps(record) for record in records]
+    (trial / "artifacts" / "conv.jsonl").write_text("\n".join(lines) + "\n")
+    redact_trial_files(trial, redactor, skip=frozenset({"trajectory.json"}))
+    written = (trial / "artifacts" / "conv.jsonl").read_text().split("\n")
+    assert written[-1] == "" and len(written) == len(lines) + 1
+    assert [json.loads(line) for line in written[:-1]] == [
+        {"content": '[REDACTED]"ok"'},
+        {"v": "x\nabc12345x"},  # no secret there: the match began with an escape's letter
+        {"n": 1},
+    ]
+    assert written[1:3] == lines[1:3]  # lines without a secret are kept byte for byte
