@@ -7,6 +7,7 @@ frozen-in-spirit :class:`Prepared` record that the supervisor reads and never ch
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import os
 import shlex
@@ -24,11 +25,12 @@ from launcher.config import (
 )
 from launcher.config_ray import RaySettings, resolve_ray
 from launcher.dataset import DatasetSelection, SelectedRow, select_rows
-from launcher.errors import ValidationError
+from launcher.errors import CLIError, ValidationError
 from launcher.redact import Redactor
 from launcher.report import COMMAND
 from launcher.rundir import RunMeta
 from launcher.rundir.names import validate_run_name
+from launcher.secrets import read_secrets_file
 from launcher.shard import SHARD_INPUT, Shard, parse_shard
 from launcher.ui import UI
 from launcher.workspace import (
@@ -174,6 +176,13 @@ def prepare(options: EvalOptions, ui: UI, cwd: Path | None = None) -> Prepared:
     cwd = cwd or Path.cwd()
     redactor = Redactor()
     redactor.add_known_env(os.environ)
+    if options.secrets_file not in (None, "-"):
+        # Its values are secrets from the start: an error of the checks below (a dataset path,
+        # a --rows value) must not print one. Read again, with its own errors, by the services
+        # (stdin, "-", can be read only once: it is read there alone).
+        with contextlib.suppress(CLIError):
+            for value in read_secrets_file(options.secrets_file, cwd=cwd).values():
+                redactor.add(value)
     ui.set_redactor(redactor)
     try:
         plan = validate_tunnel_flags(options.tunnel, options.advertise_url, options.listener_port)

@@ -217,3 +217,24 @@ def test_init_onto_a_file_is_one_line(tmp_path: Path, capsys: pytest.CaptureFixt
     assert code == 1
     assert _one_error(err) == f"Error: {target} exists and is not a directory; choose another DIR"
     assert target.read_text() == "mine"
+
+
+def test_a_secrets_files_values_are_redacted_from_the_first_error(
+    ws: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A value known only from --secrets-file (not in the environment) in an error raised
+    before the run's services read that file: redacted all the same."""
+    secret = "sk-test-AbCdEf0123456789XyZ"
+    monkeypatch.delenv("OPENAI_API_KEY", raising=False)
+    (ws / "keys.env").write_text(f"OPENAI_API_KEY={secret}\n")
+    code, _, err = _run(
+        capsys, "eval", "run", CONFIG, "--yes", "--secrets-file", "keys.env", "--rows", secret
+    )
+    assert code == 1
+    line = _one_error(err)
+    assert secret not in err and "[REDACTED]" in line
+    # A file that cannot be read is said by the services' own read, as before (not here).
+    code, _, err = _run(
+        capsys, "eval", "run", CONFIG, "--yes", "--secrets-file", "missing.env", "--rows", "x"
+    )
+    assert code == 1 and "--rows" in _one_error(err)
