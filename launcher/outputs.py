@@ -7,7 +7,7 @@ The four commands share these rules, so they cannot drift apart:
   is no directory (it would otherwise silently become a file of that name). ``eval rubric``
   documents ``-o DIR/`` as "a report inside DIR" and maps it to a file before calling here.
 - A file among runs' own files (inside a run directory, or anywhere under a workspace's
-  ``.osmosis/evals``) is refused, symlinks resolved, except the names a command writes there
+  ``.osmosis``: the runs, their locks, the daemon's token and records) is refused, symlinks resolved, except the names a command writes there
   itself (such as ``<run dir>/report.html``): overwriting a journal or a manifest loses results.
 - A regular file (or a new path) is replaced atomically, through a temporary file with a
   unique name that is removed on any failure, its missing parent directories created. An
@@ -59,8 +59,8 @@ def refuse_run_files(
     default: Path | None = None,
 ) -> None:
     """Refuse ``target`` when it is among runs' own files: inside a run directory (one with a
-    manifest or a journal), or under ``.osmosis/evals`` of the workspace around ``cwd`` or of
-    any of ``runs``. Symlinks are resolved first; the files in ``allowed`` (a command's own
+    manifest or a journal), or under ``.osmosis`` of the workspace around ``cwd`` or of any of
+    ``runs`` (runs, locks, the daemon's files). Symlinks are resolved first; the files in ``allowed`` (a command's own
     file inside its run directory) pass. ``what`` and ``default`` only word the message."""
     real = target.resolve()
     if real in {path.resolve() for path in allowed}:
@@ -69,16 +69,16 @@ def refuse_run_files(
     for run in runs:
         parent = run.resolve().parent
         if parent.parts[-2:] == _EVALS:
-            roots.add(parent)
+            roots.add(parent.parent)  # the workspace's .osmosis: runs, the daemon's files
     workspace = find_workspace_root(cwd)
     if workspace is not None:
-        roots.add((workspace / Path(*_EVALS)).resolve())
+        roots.add((workspace / _EVALS[0]).resolve())
     if any(parent in roots or is_run_dir(parent) for parent in real.parents):
         shown = f"{target} (that is {real})" if real != target else str(target)
         hint = f" (the default is {default})" if default is not None else ""
         raise LocalEvalError(
             f"-o {shown} is among the files of runs; write the {what} outside run "
-            f"directories and .osmosis/evals{hint}"
+            f"directories and .osmosis{hint}"
         )
 
 

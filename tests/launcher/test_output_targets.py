@@ -378,3 +378,23 @@ async def test_a_fifo_gets_the_output(
         assert [json.loads(line)["rollout_id"] for line in data.splitlines()] == ["r0"]
     else:
         assert b"<html" in data
+
+
+@pytest.mark.parametrize("command", ["report", "diff", "export"])
+def test_no_command_writes_the_daemons_files(
+    evals: Path, capsys: pytest.CaptureFixture[str], command: str
+) -> None:
+    """Everything under the workspace's .osmosis (the daemon's token and lock, its run
+    records) is refused like the runs' own files: overwriting daemon.json lost the token."""
+    osmosis = evals.parent
+    (osmosis / "daemon" / "runs").mkdir(parents=True)
+    files = [osmosis / "daemon.json", osmosis / "daemon.lock", osmosis / "daemon/runs/x.json"]
+    for path in files:
+        path.write_text("{}")
+    for path in files:
+        code, out, err = _run(
+            capsys, *_command(command, str(path.relative_to(evals.parent.parent)))
+        )
+        assert code == 1 and out == ""
+        assert "is among the files of runs" in _one_line(err)
+        assert path.read_text() == "{}"
