@@ -28,7 +28,7 @@ from launcher.daemon.logscan import lines_naming
 from launcher.daemon.registry import ApiError, Registry, parse_start
 from launcher.daemon.routes_extra import ExtraRoutes, send_html
 from launcher.daemon.status import RUN_STATES
-from launcher.daemon.stream import journal_events, log_events, tail_lines
+from launcher.daemon.stream import MAX_TAIL, journal_events, log_events, tail_lines
 from launcher.errors import CLIError
 from launcher.rundir.calls import CALLS_FILENAME, read_calls
 from launcher.rundir.projections import projection_stem
@@ -58,13 +58,39 @@ def _json(obj: Any) -> bytes:
     return json.dumps(obj, ensure_ascii=False, allow_nan=False).encode()
 
 
-def _last_event_id(scope: HTTPScope, query: dict[str, list[str]]) -> int:
+def _last_event_id(scope: HTTPScope, query: dict[str, list[str]]) -> int | None:
+    """Where a stream resumes: ``Last-Event-ID`` (an EventSource's reconnect), else
+    ``?after=N``; None when neither is given."""
     raw = header(scope, b"last-event-id")
-    text = raw.decode("latin-1") if raw is not None else (query.get("after") or ["0"])[0]
+    if raw is not None:
+        text = raw.decode("latin-1")
+    elif query.get("after"):
+        text = query["after"][0]
+    else:
+        return None
     try:
         return max(0, int(text.strip()))
     except ValueError:
         raise ApiError(400, "VALIDATION", "Last-Event-ID must be an integer") from None
+
+
+def _tail(query: dict[str, list[str]]) -> int:
+    """``?tail=N``: 0 to :data:`MAX_TAIL` lines (100 when missing), else a 400."""
+    text = (query.get("tail") or ["100"])[0]
+    try:
+        count = int(text)
+    except ValueError:
+        count = -1
+    if not 0 <= count <= MAX_TAIL:
+        raise ApiError(400, "VALIDATION", f"tail must be an integer from 0 to {MAX_TAIL} (lines)")
+    return count
+
+
+def _object(body: Any) -> dict[str, Any]:
+    """A request body that must be a JSON object (an empty body is ``{}``)."""
+    if not isinstance(body, dict):
+        raise ApiError(400, "VALIDATION", "the request body must be a JSON object")
+    return body
 
 
 class ControlApp:
@@ -131,8 +157,7 @@ class ControlApp:
         if route == ["daemon"] and method == "GET":
             return await send_json(send, 200, _json(self._info()))
         if route == ["shutdown"] and method == "POST":
-            body = await self._body(scope, receive)
-            cancel = body.get("cancel_runs", False) if isinstance(body, dict) else False
+            cancel = _object(await self._body(scope, receive)).get("cancel_runs", False)
             if not isinstance(cancel, bool):
                 raise ApiError(400, "VALIDATION", "cancel_runs must be of type bool")
             if self.registry.active() and not cancel:
@@ -173,16 +198,14 @@ class ControlApp:
         if rest == [] and method == "GET":
             return await send_json(send, 200, _json(view.doc))
         if rest == ["cancel"] and method == "POST":
-            body = await self._body(scope, receive)
-            stage = body.get("stage", 1) if isinstance(body, dict) else 1
+            stage = _object(await self._body(scope, receive)).get("stage", 1)
             if stage not in (1, 2):
                 raise ApiError(400, "VALIDATION", "stage must be 1 or 2")
             return await send_json(send, 202, _json(self.registry.cancel(name, stage)))
         if rest == ["events"] and method == "GET":
-            after = _last_event_id(scope, query)
             stream = journal_events(
                 view.run_dir,
-                after=after,
+                after=_last_event_id(scope, query) or 0,
                 live=lambda: self.registry.running(name),
                 state=lambda: self._brief(name),
                 usage_pid=lambda: self._live_pid(name),
@@ -197,7 +220,7 @@ class ControlApp:
             page = await trio.to_thread.run_sync(_report, view.run_dir)
             return await send_html(send, page)
         if rest == ["logs"] and method == "GET":
-            return await self._logs(receive, send, view.run_dir, name, query)
+            return await self._logs(scope, receive, send, view.run_dir, name, query)
         if len(rest) == 3 and rest[0] == "items" and method == "GET":
             item = await trio.to_thread.run_sync(_item, view.run_dir, rest[1], rest[2])
             return await send_json(send, 200, _json(item))
@@ -227,25 +250,28 @@ class ControlApp:
 
     async def _logs(
         self,
+        scope: HTTPScope,
         receive: ASGIReceiveCallable,
         send: ASGISendCallable,
         run_dir: Path,
         name: str,
         query: dict[str, list[str]],
     ) -> None:
-        try:
-            count = int((query.get("tail") or ["100"])[0])
-        except ValueError:
-            raise ApiError(400, "VALIDATION", "tail must be an integer") from None
+        count = _tail(query)
         follow = (query.get("follow") or ["0"])[0] in ("1", "true")
-        # A follow streams its backlog in bounded frames: only where it starts is needed here.
-        start, lines = await trio.to_thread.run_sync(
-            partial(tail_lines, run_dir / "logs.txt", max(0, count), keep=not follow)
-        )
-        if not follow:
-            return await send_json(send, 200, _json({"first_line": start + 1, "lines": lines}))
+        # A reconnecting follow (Last-Event-ID, or ?after=N) continues after the line it had;
+        # the tail says only where a new follow starts.
+        resume = _last_event_id(scope, query) if follow else None
+        if resume is None:
+            # A follow streams its backlog in bounded frames: only where it starts is needed.
+            start, lines = await trio.to_thread.run_sync(
+                partial(tail_lines, run_dir / "logs.txt", count, keep=not follow)
+            )
+            if not follow:
+                return await send_json(send, 200, _json({"first_line": start + 1, "lines": lines}))
+            resume = start
         stream = log_events(
-            run_dir / "logs.txt", after=start, live=lambda: self.registry.running(name)
+            run_dir / "logs.txt", after=resume, live=lambda: self.registry.running(name)
         )
         await self._stream(receive, send, stream)
 

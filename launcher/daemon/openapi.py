@@ -7,6 +7,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from launcher.daemon.stream import MAX_TAIL
+
 __all__ = ["openapi_doc"]
 
 _OBJ: dict[str, Any] = {"type": "object", "additionalProperties": True}
@@ -125,10 +127,20 @@ def openapi_doc(version: str) -> dict[str, Any]:
     start = {"$ref": "#/components/schemas/StartRequest"}
     runs = {"type": "object", "properties": {"runs": {"type": "array", "items": run}}}
     cancel = {"type": "object", "properties": {"stage": {"type": "integer", "enum": [1, 2]}}}
+    output = {
+        "type": "string",
+        "description": "A file inside the workspace, not under .osmosis/; an existing one only "
+        "with overwrite (else 409)",
+    }
+    overwrite = {"type": "boolean", "default": False}
     export = {
         "type": "object",
         "additionalProperties": False,
-        "properties": {"format": {"enum": ["jsonl", "parquet"]}, "output": {"type": "string"}},
+        "properties": {
+            "format": {"enum": ["jsonl", "parquet"]},
+            "output": output,
+            "overwrite": overwrite,
+        },
     }
     rubric = {
         "type": "object",
@@ -138,7 +150,11 @@ def openapi_doc(version: str) -> dict[str, Any]:
             "model": {"type": "string"},
             "judges": {"type": "string"},
             "number": {"type": "integer"},
-            "output": {"type": "string"},
+            "output": {
+                **output,
+                "description": f"{output['description']}; DIR/ writes DIR/rubric_eval_result.json",
+            },
+            "overwrite": overwrite,
             "timeout": {"type": "number"},
             "score_min": {"type": "number"},
             "score_max": {"type": "number"},
@@ -184,7 +200,10 @@ def openapi_doc(version: str) -> dict[str, Any]:
         },
         "/v1/shutdown": {
             "post": _op(
-                "Stop the daemon", _ok("shutting down", status="202"), body=_OBJ, errors=("409",)
+                "Stop the daemon",
+                _ok("shutting down", status="202"),
+                body=_OBJ,
+                errors=("400", "409"),
             )
         },
         "/v1/runs": {
@@ -226,7 +245,26 @@ def openapi_doc(version: str) -> dict[str, Any]:
                         "content": {**_ok("")["200"]["content"], **_SSE["content"]},
                     }
                 },
-                params=[_NAME, _query("tail", "integer"), _query("follow", "boolean")],
+                params=[
+                    _NAME,
+                    {
+                        "name": "tail",
+                        "in": "query",
+                        "required": False,
+                        "schema": {
+                            "type": "integer",
+                            "minimum": 0,
+                            "maximum": MAX_TAIL,
+                            "default": 100,
+                        },
+                    },
+                    _query("follow", "boolean"),
+                    {
+                        **_query("after", "integer"),
+                        "description": "follow=1: resume after this line (as Last-Event-ID)",
+                    },
+                    {"name": "Last-Event-ID", "in": "header", "schema": {"type": "integer"}},
+                ],
             )
         },
         "/v1/runs/{name}/items/{row}/{run}": {
@@ -250,7 +288,7 @@ def openapi_doc(version: str) -> dict[str, Any]:
                 _ok("the CLI's JSON envelope"),
                 params=[_NAME],
                 body=export,
-                errors=("400", "404", "422", "504"),
+                errors=("400", "404", "409", "422", "504"),
             )
         },
         "/v1/runs/{name}/rubric": {
@@ -259,7 +297,7 @@ def openapi_doc(version: str) -> dict[str, Any]:
                 _ok("the CLI's JSON envelope"),
                 params=[_NAME],
                 body=rubric,
-                errors=("400", "404", "422", "504"),
+                errors=("400", "404", "409", "422", "504"),
             )
         },
     }

@@ -18,8 +18,10 @@ from typing import Any
 
 import trio
 
+from launcher.daemon.apierror import ApiError, refuse_nul
 from launcher.daemon.children import RunChild, envelope, read_records, spawn_run
 from launcher.daemon.discovery import state_dir
+from launcher.daemon.paths import inside_workspace, refuse_osmosis
 from launcher.daemon.status import RunView, run_view
 from launcher.errors import CLIError, ValidationError
 from launcher.rundir.journal import replay_tolerant
@@ -41,43 +43,6 @@ __all__ = [
 #: How long ``POST /v1/runs`` waits for the child to open its run directory or fail.
 START_WAIT_S = 30.0
 _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
-#: CLI error codes and the HTTP status they map to (anything else: 422).
-_STATUS_BY_CODE = {
-    "VALIDATION": 400,
-    "INTERACTIVE_REQUIRED": 400,
-    "NOT_FOUND": 404,
-    "CONFLICT": 409,
-}
-
-
-class ApiError(Exception):
-    """An error answer: HTTP ``status`` with ``{"error": {"code", "message"}}``."""
-
-    def __init__(self, status: int, code: str, message: str) -> None:
-        super().__init__(message)
-        self.status = status
-        self.code = code
-        self.message = message
-
-    @classmethod
-    def from_cli(cls, code: str | None, message: str) -> ApiError:
-        """The API form of a CLI error."""
-        code = code or "ERROR"
-        return cls(_STATUS_BY_CODE.get(code, 422), code, message)
-
-
-def inside_workspace(workspace: Path, key: str, value: str) -> str:
-    """``value`` (relative to ``workspace``, or absolute) as an absolute path inside
-    ``workspace``, symlinks resolved; a 400 otherwise. Paths a request names are confined to
-    the daemon's workspace, as a start's ``config`` is."""
-    refuse_nul(key, value)
-    root = workspace.resolve()
-    path = (root / Path(value).expanduser()).resolve()
-    if not path.is_relative_to(root):
-        raise ApiError(400, "VALIDATION", f"{key} {value} is outside the workspace {root}")
-    return str(path)
-
-
 #: Names of variables that say where something is, or which file to read: never taken as a
 #: request's secret, even when their name says TOKEN or KEY (``OSMOSIS_TOKEN_PLATFORM_URL``).
 _PLACE_SUFFIXES = ("_URL", "_URI", "_BASE", "_ENDPOINT", "_HOST", "_PATH", "_FILE", "_DIR")
@@ -105,12 +70,6 @@ def check_secrets(secrets: Any) -> dict[str, str]:
                 "environment",
             )
     return dict(secrets)
-
-
-def refuse_nul(key: str, value: Any) -> None:
-    """A NUL cannot be in a path, an argument or an environment value: a 400, not a crash."""
-    if isinstance(value, str) and "\x00" in value:
-        raise ApiError(400, "VALIDATION", f"{key} must not contain a NUL character")
 
 
 #: ``POST /v1/runs`` fields that become ``eval run`` flags, with their JSON types.
@@ -178,6 +137,10 @@ def _prepare_check(workspace: Path, request: StartRequest, name: str | None) -> 
     from launcher.rundir.manifest import MANIFEST_NAME, build_inputs, resumable
     from launcher.ui import UI
 
+    spec = request.flags.get("secrets_file")
+    if isinstance(spec, str) and spec != "-":
+        # The child would read it on the request's behalf: never one of the daemon's files.
+        refuse_osmosis(workspace, "secrets_file", spec)
     flags = {k: v for k, v in request.flags.items() if k != "secrets_file"}
     options = EvalOptions(config=request.config, name=name, yes=True, **flags)
     ui = UI("json", stdout=io.StringIO(), stderr=io.StringIO(), stdin=io.StringIO())
@@ -194,7 +157,6 @@ def _prepare_check(workspace: Path, request: StartRequest, name: str | None) -> 
         from launcher.process import child_environment
         from launcher.secrets import read_secrets_file, resolve_secrets
 
-        spec = request.flags.get("secrets_file")
         files = read_secrets_file(spec, cwd=workspace) if isinstance(spec, str) else None
         environ = child_environment(os.environ, request.secrets)
         resolve_secrets(names, file_values=files, environ=environ)

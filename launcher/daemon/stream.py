@@ -30,7 +30,15 @@ from launcher.daemon.live_usage import (
 from launcher.daemon.logscan import last_lines
 from launcher.rundir.logs import line_details
 
-__all__ = ["READ_LIMIT", "LineTail", "journal_events", "log_events", "sse", "tail_lines"]
+__all__ = [
+    "MAX_TAIL",
+    "READ_LIMIT",
+    "LineTail",
+    "journal_events",
+    "log_events",
+    "sse",
+    "tail_lines",
+]
 
 #: How often a live stream looks for new lines (an ``os.stat`` per look).
 POLL_S = 0.02
@@ -69,6 +77,10 @@ def sse(event: str, data: Any, event_id: int | None = None) -> bytes:
     head = f"id: {event_id}\n" if event_id is not None else ""
     return f"{head}event: {event}\n".encode() + b"data: " + payload + b"\n\n"
 
+
+#: The most lines ``GET /v1/runs/{name}/logs?tail=N`` answers (or a follow replays first): a
+#: larger tail would hold the whole of a log of hundreds of megabytes in one answer.
+MAX_TAIL = 10_000
 
 #: The most bytes one read of a file takes (a line longer than this is read whole, in pieces):
 #: a replay of a large journal or log goes out in frames of about this size, never all at once.

@@ -21,9 +21,11 @@ from typing import Any
 
 import trio
 
+from launcher.daemon.apierror import ApiError, refuse_nul
 from launcher.daemon.children import spawn_logged
 from launcher.daemon.discovery import state_dir
-from launcher.daemon.registry import ApiError, inside_workspace, refuse_nul
+from launcher.daemon.paths import output_path, read_path
+from launcher.rubric.inputs import DEFAULT_REPORT_NAME
 from launcher.rundir.atomic import ensure_dir
 
 __all__ = ["TOOL_TIMEOUT_S", "export_args", "rubric_args", "run_tool"]
@@ -50,19 +52,23 @@ def _known(body: Mapping[str, Any], keys: set[str]) -> None:
 
 
 def export_args(workspace: Path, name: str, body: Mapping[str, Any]) -> list[str]:
-    """``eval export NAME [--format F] [-o PATH]`` from ``{"format", "output"}``; the output
-    file must be inside ``workspace``."""
-    _known(body, {"format", "output"})
+    """``eval export NAME [--format F] [-o PATH]`` from ``{"format", "output", "overwrite"}``:
+    the output file is checked by :func:`launcher.daemon.paths.output_path` (inside
+    ``workspace``, not under ``.osmosis/``, an existing file only with ``overwrite``)."""
+    _known(body, {"format", "output", "overwrite"})
     args = ["export", name]
     fmt = _field(body, "format", str)
     if fmt is not None:
         if fmt not in ("jsonl", "parquet"):
             raise ApiError(400, "VALIDATION", "format must be jsonl or parquet")
         args += ["--format", fmt]
+    overwrite = bool(_field(body, "overwrite", bool))
     output = _field(body, "output", str)
     if output == "-":
         raise ApiError(400, "VALIDATION", "output must be a file path")
-    return args + (["-o", inside_workspace(workspace, "output", output)] if output else [])
+    if output:
+        args += ["-o", output_path(workspace, "output", output, overwrite=overwrite)]
+    return args
 
 
 _RUBRIC_FLAGS: dict[str, tuple[str, type | tuple[type, ...]]] = {
@@ -79,20 +85,24 @@ _RUBRIC_FLAGS: dict[str, tuple[str, type | tuple[type, ...]]] = {
 
 def rubric_args(workspace: Path, name: str, body: Mapping[str, Any]) -> list[str]:
     """``eval rubric --run NAME …`` from the body's fields (``secrets`` is taken apart). An
-    ``@path`` rubric and the output file must be inside ``workspace``: a request must not make
-    the daemon read (and send to a judge) or write a file elsewhere on the machine."""
-    _known(body, {*_RUBRIC_FLAGS, "secrets"})
+    ``@path`` rubric must be inside ``workspace`` and not under its ``.osmosis/``: a request
+    must not make the daemon read (and send to a judge) a file elsewhere on the machine, nor
+    its own token. The output is checked as an export's (``DIR/`` is a report inside DIR)."""
+    _known(body, {*_RUBRIC_FLAGS, "secrets", "overwrite"})
     if not _field(body, "rubric", str):
         raise ApiError(400, "VALIDATION", "rubric (the text, or @path) is required")
+    overwrite = bool(_field(body, "overwrite", bool))
     args = ["rubric", "--run", name]
     for key, (flag, kind) in _RUBRIC_FLAGS.items():
         value = _field(body, key, kind)
         if value is None:
             continue
         if key == "rubric" and value.startswith("@"):
-            value = "@" + inside_workspace(workspace, "rubric @path", value[1:])
+            value = "@" + read_path(workspace, "rubric @path", value[1:])
         elif key == "output":
-            value = inside_workspace(workspace, key, value)
+            value = output_path(
+                workspace, key, value, overwrite=overwrite, directory_file=DEFAULT_REPORT_NAME
+            )
         args += [flag, str(value)]
     return args
 
