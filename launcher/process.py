@@ -208,7 +208,10 @@ async def _escalate(
 class Child:
     """A child process in its own session, whose merged stdout/stderr is copied line by line to
     a sink. ``last_line`` keeps the last non-empty line for error messages, ``tail`` the last
-    :data:`TAIL_LINES` lines (a Python traceback, to tell a code error from a port clash)."""
+    :data:`TAIL_LINES` lines (a Python traceback, to tell a code error from a port clash).
+    Both are the child's output as it was: a message that shows them redacts each as a line,
+    its edges a line's edges (:meth:`launcher.redact.Redactor.redact_fragments` and then the
+    whole values), as ``logs.txt`` redacts the line itself."""
 
     process: trio.Process
     name: str

@@ -52,6 +52,7 @@ from launcher.process import (
     spawn_child,
     write_record,
 )
+from launcher.redact import Redactor
 from rollout_server.client import RolloutClient, RolloutClientError
 from rollout_server.net.secrets import is_secret_env_name
 from rollout_server.protocol import (
@@ -221,6 +222,16 @@ def _after_attempts(message: str, attempts: int) -> str:
     return f"{first} (each of {attempts} attempts, on a new port each){newline}{rest}"
 
 
+def _child_line(redact: Callable[[str], str], line: str) -> str:
+    """A line of the child's output as an error message may show it: its edges are a line's
+    edges, so a piece of a secret a line break cut off there (the rest of a key an exception
+    printed over two lines) goes too (:meth:`Redactor.redact_fragments`, when ``redact`` is
+    the run's :class:`Redactor`), as the line itself does in ``logs.txt``."""
+    if isinstance(redact, Redactor):
+        line = redact.redact_fragments(line)
+    return redact(line)
+
+
 class _CodeFailure(LocalEvalError):
     """The server died of its own code (a SyntaxError, an import error): a new port cannot
     help, so it is never retried."""
@@ -359,12 +370,14 @@ async def _wait_healthy(
                 assert child.output_done is not None
                 with trio.move_on_after(OUTPUT_DRAIN_S):
                     await child.output_done.wait()
-                cause = code_error(child.tail, launch.rollout_dir)
+                lines = [_child_line(redact, line) for line in child.tail]
+                cause = code_error(lines, launch.rollout_dir)
                 if cause is not None:
                     raise _CodeFailure(
                         f"rollout server failed to start: {redact(cause)}\nLogs: {launch.logs_hint}"
                     )
-                tail = f": {redact(child.last_line)}" if child.last_line else ""
+                last = _child_line(redact, child.last_line)
+                tail = f": {last}" if last else ""
                 raise _StartupFailure(
                     f"rollout server exited with code {child.returncode} before becoming "
                     f"healthy{tail}\nLogs: {launch.logs_hint}"
