@@ -44,6 +44,7 @@ __all__ = [
     "KNOWN_SECRET_ENV_NAMES",
     "REDACTED",
     "Redactor",
+    "json_bytes",
 ]
 
 # Any case, as known values are: a program that upper-cases its output upper-cases the bearer.
@@ -129,11 +130,12 @@ class Redactor:
             return data
         return self(text).encode("utf-8", "surrogateescape")
 
-    def redact_json_bytes(self, data: bytes) -> bytes:
+    def redact_json_bytes(self, data: bytes, *, indent: int | None = 2) -> bytes:
         """:meth:`redact_bytes` of a JSON document's bytes, still a JSON document: where the
         replacement in the text would break it (a match that took a backslash of the text
         around it), the document's strings are redacted (:meth:`redact_obj`) and it is
-        written again (indent 2). Bytes that were not JSON are redacted as text."""
+        written again (``indent``; None: on one line, for a JSON Lines record). Bytes that
+        were not JSON are redacted as text."""
         clean = self.redact_bytes(data)
         if clean is data:
             return data
@@ -149,10 +151,7 @@ class Redactor:
             return clean
         if document == original:  # the match was no secret's: an escape's letter began it
             return data
-        try:
-            return json.dumps(document, indent=2, ensure_ascii=False).encode("utf-8")
-        except UnicodeEncodeError:  # a lone surrogate (JSON's "\ud800"): kept as an escape
-            return json.dumps(document, indent=2).encode("ascii")
+        return json_bytes(document, indent=indent)
 
     def redact_fragments(self, text: str) -> str:
         """``text`` with a piece of a known value (8+ characters) at the start or the end of
@@ -198,3 +197,12 @@ def _bearer_pieces(text: str) -> str:
         line = parts[index]
         parts[index] = line[: head.start()] + REDACTED + line[head.end() :]
     return "".join(parts)
+
+
+def json_bytes(document: Any, *, indent: int | None) -> bytes:
+    """``document`` as JSON bytes: UTF-8, or ``\\u`` escapes when it holds a lone surrogate
+    (JSON's ``"\\ud800"``, which UTF-8 cannot carry)."""
+    try:
+        return json.dumps(document, indent=indent, ensure_ascii=False).encode("utf-8")
+    except UnicodeEncodeError:
+        return json.dumps(document, indent=indent).encode("ascii")

@@ -30,7 +30,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from launcher.redact import Redactor
+from launcher.redact import Redactor, json_bytes
 from launcher.rundir.atomic import (
     atomic_copy_bytes,
     atomic_copy_file,
@@ -169,7 +169,7 @@ def read_valid_trajectory(
                 # A short secret matched inside the rollout's own ids: they are ours (random,
                 # not secret) and name the trajectory, so they stay as written.
                 doc = _keep_identity(redactor.redact_obj(json.loads(data)), json.loads(data))
-                clean = _dumps(doc, indent=2)
+                clean = json_bytes(doc, indent=2)
             status = _rewrite(path, clean)
             data = clean
     return TrajectoryFile(doc, data, status)
@@ -222,7 +222,8 @@ def _redact_file(path: str, redactor: Redactor) -> None:
     if path.endswith(".json"):
         clean = redactor.redact_json_bytes(data)
     elif (lines := _json_lines(data)) is not None:
-        clean = b"\n".join(_redact_json_line(line, redactor) for line in lines)
+        # Each record redacted on its own and kept on one line.
+        clean = b"\n".join(redactor.redact_json_bytes(line, indent=None) for line in lines)
     if clean is not data:
         _rewrite(path, clean)
 
@@ -238,33 +239,6 @@ def _json_lines(data: bytes) -> list[bytes] | None:
     except (ValueError, RecursionError):
         return None
     return lines
-
-
-def _redact_json_line(line: bytes, redactor: Redactor) -> bytes:
-    """One JSON Lines record redacted and still one record on one line: its text redacted,
-    or, where that would break it (a match that took a backslash of an escape), its strings
-    (:meth:`~launcher.redact.Redactor.redact_obj`) and the record written again compactly."""
-    clean = redactor.redact_bytes(line)
-    if clean is line:
-        return line
-    try:
-        json.loads(clean)
-        return clean
-    except (ValueError, RecursionError):
-        pass
-    original = json.loads(line)
-    document = redactor.redact_obj(original)
-    if document == original:  # the match was no secret's: an escape's letter began it
-        return line
-    return _dumps(document, indent=None)
-
-
-def _dumps(document: Any, *, indent: int | None) -> bytes:
-    """``document`` as JSON bytes (UTF-8; with a lone surrogate, as ``\\u`` escapes)."""
-    try:
-        return json.dumps(document, indent=indent, ensure_ascii=False).encode("utf-8")
-    except UnicodeEncodeError:
-        return json.dumps(document, indent=indent).encode("ascii")
 
 
 def redact_trial_files(
