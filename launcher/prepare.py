@@ -30,7 +30,6 @@ from launcher.redact import Redactor
 from launcher.report import COMMAND
 from launcher.rundir import RunMeta
 from launcher.rundir.names import validate_run_name
-from launcher.secrets import read_secrets_file
 from launcher.shard import SHARD_INPUT, Shard, parse_shard
 from launcher.ui import UI
 from launcher.workspace import (
@@ -176,13 +175,6 @@ def prepare(options: EvalOptions, ui: UI, cwd: Path | None = None) -> Prepared:
     cwd = cwd or Path.cwd()
     redactor = Redactor()
     redactor.add_known_env(os.environ)
-    if options.secrets_file not in (None, "-"):
-        # Its values are secrets from the start: an error of the checks below (a dataset path,
-        # a --rows value) must not print one. Read again, with its own errors, by the services
-        # (stdin, "-", can be read only once: it is read there alone).
-        with contextlib.suppress(CLIError):
-            for value in read_secrets_file(options.secrets_file, cwd=cwd).values():
-                redactor.add(value)
     ui.set_redactor(redactor)
     try:
         plan = validate_tunnel_flags(options.tunnel, options.advertise_url, options.listener_port)
@@ -215,6 +207,7 @@ def prepare(options: EvalOptions, ui: UI, cwd: Path | None = None) -> Prepared:
 
     workspace = resolve_workspace(Path(options.config), cwd)
     config = load_eval_config(workspace.config_path)
+    _redact_file_secrets(redactor, options.secrets_file, config.secrets_required, cwd)
     paths = check_rollout_paths(workspace, config.experiment.rollout, config.experiment.entrypoint)
     check_entrypoint_exists(paths)
     spec = resolve_run_spec(config, limit_override=options.limit)
@@ -291,6 +284,27 @@ def prepare(options: EvalOptions, ui: UI, cwd: Path | None = None) -> Prepared:
     )
     ui.plan_table(plan_rows(prepared), plan_title(prepared))
     return prepared
+
+
+def _redact_file_secrets(
+    redactor: Redactor, secrets_file: str | None, required: tuple[str, ...], cwd: Path
+) -> None:
+    """Known from here on: the ``--secrets-file`` values the run will treat as secrets (the
+    ``[secrets]`` it names, the provider keys; launcher.services redacts the same once it
+    reads the file), so an error of the checks that follow (a dataset path, a ``--rows``
+    value) prints none. The file is read again, with its own errors, by the services; stdin
+    (``-``) can be read once only, so it is read there alone."""
+    if secrets_file in (None, "-"):
+        return
+    from launcher.rollout_child import is_provider_env_name
+    from launcher.secrets import provider_values, read_secrets_file
+
+    with contextlib.suppress(CLIError):
+        values = read_secrets_file(secrets_file, cwd=cwd)
+        for name in required:
+            redactor.add(values.get(name))
+        for value in provider_values(values, is_provider_env_name).values():
+            redactor.add(value)
 
 
 def plan_title(p: Prepared) -> str:

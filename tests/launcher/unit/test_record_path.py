@@ -14,6 +14,7 @@ import trio
 
 import launcher.rundir.directory as rundir_module
 from launcher.errors import CLIError
+from launcher.redact import Redactor
 from launcher.rundir.journal import Journal, replay_journal
 from launcher.rundir.projections import TrajectoryFile
 from tests.launcher.unit.test_journal import rec
@@ -154,9 +155,11 @@ async def test_a_present_trajectory_is_read_once(
     real_read = rundir_module.read_valid_trajectory
     real_load = rundir_module.load_valid_trajectory
 
-    def counting_read(trials_dir: Path, rollout_id: str) -> TrajectoryFile | None:
+    def counting_read(
+        trials_dir: Path, rollout_id: str, *, redactor: Redactor | None = None
+    ) -> TrajectoryFile | None:
         loads.append(rollout_id)
-        return real_read(trials_dir, rollout_id)
+        return real_read(trials_dir, rollout_id, redactor=redactor)
 
     def counting_load(trials_dir: Path, rollout_id: str) -> dict | None:
         loads.append(rollout_id)
