@@ -187,6 +187,8 @@ async def test_another_service_at_the_address_is_named_at_once(
     line from the early checks, naming what answered; a silent service and a cluster whose
     gRPC is TLS are left to Ray."""
     monkeypatch.setattr(join_module, "PREFACE_S", 1.0)
+    # check_ray_address asks Ray for this node's address (a loopback host): no Ray needed here.
+    monkeypatch.setattr(join_module, "node_ip", lambda: "127.0.0.1")
     with trio.fail_after(20):
         listeners = await trio.open_tcp_listeners(0, host="127.0.0.1")
         port = listeners[0].socket.getsockname()[1]
