@@ -9,7 +9,7 @@ import hashlib
 import json
 import os
 import stat
-from collections.abc import AsyncIterator, Callable
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -19,10 +19,10 @@ import trio
 from launcher.errors import LocalEvalError
 from launcher.outputs import check_writable, output_path, refuse_run_files, write_output
 from launcher.reporting.commands import write_page
-from tests.fakes.upstream import run_fake_upstream
 from tests.launcher.test_export import _trajectory
 from tests.launcher.test_runs import _run, make_run, ok
-from tests.rubric.conftest import API_KEY, Outcome, invoke
+from tests.rubric.conftest import Outcome, invoke
+from tests.rubric.conftest import judge as judge  # the fake judge fixture, shared
 from tests.rubric.fake_judge import FakeJudge
 
 RUN_FILES = ("events.jsonl", "manifest.json")
@@ -59,16 +59,6 @@ def _command(name: str, output: str) -> list[str]:
         "export": ["eval", "export", "base", "-o", output],
         "rubric": ["eval", "rubric", "--run", "base", *JUDGE, "-o", output],
     }[name]
-
-
-@pytest.fixture
-async def judge(nursery: trio.Nursery, monkeypatch: pytest.MonkeyPatch) -> AsyncIterator[FakeJudge]:
-    """A fake judge, with ``openai/<name>`` routed to it."""
-    fake: FakeJudge = await nursery.start(run_fake_upstream, FakeJudge())
-    monkeypatch.setenv("OPENAI_BASE_URL", fake.v1)
-    monkeypatch.setenv("OPENAI_API_KEY", API_KEY)
-    yield fake
-    fake.stop()
 
 
 async def _cli(capsys: pytest.CaptureFixture[str], *args: str) -> Outcome:
